@@ -1,0 +1,33 @@
+# kube-vgpu developer workflow. `make install` then `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install test lint bench demo e2e clean shim
+
+install: $(BIN)/kube-vgpu
+
+$(BIN)/kube-vgpu: pyproject.toml setup.py
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+test: install
+	$(BIN)/python -m pytest tests
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy kube_vgpu scheduler webhook deviceplugin certs kubectl_vgpu libvgpu
+
+bench: install
+	$(BIN)/python benchmarks/run_all.py
+
+demo: install
+	$(BIN)/kube-vgpu simulate
+
+e2e: install
+	$(BIN)/python -m pytest tests/e2e -m e2e -v
+
+clean:
+	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,227 @@
+"""The placement engine: filter, score and choose over an incremental :class:`ClusterState`.
+
+Decisions are cached per (policy, pod shape) and node: a node's cached result is recomputed only
+when that node changed since (its version moved), so a decision costs one vector compare over the
+nodes plus the work on the few nodes that changed. Hot path: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
+from .fit import Plan
+from .policies import Policy, TaskShape, make_policy
+from .state import Booking, ClusterState, NodeState
+
+NEG_INF = -math.inf
+
+
+def pod_shape(pod: PodRequest) -> tuple[object, ...]:
+    """The part of a pod request that decides placement (names and uid excluded)."""
+    return (
+        tuple((c.init, c.count, c.memory_mib, c.memory_percent, c.cores) for c in pod.containers),
+        pod.constraints, pod.gpu_spec, pod.cpu_milli, pod.memory_mib,
+    )
+
+
+class _Entry:
+    __slots__ = ("versions", "scores", "results")
+
+    def __init__(self, n: int):
+        self.versions = np.full(n, -1, dtype=np.int64)
+        self.scores = np.full(n, NEG_INF, dtype=np.float64)
+        self.results: list[Plan | str | None] = [None] * n
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The chosen node and plan for a pod, with the policy score."""
+
+    node: str
+    plan: Plan
+    score: float
+
+
+class Engine:
+    """Filter / prioritize / choose / book over a ClusterState.
+
+    node_policy / gpu_policy: defaults (pod annotations override); shapes: FGD's target workload.
+    """
+
+    def __init__(self, state: ClusterState, node_policy: str = "binpack", gpu_policy: str = "spread",
+                 shapes: list[TaskShape] | None = None, cache_entries: int = 512):
+        self.state = state
+        self.node_policy = node_policy
+        self.gpu_policy = gpu_policy
+        self.shapes = shapes
+        self._policies: dict[tuple[str, str], Policy] = {}
+        self._cache: OrderedDict[tuple[object, ...], _Entry] = OrderedDict()
+        self._cache_entries = cache_entries
+        self._generation = state.generation
+        make_policy(node_policy, gpu_policy, shapes)  # validate now
+
+    # -- configuration --------------------------------------------------------------------------
+    def configure(self, node_policy: str, gpu_policy: str, shapes: list[TaskShape] | None = None) -> None:
+        """Change the default policies (and FGD shapes); drops cached decisions.
+        Raises ValueError for an unknown policy."""
+        make_policy(node_policy, gpu_policy, shapes if shapes is not None else self.shapes)
+        self.node_policy, self.gpu_policy = node_policy, gpu_policy
+        if shapes is not None:
+            self.shapes = shapes
+        self._policies.clear()
+        self._cache.clear()
+
+    def policy(self, pod: PodRequest) -> Policy:
+        """The scorer for a pod (its annotations override the defaults)."""
+        key = (pod.node_policy or self.node_policy, pod.gpu_policy or self.gpu_policy)
+        p = self._policies.get(key)
+        if p is None:
+            p = make_policy(key[0], key[1], self.shapes)
+            self._policies[key] = p
+        return p
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def _entry(self, pod: PodRequest) -> tuple[_Entry, Policy]:
+        if self._generation != self.state.generation:
+            self._cache.clear()
+            self._generation = self.state.generation
+        pol = self.policy(pod)
+        key = (pol.name, pod.gpu_policy or self.gpu_policy, pod_shape(pod))
+        e = self._cache.get(key)
+        if e is None:
+            e = _Entry(len(self.state.node_list))
+            self._cache[key] = e
+            if len(self._cache) > self._cache_entries:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return e, pol
+
+    def _refresh(self, e: _Entry, pol: Policy, pod: PodRequest, idx: np.ndarray | None) -> None:
+        versions = self.state.versions
+        if idx is None:
+            dirty = np.flatnonzero(e.versions != versions)
+        else:
+            dirty = idx[e.versions[idx] != versions[idx]]
+        nodes = self.state.node_list
+        for i in dirty.tolist():
+            r = pol.evaluate(nodes[i], pod)
+            if isinstance(r, str):
+                e.scores[i] = NEG_INF
+                e.results[i] = r
+            else:
+                e.scores[i] = r[0]
+                e.results[i] = r[1]
+            e.versions[i] = versions[i]
+
+    def evaluate(self, pod: PodRequest, names: Sequence[str] | None = None
+                 ) -> tuple[list[str], dict[str, str], dict[str, float]]:
+        """Per candidate node: feasible names (in input order), reasons for the others, and the
+        policy score of each feasible node. Unknown node names fail with a reason."""
+        e, pol = self._entry(pod)
+        nodes = self.state.nodes
+        if names is None:
+            self._refresh(e, pol, pod, None)
+            cand = [(n.name, n.idx) for n in self.state.node_list]
+        else:
+            cand = []
+            failed_unknown = {}
+            for name in names:
+                n = nodes.get(name)
+                if n is None:
+                    failed_unknown[name] = "node has no vGPU inventory (device plugin not running or stale)"
+                else:
+                    cand.append((name, n.idx))
+            self._refresh(e, pol, pod, np.fromiter((i for _, i in cand), dtype=np.int64, count=len(cand)))
+        ok: list[str] = []
+        failed: dict[str, str] = {} if names is None else failed_unknown
+        scores: dict[str, float] = {}
+        for name, i in cand:
+            r = e.results[i]
+            if isinstance(r, Plan):
+                ok.append(name)
+                scores[name] = float(e.scores[i])
+            else:
+                failed[name] = str(r)
+        return ok, failed, scores
+
+    def choose(self, pod: PodRequest, names: Sequence[str] | None = None) -> Decision | None:
+        """The best node (highest score; ties to the lowest node index) among ``names`` (or all),
+        or None if it fits nowhere."""
+        e, pol = self._entry(pod)
+        if names is None:
+            self._refresh(e, pol, pod, None)
+            if not len(e.scores):
+                return None
+            i = int(np.argmax(e.scores))
+        else:
+            idx = np.array(sorted(self.state.nodes[n].idx for n in names if n in self.state.nodes),
+                           dtype=np.int64)
+            if not len(idx):
+                return None
+            self._refresh(e, pol, pod, idx)
+            i = int(idx[int(np.argmax(e.scores[idx]))])
+        s = float(e.scores[i])
+        r = e.results[i]
+        if s == NEG_INF or not isinstance(r, Plan):
+            return None
+        return Decision(self.state.node_list[i].name, r, s)
+
+    def plan_for(self, pod: PodRequest, node: str) -> Plan | str:
+        """The plan for ``pod`` on one node (fresh, respecting the current state), or a reason."""
+        n = self.state.nodes.get(node)
+        if n is None:
+            return f"node {node} has no vGPU inventory"
+        e, pol = self._entry(pod)
+        self._refresh(e, pol, pod, np.array([n.idx], dtype=np.int64))
+        r = e.results[n.idx]
+        assert r is not None
+        return r
+
+    # -- booking --------------------------------------------------------------------------------
+    def allocation(self, pod: PodRequest, node: str, plan: Plan, now: float | None = None) -> PodAllocation:
+        """The allocation record of ``plan`` on ``node``, containers named from ``pod``."""
+        n: NodeState = self.state.nodes[node]
+        conts = []
+        for req, cp in zip(pod.containers, plan.containers, strict=True):
+            conts.append(ContainerAllocation(
+                name=req.name, init=req.init,
+                devices=tuple(DeviceBooking(n.devices[i].uuid, mem, cores) for i, mem, cores in cp)))
+        return PodAllocation(node=node, containers=tuple(conts), time=time.time() if now is None else now)
+
+    def book(self, pod: PodRequest, alloc: PodAllocation, check: bool = True) -> Booking:
+        """Book an allocation for ``pod`` (see ClusterState.book). Raises OvercommitError."""
+        return self.state.book(pod.key, alloc, pod.cpu_milli, pod.memory_mib, check=check)
+
+    def place(self, pod: PodRequest, now: float = 0.0) -> PodAllocation | None:
+        """Choose the best node over the whole cluster and book it (the replay's step).
+        Returns the allocation, or None if the pod fits nowhere (nothing is booked)."""
+        d = self.choose(pod)
+        if d is None:
+            return None
+        alloc = self.allocation(pod, d.node, d.plan, now)
+        self.state.book(pod.key, alloc, pod.cpu_milli, pod.memory_mib, check=False)
+        return alloc
+
+    def release(self, pod_key: str) -> Booking | None:
+        """Release a pod's booking (no-op if none)."""
+        return self.state.release(pod_key)
+
+
+def normalise_scores(scores: dict[str, float], top: int = 10) -> dict[str, int]:
+    """Map policy scores to the extender's integer range 0..top (best = top, worst = 0; all equal =
+    top). Used by prioritize (``MaxExtenderPriority`` = 10)."""
+    if not scores:
+        return {}
+    lo = min(scores.values())
+    hi = max(scores.values())
+    if hi - lo < 1e-12:
+        return {k: top for k in scores}
+    return {k: int(round((v - lo) / (hi - lo) * top)) for k, v in scores.items()}

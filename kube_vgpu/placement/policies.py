@@ -1,0 +1,254 @@
+"""Placement policies: one small scorer class each. Higher score is better.
+
+* ``binpack`` / ``spread`` (HAMi-style): node score from current usage
+  (used/total slots + cores + memory), GPUs chosen by the GPU policy (binpack or spread).
+* ``fgd``: fragmentation gradient descent (Weng et al., USENIX ATC'23): choose the node and GPU
+  whose placement least increases the expected fragmentation of the node under the target
+  workload. Ranked on the raw float change; ties go to the lower node index.
+* ``bestfit``: the FGD artifact's BestFit (least leftover CPU and GPU, weights 0.5/0.5,
+  normalised by 128,000 mCPU and 8,000 milli-GPU), smallest fitting GPU.
+* ``dotprod``: the artifact's DotProd: 1 - dot(free, request)/2 over max-normalised
+  [CPU, GPU-milli], smallest fitting GPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..model import ContainerRequest, PodRequest
+from .fit import GpuOrder, Plan, fit_pod, gpu_order
+from .state import NodeState
+
+MAX_CPU_MILLI = 128_000  #: BestFit/DotProd normalisation (artifact's max node spec)
+MAX_GPU_MILLI = 8_000
+
+
+@dataclass(frozen=True, slots=True)
+class TaskShape:
+    """A typical task of the target workload (FGD's M): host CPU millicores, per-GPU milli-GPU,
+    GPU count, allowed GPU models (empty = any), probability."""
+
+    cpu_milli: int
+    milli: int
+    num: int
+    types: frozenset[str]
+    p: float
+
+
+def typical_shapes(tasks: Iterable[tuple[int, int, int, tuple[str, ...]]], coverage: float = 0.95
+                   ) -> list[TaskShape]:
+    """FGD's typical pods: group tasks ``(cpu_milli, gpu_milli, num_gpu, gpu_spec)``, sort by count
+    (descending, then by shape for determinism), keep the smallest prefix covering ``coverage`` of
+    tasks, renormalise to probabilities. Raises ValueError on an empty workload."""
+    counts = Counter((c, m, n, tuple(sorted(s))) for c, m, n, s in tasks)
+    total = sum(counts.values())
+    if not total:
+        raise ValueError("workload is empty: cannot build FGD task shapes")
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept = []
+    acc = 0
+    for shape, cnt in ranked:
+        kept.append((shape, cnt))
+        acc += cnt
+        if acc >= coverage * total:
+            break
+    s = sum(c for _, c in kept)
+    return [TaskShape(c, m, n, frozenset(t), cnt / s) for (c, m, n, t), cnt in kept]
+
+
+class FragModel:
+    """Expected fragmentation F(n) of a node under the typical shapes, in milli-GPU (memoised)."""
+
+    def __init__(self, shapes: list[TaskShape]):
+        self.shapes = shapes
+        self.cpu_levels = sorted({s.cpu_milli for s in shapes})
+        self._rank = [bisect.bisect_left(self.cpu_levels, s.cpu_milli) for s in shapes]
+        self._memo: dict[tuple[int, tuple[int, ...], str], float] = {}
+
+    def cpu_class(self, node: NodeState, cpu_free: int) -> int:
+        """How many CPU thresholds ``cpu_free`` meets (all of them when CPU is not modelled)."""
+        if not node.cpu_total:
+            return len(self.cpu_levels)
+        return bisect.bisect_right(self.cpu_levels, cpu_free)
+
+    def frag(self, cpu_cls: int, g: tuple[int, ...], model: str) -> float:
+        """F for a node with CPU class ``cpu_cls``, free milli per GPU ``g`` (sorted), model."""
+        key = (cpu_cls, g, model)
+        v = self._memo.get(key)
+        if v is not None:
+            return v
+        total_free = sum(g)
+        acc = 0.0
+        for s, rank in zip(self.shapes, self._rank, strict=True):
+            if s.milli == 0 or (s.types and model not in s.types):
+                acc += s.p * total_free
+                continue
+            fit = 0
+            small = 0
+            for x in g:
+                if x >= s.milli:
+                    fit += 1
+                else:
+                    small += x
+            if fit >= s.num and rank < cpu_cls:
+                acc += s.p * small
+            else:
+                acc += s.p * total_free
+        if len(self._memo) > 500_000:
+            self._memo.clear()
+        self._memo[key] = acc
+        return acc
+
+    def node_frag(self, node: NodeState) -> float:
+        """F(n) of the node as it is now."""
+        g = tuple(sorted(node.gpu_milli_free(i) for i in range(len(node.devices))))
+        return self.frag(self.cpu_class(node, node.cpu_free), g, node.model)
+
+
+def _plan_state(node: NodeState, pod: PodRequest, plan: Plan) -> tuple[int, tuple[int, ...]]:
+    """(cpu_free, sorted free milli per GPU) after applying ``plan``."""
+    g = [node.gpu_milli_free(i) for i in range(len(node.devices))]
+    for i, (mem, cores, slots) in plan.usage(len(pod.init)).items():
+        d = node.devices[i]
+        fs = node.free_slots[i] - slots
+        if not d.healthy or fs <= 0:
+            g[i] = 0
+        else:
+            g[i] = min((node.free_cores[i] - cores) * 1000 // d.cores,
+                       (node.free_mem[i] - mem) * 1000 // d.memory_mib)
+    return node.cpu_free - pod.cpu_milli, tuple(sorted(g))
+
+
+def pod_gpu_milli(node: NodeState, pod: PodRequest, plan: Plan) -> int:
+    """The pod's GPU demand in milli-GPU on this node (per GPU the larger of the cores and memory
+    shares, summed over GPUs)."""
+    total = 0
+    for i, (mem, cores, _) in plan.usage(len(pod.init)).items():
+        d = node.devices[i]
+        total += max(cores * 1000 // max(d.cores, 1), -(-mem * 1000 // max(d.memory_mib, 1)))
+    return total
+
+
+class Policy:
+    """A scorer: ``evaluate(node, pod)`` returns (score, Plan) or a reason string."""
+
+    name = "base"
+
+    def __init__(self, gpu_policy: str = "spread"):
+        self.order: GpuOrder = gpu_order(gpu_policy)
+
+    def evaluate(self, node: NodeState, pod: PodRequest) -> tuple[float, Plan] | str:
+        plan = fit_pod(node, pod, self.order)
+        if isinstance(plan, str):
+            return plan
+        return self.score(node, pod, plan), plan
+
+    def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
+        raise NotImplementedError
+
+
+class Binpack(Policy):
+    """Node binpack: prefer the most used node (HAMi formula, usage before this pod)."""
+
+    name = "binpack"
+
+    def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
+        return node.used_fraction()
+
+
+class Spread(Policy):
+    """Node spread: prefer the least used node."""
+
+    name = "spread"
+
+    def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
+        return -node.used_fraction()
+
+
+class BestFit(Policy):
+    """The FGD artifact's BestFit baseline (see module docstring)."""
+
+    name = "bestfit"
+
+    def __init__(self, gpu_policy: str = "spread"):
+        self.order = gpu_order("bestfit")
+
+    def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
+        gfree = sum(node.gpu_milli_free(i) for i in range(len(node.devices)))
+        cpu_left = (node.cpu_free - pod.cpu_milli) / MAX_CPU_MILLI if node.cpu_total else 0.0
+        gpu_left = (gfree - pod_gpu_milli(node, pod, plan)) / MAX_GPU_MILLI
+        return -(0.5 * cpu_left + 0.5 * gpu_left)
+
+
+class DotProd(Policy):
+    """The FGD artifact's DotProd baseline (see module docstring)."""
+
+    name = "dotprod"
+
+    def __init__(self, gpu_policy: str = "spread"):
+        self.order = gpu_order("bestfit")
+
+    def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
+        gfree = sum(node.gpu_milli_free(i) for i in range(len(node.devices)))
+        cpu = (node.cpu_free / MAX_CPU_MILLI) * (pod.cpu_milli / MAX_CPU_MILLI) if node.cpu_total else 0.0
+        gpu = (gfree / MAX_GPU_MILLI) * (pod_gpu_milli(node, pod, plan) / MAX_GPU_MILLI)
+        return 1.0 - (cpu + gpu) / 2.0
+
+
+class FGD(Policy):
+    """Fragmentation gradient descent: score = -(F(n') - F(n)); GPU chosen by the smallest change."""
+
+    name = "fgd"
+
+    def __init__(self, shapes: list[TaskShape], gpu_policy: str = "spread"):
+        self.model = FragModel(shapes)
+        self.order = self._order
+
+    def _order(self, node: NodeState, cands: list[int], mem: list[int], cores: list[int],
+               req: ContainerRequest) -> list[int]:
+        if len(cands) <= 1 or req.exclusive:
+            return cands
+        # Each candidate GPU i: the node's free milli with this container on i (others as now).
+        base = [node.gpu_milli_free(i) for i in range(len(node.devices))]
+        cls = self.model.cpu_class(node, node.cpu_free)  # CPU is the same whichever GPU
+        keyed = []
+        for i in cands:
+            d = node.devices[i]
+            g = list(base)
+            g[i] = 0 if node.free_slots[i] - 1 <= 0 else min(
+                (cores[i] - req.cores_on(d)) * 1000 // d.cores, (mem[i] - req.memory_on(d)) * 1000 // d.memory_mib)
+            keyed.append((self.model.frag(cls, tuple(sorted(g)), node.model), i))
+        keyed.sort()
+        return [i for _, i in keyed]
+
+    def evaluate(self, node: NodeState, pod: PodRequest) -> tuple[float, Plan] | str:
+        plan = fit_pod(node, pod, self.order)
+        if isinstance(plan, str):
+            return plan
+        before = self.model.node_frag(node)
+        cpu_after, g_after = _plan_state(node, pod, plan)
+        after = self.model.frag(self.model.cpu_class(node, cpu_after), g_after, node.model)
+        return before - after, plan
+
+
+def make_policy(node_policy: str, gpu_policy: str = "spread", shapes: list[TaskShape] | None = None) -> Policy:
+    """Build a scorer by name. ``fgd`` needs ``shapes`` (the target workload).
+
+    Raises: ValueError for an unknown name or fgd without shapes.
+    """
+    if node_policy == "binpack":
+        return Binpack(gpu_policy)
+    if node_policy == "spread":
+        return Spread(gpu_policy)
+    if node_policy == "bestfit":
+        return BestFit()
+    if node_policy == "dotprod":
+        return DotProd()
+    if node_policy == "fgd":
+        if not shapes:
+            raise ValueError("policy fgd needs the target workload's task shapes")
+        return FGD(shapes)
+    raise ValueError(f"unknown node policy {node_policy!r}; allowed: binpack, spread, fgd, bestfit, dotprod")

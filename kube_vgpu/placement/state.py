@@ -1,0 +1,189 @@
+"""Incremental cluster state: per-GPU free memory (MiB), cores (percent) and vGPU slots per node.
+
+Booking and releasing a pod update the affected node in O(GPUs) and bump its ``version`` so that
+cached placement decisions for that node are recomputed, and only for that node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import GPUDevice, PodAllocation
+
+
+class OvercommitError(ValueError):
+    """Booking an allocation would exceed a GPU's memory, cores or slots, or the node is unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """What one pod holds: node, its allocation record, host CPU (millicores) and memory (MiB),
+    and the per-GPU-index usage ``{index: (MiB, cores, slots)}`` applied to the node."""
+
+    pod: str
+    node: str
+    allocation: PodAllocation
+    cpu_milli: int
+    memory_mib: int
+    usage: tuple[tuple[int, int, int, int], ...]  # (gpu index in node.devices, MiB, cores, slots)
+
+
+class NodeState:
+    """One node's devices and what is free on each (lists indexed by position in ``devices``).
+
+    cpu_total / memory_total: host capacity in millicores / MiB (0 = not modelled: always fits).
+    """
+
+    __slots__ = ("name", "idx", "devices", "free_mem", "free_cores", "free_slots", "cpu_total",
+                 "cpu_free", "memory_total", "memory_free", "heartbeat", "version", "pods", "by_uuid",
+                 "model")
+
+    def __init__(self, name: str, idx: int, devices: tuple[GPUDevice, ...], cpu_milli: int = 0,
+                 memory_mib: int = 0, heartbeat: float = 0.0):
+        self.name = name
+        self.idx = idx
+        self.devices = devices
+        self.by_uuid = {d.uuid: i for i, d in enumerate(devices)}
+        self.model = devices[0].model if devices else ""
+        self.free_mem = [d.memory_mib for d in devices]
+        self.free_cores = [d.cores for d in devices]
+        self.free_slots = [d.split for d in devices]
+        self.cpu_total = cpu_milli
+        self.cpu_free = cpu_milli
+        self.memory_total = memory_mib
+        self.memory_free = memory_mib
+        self.heartbeat = heartbeat
+        self.version = 0
+        self.pods: dict[str, Booking] = {}
+
+    def gpu_milli_free(self, i: int) -> int:
+        """Usable share of GPU ``i`` in milli-GPU (0..1000): the tighter of memory and cores; 0 when
+        the GPU is unhealthy or has no free slot."""
+        d = self.devices[i]
+        if not d.healthy or self.free_slots[i] <= 0 or d.cores <= 0 or d.memory_mib <= 0:
+            return 0
+        return min(self.free_cores[i] * 1000 // d.cores, self.free_mem[i] * 1000 // d.memory_mib)
+
+    def used_fraction(self) -> float:
+        """HAMi's node usage score: used/total slots + used/total cores + used/total memory (0..3)."""
+        ts = sum(d.split for d in self.devices)
+        tc = sum(d.cores for d in self.devices)
+        tm = sum(d.memory_mib for d in self.devices)
+        if not ts or not tc or not tm:
+            return 0.0
+        return ((ts - sum(self.free_slots)) / ts + (tc - sum(self.free_cores)) / tc
+                + (tm - sum(self.free_mem)) / tm)
+
+
+class ClusterState:
+    """All nodes and bookings. Not thread-safe: callers serialise (the extender runs it on one loop)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self.node_list: list[NodeState] = []
+        self.bookings: dict[str, Booking] = {}
+        self.generation = 0  #: bumped when nodes are added or removed (caches are rebuilt)
+        #: node.version per node index, so caches find changed nodes with one vector compare
+        self.versions = np.zeros(0, dtype=np.int64)
+
+    # -- nodes ---------------------------------------------------------------------------------
+    def set_node(self, name: str, devices: tuple[GPUDevice, ...], cpu_milli: int = 0, memory_mib: int = 0,
+                 heartbeat: float = 0.0) -> NodeState:
+        """Add a node or replace its inventory, keeping the bookings already on it (re-applied by
+        GPU uuid; bookings on GPUs that vanished are kept in ``bookings`` but hold nothing)."""
+        old = self.nodes.get(name)
+        if old is not None and old.devices == devices and old.cpu_total == cpu_milli \
+                and old.memory_total == memory_mib:
+            old.heartbeat = heartbeat
+            return old
+        idx = old.idx if old is not None else len(self.node_list)
+        node = NodeState(name, idx, devices, cpu_milli, memory_mib, heartbeat)
+        if old is None:
+            self.node_list.append(node)
+            self.versions = np.append(self.versions, 0)
+            self.generation += 1
+        else:
+            self.node_list[idx] = node
+            node.version = old.version + 1
+            for b in list(old.pods.values()):
+                rebased = self._usage_for(node, b.allocation)
+                b2 = Booking(b.pod, name, b.allocation, b.cpu_milli, b.memory_mib, rebased)
+                self._apply(node, b2, +1)
+                node.pods[b.pod] = b2
+                self.bookings[b.pod] = b2
+        self.nodes[name] = node
+        self.versions[idx] = node.version
+        return node
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node and every booking on it."""
+        node = self.nodes.pop(name, None)
+        if node is None:
+            return
+        for pod in list(node.pods):
+            self.bookings.pop(pod, None)
+        self.node_list.pop(node.idx)
+        self.versions = np.delete(self.versions, node.idx)
+        for i, n in enumerate(self.node_list):
+            n.idx = i
+        self.generation += 1
+
+    # -- bookings ------------------------------------------------------------------------------
+    @staticmethod
+    def _usage_for(node: NodeState, alloc: PodAllocation) -> tuple[tuple[int, int, int, int], ...]:
+        out = []
+        for uuid, (mem, cores, slots) in sorted(alloc.usage().items()):
+            i = node.by_uuid.get(uuid)
+            if i is not None:
+                out.append((i, mem, cores, slots))
+        return tuple(out)
+
+    def _apply(self, node: NodeState, b: Booking, sign: int) -> None:
+        for i, mem, cores, slots in b.usage:
+            node.free_mem[i] -= sign * mem
+            node.free_cores[i] -= sign * cores
+            node.free_slots[i] -= sign * slots
+        node.cpu_free -= sign * b.cpu_milli
+        node.memory_free -= sign * b.memory_mib
+        node.version += 1
+        if node.idx < len(self.versions) and self.node_list[node.idx] is node:
+            self.versions[node.idx] = node.version
+
+    def book(self, pod: str, alloc: PodAllocation, cpu_milli: int = 0, memory_mib: int = 0,
+             check: bool = True) -> Booking:
+        """Record ``pod``'s allocation on ``alloc.node``, atomically.
+
+        check: refuse (OvercommitError) if any GPU would go below zero memory, cores or slots.
+        Restart recovery passes check=False so that a record the cluster already runs is never lost.
+        Raises: OvercommitError (nothing changed), also if the pod is already booked.
+        """
+        if pod in self.bookings:
+            raise OvercommitError(f"pod {pod} is already booked on {self.bookings[pod].node}")
+        node = self.nodes.get(alloc.node)
+        if node is None:
+            raise OvercommitError(f"node {alloc.node} is unknown")
+        usage = self._usage_for(node, alloc)
+        if check:
+            for i, mem, cores, slots in usage:
+                d = node.devices[i]
+                if mem > node.free_mem[i] or cores > node.free_cores[i] or slots > node.free_slots[i]:
+                    raise OvercommitError(
+                        f"GPU {d.uuid} on {node.name}: needs {mem} MiB/{cores}% /{slots} slot(s), "
+                        f"free {node.free_mem[i]} MiB/{node.free_cores[i]}%/{node.free_slots[i]} slot(s)")
+        b = Booking(pod, node.name, alloc, cpu_milli, memory_mib, usage)
+        self._apply(node, b, +1)
+        node.pods[pod] = b
+        self.bookings[pod] = b
+        return b
+
+    def release(self, pod: str) -> Booking | None:
+        """Free everything ``pod`` holds; returns its booking, or None if it held nothing."""
+        b = self.bookings.pop(pod, None)
+        if b is None:
+            return None
+        node = self.nodes.get(b.node)
+        if node is not None and node.pods.pop(pod, None) is not None:
+            self._apply(node, b, -1)
+        return b

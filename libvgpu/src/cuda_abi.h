@@ -1,0 +1,143 @@
+/*
+ * Minimal declarations of the CUDA driver API ABI used by libvgpu and the test fakes.
+ * No CUDA toolkit is needed: only the handful of types, constants and signatures the
+ * shim intercepts are declared here, with the layouts of the public cuda.h.
+ */
+#ifndef LIBVGPU_CUDA_ABI_H
+#define LIBVGPU_CUDA_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long cuuint64_t;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_NO_DEVICE 100
+#define CUDA_ERROR_INVALID_DEVICE 101
+#define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+
+/* cuGetProcAddress flags */
+#define CU_GET_PROC_ADDRESS_DEFAULT 0
+#define CU_GET_PROC_ADDRESS_LEGACY_STREAM 1
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
+typedef int CUdriverProcAddressQueryResult;
+#define CU_GET_PROC_ADDRESS_SUCCESS 0
+#define CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND 1
+
+#define CU_STREAM_CAPTURE_STATUS_NONE 0
+#define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
+
+#define CU_GRAPH_NODE_TYPE_KERNEL 0
+
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+
+#define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+
+typedef struct {
+    unsigned char bytes[16];
+} CUuuid;
+
+typedef struct {
+    int id;
+    union {
+        unsigned char pad[64];
+    } value;
+} CUlaunchAttribute;
+
+typedef struct {
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    /* _v2 adds CUkernel kern; CUcontext ctx; reserve room so either layout fits */
+    void *v2_kern;
+    void *v2_ctx;
+} CUDA_KERNEL_NODE_PARAMS;
+
+typedef struct {
+    size_t Width;
+    size_t Height;
+    int Format; /* CUarray_format */
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
+typedef struct {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    int Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+typedef struct {
+    int type; /* CUmemLocationType */
+    int id;
+} CUmemLocation;
+
+typedef struct {
+    int type;                 /* CUmemAllocationType */
+    int requestedHandleTypes; /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+
+typedef struct {
+    int allocType;
+    int handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+/* CUarray_format values (bytes per channel element) */
+#define CU_AD_FORMAT_UNSIGNED_INT8 0x01
+#define CU_AD_FORMAT_UNSIGNED_INT16 0x02
+#define CU_AD_FORMAT_UNSIGNED_INT32 0x03
+#define CU_AD_FORMAT_SIGNED_INT8 0x08
+#define CU_AD_FORMAT_SIGNED_INT16 0x09
+#define CU_AD_FORMAT_SIGNED_INT32 0x0a
+#define CU_AD_FORMAT_HALF 0x10
+#define CU_AD_FORMAT_FLOAT 0x20
+
+#endif
