@@ -1,0 +1,129 @@
+{{/* Chart name. */}}
+{{- define "kube-vgpu.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Prefix of every resource name (kept short enough for "-device-plugin" suffixes). */}}
+{{- define "kube-vgpu.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kube-vgpu.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels; call with (dict "root" $ "component" "scheduler"). */}}
+{{- define "kube-vgpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kube-vgpu.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Labels of every object; call with (dict "root" $ "component" "scheduler"). */}}
+{{- define "kube-vgpu.labels" -}}
+{{ include "kube-vgpu.selectorLabels" . }}
+helm.sh/chart: {{ include "kube-vgpu.chart" .root }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: kube-vgpu
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod labels: selector labels + the webhook opt-out, so our own pods are never mutated. */}}
+{{- define "kube-vgpu.podLabels" -}}
+{{ include "kube-vgpu.selectorLabels" . }}
+kube-vgpu.io/webhook: ignore
+{{- end -}}
+
+{{- define "kube-vgpu.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* kube-scheduler tag: the value, else the cluster version without vendor suffix (v1.31.4-eks-x -> v1.31.4). */}}
+{{- define "kube-vgpu.kubeSchedulerTag" -}}
+{{- $img := .Values.scheduler.kubeScheduler.image -}}
+{{- if $img.tag -}}
+{{- $img.tag -}}
+{{- else -}}
+{{- $v := regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- if not $v -}}
+{{- fail (printf "cannot derive a kube-scheduler image tag from the cluster version %q; set scheduler.kubeScheduler.image.tag" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- if hasPrefix "v" $v }}{{ $v }}{{ else }}v{{ $v }}{{ end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when kube-scheduler leader election is on. */}}
+{{- define "kube-vgpu.leaderElect" -}}
+{{- $le := toString .Values.scheduler.leaderElection.enabled -}}
+{{- if eq $le "auto" -}}
+{{- if gt (int .Values.scheduler.replicas) 1 }}true{{ else }}false{{ end -}}
+{{- else if eq $le "true" -}}
+true
+{{- else -}}
+{{- if gt (int .Values.scheduler.replicas) 1 -}}
+{{- fail (printf "scheduler.leaderElection.enabled=false with scheduler.replicas=%d: several kube-schedulers without leader election would bind the same pods; use auto or true" (int .Values.scheduler.replicas)) -}}
+{{- end -}}
+false
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the extender runs its own Lease election. */}}
+{{- define "kube-vgpu.extenderLeaderElect" -}}
+{{- $le := toString .Values.scheduler.extender.leaderElect -}}
+{{- if eq $le "true" }}true{{ else }}false{{ end -}}
+{{- end -}}
+
+{{- define "kube-vgpu.webhookService" -}}
+{{- printf "%s-webhook" (include "kube-vgpu.fullname" .) -}}
+{{- end -}}
+
+{{- define "kube-vgpu.webhookSecret" -}}
+{{- default (printf "%s-webhook-tls" (include "kube-vgpu.fullname" .)) .Values.webhook.tlsSecretName -}}
+{{- end -}}
+
+{{- define "kube-vgpu.webhookConfigName" -}}
+{{- printf "%s-webhook" (include "kube-vgpu.fullname" .) -}}
+{{- end -}}
+
+{{/* The policy file: the domain config (kube-vgpu.io/v1) exactly as the components read it. */}}
+{{- define "kube-vgpu.configYaml" -}}
+apiVersion: kube-vgpu.io/v1
+{{ toYaml .Values.config }}
+{{- end -}}
+
+{{/* The default preferred anti-affinity for a component; call with (dict "root" $ "component" "x"). */}}
+{{- define "kube-vgpu.spreadAffinity" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "kube-vgpu.selectorLabels" . | nindent 12 }}
+{{- end -}}
+
+{{/* Restricted container security context for our non-root containers. */}}
+{{- define "kube-vgpu.restrictedSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
