@@ -1,0 +1,96 @@
+"""AdmissionReview envelope: decode a request body, answer with an AdmissionReview response.
+
+Wire format: ``admission.k8s.io/v1`` and ``admission.k8s.io/v1beta1`` ``AdmissionReview``
+(Kubernetes API reference, "Dynamic Admission Control"; a real request is in
+``shared/reference/captures/mutate.json``). The answer carries the same ``apiVersion``, ``kind:
+AdmissionReview`` and ``response.uid`` = ``request.uid``; a patch is RFC 6902 JSONPatch, base64 in
+``response.patch`` with ``patchType: JSONPatch``; a denial sets ``allowed: false`` and
+``status: {code, reason, message}`` (a ``meta/v1 Status``).
+
+Malformed envelopes (not JSON, not an object, wrong ``apiVersion``/``kind``, no ``request`` or
+``uid``) raise :class:`BadReview`; the server answers those with HTTP 400. A well-formed envelope
+whose pod is structurally broken gets an AdmissionReview denial with code 400.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from kube_vgpu.config import Config
+
+from .mutate import ALLOWED, DENIED, Decision, review_pod
+
+API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+KIND = "AdmissionReview"
+INVALID = "invalid"  #: outcome of a malformed pod inside a valid envelope
+NOT_POD = "not-pod"  #: outcome of a review for another resource or operation
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview request we can answer (-> HTTP 400)."""
+
+
+def decode_review(body: bytes) -> dict[str, Any]:
+    """Parse and check the envelope. Returns the whole review dict. Raises BadReview."""
+    try:
+        review = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadReview(f"body is not JSON: {e}") from None
+    if not isinstance(review, dict):
+        raise BadReview(f"body is a JSON {type(review).__name__}, expected an AdmissionReview object")
+    if review.get("kind") != KIND:
+        raise BadReview(f"kind={review.get('kind')!r}; expected {KIND!r}")
+    if review.get("apiVersion") not in API_VERSIONS:
+        raise BadReview(f"apiVersion={review.get('apiVersion')!r}; expected one of {', '.join(API_VERSIONS)}")
+    req = review.get("request")
+    if not isinstance(req, dict):
+        raise BadReview("request is missing or not an object")
+    uid = req.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid is missing or not a string")
+    return review
+
+
+def _response(review: dict[str, Any], d: Decision) -> dict[str, Any]:
+    resp: dict[str, Any] = {"uid": review["request"]["uid"], "allowed": d.allowed}
+    if d.patch:
+        resp["patchType"] = "JSONPatch"
+        resp["patch"] = base64.b64encode(json.dumps(d.patch, separators=(",", ":")).encode()).decode()
+    if not d.allowed:
+        resp["status"] = {"code": d.code, "reason": d.reason, "message": d.message}
+    if d.warnings:
+        resp["warnings"] = d.warnings
+    return {"apiVersion": review["apiVersion"], "kind": KIND, "response": resp}
+
+
+def answer(review: dict[str, Any], config: Config) -> tuple[dict[str, Any], Decision]:
+    """Answer a decoded review. Returns (AdmissionReview response dict, the Decision).
+
+    Only ``CREATE`` of ``pods`` (core/v1) is reviewed; anything else is allowed unchanged (outcome
+    ``not-pod``). Never raises for pod content: a structurally broken pod is denied with code 400.
+    """
+    req = review["request"]
+    kind = req.get("kind") or {}
+    resource = req.get("resource") or {}
+    is_pod = (isinstance(kind, dict) and kind.get("kind") == "Pod" and kind.get("group", "") == "") or (
+        isinstance(resource, dict) and resource.get("resource") == "pods" and resource.get("group", "") == "")
+    if not is_pod or req.get("operation", "CREATE") != "CREATE" or req.get("subResource"):
+        d = Decision(allowed=True, outcome=NOT_POD)
+        return _response(review, d), d
+    pod = req.get("object")
+    if not isinstance(pod, dict):
+        d = Decision(allowed=False, outcome=INVALID, code=400, reason="BadRequest",
+                     message="request.object is missing or not a Pod object")
+        return _response(review, d), d
+    try:
+        d = review_pod(pod, config)
+    except (TypeError, AttributeError, KeyError) as e:
+        d = Decision(allowed=False, outcome=INVALID, code=400, reason="BadRequest",
+                     message=f"malformed Pod: {e}")
+    return _response(review, d), d
+
+
+__all__ = ["API_VERSIONS", "ALLOWED", "BadReview", "DENIED", "INVALID", "KIND", "NOT_POD", "answer",
+           "decode_review"]

@@ -1,0 +1,276 @@
+"""The admission decision for one Pod: route, default, validate and prepare vGPU pods.
+
+Pure functions, no I/O. The input is the ``request.object`` of an ``admission.k8s.io/v1`` (or
+``v1beta1``) AdmissionReview, i.e. a ``core/v1 Pod`` as a JSON dict; the output is a
+:class:`Decision` (allowed or denied, plus RFC 6902 JSONPatch operations built with ``jsonpatch``).
+
+Every resource rule comes from the domain package: names from :mod:`kube_vgpu.resources` via the
+config, values and defaults from :func:`kube_vgpu.podspec.parse_pod` / ``parse_container`` (which
+raise :class:`kube_vgpu.errors.RequestError`), policy knobs from :class:`kube_vgpu.config.WebhookConfig`.
+
+Order of the decision (first match wins):
+
+1. pod label ``kube-vgpu.io/webhook=ignore`` -> allowed, no patch (``ignored``);
+2. no container asks for a vGPU -> allowed, no patch (``skipped``). A container asks when it names
+   ``gpumem``, ``gpumem-percentage`` or ``gpucores`` (limits or requests), or a bare ``gpu`` when
+   ``webhook.mutateBareGpu`` is true;
+3. ``spec.schedulerName`` set to another scheduler (not ours; not ``default-scheduler`` while
+   ``webhook.forceOverwriteDefaultScheduler``) -> ``webhook.foreignSchedulers``: ``leave`` = allowed,
+   no patch, nothing validated (``foreign``); ``deny`` = denied;
+4. denials (``denied``): invalid quantities (``RequestError``), preset ``spec.nodeName``, privileged GPU
+   containers (``webhook.privileged: deny``), ``NVIDIA_VISIBLE_DEVICES`` set by a container
+   (unless ``webhook.allowUserVisibleDevices``; ``none``/``void`` in a non-GPU container is fine);
+5. mutation (``patched``, or ``allowed`` when the pod is already in shape):
+   ``schedulerName``; every GPU container's ``resources.limits`` carry its whole resolved request
+   (vGPU values given only in ``requests`` are copied to ``limits``; missing ``gpu`` count, memory
+   and ``gpucores`` are written from the parsed request, so a bare ``nvidia.com/gpu: 1`` becomes
+   ``gpumem-percentage: 100, gpucores: 100`` under ``defaults.bareGpuExclusive``); a ``/dev/shm``
+   ``emptyDir`` (``medium: Memory``, ``sizeLimit`` = ``webhook.shmSizeLimit``) mounted in every GPU
+   container unless some container already mounts ``/dev/shm``; ``NVIDIA_VISIBLE_DEVICES=none`` in
+   non-GPU containers when ``webhook.nonGpuVisibleDevicesNone``.
+
+The mutation is a fixed point: re-parsing the mutated pod gives the same requests and writes
+nothing, so a second review yields an empty patch (safe with ``reinvocationPolicy: IfNeeded``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+
+from kube_vgpu.config import Config
+from kube_vgpu.envcontract import VISIBLE_DEVICES
+from kube_vgpu.errors import RequestError
+from kube_vgpu.model import ContainerRequest
+from kube_vgpu.podspec import container_asks, parse_container, parse_pod, resource_value
+from kube_vgpu.resources import LABEL_WEBHOOK, LABEL_WEBHOOK_IGNORE, ResourceNames
+
+DEFAULT_SCHEDULER = "default-scheduler"
+SHM_PATH = "/dev/shm"
+SHM_VOLUME = "kube-vgpu-shm"
+#: values of NVIDIA_VISIBLE_DEVICES that expose no GPU (allowed in non-GPU containers)
+HIDDEN_VALUES = ("none", "void", "")
+
+# Outcomes (the ``outcome`` label of the requests metric).
+PATCHED = "patched"
+ALLOWED = "allowed"
+SKIPPED = "skipped"
+IGNORED = "ignored"
+FOREIGN = "foreign"
+DENIED = "denied"
+
+
+@dataclass(slots=True)
+class Decision:
+    """The answer for one pod.
+
+    allowed: admit or reject. patch: JSONPatch operations (RFC 6902, paths into the Pod); empty
+    when nothing changes. code/reason/message: the ``status`` of a denial (HTTP-like code, e.g. 400
+    for invalid values, 403 for policy). outcome: one of PATCHED, ALLOWED, SKIPPED, IGNORED,
+    FOREIGN, DENIED. warnings: admission warnings shown by kubectl.
+    """
+
+    allowed: bool
+    outcome: str
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    code: int = 200
+    reason: str = ""
+    message: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+def _deny(code: int, reason: str, message: str) -> Decision:
+    return Decision(allowed=False, outcome=DENIED, code=code, reason=reason, message=message)
+
+
+def _containers(spec: Mapping[str, Any]) -> list[tuple[bool, dict[str, Any]]]:
+    """(is_init, container) for init containers then app containers; non-dict entries dropped."""
+    out: list[tuple[bool, dict[str, Any]]] = []
+    for init, key in ((True, "initContainers"), (False, "containers")):
+        items = spec.get(key) or []
+        if not isinstance(items, list):
+            raise TypeError(f"spec.{key} is not a list")
+        out.extend((init, c) for c in items if isinstance(c, dict))
+    return out
+
+
+def asks_vgpu(container: Mapping[str, Any], config: Config) -> bool:
+    """True if the container makes its pod a vGPU pod (see module docstring, step 2)."""
+    names = config.resource_names
+    if not container_asks(container, names):
+        return False
+    if config.webhook.mutate_bare_gpu:
+        return True
+    return any(resource_value(container, n) is not None for n in names.share_names())
+
+
+def is_foreign_scheduler(scheduler_name: Any, config: Config) -> bool:
+    """True if ``spec.schedulerName`` names a scheduler whose pods we must leave alone."""
+    if not scheduler_name or scheduler_name == config.scheduler_name:
+        return False
+    if scheduler_name == DEFAULT_SCHEDULER:
+        return not config.webhook.force_overwrite_default_scheduler
+    return True
+
+
+def _kind(init: bool) -> str:
+    return "init container" if init else "container"
+
+
+def _resolved_limits(req: ContainerRequest, names: ResourceNames) -> dict[str, str]:
+    """The ``resources.limits`` entries that spell out a parsed request completely."""
+    out = {names.gpu: str(req.count)}
+    if req.memory_mib:
+        out[names.gpumem] = str(req.memory_mib)
+    else:
+        out[names.gpumem_percentage] = str(req.memory_percent)
+    out[names.gpucores] = str(req.cores)
+    if req.priority is not None:
+        out[names.priority] = str(req.priority)
+    return out
+
+
+def _fill_limits(container: dict[str, Any], req: ContainerRequest, names: ResourceNames) -> None:
+    """Make ``limits`` carry the whole request (in place). Values already in limits are kept."""
+    res = container.get("resources")
+    if not isinstance(res, dict):
+        res = container["resources"] = {}
+    limits = res.get("limits")
+    if not isinstance(limits, dict):
+        limits = res["limits"] = {}
+    requests_raw = res.get("requests")
+    requests: dict[str, Any] = requests_raw if isinstance(requests_raw, dict) else {}
+    # Extended resources need limits; a value given only in requests moves over unchanged.
+    for n in names.all():
+        if n not in limits and n in requests:
+            limits[n] = requests[n]
+    resolved = _resolved_limits(req, names)
+    has_memory = names.gpumem in limits or names.gpumem_percentage in limits
+    for n, v in resolved.items():
+        if n in limits:
+            continue
+        if n in (names.gpumem, names.gpumem_percentage) and has_memory:
+            continue
+        limits[n] = v
+
+
+def _mounts_shm(containers: list[tuple[bool, dict[str, Any]]]) -> bool:
+    for _, c in containers:
+        for m in c.get("volumeMounts") or []:
+            if isinstance(m, dict) and str(m.get("mountPath", "")).rstrip("/") == SHM_PATH:
+                return True
+    return False
+
+
+def _shm_volume_name(spec: Mapping[str, Any]) -> str:
+    taken = {v.get("name") for v in spec.get("volumes") or [] if isinstance(v, dict)}
+    name, i = SHM_VOLUME, 1
+    while name in taken:
+        name, i = f"{SHM_VOLUME}-{i}", i + 1
+    return name
+
+
+def _visible_devices_entry(container: Mapping[str, Any]) -> dict[str, Any] | None:
+    for e in container.get("env") or []:
+        if isinstance(e, dict) and e.get("name") == VISIBLE_DEVICES:
+            return e
+    return None
+
+
+def review_pod(pod: Mapping[str, Any], config: Config) -> Decision:
+    """Decide on one Pod (``core/v1 Pod`` JSON dict). See the module docstring for the rules.
+
+    Returns: a Decision. Raises: TypeError/AttributeError only for structurally malformed pods
+    (e.g. ``spec.containers`` not a list); the server turns those into a 400 denial.
+    """
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(LABEL_WEBHOOK) == LABEL_WEBHOOK_IGNORE:
+        return Decision(allowed=True, outcome=IGNORED)
+    spec = pod.get("spec") or {}
+    if not isinstance(spec, dict):
+        raise TypeError("spec is not an object")
+    containers = _containers(spec)
+    if not any(asks_vgpu(c, config) for _, c in containers):
+        return Decision(allowed=True, outcome=SKIPPED)
+
+    wh = config.webhook
+    sched = spec.get("schedulerName")
+    if is_foreign_scheduler(sched, config):
+        if wh.foreign_schedulers == "deny":
+            return _deny(403, "Forbidden",
+                         f"spec.schedulerName={sched!r} is not allowed for a pod that requests a vGPU; "
+                         f"allowed: empty, {DEFAULT_SCHEDULER!r} or {config.scheduler_name!r} "
+                         f"(webhook.foreignSchedulers=deny)")
+        return Decision(allowed=True, outcome=FOREIGN)
+
+    try:
+        parse_pod(pod, config)
+        reqs = [(init, c, parse_container(c, init, config)) for init, c in containers]
+    except RequestError as e:
+        return _deny(400, "BadRequest", str(e))
+    if all(req is None for _, _, req in reqs):  # e.g. only ``nvidia.com/gpu: 0``
+        return Decision(allowed=True, outcome=SKIPPED)
+
+    node = spec.get("nodeName")
+    if node:
+        return _deny(403, "Forbidden",
+                     f"spec.nodeName={node!r} is preset; allowed: empty, so that {config.scheduler_name!r} "
+                     f"places the vGPU pod")
+
+    for init, c, req in reqs:
+        name = c.get("name", "?")
+        if req is not None and wh.privileged == "deny":
+            sc = c.get("securityContext") or {}
+            if sc.get("privileged") is True:
+                return _deny(403, "Forbidden",
+                             f"{_kind(init)} {name!r}: securityContext.privileged=true is not allowed for a "
+                             f"vGPU container (a privileged container sees every GPU of the node and "
+                             f"bypasses isolation); allowed: false or unset (webhook.privileged=deny)")
+        if wh.allow_user_visible_devices:
+            continue
+        entry = _visible_devices_entry(c)
+        if entry is None:
+            continue
+        value = entry.get("value", "") if "valueFrom" not in entry else entry.get("valueFrom")
+        if req is None and isinstance(value, str) and value.strip().lower() in HIDDEN_VALUES:
+            continue
+        allowed = ("unset (the device plugin sets it from the scheduler's allocation)" if req is not None
+                   else "unset, 'none' or 'void' in a container without a vGPU request")
+        return _deny(403, "Forbidden",
+                     f"{_kind(init)} {name!r}: env {VISIBLE_DEVICES}={value!r} bypasses the vGPU scheduler; "
+                     f"allowed: {allowed} (webhook.allowUserVisibleDevices=false)")
+
+    new_spec = copy.deepcopy(spec)
+    new_containers = _containers(new_spec)
+    names = config.resource_names
+    if sched != config.scheduler_name:
+        new_spec["schedulerName"] = config.scheduler_name
+    gpu_containers: list[dict[str, Any]] = []
+    for (_, c), (_, _, req) in zip(new_containers, reqs, strict=True):
+        if req is not None:
+            _fill_limits(c, req, names)
+            gpu_containers.append(c)
+        elif wh.non_gpu_visible_devices_none and _visible_devices_entry(c) is None:
+            c.setdefault("env", []).append({"name": VISIBLE_DEVICES, "value": "none"})
+    if gpu_containers and not _mounts_shm(new_containers):
+        vol_name = _shm_volume_name(new_spec)
+        empty_dir: dict[str, Any] = {"medium": "Memory"}
+        if wh.shm_size_limit:
+            empty_dir["sizeLimit"] = wh.shm_size_limit
+        new_spec.setdefault("volumes", []).append({"name": vol_name, "emptyDir": empty_dir})
+        for c in gpu_containers:
+            c.setdefault("volumeMounts", []).append({"name": vol_name, "mountPath": SHM_PATH})
+
+    ops = jsonpatch.make_patch({"spec": spec}, {"spec": new_spec}).patch
+    warnings = []
+    for _, c, req in reqs:
+        if req is not None and resource_value(c, names.gpumem) is not None \
+                and resource_value(c, names.gpumem_percentage) is not None:
+            warnings.append(f"container {c.get('name', '?')!r}: {names.gpumem} is set, so "
+                            f"{names.gpumem_percentage} is ignored")
+    return Decision(allowed=True, outcome=PATCHED if ops else ALLOWED, patch=ops, warnings=warnings)
