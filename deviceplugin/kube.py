@@ -1,0 +1,72 @@
+"""The few Kubernetes API calls the device plugin makes (official ``kubernetes`` client).
+
+* list the pods bound to this node: ``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>``;
+* merge-patch pod annotations (``application/merge-patch+json``; a None value deletes the key);
+* merge-patch node annotations (the inventory).
+
+Objects are returned as plain API JSON (``dict``), which is what :mod:`deviceplugin.podmatch` reads.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeClient(Protocol):
+    """What the device plugin needs from the API server. Methods raise on API errors."""
+
+    def list_node_pods(self, node: str) -> list[dict[str, Any]]:
+        """All pods whose ``spec.nodeName`` is ``node`` (API JSON)."""
+        ...
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+        """Merge-patch ``metadata.annotations`` of a pod."""
+        ...
+
+    def patch_node_annotations(self, node: str, annotations: dict[str, str | None]) -> None:
+        """Merge-patch ``metadata.annotations`` of a node."""
+        ...
+
+
+class ApiKubeClient:
+    """:class:`KubeClient` over ``kubernetes.client.CoreV1Api``.
+
+    kubeconfig: path, or None for in-cluster config first, then ``~/.kube/config``.
+    timeout: per-request timeout in seconds.
+    """
+
+    def __init__(self, kubeconfig: str | None = None, timeout: float = 10.0,
+                 api_client: Any = None) -> None:
+        from kubernetes import client, config
+
+        if api_client is None:
+            if kubeconfig:
+                config.load_kube_config(config_file=kubeconfig)
+            else:
+                try:
+                    config.load_incluster_config()
+                except config.ConfigException:
+                    config.load_kube_config()
+            api_client = client.ApiClient()
+        self.core = client.CoreV1Api(api_client)
+        self.timeout = timeout
+
+    def list_node_pods(self, node: str) -> list[dict[str, Any]]:
+        resp: Any = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}",
+                                                     _preload_content=False, _request_timeout=self.timeout)
+        items = json.loads(resp.data).get("items") or []
+        # a server that ignores the field selector must not leak other nodes' pods into matching
+        return [p for p in items if (p.get("spec") or {}).get("nodeName") == node]
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+        self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},
+                                       _content_type=MERGE_PATCH, _request_timeout=self.timeout,
+                                       _preload_content=False)
+
+    def patch_node_annotations(self, node: str, annotations: dict[str, str | None]) -> None:
+        self.core.patch_node(node, {"metadata": {"annotations": annotations}},
+                             _content_type=MERGE_PATCH, _request_timeout=self.timeout,
+                             _preload_content=False)

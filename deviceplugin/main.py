@@ -1,0 +1,113 @@
+"""``kube-vgpu device-plugin``: command line (flags from docs/CONTRACTS.md) and process lifecycle.
+
+Exit codes: 0 after SIGTERM/SIGINT, 1 when NVML or the Kubernetes client cannot be set up,
+2 for usage or config errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from kube_vgpu.config import load_config
+from kube_vgpu.errors import ConfigError
+
+from .metrics import HealthServer
+from .nvml import NVMLError
+from .server import DevicePlugin, Options
+
+log = logging.getLogger("kube_vgpu.deviceplugin")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts (unix seconds), level, logger, msg (+ exc)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname.lower(),
+                               "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kube-vgpu device-plugin",
+                                description="kubelet device plugin: vGPU slots, node inventory, Allocate")
+    p.add_argument("--config", help="config file (kube-vgpu.io/v1); defaults when omitted")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
+                   help="this node's name (default: env NODE_NAME)")
+    p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins",
+                   help="kubelet's device plugin directory (holds kubelet.sock)")
+    p.add_argument("--shim-host-path", default="/usr/local/vgpu/libvgpu.so",
+                   help="host path of libvgpu.so; ld.so.preload is kept next to it")
+    p.add_argument("--cache-host-dir", default="/var/lib/kube-vgpu/containers",
+                   help="host directory for per-container shared cache directories")
+    p.add_argument("--metrics-port", type=int, default=9394)
+    p.add_argument("--metrics-bind-address", default="0.0.0.0")
+    p.add_argument("--heartbeat-seconds", type=float, default=30.0,
+                   help="node inventory write interval (seconds)")
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
+    return p
+
+
+def setup_logging(level: str) -> None:
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [h]
+    root.setLevel(level.upper())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run until SIGTERM/SIGINT. Returns the exit code."""
+    args = parser().parse_args(argv)
+    setup_logging(args.log_level)
+    if not args.node_name:
+        log.error("--node-name is required (or set env NODE_NAME)")
+        return 2
+    if args.heartbeat_seconds <= 0:
+        log.error("--heartbeat-seconds must be > 0")
+        return 2
+    try:
+        cfg = load_config(args.config)
+    except (ConfigError, OSError) as e:
+        log.error("config: %s", e)
+        return 2
+    try:
+        from .kube import ApiKubeClient
+
+        kube = ApiKubeClient(args.kubeconfig)
+    except Exception as e:  # noqa: BLE001 - kubernetes.config raises several types
+        log.error("kubernetes client: %s", e)
+        return 1
+    opts = Options(node_name=args.node_name, device_plugin_dir=args.device_plugin_dir,
+                   shim_host_path=args.shim_host_path, cache_host_dir=args.cache_host_dir,
+                   heartbeat_seconds=args.heartbeat_seconds)
+    plugin = DevicePlugin(cfg, opts, kube)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    try:
+        plugin.start()
+    except NVMLError as e:
+        log.error("NVML: %s", e)
+        plugin.stop()
+        return 1
+    http = HealthServer(plugin, args.metrics_bind_address, args.metrics_port)
+    http.start()
+    log.info("device plugin for node %s up; metrics on %s:%d", args.node_name, args.metrics_bind_address,
+             http.port)
+    while not done.wait(1.0):
+        if not plugin.alive():
+            log.error("a background thread died; exiting")
+            break
+    http.stop()
+    plugin.stop()
+    return 0

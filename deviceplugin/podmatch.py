@@ -1,0 +1,297 @@
+"""Which pod and container a kubelet Allocate is for (pure functions, no I/O).
+
+kubelet's ``AllocateRequest`` names only device IDs. The scheduler extender records, on each pod it
+binds, the GPUs it booked per container (``kube-vgpu.io/allocation``) and sets
+``kube-vgpu.io/bind-phase=allocating``. This module turns the pods bound to the node into the list of
+containers kubelet may be allocating right now, and picks the one a request is for.
+
+Facts about kubelet this relies on:
+
+* kubelet admits pods one at a time and, for each pod, calls Allocate for its containers in spec
+  order (init containers first); so for every pending pod only its *next* pending container can be
+  the one being allocated;
+* it calls GetPreferredAllocation (when there is a choice of device IDs) right before Allocate for
+  the same container.
+
+Matching tiers (the first non-empty tier decides; see :func:`match`):
+
+1. the request is exactly the slot set we preferred in the last GetPreferredAllocation;
+2. pods already part-way through their containers (kubelet finishes one pod before the next);
+3. containers whose booked GPU uuids equal the uuids behind the requested slot IDs;
+4. every container with the requested number of GPUs.
+
+Within a tier, candidates that would get the same thing (same GPUs, memory, cores, opt-out, priority)
+are interchangeable and the first in admission order is taken; candidates that would get different
+limits make the Allocate fail with :class:`MatchError` instead of guessing.
+
+Pod objects are Kubernetes API JSON (``dict``, camelCase keys) as returned by ``GET /api/v1/pods``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kube_vgpu import envcontract
+from kube_vgpu.codec import decode_allocation
+from kube_vgpu.errors import CodecError
+from kube_vgpu.model import DeviceBooking
+from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_BIND_TIME, BIND_ALLOCATING, ResourceNames
+
+#: Pod annotation written by the device plugin: comma-separated names of the containers it has
+#: answered Allocate for (init and app container names are unique within a pod).
+ANN_ALLOCATED_CONTAINERS = "kube-vgpu.io/allocated-containers"
+
+#: separator between the GPU uuid and the slot number in advertised device IDs (``GPU-..::3``)
+SLOT_SEP = "::"
+
+
+class MatchError(Exception):
+    """kubelet's request cannot be tied to exactly one pending container; the message says why."""
+
+
+def slot_id(uuid: str, k: int) -> str:
+    """The device ID of vGPU slot ``k`` (0-based) of the GPU ``uuid``: ``<uuid>::<k>``."""
+    return f"{uuid}{SLOT_SEP}{k}"
+
+
+def slot_uuid(device_id: str) -> str:
+    """The physical GPU uuid behind a slot ID (an ID without ``::`` is taken as a uuid itself)."""
+    return device_id.rsplit(SLOT_SEP, 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingContainer:
+    """A GPU container bound to this node whose Allocate has not been answered yet.
+
+    devices: the scheduler's bookings in visible-device order (memory MiB, cores percent);
+    disable_control: the container's env has ``CUDA_DISABLE_CONTROL=true``; priority: the
+    container's ``nvidia.com/priority`` limit or None; in_progress: some other container of the pod
+    was already allocated; allocated: names already allocated in the pod; remaining: names still
+    pending in the pod *including* this one; order: sort key (admission order).
+    """
+
+    namespace: str
+    pod: str
+    uid: str
+    container: str
+    init: bool
+    devices: tuple[DeviceBooking, ...]
+    disable_control: bool
+    priority: int | None
+    in_progress: bool
+    allocated: tuple[str, ...]
+    remaining: tuple[str, ...]
+    order: tuple[Any, ...]
+
+    @property
+    def key(self) -> str:
+        """``namespace/pod/container``."""
+        return f"{self.namespace}/{self.pod}/{self.container}"
+
+    @property
+    def uuids(self) -> frozenset[str]:
+        return frozenset(d.uuid for d in self.devices)
+
+    def outcome(self) -> tuple[Any, ...]:
+        """What the container would get; two candidates with equal outcomes are interchangeable."""
+        return (tuple((d.uuid, d.memory_mib, d.cores) for d in self.devices), self.disable_control,
+                self.priority)
+
+    def describe(self) -> str:
+        devs = ", ".join(f"{d.uuid} {d.memory_mib}MiB {d.cores}%" for d in self.devices)
+        extra = " control disabled" if self.disable_control else ""
+        return f"{self.key} [{devs}]{extra}"
+
+
+def _ann(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    return (pod.get("metadata") or {}).get("annotations") or {}
+
+
+def allocated_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """Container names recorded in ``kube-vgpu.io/allocated-containers`` (order kept, no blanks)."""
+    raw = _ann(pod).get(ANN_ALLOCATED_CONTAINERS, "")
+    return tuple(n for n in (s.strip() for s in raw.split(",")) if n)
+
+
+def _quantity_positive(v: Any) -> bool:
+    try:
+        return float(str(v)) > 0
+    except ValueError:
+        return True  # a quantity we cannot read still names the resource
+
+
+def _requests_gpu(ctr: Mapping[str, Any], gpu: str) -> bool:
+    res = ctr.get("resources") or {}
+    for part in ("limits", "requests"):
+        v = (res.get(part) or {}).get(gpu)
+        if v is not None and _quantity_positive(v):
+            return True
+    return False
+
+
+def _priority(ctr: Mapping[str, Any], name: str) -> int | None:
+    res = ctr.get("resources") or {}
+    for part in ("limits", "requests"):
+        v = (res.get(part) or {}).get(name)
+        if v is not None:
+            try:
+                return int(str(v))
+            except ValueError:
+                return None
+    return None
+
+
+def _disable_control(ctr: Mapping[str, Any]) -> bool:
+    for e in ctr.get("env") or ():
+        if e.get("name") == envcontract.DISABLE_CONTROL and str(e.get("value", "")).lower() == "true":
+            return True
+    return False
+
+
+def _float(v: Any, default: float) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return default
+    return f if math.isfinite(f) else default
+
+
+def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
+                       names: ResourceNames | None = None) -> list[PendingContainer]:
+    """The next pending GPU container of every pod waiting for Allocate on ``node``, in admission order.
+
+    A pod counts when it is not being deleted, its phase is not Succeeded/Failed, its bind phase is
+    ``allocating``, its allocation record decodes and names ``node``. Its pending containers are the
+    recorded containers with devices, not yet in ``kube-vgpu.io/allocated-containers``, that still
+    exist in the spec and request the gpu resource (kubelet only calls Allocate for those), ordered as
+    kubelet visits them (init containers, then app containers, each in spec order). Pods with an
+    undecodable record are skipped (the scheduler owns that record).
+
+    Order: pods part-way through first, then bind time (``kube-vgpu.io/bind-time``, else the record's
+    time), creation timestamp, namespace, name.
+    """
+    names = names or ResourceNames()
+    out: list[PendingContainer] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        ann = _ann(pod)
+        if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        if ann.get(ANN_BIND_PHASE) != BIND_ALLOCATING or ANN_ALLOCATION not in ann:
+            continue
+        if spec.get("nodeName") not in (None, "", node):
+            continue
+        try:
+            alloc = decode_allocation(ann[ANN_ALLOCATION])
+        except CodecError:
+            continue
+        if alloc.node != node:
+            continue
+        done = allocated_names(pod)
+        spec_ctrs = [(c, True) for c in spec.get("initContainers") or ()] + \
+                    [(c, False) for c in spec.get("containers") or ()]
+        pending: list[tuple[Mapping[str, Any], bool, tuple[DeviceBooking, ...]]] = []
+        for ctr, init in spec_ctrs:
+            name = ctr.get("name", "")
+            rec = alloc.container(name, init)
+            if rec is None or not rec.devices or name in done or not _requests_gpu(ctr, names.gpu):
+                continue
+            pending.append((ctr, init, rec.devices))
+        if not pending:
+            continue
+        ctr, init, devices = pending[0]
+        in_progress = bool(done)
+        bind_time = _float(ann.get(ANN_BIND_TIME), alloc.time)
+        out.append(PendingContainer(
+            namespace=meta.get("namespace", "default"), pod=meta.get("name", ""), uid=meta.get("uid", ""),
+            container=ctr.get("name", ""), init=init, devices=devices,
+            disable_control=_disable_control(ctr), priority=_priority(ctr, names.priority),
+            in_progress=in_progress, allocated=done, remaining=tuple(p[0].get("name", "") for p in pending),
+            order=(0 if in_progress else 1, bind_time, meta.get("creationTimestamp") or "",
+                   meta.get("namespace", ""), meta.get("name", ""))))
+    out.sort(key=lambda p: p.order)
+    return out
+
+
+def _decide(tier: Sequence[PendingContainer], why: str, n: int) -> PendingContainer:
+    outcomes = {c.outcome() for c in tier}
+    if len(outcomes) == 1:
+        return tier[0]
+    listing = "; ".join(c.describe() for c in tier)
+    raise MatchError(
+        f"ambiguous Allocate for {n} GPU(s): {len(tier)} pending containers ({why}) would get different "
+        f"GPUs or limits: {listing}. Refusing to guess; the pod's admission fails and its controller "
+        f"may recreate it")
+
+
+def match(device_ids: Sequence[str], candidates: Sequence[PendingContainer],
+          preferred: PendingContainer | None = None) -> PendingContainer:
+    """The pending container a kubelet container request with ``device_ids`` is for.
+
+    candidates: from :func:`pending_containers` (admission order). preferred: the candidate our last
+    GetPreferredAllocation answered with exactly these IDs, if any (and still pending).
+    Raises MatchError when no candidate has ``len(device_ids)`` GPUs or when the deciding tier holds
+    candidates with different outcomes.
+    """
+    n = len(device_ids)
+    fit = [c for c in candidates if len(c.devices) == n]
+    if not fit:
+        waiting = ", ".join(f"{c.key} ({len(c.devices)} GPU(s))" for c in candidates) or "none"
+        raise MatchError(f"no pod bound to this node is waiting for a container with {n} GPU(s) "
+                         f"(bind-phase allocating); pending containers: {waiting}")
+    if preferred is not None:
+        for c in fit:
+            if c.key == preferred.key and c.uid == preferred.uid:
+                return c
+    busy = [c for c in fit if c.in_progress]
+    if busy:
+        return _decide(busy, "pods part-way through their containers", n)
+    want = frozenset(slot_uuid(i) for i in device_ids)
+    exact = [c for c in fit if c.uuids == want]
+    if exact:
+        return _decide(exact, f"booked on the requested GPUs {','.join(sorted(want))}", n)
+    return _decide(fit, "none booked on the requested GPUs", n)
+
+
+def preferred_allocation(available: Sequence[str], must_include: Sequence[str], size: int,
+                         candidates: Sequence[PendingContainer]) -> tuple[list[str], PendingContainer | None]:
+    """Answer one GetPreferredAllocation container request.
+
+    Picks the first candidate (admission order) with ``size`` GPUs, part-way pods first, and returns
+    ``size`` IDs from ``available``: the ``must_include`` IDs, then the lowest free slot of each booked
+    GPU not yet covered, then other available IDs (one per GPU not yet covered first). Returns (ids, the candidate the answer was made for, or None).
+    """
+    chosen: list[str] = [i for i in must_include if i in available][:size]
+    target = next((c for c in candidates if len(c.devices) == size), None)
+    if target is not None:
+        covered = {slot_uuid(i) for i in chosen}
+        for d in target.devices:
+            if len(chosen) >= size or d.uuid in covered:
+                continue
+            slots = sorted((i for i in available if slot_uuid(i) == d.uuid and i not in chosen),
+                           key=_slot_sort_key)
+            if slots:
+                chosen.append(slots[0])
+                covered.add(d.uuid)
+    # fill up: one slot per GPU not yet covered first (a container wants distinct GPUs), then any
+    for distinct in (True, False):
+        for i in sorted(available, key=_slot_sort_key):
+            if len(chosen) >= size:
+                break
+            if i in chosen or (distinct and slot_uuid(i) in {slot_uuid(x) for x in chosen}):
+                continue
+            chosen.append(i)
+    return chosen, target
+
+
+def _slot_sort_key(device_id: str) -> tuple[str, int]:
+    uuid, _, k = device_id.rpartition(SLOT_SEP)
+    try:
+        return (uuid, int(k))
+    except ValueError:
+        return (device_id, 0)

@@ -1,0 +1,78 @@
+"""What a container gets from Allocate: env and mounts (pure; converted to protobuf by the server).
+
+Env names and units come from :mod:`kube_vgpu.envcontract` (the contract with the libvgpu shim,
+documented in docs/env-contract.md). Host layout (paths on the node):
+
+* the shim ``--shim-host-path`` (default ``/usr/local/vgpu/libvgpu.so``) is mounted read-only at
+  ``envcontract.SHIM_CONTAINER_PATH``;
+* ``ld.so.preload`` next to the shim (same directory) holds that container path and is mounted
+  read-only at ``/etc/ld.so.preload`` (the dynamic loader then loads the shim into every process);
+* ``<--cache-host-dir>/<pod uid>_<container>`` is created and mounted read-write at
+  ``envcontract.CACHE_CONTAINER_DIR``; the shim's shared accounting file is
+  ``<CACHE_CONTAINER_DIR>/vgpu.cache`` inside the container.
+
+With ``CUDA_DISABLE_CONTROL=true`` in the container's env the container only gets
+``NVIDIA_VISIBLE_DEVICES`` (no limits, no shim, no cache).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from kube_vgpu import envcontract
+
+from .podmatch import PendingContainer
+
+#: file name of the shared accounting file inside the per-container cache dir
+CACHE_FILE = "vgpu.cache"
+#: file name of the preload file on the host, in the shim's directory
+PRELOAD_FILE = "ld.so.preload"
+
+
+@dataclass(frozen=True, slots=True)
+class MountSpec:
+    """One bind mount: container path, host path, read-only flag."""
+
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSpec:
+    """The answer for one container: env (name -> value) and mounts, in kubelet's terms."""
+
+    envs: dict[str, str]
+    mounts: tuple[MountSpec, ...]
+
+
+def preload_host_path(shim_host_path: str) -> str:
+    """Host path of the ``ld.so.preload`` file that goes with the shim at ``shim_host_path``."""
+    return os.path.join(os.path.dirname(shim_host_path) or ".", PRELOAD_FILE)
+
+
+def preload_contents() -> str:
+    """Contents of the preload file: the shim's path inside the container, one line."""
+    return envcontract.SHIM_CONTAINER_PATH + "\n"
+
+
+def cache_dir_name(pod_uid: str, container: str) -> str:
+    """Per-container directory name under ``--cache-host-dir``: ``<pod uid>_<container>``."""
+    return f"{pod_uid}_{container}"
+
+
+def container_spec(pc: PendingContainer, *, shim_host_path: str, cache_host_dir: str) -> ContainerSpec:
+    """Env and mounts for the pending container ``pc`` (visible devices in booking order)."""
+    if pc.disable_control:
+        return ContainerSpec(envs={envcontract.VISIBLE_DEVICES: ",".join(d.uuid for d in pc.devices),
+                                   envcontract.DISABLE_CONTROL: "true"}, mounts=())
+    cache_in_ctr = f"{envcontract.CACHE_CONTAINER_DIR}/{CACHE_FILE}"
+    envs = envcontract.container_env(pc.devices, cache_in_ctr, pc.priority)
+    mounts = (
+        MountSpec(envcontract.SHIM_CONTAINER_PATH, shim_host_path, True),
+        MountSpec(envcontract.PRELOAD_CONTAINER_PATH, preload_host_path(shim_host_path), True),
+        MountSpec(envcontract.CACHE_CONTAINER_DIR,
+                  os.path.join(cache_host_dir, cache_dir_name(pc.uid, pc.container)), False),
+    )
+    return ContainerSpec(envs=envs, mounts=mounts)
