@@ -1,0 +1,296 @@
+"""Kubernetes API access for the extender, with the official ``kubernetes`` client.
+
+Every method here blocks (urllib3); the service calls them from worker threads
+(``loop.run_in_executor``), never on the event loop. Objects are returned as plain JSON dicts
+(``_preload_content=False``), the same shape the watch delivers.
+
+:class:`Reflector` is an informer-style list+watch loop for one resource kind: it lists (recording
+the list's ``resourceVersion``), then watches from there with bookmarks; on ``410 Gone`` (watch
+expired) or any API/connection error it backs off and relists; every ``resync_seconds`` it relists
+anyway (a full replace, so nothing missed can persist). Events are handed to callbacks that the
+caller marshals onto its event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+log = logging.getLogger("kube_vgpu.scheduler.kube")
+
+Obj = dict[str, Any]
+
+
+def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """An ApiClient from ``kubeconfig``, else in-cluster config, else ``~/.kube/config``.
+
+    Raises: kubernetes.config.ConfigException when no configuration is found.
+    """
+    cfg = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = 32
+    return client.ApiClient(cfg)
+
+
+def _json(resp: Any) -> Obj:
+    data = resp.data
+    return json.loads(data) if data else {}
+
+
+def is_conflict(e: BaseException) -> bool:
+    """True for HTTP 409 Conflict (resourceVersion mismatch)."""
+    return isinstance(e, ApiException) and e.status == 409
+
+
+def is_not_found(e: BaseException) -> bool:
+    """True for HTTP 404 Not Found."""
+    return isinstance(e, ApiException) and e.status == 404
+
+
+def api_error_text(e: BaseException) -> str:
+    """A short text for an API error: the Status message if the server sent one."""
+    if isinstance(e, ApiException):
+        try:
+            msg = json.loads(e.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            msg = None
+        return f"API {e.status}: {msg or e.reason}"
+    return f"{type(e).__name__}: {e}"
+
+
+class KubeAPI:
+    """The API calls the extender makes (blocking). ``timeout``: per-request seconds."""
+
+    def __init__(self, api_client: client.ApiClient, timeout: float = 10.0):
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.coord = client.CoordinationV1Api(api_client)
+        self.timeout = timeout
+
+    # -- pods ---------------------------------------------------------------------------------
+    def get_pod(self, namespace: str, name: str) -> Obj:
+        """GET the pod. Raises ApiException (404 when gone)."""
+        return _json(self.core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                                   _request_timeout=self.timeout))
+
+    def patch_pod_metadata(self, namespace: str, name: str, resource_version: str,
+                           annotations: dict[str, str], labels: dict[str, str]) -> Obj:
+        """Merge-patch annotations and labels, guarded by ``resource_version`` (optimistic
+        concurrency: the API server answers 409 Conflict if the pod changed). Returns the pod."""
+        body: Obj = {"metadata": {"annotations": annotations, "labels": labels}}
+        if resource_version:
+            body["metadata"]["resourceVersion"] = resource_version
+        return _json(self.core.patch_namespaced_pod(
+            name, namespace, body, _content_type="application/merge-patch+json", _preload_content=False,
+            _request_timeout=self.timeout))
+
+    def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST pods/NAME/binding (what kube-scheduler's default binder does)."""
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+        self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
+                                                _request_timeout=self.timeout)
+
+    def create_event(self, namespace: str, body: Obj) -> None:
+        """POST a core/v1 Event (``body`` as a JSON dict)."""
+        self._raw_call("POST", "/api/v1/namespaces/{namespace}/events", {"namespace": namespace}, body)
+
+    # -- list / watch -------------------------------------------------------------------------
+    def list_objects(self, kind: str, label_selector: str | None = None) -> tuple[list[Obj], str]:
+        """List ``nodes`` or ``pods`` (all namespaces): (items, list resourceVersion)."""
+        kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": 120}
+        if label_selector:
+            kw["label_selector"] = label_selector
+        resp: Any = self.core.list_node(**kw) if kind == "nodes" else self.core.list_pod_for_all_namespaces(**kw)
+        obj = _json(resp)
+        return list(obj.get("items") or []), str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch_objects(self, kind: str, resource_version: str, timeout_seconds: int,
+                      label_selector: str | None = None) -> Any:
+        """Start a watch; returns the raw streaming response (iterate with iter_resp_lines)."""
+        kw: dict[str, Any] = {"watch": True, "resource_version": resource_version, "allow_watch_bookmarks": True,
+                              "timeout_seconds": timeout_seconds, "_preload_content": False,
+                              "_request_timeout": (10, timeout_seconds + 30)}
+        if label_selector:
+            kw["label_selector"] = label_selector
+        if kind == "nodes":
+            return self.core.list_node(**kw)
+        return self.core.list_pod_for_all_namespaces(**kw)
+
+    # -- leases -------------------------------------------------------------------------------
+    def get_lease(self, namespace: str, name: str) -> Obj | None:
+        """The Lease as a dict, or None when it does not exist."""
+        try:
+            return _json(self.coord.read_namespaced_lease(name, namespace, _preload_content=False,
+                                                          _request_timeout=self.timeout))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def _raw_call(self, method: str, path: str, params: dict[str, str], body: Obj) -> Obj:
+        """A JSON request through the client's ApiClient (auth, TLS, timeouts) without the typed
+        models. Raises ApiException for HTTP >= 400."""
+        ac = self.api_client
+        resp = ac.call_api(*ac.param_serialize(
+            method=method, resource_path=path, path_params=params, body=body,
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            auth_settings=["BearerToken"]), _request_timeout=self.timeout)
+        data = resp.read()
+        if resp.status >= 400:
+            e = ApiException(status=resp.status, reason=resp.reason)
+            e.body = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+            raise e
+        return json.loads(data) if data else {}
+
+    def create_lease(self, namespace: str, body: Obj) -> Obj:
+        """POST a Lease (JSON dict). Raises ApiException (409 if it exists)."""
+        return self._raw_call("POST", "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+                              {"namespace": namespace}, body)
+
+    def replace_lease(self, namespace: str, name: str, body: Obj) -> Obj:
+        """PUT a Lease (carrying its resourceVersion: 409 Conflict if someone else wrote it)."""
+        return self._raw_call("PUT", "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}",
+                              {"namespace": namespace, "name": name}, body)
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (HTTP 410 / Status code 410): relist."""
+
+
+class Reflector:
+    """List + watch one kind in a daemon thread.
+
+    kind: ``nodes`` or ``pods``; on_replace(items): called after every (re)list with the full set;
+    on_event(type, obj): ADDED/MODIFIED/DELETED; both are called from the reflector thread, so
+    the caller marshals them (``loop.call_soon_threadsafe``). on_synced(): after the first list.
+    """
+
+    def __init__(self, api: KubeAPI, kind: str, on_replace: Callable[[list[Obj]], None],
+                 on_event: Callable[[str, Obj], None], on_synced: Callable[[], None] | None = None,
+                 label_selector: str | None = None, resync_seconds: float = 300.0,
+                 watch_timeout: int = 300, backoff: tuple[float, float] = (0.2, 10.0)):
+        self.api = api
+        self.kind = kind
+        self.on_replace = on_replace
+        self.on_event = on_event
+        self.on_synced = on_synced
+        self.label_selector = label_selector
+        self.resync_seconds = resync_seconds
+        self.watch_timeout = watch_timeout
+        self.backoff = backoff
+        self.resource_version = ""
+        self.relists = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._resp: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"reflector-{self.kind}", daemon=True)
+            self._thread.start()
+
+    def stop(self, join: float = 2.0) -> None:
+        """Stop: closes the open watch connection and joins the thread (up to ``join`` s)."""
+        self._stop.set()
+        resp = self._resp
+        if resp is not None:
+            try:
+                resp.close()
+            except Exception:  # noqa: BLE001 - best effort from another thread
+                pass
+        if self._thread is not None:
+            self._thread.join(join)
+
+    def _relist(self) -> None:
+        items, rv = self.api.list_objects(self.kind, self.label_selector)
+        self.resource_version = rv
+        self.relists += 1
+        self.on_replace(items)
+
+    def _watch_once(self, deadline: float) -> None:
+        timeout = max(1, min(self.watch_timeout, int(deadline - time.monotonic()) + 1))
+        timeout = max(1, int(timeout * random.uniform(0.9, 1.0)))
+        resp = self.api.watch_objects(self.kind, self.resource_version, timeout, self.label_selector)
+        self._resp = resp
+        try:
+            for line in iter_resp_lines(resp):
+                if self._stop.is_set():
+                    return
+                if not line:
+                    continue
+                ev = json.loads(line)
+                typ = ev.get("type")
+                obj = ev.get("object") or {}
+                if typ == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone(obj.get("message") or "resourceVersion too old")
+                    raise ApiException(status=obj.get("code") or 500, reason=obj.get("message") or "watch error")
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if rv:
+                    self.resource_version = str(rv)
+                if typ == "BOOKMARK":
+                    continue
+                if typ in ("ADDED", "MODIFIED", "DELETED"):
+                    self.on_event(typ, obj)
+                if time.monotonic() >= deadline:
+                    return
+        finally:
+            self._resp = None
+            try:
+                resp.release_conn()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _run(self) -> None:
+        delay = self.backoff[0]
+        need_list = True
+        first = True
+        next_resync = 0.0
+        while not self._stop.is_set():
+            try:
+                if need_list or time.monotonic() >= next_resync:
+                    self._relist()
+                    need_list = False
+                    next_resync = time.monotonic() + self.resync_seconds
+                    if first and self.on_synced is not None:
+                        self.on_synced()
+                    first = False
+                self._watch_once(next_resync)
+                delay = self.backoff[0]
+            except Gone as e:
+                log.info("watch expired, relisting", extra={"reason": f"{self.kind}: {e}"})
+                need_list = True
+            except ApiException as e:
+                if self._stop.is_set():
+                    return
+                self.errors += 1
+                need_list = need_list or e.status == 410
+                log.warning("list/watch failed", extra={"error": api_error_text(e), "reason": self.kind})
+                self._stop.wait(delay)
+                delay = min(self.backoff[1], delay * 2)
+            except Exception as e:  # noqa: BLE001 - connection errors: back off, keep going
+                if self._stop.is_set():
+                    return
+                self.errors += 1
+                log.warning("list/watch failed", extra={"error": f"{type(e).__name__}: {e}", "reason": self.kind})
+                self._stop.wait(delay)
+                delay = min(self.backoff[1], delay * 2)

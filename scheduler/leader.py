@@ -1,0 +1,115 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease (client-go's LeaseLock semantics).
+
+The holder renews ``spec.renewTime`` every ``retry_period`` seconds; another candidate takes over
+once ``renewTime + leaseDurationSeconds`` has passed. Every write carries the Lease's
+``resourceVersion``, so two candidates can never both win one round (the loser gets 409).
+A holder that has not renewed for ``renew_deadline`` seconds stops considering itself leader
+(before anyone else may take over, since renew_deadline < lease_duration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .kube import KubeAPI, api_error_text
+
+log = logging.getLogger("kube_vgpu.scheduler.leader")
+
+
+def _micro(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(s: str | None) -> float:
+    if not s:
+        return 0.0
+    s = s.rstrip("Z")
+    fmt = "%Y-%m-%dT%H:%M:%S.%f" if "." in s else "%Y-%m-%dT%H:%M:%S"
+    return dt.datetime.strptime(s, fmt).replace(tzinfo=dt.UTC).timestamp()
+
+
+class LeaseElector:
+    """Acquire and hold one Lease. ``is_leader`` is read by the bind handler.
+
+    identity: this replica (pod name + random suffix); lease_duration / renew_deadline /
+    retry_period: seconds (client-go defaults 15 / 10 / 2); run_blocking: runs a blocking call off
+    the event loop (the service's executor).
+    """
+
+    def __init__(self, api: KubeAPI, namespace: str, name: str, identity: str,
+                 run_blocking: Callable[..., Any], lease_duration: float = 15.0, renew_deadline: float = 10.0,
+                 retry_period: float = 2.0, clock: Callable[[], float] = time.time):
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.run_blocking = run_blocking
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.clock = clock
+        self._last_renew = 0.0
+        self.holder: str | None = None
+        self.on_change: Callable[[bool], None] | None = None
+        self._was_leader = False
+
+    @property
+    def is_leader(self) -> bool:
+        """True while our last successful renew is younger than renew_deadline."""
+        return self._last_renew > 0 and self.clock() - self._last_renew < self.renew_deadline
+
+    def _spec(self, now: float, transitions: int, acquire: float) -> dict[str, Any]:
+        return {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_duration),
+                "acquireTime": _micro(acquire), "renewTime": _micro(now), "leaseTransitions": transitions}
+
+    def try_acquire_or_renew(self) -> bool:
+        """One round (blocking). Returns True if we hold the lease afterwards."""
+        now = self.clock()
+        lease = self.api.get_lease(self.namespace, self.name)
+        if lease is None:
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": self._spec(now, 0, now)}
+            self.api.create_lease(self.namespace, body)
+            self._last_renew = now
+            self.holder = self.identity
+            return True
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        self.holder = holder or None
+        renew = _parse_time(spec.get("renewTime"))
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
+        transitions = int(spec.get("leaseTransitions") or 0)
+        if holder and holder != self.identity and now < renew + duration:
+            return False
+        acquire = _parse_time(spec.get("acquireTime")) if holder == self.identity else now
+        if holder != self.identity:
+            transitions += 1
+        lease["spec"] = self._spec(now, transitions, acquire or now)
+        self.api.replace_lease(self.namespace, self.name, lease)
+        self._last_renew = now
+        self.holder = self.identity
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Loop until ``stop`` is set; steps down (and releases nothing) when stopped."""
+        while not stop.is_set():
+            try:
+                await self.run_blocking(self.try_acquire_or_renew)
+            except Exception as e:  # noqa: BLE001 - conflicts and API errors: retry next round
+                log.debug("lease round failed", extra={"error": api_error_text(e)})
+            lead = self.is_leader
+            if lead != self._was_leader:
+                self._was_leader = lead
+                log.info("leadership changed", extra={"outcome": "leader" if lead else "follower"})
+                if self.on_change is not None:
+                    self.on_change(lead)
+            try:
+                await asyncio.wait_for(stop.wait(), self.retry_period)
+            except TimeoutError:
+                pass

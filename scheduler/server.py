@@ -1,0 +1,80 @@
+"""``kube-vgpu scheduler``: command line of the extender service (flags per docs/CONTRACTS.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import ssl
+import sys
+import uuid
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from kube_vgpu.config import load_config
+from kube_vgpu.errors import ConfigError
+
+from . import jsonlog
+from .kube import KubeAPI, load_api_client
+from .service import Options, SchedulerService
+
+log = logging.getLogger("kube_vgpu.scheduler")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``kube-vgpu scheduler``."""
+    p = argparse.ArgumentParser(prog="kube-vgpu scheduler",
+                                description="kube-scheduler HTTP extender: filter, prioritize and bind vGPU pods")
+    p.add_argument("--config", help="policy config file (kube-vgpu.io/v1); reloaded live when it changes")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--bind-address", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8888)
+    p.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key-file", help="private key of --tls-cert-file (PEM)")
+    p.add_argument("--kubeconfig", help="default: in-cluster, then ~/.kube/config")
+    p.add_argument("--leader-elect", action="store_true", help="only the holder of the Lease binds")
+    p.add_argument("--lease-name", default="kube-vgpu-scheduler")
+    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "kube-system")
+    p.add_argument("--resync-seconds", type=float, default=300.0, help="full relist period of nodes and pods")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the service until SIGINT/SIGTERM. Returns 2 on a bad config or flags, 1 on API setup errors."""
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    jsonlog.setup(args.log_level)
+    try:
+        cfg = load_config(args.config)
+    except (ConfigError, OSError) as e:
+        log.error("cannot load config", extra={"key": getattr(e, "key", "(file)"), "error": str(e)})
+        return 2
+    if bool(args.tls_cert_file) != bool(args.tls_key_file):
+        log.error("--tls-cert-file and --tls-key-file go together")
+        return 2
+    try:
+        api = KubeAPI(load_api_client(args.kubeconfig))
+    except Exception as e:  # noqa: BLE001 - no kubeconfig, bad file
+        log.error("cannot configure the Kubernetes client", extra={"error": str(e)})
+        return 1
+    identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    opts = Options(config_path=args.config, leader_elect=args.leader_elect, lease_name=args.lease_name,
+                   lease_namespace=args.lease_namespace, identity=identity, resync_seconds=args.resync_seconds)
+
+    async def make_app() -> web.Application:
+        svc = SchedulerService(cfg, api, opts)
+        return svc.app()
+
+    ctx = None
+    if args.tls_cert_file:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(args.tls_cert_file, args.tls_key_file)
+    log.info("starting", extra={"policy": f"{cfg.scheduling.node_policy}/{cfg.scheduling.gpu_policy}"})
+    web.run_app(make_app(), host=args.bind_address, port=args.port, ssl_context=ctx, print=None,
+                access_log=None, handle_signals=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

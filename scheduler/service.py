@@ -1,0 +1,599 @@
+"""The extender service: HTTP handlers (kube-scheduler extender v1), cache feeding, bind, background
+loops (availability, config reload, FGD shapes, events, leader election).
+
+Wire format - ``k8s.io/kube-scheduler/extender/v1``; the Go types have no JSON tags, so keys are
+the Go field names (captured from kube-scheduler v1.36):
+
+* ``POST /filter``: ``ExtenderArgs {Pod, Nodes: NodeList|null, NodeNames: [str]|null}`` ->
+  ``ExtenderFilterResult {Nodes, NodeNames, FailedNodes: {name: reason},
+  FailedAndUnresolvableNodes: {name: reason}, Error: str}``. With ``nodeCacheCapable: true`` the
+  scheduler sends ``NodeNames`` and gets ``NodeNames`` back; otherwise ``Nodes`` in, ``Nodes`` out.
+* ``POST /prioritize``: ExtenderArgs -> ``HostPriorityList [{Host, Score}]``, Score 0..10
+  (``MaxExtenderPriority``).
+* ``POST /bind``: ``ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node}`` ->
+  ``ExtenderBindingResult {Error}``.
+
+Errors are answered with HTTP 200 and the ``Error`` field (what kube-scheduler reads), except a
+body that is not JSON (HTTP 400). Pods that ask for no vGPU resource pass through untouched.
+
+Concurrency: every handler and every cache update runs on one asyncio loop; API calls run in a
+thread pool. A bind reserves its GPUs in memory (no ``await`` between choosing and booking) before
+writing anything, so concurrent binds never overcommit, and releases the reservation at once when
+a later step fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kube_vgpu.codec import encode_allocation
+from kube_vgpu.config import Config, load_config_text
+from kube_vgpu.errors import ConfigError, RequestError
+from kube_vgpu.placement import normalise_scores
+from kube_vgpu.podspec import parse_pod, pod_asks
+from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_BIND_TIME, BIND_ALLOCATING, LABEL_NODE
+
+from .cache import ClusterCache, PodInfo, pod_key
+from .kube import KubeAPI, Reflector, api_error_text, is_conflict, is_not_found
+from .leader import LeaseElector
+from .metrics import GpuRow, Metrics
+from .reasons import UNRESOLVABLE, aggregate, classify
+from .shapes import shapes_from_state
+
+log = logging.getLogger("kube_vgpu.scheduler")
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+
+
+@dataclass
+class Options:
+    """Service options (see ``kube-vgpu scheduler --help`` and docs/CONTRACTS.md).
+
+    config_path: policy file polled every ``config_poll`` s (None = no reload); leader_elect,
+    lease_name, lease_namespace, identity: Lease election; resync_seconds: full relist period;
+    pod_selector: label selector of the pods watched (bound vGPU pods carry ``kube-vgpu.io/node``);
+    sync_wait: how long /filter waits for the first list before answering an Error (s);
+    shapes_interval: FGD shape refresh (s); event_dedupe: same message to the same pod at most
+    once per this many seconds; api_workers: threads for blocking API calls.
+    """
+
+    config_path: str | None = None
+    config_poll: float = 2.0
+    leader_elect: bool = False
+    lease_name: str = "kube-vgpu-scheduler"
+    lease_namespace: str = "kube-system"
+    identity: str = "kube-vgpu-scheduler"
+    resync_seconds: float = 300.0
+    pod_selector: str | None = LABEL_NODE
+    sync_wait: float = 5.0
+    shapes_interval: float = 300.0
+    event_dedupe: float = 60.0
+    api_workers: int = 16
+    component: str = "kube-vgpu-scheduler"
+
+
+class BindError(Exception):
+    """A bind step failed; ``outcome`` is the metrics label."""
+
+    def __init__(self, message: str, outcome: str):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+def _names_of(args: Obj) -> tuple[list[str], Obj | None]:
+    """Candidate node names of ExtenderArgs and the NodeList (when nodeCacheCapable is false)."""
+    names = args.get("NodeNames")
+    nodes = args.get("Nodes")
+    if names is not None:
+        return [str(n) for n in names], None
+    if isinstance(nodes, dict):
+        items = nodes.get("items") or []
+        return [str((n.get("metadata") or {}).get("name") or "") for n in items], nodes
+    return [], None
+
+
+def filter_result(names: Sequence[str], nodelist: Obj | None, ok: Sequence[str], failed: dict[str, str],
+                  unresolvable: dict[str, str], error: str = "") -> Obj:
+    """Build an ExtenderFilterResult in the shape the caller used (NodeNames or Nodes)."""
+    if nodelist is not None:
+        keep = set(ok)
+        items = [n for n in nodelist.get("items") or [] if (n.get("metadata") or {}).get("name") in keep]
+        out_nodes: Obj | None = dict(nodelist)
+        assert out_nodes is not None
+        out_nodes["items"] = items
+        out_names: list[str] | None = None
+    else:
+        out_nodes = None
+        out_names = list(ok)
+    return {"Nodes": out_nodes, "NodeNames": out_names, "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable, "Error": error}
+
+
+class SchedulerService:
+    """The extender. ``api`` None runs without a cluster (tests feed the cache directly and call
+    :meth:`mark_synced`)."""
+
+    def __init__(self, config: Config, api: KubeAPI | None, options: Options | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.config = config
+        self.api = api
+        self.opts = options or Options()
+        self.clock = clock
+        self.cache = ClusterCache(config, clock)
+        self.metrics = Metrics(self._gpu_rows_cached)
+        self._gpu_rows: list[GpuRow] = []
+        self._executor = ThreadPoolExecutor(self.opts.api_workers, thread_name_prefix="kube-api")
+        self._synced = {"nodes": False, "pods": False}
+        self.synced = asyncio.Event()
+        self._pods_seen: OrderedDict[str, Obj] = OrderedDict()
+        self._events: asyncio.Queue[tuple[Obj, dict[str, str], int]] = asyncio.Queue(maxsize=1000)
+        self._event_sent: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._reflectors: list[Reflector] = []
+        self._stop = asyncio.Event()
+        self._config_sig: str | None = None
+        self.elector: LeaseElector | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.metrics.is_leader.set(0 if self.opts.leader_elect else 1)
+
+    # -- plumbing -----------------------------------------------------------------------------
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking call (API request) in the service's thread pool."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, partial(fn, *args))
+
+    def app(self) -> web.Application:
+        """The aiohttp application with all routes."""
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_post("/filter", self.handle_filter)
+        app.router.add_post("/prioritize", self.handle_prioritize)
+        app.router.add_post("/bind", self.handle_bind)
+        app.router.add_get("/livez", self.handle_livez)
+        app.router.add_get("/healthz", self.handle_livez)
+        app.router.add_get("/readyz", self.handle_readyz)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.on_startup.append(lambda _app: self.start())
+        app.on_cleanup.append(lambda _app: self.stop())
+        return app
+
+    @property
+    def is_leader(self) -> bool:
+        """True if this replica may bind (always, without --leader-elect)."""
+        return self.elector is None or self.elector.is_leader
+
+    def mark_synced(self, kind: str = "all") -> None:
+        """Record that ``kind`` (nodes | pods | all) has been listed; ready once both are."""
+        if kind == "all":
+            self._synced = {"nodes": True, "pods": True}
+        else:
+            self._synced[kind] = True
+        if all(self._synced.values()) and not self.synced.is_set():
+            self.synced.set()
+            self.metrics.synced.set(1)
+            log.info("caches synced", extra={"outcome": f"{len(self.cache.state.nodes)} nodes, "
+                                                         f"{len(self.cache.state.bookings)} bookings"})
+
+    async def start(self) -> None:
+        """Start list+watch, leader election and the background loops (idempotent)."""
+        if self.loop is not None:
+            return
+        self.loop = loop = asyncio.get_running_loop()
+        if self.api is not None:
+            api = self.api
+
+            def marshal(fn: Callable[..., Any]) -> Callable[..., None]:
+                def call(*a: Any) -> None:
+                    loop.call_soon_threadsafe(fn, *a)
+                return call
+
+            self._reflectors = [
+                Reflector(api, "nodes", marshal(self.cache.replace_nodes), marshal(self.cache.on_node),
+                          marshal(partial(self.mark_synced, "nodes")), resync_seconds=self.opts.resync_seconds),
+                Reflector(api, "pods", marshal(self.cache.replace_pods), marshal(self.cache.on_pod),
+                          marshal(partial(self.mark_synced, "pods")), label_selector=self.opts.pod_selector,
+                          resync_seconds=self.opts.resync_seconds),
+            ]
+            for r in self._reflectors:
+                r.start()
+            if self.opts.leader_elect:
+                self.elector = LeaseElector(api, self.opts.lease_namespace, self.opts.lease_name,
+                                            self.opts.identity, self.run_blocking)
+                self.elector.on_change = lambda lead: self.metrics.is_leader.set(1 if lead else 0)
+                self._tasks.append(asyncio.create_task(self.elector.run(self._stop)))
+            self._tasks.append(asyncio.create_task(self._event_loop()))
+        self._tasks.append(asyncio.create_task(self._every(1.0, self._tick)))
+        if self.opts.config_path:
+            self._config_sig = self._file_sig(self.opts.config_path)
+            self._tasks.append(asyncio.create_task(self._every(self.opts.config_poll, self.reload_config)))
+        self._tasks.append(asyncio.create_task(self._every(self.opts.shapes_interval, self.refresh_shapes)))
+
+    async def stop(self) -> None:
+        """Stop the background work (reflector threads are joined in a worker thread)."""
+        self._stop.set()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        loop = asyncio.get_running_loop()
+        for r in self._reflectors:
+            await loop.run_in_executor(None, r.stop)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _every(self, period: float, fn: Callable[[], Any]) -> None:
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), period)
+                return
+            except TimeoutError:
+                pass
+            try:
+                r = fn()
+                if asyncio.iscoroutine(r):
+                    await r
+            except Exception:  # noqa: BLE001 - a background loop must survive
+                log.exception("background task failed")
+
+    def _tick(self) -> None:
+        self.cache.refresh_availability()
+        self.metrics.nodes.set(len(self.cache.state.nodes))
+        self.metrics.unavailable.set(len(self.cache.unavailable))
+        self.metrics.bookings.set(len(self.cache.state.bookings))
+
+    # -- config and shapes --------------------------------------------------------------------
+    @staticmethod
+    def _file_sig(path: str) -> str | None:
+        try:
+            return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    def reload_config(self) -> bool:
+        """Reload the policy file if its content changed. An invalid file keeps the last good
+        config, logs the error with its key and counts it in ``config_reload_errors_total{key}``.
+        Returns True when a new config was applied."""
+        path = self.opts.config_path
+        if not path:
+            return False
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as e:
+            if self._config_sig != "missing":
+                self._config_sig = "missing"
+                log.error("policy config unreadable; keeping the last good config",
+                          extra={"key": "(file)", "error": str(e)})
+                self.metrics.config_reload_errors.labels(key="(file)").inc()
+                self.metrics.config_ok.set(0)
+            return False
+        sig = hashlib.sha256(raw).hexdigest()
+        if sig == self._config_sig:
+            return False
+        self._config_sig = sig
+        try:
+            cfg = load_config_text(raw.decode("utf-8", "replace"))
+            self.cache.apply_config(cfg)
+        except ConfigError as e:
+            log.error("invalid policy config; keeping the last good config", extra={"key": e.key, "error": str(e)})
+            self.metrics.config_reload_errors.labels(key=e.key).inc()
+            self.metrics.config_ok.set(0)
+            return False
+        except ValueError as e:
+            log.error("invalid policy config; keeping the last good config",
+                      extra={"key": "scheduling", "error": str(e)})
+            self.metrics.config_reload_errors.labels(key="scheduling").inc()
+            self.metrics.config_ok.set(0)
+            return False
+        self.config = cfg
+        self.metrics.config_ok.set(1)
+        log.info("policy config reloaded", extra={"policy": f"{cfg.scheduling.node_policy}/{cfg.scheduling.gpu_policy}"})
+        return True
+
+    def refresh_shapes(self) -> bool:
+        """FGD only: rebuild the target workload's task shapes from the current bookings (default
+        mix while few pods are known). Returns True if the engine was reconfigured."""
+        eng = self.cache.engine
+        if eng.node_policy != "fgd":
+            return False
+        shapes = shapes_from_state(self.cache.state)
+        if shapes == eng.shapes:
+            return False
+        eng.configure(eng.node_policy, eng.gpu_policy, shapes)
+        return True
+
+    # -- metrics ------------------------------------------------------------------------------
+    def gpu_rows(self) -> list[GpuRow]:
+        """Per GPU booked and capacity values (MiB, cores %, slots), from the engine state."""
+        rows: list[GpuRow] = []
+        for n in self.cache.state.node_list:
+            for i, d in enumerate(n.devices):
+                rows.append((n.name, d.uuid, d.model, d.memory_mib - n.free_mem[i], d.cores - n.free_cores[i],
+                             d.split - n.free_slots[i], d.memory_mib, d.cores, d.split))
+        return rows
+
+    def _gpu_rows_cached(self) -> list[GpuRow]:
+        return self._gpu_rows
+
+    # -- handlers -----------------------------------------------------------------------------
+    async def handle_livez(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def handle_readyz(self, request: web.Request) -> web.Response:
+        if not self.synced.is_set():
+            return web.Response(status=503, text="caches not synced")
+        if self.opts.leader_elect and not self.is_leader:
+            return web.Response(status=503, text="not the leader")
+        return web.Response(text="ok")
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        self._gpu_rows = self.gpu_rows()  # snapshot on the loop; render in a thread
+        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    @staticmethod
+    async def _json(request: web.Request) -> Obj | None:
+        try:
+            obj = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return obj if isinstance(obj, dict) else None
+
+    async def _wait_synced(self) -> bool:
+        if self.synced.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self.synced.wait(), self.opts.sync_wait)
+        except TimeoutError:
+            return False
+        return True
+
+    def _remember(self, pod: Obj) -> None:
+        uid = (pod.get("metadata") or {}).get("uid")
+        if not uid:
+            return
+        self._pods_seen[uid] = pod
+        self._pods_seen.move_to_end(uid)
+        if len(self._pods_seen) > 4096:
+            self._pods_seen.popitem(last=False)
+
+    async def handle_filter(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        args = await self._json(request)
+        if args is None:
+            return web.json_response(filter_result([], None, [], {}, {}, "request body is not ExtenderArgs JSON"),
+                                     status=400)
+        res = await self.filter(args)
+        self.metrics.filter_seconds.observe(time.perf_counter() - t0)
+        return web.json_response(res)
+
+    async def filter(self, args: Obj) -> Obj:
+        """ExtenderArgs -> ExtenderFilterResult (see module docstring)."""
+        pod = args.get("Pod") or {}
+        names, nodelist = _names_of(args)
+        cfg = self.config
+        if not pod_asks(pod, cfg.resource_names):
+            return filter_result(names, nodelist, names, {}, {})
+        if not await self._wait_synced():
+            return filter_result(names, nodelist, [], {}, {}, "kube-vgpu scheduler cache is not synced yet")
+        try:
+            req = parse_pod(pod, cfg)
+        except RequestError as e:
+            bad = {n: str(e) for n in names}
+            self._queue_event(pod, bad, len(names))
+            return filter_result(names, nodelist, [], {}, bad)
+        self._remember(pod)
+        ok, failed, _scores = self.cache.evaluate(req, names)
+        resolvable: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for n, why in failed.items():
+            (unresolvable if classify(why) in UNRESOLVABLE else resolvable)[n] = why
+        if failed:
+            self._queue_event(pod, failed, len(names) if not ok else -1)
+        return filter_result(names, nodelist, ok, resolvable, unresolvable)
+
+    async def handle_prioritize(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        args = await self._json(request)
+        if args is None:
+            return web.json_response([], status=400)
+        res = await self.prioritize(args)
+        self.metrics.prioritize_seconds.observe(time.perf_counter() - t0)
+        return web.json_response(res)
+
+    async def prioritize(self, args: Obj) -> list[Obj]:
+        """ExtenderArgs -> HostPriorityList (scores 0..10; infeasible or non-vGPU: 0)."""
+        pod = args.get("Pod") or {}
+        names, _ = _names_of(args)
+        cfg = self.config
+        scores: dict[str, int] = {}
+        if pod_asks(pod, cfg.resource_names) and self.synced.is_set():
+            try:
+                req = parse_pod(pod, cfg)
+            except RequestError:
+                req = None
+            if req is not None:
+                _ok, _failed, raw = self.cache.evaluate(req, names)
+                scores = normalise_scores(raw)
+        return [{"Host": n, "Score": scores.get(n, 0)} for n in names]
+
+    async def handle_bind(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        args = await self._json(request)
+        if args is None:
+            return web.json_response({"Error": "request body is not ExtenderBindingArgs JSON"}, status=400)
+        err = await self.bind(args)
+        self.metrics.bind_seconds.observe(time.perf_counter() - t0)
+        return web.json_response({"Error": err})
+
+    async def bind(self, args: Obj) -> str:
+        """ExtenderBindingArgs -> error text ("" on success)."""
+        ns = str(args.get("PodNamespace") or "default")
+        name = str(args.get("PodName") or "")
+        uid = str(args.get("PodUID") or "")
+        node = str(args.get("Node") or "")
+        key = f"{ns}/{name}"
+        try:
+            if not self.is_leader:
+                raise BindError("this kube-vgpu scheduler replica is not the leader; only the leader binds",
+                                "not_leader")
+            if self.api is None:
+                raise BindError("no API server connection", "api_error")
+            pod = await self._pod_for_bind(ns, name, uid)
+            gpus = await self._bind_pod(pod, node)
+        except BindError as e:
+            self.metrics.binds.labels(outcome=e.outcome).inc()
+            log.warning("bind failed", extra={"pod": key, "node": node, "error": str(e), "outcome": e.outcome})
+            return str(e)
+        self.metrics.binds.labels(outcome="success").inc()
+        log.info("bound", extra={"pod": key, "node": node, "gpu": ",".join(gpus)})
+        return ""
+
+    async def _pod_for_bind(self, ns: str, name: str, uid: str) -> Obj:
+        assert self.api is not None
+        pod = self._pods_seen.get(uid) if uid else None
+        if pod is None or pod_key(pod) != f"{ns}/{name}":
+            try:
+                pod = await self.run_blocking(self.api.get_pod, ns, name)
+            except Exception as e:  # noqa: BLE001
+                outcome = "not_found" if is_not_found(e) else "api_error"
+                raise BindError(f"pod {ns}/{name}: {api_error_text(e)}", outcome) from e
+        got = str((pod.get("metadata") or {}).get("uid") or "")
+        if uid and got and got != uid:
+            raise BindError(f"pod {ns}/{name} has uid {got}, bind asked for {uid} (pod was recreated)", "not_found")
+        return pod
+
+    async def _bind_pod(self, pod: Obj, node: str) -> list[str]:
+        """Reserve, annotate (optimistic concurrency), bind; release at once on failure.
+        Returns the GPU uuids. Raises BindError."""
+        assert self.api is not None
+        api = self.api
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+        uid = str(meta.get("uid") or "")
+        key = f"{ns}/{name}"
+        if meta.get("deletionTimestamp"):
+            raise BindError(f"pod {key} is being deleted", "not_found")
+        try:
+            req = parse_pod(pod, self.config)
+        except RequestError as e:
+            raise BindError(str(e), "invalid") from e
+        if not req.has_gpu:
+            try:
+                await self.run_blocking(api.create_binding, ns, name, uid, node)
+            except Exception as e:  # noqa: BLE001
+                raise BindError(f"binding {key} to {node}: {api_error_text(e)}", "api_error") from e
+            return []
+        r = self.cache.reserve(req, uid, node)
+        if isinstance(r, str):
+            raise BindError(f"cannot place {key} on {node}: {r}", "unschedulable")
+        booking, alloc = r
+        gpus = sorted({d.uuid for c in alloc.containers for d in c.devices})
+        self.cache.inflight.add(key)
+        try:
+            annotations = {ANN_ALLOCATION: encode_allocation(alloc), ANN_BIND_PHASE: BIND_ALLOCATING,
+                           ANN_BIND_TIME: str(int(self.clock()))}
+            labels = {LABEL_NODE: node}
+            rv = str(meta.get("resourceVersion") or "")
+            for attempt in range(4):
+                try:
+                    await self.run_blocking(api.patch_pod_metadata, ns, name, rv, annotations, labels)
+                    break
+                except Exception as e:  # noqa: BLE001
+                    if not is_conflict(e) or attempt == 3:
+                        raise
+                fresh = await self.run_blocking(api.get_pod, ns, name)
+                fm = fresh.get("metadata") or {}
+                if str(fm.get("uid") or "") != uid or fm.get("deletionTimestamp") or \
+                        (fresh.get("spec") or {}).get("nodeName"):
+                    raise BindError(f"pod {key} changed while binding (deleted, recreated or already bound)",
+                                    "conflict")
+                rv = str(fm.get("resourceVersion") or "")
+            await self.run_blocking(api.create_binding, ns, name, uid, node)
+        except BaseException as e:
+            self.cache.release_if(key, booking, failed_uid=uid)
+            if isinstance(e, BindError):
+                raise
+            if not isinstance(e, Exception):
+                raise
+            outcome = "conflict" if is_conflict(e) else "not_found" if is_not_found(e) else "api_error"
+            raise BindError(f"binding {key} to {node} failed: {api_error_text(e)}", outcome) from e
+        finally:
+            self.cache.inflight.discard(key)
+        if self.cache.state.bookings.get(key) is booking:
+            info = PodInfo(uid, node, True, alloc)
+            self.cache.pods[key] = info
+            self.cache.pods_by_node.setdefault(node, set()).add(key)
+        return gpus
+
+    # -- events -------------------------------------------------------------------------------
+    def _queue_event(self, pod: Obj, failed: dict[str, str], total: int) -> None:
+        """Hand the rejection to the background worker (metrics; an Event when total >= 0, i.e.
+        the pod fits nowhere). Never blocks: drops when the queue is full."""
+        try:
+            self._events.put_nowait((pod, failed, total))
+        except asyncio.QueueFull:
+            self.metrics.events_dropped.inc()
+
+    async def _event_loop(self) -> None:
+        while True:
+            pod, failed, total = await self._events.get()
+            try:
+                await self._handle_rejection(pod, failed, total)
+            except Exception:  # noqa: BLE001
+                log.exception("event emission failed")
+
+    async def _handle_rejection(self, pod: Obj, failed: dict[str, str], total: int) -> None:
+        counts: dict[str, int] = {}
+        for why in failed.values():
+            c = classify(why)
+            counts[c] = counts.get(c, 0) + 1
+        for c, n in counts.items():
+            self.metrics.filter_rejections.labels(reason=c).inc(n)
+        if total < 0 or self.api is None:
+            return
+        meta = pod.get("metadata") or {}
+        msg = aggregate(failed, total)
+        k = (str(meta.get("uid") or pod_key(pod)), msg)
+        now = time.monotonic()
+        last = self._event_sent.get(k)
+        if last is not None and now - last < self.opts.event_dedupe:
+            return
+        self._event_sent[k] = now
+        self._event_sent.move_to_end(k)
+        while len(self._event_sent) > 10_000:
+            self._event_sent.popitem(last=False)
+        await self.run_blocking(self.api.create_event, str(meta.get("namespace") or "default"),
+                                self.event_body(pod, msg))
+
+    def event_body(self, pod: Obj, message: str) -> Obj:
+        """A core/v1 Event (Warning, reason FailedScheduling) on ``pod`` with ``message``."""
+        meta = pod.get("metadata") or {}
+        ns = str(meta.get("namespace") or "default")
+        name = str(meta.get("name") or "")
+        ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+        return {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": ns},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name,
+                               "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+            "reason": "FailedScheduling", "type": "Warning", "message": message[:1024],
+            "source": {"component": self.opts.component},
+            "reportingComponent": self.opts.component, "reportingInstance": self.opts.identity,
+            "firstTimestamp": ts, "lastTimestamp": ts, "count": 1,
+        }
