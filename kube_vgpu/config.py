@@ -33,7 +33,7 @@ from .resources import DEFAULT_SCHEDULER_NAME, ResourceNames
 
 API_VERSION = "kube-vgpu.io/v1"
 
-NODE_POLICIES = ("binpack", "spread", "fgd", "bestfit", "dotprod")
+NODE_POLICIES = ("binpack", "spread", "fgd", "fgd-bestfit", "bestfit", "dotprod")
 GPU_POLICIES = ("binpack", "spread")
 
 

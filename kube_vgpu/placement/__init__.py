@@ -2,7 +2,18 @@
 
 from .engine import Decision, Engine, normalise_scores, pod_shape
 from .fit import Plan, fit_pod, gpu_order
-from .policies import FGD, BestFit, Binpack, DotProd, FragModel, Policy, Spread, TaskShape, make_policy, typical_shapes
+from .policies import (
+           FGD,
+           BestFit,
+           Binpack,
+           DotProd,
+           FragModel,
+           Policy,
+           Spread,
+           TaskShape,
+           make_policy,
+           typical_shapes,
+)
 from .state import Booking, ClusterState, NodeState, OvercommitError
 
 __all__ = ["BestFit", "Binpack", "Booking", "ClusterState", "Decision", "DotProd", "Engine", "FGD", "FragModel",

@@ -122,7 +122,7 @@ def _fit_container(node: NodeState, req: ContainerRequest, mem: list[int], cores
         return f"{who} needs {req.count} idle GPU(s) (exclusive request); {n_excl} of {n} GPUs are in use"
     if n_slots and n_slots + len(excluded) == n:
         return f"{who}: all vGPU slots of the node's GPUs are taken"
-    need_mem = req.memory_mib or None
+    need_mem: int | None = req.memory_mib or None
     if best_mem[0] >= 0:
         sample = devs[node.by_uuid[best_mem[1]]]
         nm = req.memory_on(sample)

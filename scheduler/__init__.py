@@ -1,0 +1,1 @@
+"""kube-vgpu scheduler: the kube-scheduler HTTP extender and the `simulate` replay."""

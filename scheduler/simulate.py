@@ -1,0 +1,341 @@
+"""``kube-vgpu simulate``: replay a workload under each placement policy, FGD-artifact style.
+
+Procedure (the FGD artifact's, see docs/simulate.md): pods sorted by name, shuffled with the seed,
+topped up to ``inflate`` x GPU capacity by sampling the trace with replacement, no departures; a
+pod that fits nowhere fails and is skipped. After each pod we record *arrived* (GPU milli requested
+so far, failed pods included, / capacity) and *allocation* (GPU milli placed / capacity), and sample
+allocation at every integer arrived percent 0..130.
+
+With no arguments it replays the built-in synthetic cluster and workload under every policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import resource
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kube_vgpu.model import PodRequest
+from kube_vgpu.placement import ClusterState, Engine, TaskShape, typical_shapes
+
+from .synthetic import synthetic_nodes, synthetic_pods
+from .trace import TraceNode, TracePod, load_nodes, load_pods
+
+#: simulate's policy names -> (node policy, GPU policy)
+POLICIES: dict[str, tuple[str, str]] = {
+    "fgd": ("fgd", "spread"),
+    "fgd-bestfit": ("fgd-bestfit", "spread"),
+    "bestfit": ("bestfit", "spread"),
+    "dotprod": ("dotprod", "spread"),
+    "binpack": ("binpack", "binpack"),
+    "spread": ("spread", "spread"),
+    "binpack-gpuspread": ("binpack", "spread"),
+}
+DEFAULT_POLICIES = ("fgd-bestfit", "fgd", "bestfit", "dotprod", "binpack", "spread")
+#: the FGD artifact's policy labels, for --against
+ARTIFACT_NAMES = {"fgd": "06-FGD", "bestfit": "05-BestFit", "dotprod": "02-DotProd"}
+REPORT_POINTS = (80, 90, 95, 100, 110, 120, 130)
+MAX_PCT = 130
+
+
+@dataclass
+class ReplayResult:
+    """One replay: allocation % at each integer arrived % (NaN where not reached), counts, timing.
+
+    latencies: per-pod decision time in seconds (only when requested).
+    """
+
+    policy: str
+    seed: int
+    capacity_gpus: int
+    curve: np.ndarray
+    pods: int
+    failed: int
+    seconds: float
+    latencies: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def arrival_order(pods: Sequence[TracePod], seed: int, inflate: float, capacity_milli: int) -> list[TracePod]:
+    """Sorted by name, shuffled with ``seed``, then topped up by sampling with replacement until
+    the next pod would push the total GPU request past ``inflate`` x capacity."""
+    rng = np.random.default_rng(seed)
+    base = sorted(pods, key=lambda p: p.name)
+    order = [base[i] for i in rng.permutation(len(base))]
+    total = sum(p.total_milli for p in order)
+    limit = inflate * capacity_milli
+    k = 0
+    while True:
+        p = base[int(rng.integers(len(base)))]
+        if total + p.total_milli > limit:
+            break
+        total += p.total_milli
+        order.append(TracePod(f"{p.name}-r{k}", p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.gpu_spec,
+                              _renamed(p.request, f"{p.name}-r{k}")))
+        k += 1
+    return order
+
+
+def _renamed(req: PodRequest, name: str) -> PodRequest:
+    return PodRequest(namespace=req.namespace, name=name, app=req.app, init=req.init,
+                      constraints=req.constraints, cpu_milli=req.cpu_milli, memory_mib=req.memory_mib,
+                      gpu_spec=req.gpu_spec)
+
+
+def build_state(nodes: Sequence[TraceNode]) -> ClusterState:
+    """A ClusterState with the GPU nodes (CPU and host memory modelled)."""
+    st = ClusterState()
+    for n in nodes:
+        st.set_node(n.name, n.devices, n.cpu_milli, n.memory_mib)
+    return st
+
+
+def shapes_of(pods: Sequence[TracePod]) -> list[TaskShape]:
+    """FGD's typical task shapes of a workload (before inflation)."""
+    return typical_shapes((p.cpu_milli, p.gpu_milli, p.num_gpu, p.gpu_spec) for p in pods)
+
+
+def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str, seed: int,
+           inflate: float = 1.3, shapes: list[TaskShape] | None = None, record_latency: bool = False,
+           progress: bool = False) -> ReplayResult:
+    """Replay ``pods`` on ``nodes`` under ``policy`` (a key of POLICIES). Raises KeyError for an
+    unknown policy name."""
+    node_pol, gpu_pol = POLICIES[policy]
+    capacity = sum(len(n.devices) for n in nodes) * 1000
+    if capacity == 0:
+        raise ValueError("the cluster has no GPUs")
+    state = build_state(nodes)
+    engine = Engine(state, node_pol, gpu_pol, shapes=shapes if shapes is not None else shapes_of(pods))
+    order = arrival_order(pods, seed, inflate, capacity)
+    curve = np.full(MAX_PCT + 1, np.nan)
+    lat = np.zeros(len(order)) if record_latency else np.zeros(0)
+    arrived = allocated = failed = 0
+    next_pct = 0
+    t0 = time.perf_counter()
+    it: Sequence[TracePod] = order
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(order, desc=f"{policy} seed {seed}", unit="pod", leave=False, file=sys.stderr)
+    for k, p in enumerate(it):
+        t = time.perf_counter() if record_latency else 0.0
+        alloc = engine.place(p.request)
+        if record_latency:
+            lat[k] = time.perf_counter() - t
+        arrived += p.total_milli
+        if alloc is None:
+            failed += 1
+        else:
+            allocated += p.total_milli
+        pct = arrived * 100 / capacity
+        while next_pct <= MAX_PCT and pct >= next_pct:
+            curve[next_pct] = allocated * 100 / capacity
+            next_pct += 1
+    # The top-up stops just short of ``inflate`` x capacity: the last state stands for the
+    # rounded final arrived percent (130 for the default 1.3), as the artifact's sampling does.
+    last = min(MAX_PCT, int(round(arrived * 100 / capacity)))
+    while next_pct <= last:
+        curve[next_pct] = allocated * 100 / capacity
+        next_pct += 1
+    return ReplayResult(policy, seed, capacity // 1000, curve, len(order), failed,
+                        time.perf_counter() - t0, lat)
+
+
+def _run(args: tuple[Sequence[TraceNode], Sequence[TracePod], str, int, float, list[TaskShape]]) -> ReplayResult:
+    nodes, pods, policy, seed, inflate, shapes = args
+    return replay(nodes, pods, policy, seed, inflate, shapes)
+
+
+def run_all(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policies: Sequence[str], seeds: Sequence[int],
+            inflate: float, jobs: int = 1, progress: bool = True) -> list[ReplayResult]:
+    """Every (policy, seed) replay, in parallel processes when ``jobs`` > 1."""
+    shapes = shapes_of(pods)
+    tasks = [(nodes, pods, pol, s, inflate, shapes) for pol in policies for s in seeds]
+    results: list[ReplayResult] = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(tasks), desc="replays", unit="run", file=sys.stderr)
+    if jobs > 1 and len(tasks) > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as ex:
+            for r in ex.map(_run, tasks):
+                results.append(r)
+                if bar:
+                    bar.update()
+    else:
+        for t in tasks:
+            results.append(_run(t))
+            if bar:
+                bar.update()
+    if bar:
+        bar.close()
+    return results
+
+
+def summarise(results: Sequence[ReplayResult]) -> dict[str, dict[int, tuple[float, float]]]:
+    """policy -> arrived % -> (mean, sd) allocation % over seeds (NaN points ignored)."""
+    out: dict[str, dict[int, tuple[float, float]]] = {}
+    for pol in dict.fromkeys(r.policy for r in results):
+        curves = np.array([r.curve for r in results if r.policy == pol])
+        out[pol] = {}
+        for x in range(MAX_PCT + 1):
+            col = curves[:, x]
+            col = col[~np.isnan(col)]
+            if len(col):
+                out[pol][x] = (float(col.mean()), float(col.std(ddof=1)) if len(col) > 1 else 0.0)
+    return out
+
+
+def format_table(results: Sequence[ReplayResult], against: dict[str, dict[int, float]] | None = None) -> str:
+    """A text table: allocation % at REPORT_POINTS per policy, and unallocated GPUs at 100%."""
+    summ = summarise(results)
+    cap = results[0].capacity_gpus if results else 0
+    head = f"{'policy':<18}" + "".join(f"{x:>8}%" for x in REPORT_POINTS) + f"{'unalloc@100':>13}"
+    lines = [head, "-" * len(head)]
+    for pol, pts in summ.items():
+        row = f"{pol:<18}"
+        for x in REPORT_POINTS:
+            row += f"{pts[x][0]:>9.2f}" if x in pts else f"{'-':>9}"
+        if 100 in pts:
+            row += f"{(100 - pts[100][0]) * cap / 100:>13.0f}"
+        lines.append(row)
+        if against and pol in against:
+            ref = against[pol]
+            row = f"{'  published':<18}"
+            for x in REPORT_POINTS:
+                row += f"{ref[x]:>9.2f}" if x in ref else f"{'-':>9}"
+            if 100 in ref:
+                row += f"{(100 - ref[100]) * cap / 100:>13.0f}"
+            lines.append(row)
+    return "\n".join(lines)
+
+
+def load_expected(path: str | Path, workload: str) -> dict[str, dict[int, float]]:
+    """Published mean allocation % per our policy name from ``fgd_expected_summary.csv``."""
+    inv = {v: k for k, v in ARTIFACT_NAMES.items()}
+    out: dict[str, dict[int, float]] = {}
+    with Path(path).open(newline="") as f:
+        for row in csv.DictReader(f):
+            if row["workload"] != workload or row["sc_policy"] not in inv:
+                continue
+            out.setdefault(inv[row["sc_policy"]], {})[int(row["arrived_pct"])] = float(row["alloc_pct_mean"])
+    return out
+
+
+def write_outputs(results: Sequence[ReplayResult], out: Path) -> tuple[Path, Path]:
+    """Write ``allocation.csv`` (policy,seed,arrived_pct,alloc_pct,unallocated_gpus) and
+    ``allocation.png`` (mean allocation vs arrived, one line per policy) into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "allocation.csv"
+    with csv_path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["policy", "seed", "arrived_pct", "alloc_pct", "unallocated_gpus"])
+        for r in results:
+            for x in range(MAX_PCT + 1):
+                if not np.isnan(r.curve[x]):
+                    a = float(r.curve[x])
+                    w.writerow([r.policy, r.seed, x, f"{a:.3f}", f"{(100 - a) * r.capacity_gpus / 100:.1f}"])
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    png = out / "allocation.png"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for pol, pts in summarise(results).items():
+        xs = sorted(pts)
+        ax.plot(xs, [pts[x][0] for x in xs], label=pol)
+    ax.plot([0, MAX_PCT], [0, MAX_PCT], color="grey", linestyle=":", linewidth=0.8, label="ideal")
+    ax.set_xlabel("arrived GPU request (% of capacity)")
+    ax.set_ylabel("GPU allocation (% of capacity)")
+    ax.set_xlim(0, MAX_PCT)
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return csv_path, png
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process and its finished children, MiB."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, kids) / 1024
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kube-vgpu simulate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", type=Path, help="folder with the Alibaba openb CSVs (default: built-in synthetic)")
+    p.add_argument("--pods", default="openb_pod_list_default", help="pod list name inside --trace")
+    p.add_argument("--nodes", default="openb_node_list_gpu_node", help="node list name inside --trace")
+    p.add_argument("--policy", action="append", choices=sorted(POLICIES),
+                   help=f"policy to replay (repeatable; default: {', '.join(DEFAULT_POLICIES)})")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds, starting at 42 (trace: 10, synthetic: 2)")
+    p.add_argument("--inflate", type=float, default=1.3, help="top up arrivals to this x GPU capacity (default 1.3)")
+    p.add_argument("--out", type=Path, help="write allocation.csv and allocation.png here")
+    p.add_argument("--against", type=Path, help="fgd_expected_summary.csv: print the published numbers beside ours")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: CPUs)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry. Returns 0, or 2 on bad arguments/input (message on stderr)."""
+    args = _parser().parse_args(argv)
+    if not 1.0 <= args.inflate <= 3.0:
+        print(f"kube-vgpu simulate: --inflate {args.inflate} is out of range; allowed 1.0..3.0", file=sys.stderr)
+        return 2
+    try:
+        if args.trace:
+            nodes = load_nodes(args.trace / f"{args.nodes}.csv")
+            pods = load_pods(args.trace / f"{args.pods}.csv")
+            workload = args.pods
+            n_seeds = args.seeds or 10
+        else:
+            nodes = synthetic_nodes()
+            pods = synthetic_pods(nodes)
+            workload = "synthetic"
+            n_seeds = args.seeds or 2
+    except (OSError, ValueError) as e:
+        print(f"kube-vgpu simulate: {e}", file=sys.stderr)
+        return 2
+    if n_seeds < 1:
+        print("kube-vgpu simulate: --seeds must be >= 1", file=sys.stderr)
+        return 2
+    policies = args.policy or list(DEFAULT_POLICIES)
+    seeds = list(range(42, 42 + n_seeds))
+    gpus = sum(len(n.devices) for n in nodes)
+    print(f"workload {workload}: {len(nodes)} nodes, {gpus} GPUs, {len(pods)} pods; "
+          f"policies {', '.join(policies)}; seeds {seeds[0]}..{seeds[-1]}; inflate {args.inflate}")
+    t0 = time.perf_counter()
+    results = run_all(nodes, pods, policies, seeds, args.inflate, jobs=max(1, args.jobs),
+                      progress=not args.no_progress)
+    against = None
+    if args.against:
+        try:
+            against = load_expected(args.against, workload)
+        except (OSError, KeyError, ValueError) as e:
+            print(f"kube-vgpu simulate: cannot read --against {args.against}: {e}", file=sys.stderr)
+            return 2
+    print("\nGPU allocation (% of capacity) at arrived GPU request (% of capacity), mean over seeds")
+    print(format_table(results, against))
+    failed = {p: sum(r.failed for r in results if r.policy == p) / n_seeds for p in policies}
+    print("\nfailed pods per run: " + ", ".join(f"{p} {v:.0f}" for p, v in failed.items()))
+    print(f"elapsed {time.perf_counter() - t0:.1f} s, peak RSS {peak_rss_mib():.0f} MiB")
+    if args.out:
+        c, png = write_outputs(results, args.out)
+        print(f"wrote {c} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
