@@ -95,19 +95,19 @@ def _fit_container(node: NodeState, req: ContainerRequest, mem: list[int], cores
         if slots[i] <= 0:
             n_slots += 1
             continue
-        need_mem = req.memory_on(d)
-        need_cores = req.cores_on(d)
+        gpu_mem = req.memory_on(d)
+        gpu_cores = req.cores_on(d)
         if req.exclusive and slots[i] < d.split:
             n_excl += 1
             continue
-        if cores[i] <= 0 and need_cores == 0 and d.cores > 0:
+        if cores[i] <= 0 and gpu_cores == 0 and d.cores > 0:
             n_exh += 1
             continue
         if mem[i] > best_mem[0]:
             best_mem = (mem[i], d.uuid)
         if cores[i] > best_cores[0]:
             best_cores = (cores[i], d.uuid)
-        if mem[i] < need_mem or cores[i] < need_cores:
+        if mem[i] < gpu_mem or cores[i] < gpu_cores:
             continue
         cands.append(i)
     if len(cands) >= req.count:
