@@ -1,0 +1,225 @@
+"""Helpers for the device plugin tests (imported by conftest.py and the tests as ``dp_helpers``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from deviceplugin.api import api_pb2, api_pb2_grpc
+from kube_vgpu.codec import encode_allocation
+from kube_vgpu.model import ContainerAllocation, DeviceBooking, PodAllocation
+from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_BIND_TIME, BIND_ALLOCATING, LABEL_NODE
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKES = ROOT / "tests" / "fakes"
+
+
+def build_fake_nvml(out_dir: Path) -> Path:
+    """Compile tests/fakes/fakenvml.c into ``out_dir/libnvidia-ml.so.1`` (uses tests/fakes/build.py when
+    it offers ``build_nvml``)."""
+    out = out_dir / "libnvidia-ml.so.1"
+    try:
+        from tests.fakes import build as fbuild  # type: ignore[import-not-found]
+
+        fn = getattr(fbuild, "build_nvml", None)
+        if fn is not None:
+            return Path(fn(out_dir))
+    except Exception:  # noqa: BLE001 - fall back to compiling here
+        pass
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake NVML")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wl,-soname,libnvidia-ml.so.1", f"-I{FAKES}",
+                    f"-I{ROOT / 'libvgpu' / 'src'}", "-o", str(out), str(FAKES / "fakenvml.c"), "-lpthread"],
+                   check=True)
+    return out
+
+
+
+
+class FakeGPUs:
+    """Writes FAKE_NVML_CONFIG / FAKE_NVML_EVENTS files and points this process at them."""
+
+    def __init__(self, d: Path) -> None:
+        self.config = d / "nvml.conf"
+        self.events = d / "nvml.events"
+        self.events.write_text("")
+        self.lines: list[str] = []
+
+    def set(self, gpus: list[dict[str, Any]]) -> None:
+        lines = []
+        for i, g in enumerate(gpus):
+            toks = [f"index={i}"]
+            for k, v in g.items():
+                toks.append(f'{k}="{v}"' if isinstance(v, str) and " " in v else f"{k}={v}")
+            lines.append("gpu " + " ".join(toks))
+        self.lines = lines
+        tmp = self.config.with_suffix(".tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, self.config)
+        # the fake reloads on mtime change; make sure the mtime moves even within one tick
+        t = time.time_ns() + 1_000_000
+        os.utime(self.config, ns=(t, t))
+
+    def xid(self, index: int, xid: int) -> None:
+        with open(self.events, "a") as f:
+            f.write(f"{index} {xid}\n")
+
+
+
+
+class FakeKubelet:
+    """Plays kubelet's device manager: serves Registration on kubelet.sock; on Register connects to
+    the plugin's endpoint, asks for options and keeps the latest ListAndWatch list. Admits pods like
+    kubelet: per container GetPreferredAllocation (when there is a choice), then Allocate."""
+
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        self.registrations: list[api_pb2.RegisterRequest] = []
+        self.options: api_pb2.DevicePluginOptions | None = None
+        self.devices: list[api_pb2.Device] = []
+        self.updates = 0
+        self.used: set[str] = set()
+        self._cv = threading.Condition()
+        self._server: grpc.Server | None = None
+        self._channel: grpc.Channel | None = None
+        self.stub: api_pb2_grpc.DevicePluginStub | None = None
+        self.use_preferred = True
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.dir, "kubelet.sock")
+
+    def start(self) -> None:
+        kubelet = self
+
+        class Reg(api_pb2_grpc.RegistrationServicer):
+            def Register(self, request: Any, context: Any) -> api_pb2.Empty:
+                kubelet._on_register(request)
+                return api_pb2.Empty()
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        api_pb2_grpc.add_RegistrationServicer_to_server(Reg(), server)
+        server.add_insecure_port(f"unix://{self.socket}")
+        server.start()
+        self._server = server
+
+    def _on_register(self, req: api_pb2.RegisterRequest) -> None:
+        with self._cv:
+            self.registrations.append(req)
+            self._cv.notify_all()
+        if self._channel is not None:
+            self._channel.close()
+        ch = grpc.insecure_channel(f"unix://{os.path.join(self.dir, req.endpoint)}")
+        self._channel = ch
+        self.stub = api_pb2_grpc.DevicePluginStub(ch)
+
+        def watch() -> None:
+            try:
+                stub = api_pb2_grpc.DevicePluginStub(ch)
+                self.options = stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
+                for resp in stub.ListAndWatch(api_pb2.Empty()):
+                    with self._cv:
+                        self.devices = list(resp.devices)
+                        self.updates += 1
+                        self._cv.notify_all()
+            except grpc.RpcError:
+                pass
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    def stop(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self._server is not None:
+            self._server.stop(0).wait()
+            self._server = None
+
+    def restart(self) -> None:
+        """Like a kubelet restart: the socket goes away, every plugin socket is removed, a new
+        kubelet.sock appears."""
+        self.stop()
+        for name in os.listdir(self.dir):
+            if name.endswith(".sock"):
+                os.unlink(os.path.join(self.dir, name))
+        time.sleep(0.05)
+        self.start()
+
+    def wait(self, pred: Callable[[FakeKubelet], bool], timeout: float = 10.0, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not pred(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out waiting for {what}")
+                self._cv.wait(min(left, 0.1))
+
+    def health(self) -> dict[str, str]:
+        with self._cv:
+            return {d.ID: d.health for d in self.devices}
+
+    def admit(self, counts: list[int]) -> list[api_pb2.ContainerAllocateResponse]:
+        """Admit one pod whose GPU containers request ``counts`` slots each (spec order)."""
+        assert self.stub is not None
+        out = []
+        for n in counts:
+            with self._cv:
+                avail = sorted(d.ID for d in self.devices if d.health == "Healthy" and d.ID not in self.used)
+            if self.use_preferred and len(avail) > n:
+                pref = self.stub.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(container_requests=[
+                    api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=avail, allocation_size=n)]),
+                    timeout=5)
+                ids = list(pref.container_responses[0].deviceIDs)
+            else:
+                ids = avail[:n]
+            resp = self.stub.Allocate(api_pb2.AllocateRequest(container_requests=[
+                api_pb2.ContainerAllocateRequest(devices_ids=ids)]), timeout=10)
+            self.used.update(ids)
+            out.append(resp.container_responses[0])
+        return out
+
+
+
+
+NODE = "gpu-node-1"
+
+
+def make_node(api: Any, name: str = NODE) -> None:
+    api.create_object("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+
+
+def bound_pod(name: str, containers: list[tuple[str, bool, list[tuple[str, int, int]] | None, dict[str, Any]]],
+              *, node: str = NODE, bind_time: float = 1000.0, namespace: str = "default",
+              phase: str = BIND_ALLOCATING) -> dict[str, Any]:
+    """A pod as the scheduler leaves it after bind. containers: (name, init, bookings or None for a
+    container without GPUs, extra container fields); bookings: (uuid, MiB, cores)."""
+    spec_init: list[dict[str, Any]] = []
+    spec_app: list[dict[str, Any]] = []
+    recs = []
+    for cname, init, booking, extra in containers:
+        ctr: dict[str, Any] = {"name": cname, "image": "busybox", **extra}
+        if booking:
+            lim = {"nvidia.com/gpu": str(len(booking)), "nvidia.com/gpumem": str(booking[0][1])}
+            ctr.setdefault("resources", {}).setdefault("limits", {}).update(lim)
+            recs.append(ContainerAllocation(cname, init, tuple(DeviceBooking(u, m, c) for u, m, c in booking)))
+        (spec_init if init else spec_app).append(ctr)
+    alloc = PodAllocation(node=node, containers=tuple(recs), time=bind_time)
+    spec: dict[str, Any] = {"nodeName": node, "schedulerName": "kube-vgpu-scheduler", "containers": spec_app}
+    if spec_init:
+        spec["initContainers"] = spec_init
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {LABEL_NODE: node},
+                         "annotations": {ANN_ALLOCATION: encode_allocation(alloc), ANN_BIND_PHASE: phase,
+                                         ANN_BIND_TIME: str(bind_time)}},
+            "spec": spec}
