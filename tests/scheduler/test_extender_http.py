@@ -1,0 +1,189 @@
+"""The extender's HTTP protocol, driven with ExtenderArgs shaped exactly like kube-scheduler's."""
+
+from __future__ import annotations
+
+import time
+
+from vgpu_sched_util import Extender, bind_args, capture, ctr, filter_args, node_obj, offline_service, pod_obj, run
+
+from kube_vgpu.config import Config
+
+FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+
+
+def test_captured_filter_passes_through_a_pod_without_vgpu_requests() -> None:
+    args = capture("scheduler_filter")  # verbatim: nodeCacheCapable false, pod asks example.com/gpu-mem
+
+    async def go() -> None:
+        async with Extender(offline_service()) as ext:
+            st, res = await ext.post("/filter", args)
+            assert st == 200
+            assert set(res) == FILTER_KEYS
+            assert res["Nodes"] == args["Nodes"]
+            assert res["NodeNames"] is None
+            assert res["FailedNodes"] == {} and res["FailedAndUnresolvableNodes"] == {} and res["Error"] == ""
+            pargs = capture("scheduler_prioritize")
+            st, prio = await ext.post("/prioritize", pargs)
+            assert st == 200
+            assert prio == [{"Host": n["metadata"]["name"], "Score": 0} for n in pargs["Nodes"]["items"]]
+    run(go)
+
+
+def test_filter_node_list_and_node_names_shapes() -> None:
+    nodes = [node_obj("gpu-a", 2), node_obj("gpu-b", 1, mem=8192), node_obj("cpu-1", inventory=False)]
+    pod = pod_obj("p", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 16000})
+
+    async def go() -> None:
+        async with Extender(offline_service(nodes[:2])) as ext:
+            # nodeCacheCapable: false -> Nodes in, Nodes out (full objects kept), NodeNames null
+            st, res = await ext.post("/filter", filter_args(pod, nodes, cache_capable=False))
+            assert st == 200 and set(res) == FILTER_KEYS
+            assert res["NodeNames"] is None
+            assert [n["metadata"]["name"] for n in res["Nodes"]["items"]] == ["gpu-a"]
+            assert res["Nodes"]["items"][0] == nodes[0]
+            assert "16000 MiB" in res["FailedNodes"]["gpu-b"]
+            assert "no vGPU inventory" in res["FailedAndUnresolvableNodes"]["cpu-1"]
+            # nodeCacheCapable: true -> NodeNames in, NodeNames out, Nodes null
+            st, res = await ext.post("/filter", filter_args(pod, nodes))
+            assert res["Nodes"] is None and res["NodeNames"] == ["gpu-a"]
+            assert set(res["FailedNodes"]) | set(res["FailedAndUnresolvableNodes"]) == {"gpu-b", "cpu-1"}
+            st, prio = await ext.post("/prioritize", filter_args(pod, nodes))
+            assert st == 200
+            assert [p["Host"] for p in prio] == ["gpu-a", "gpu-b", "cpu-1"]
+            assert all(set(p) == {"Host", "Score"} and 0 <= p["Score"] <= 10 for p in prio)
+            assert prio[0]["Score"] == 10 and prio[1]["Score"] == 0
+    run(go)
+
+
+def test_prioritize_prefers_the_used_node_under_binpack() -> None:
+    svc = offline_service([node_obj("n1", 2), node_obj("n2", 2)])
+    from kube_vgpu.model import ContainerAllocation, DeviceBooking, PodAllocation
+    svc.cache.state.book("default/x", PodAllocation("n2", (ContainerAllocation("c", False, (
+        DeviceBooking("GPU-n2-00", 4096, 10),)),)))
+    pod = pod_obj("p", limits={"nvidia.com/gpumem": 1000})
+
+    async def go() -> None:
+        async with Extender(svc) as ext:
+            _, prio = await ext.post("/prioritize", filter_args(pod, [node_obj("n1"), node_obj("n2")]))
+            assert prio == [{"Host": "n1", "Score": 0}, {"Host": "n2", "Score": 10}]
+    run(go)
+
+
+def test_kf02_impossible_requests_get_per_node_reasons_and_service_keeps_serving() -> None:
+    nodes = [node_obj("two-gpus", 2, mem=24576)]
+    big = pod_obj("four", limits={"nvidia.com/gpu": 4})
+    huge = pod_obj("huge", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 999999})
+    ok = pod_obj("ok", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000})
+
+    async def go() -> None:
+        async with Extender(offline_service(nodes)) as ext:
+            _, res = await ext.post("/filter", filter_args(big, nodes))
+            assert res["NodeNames"] == [] and res["Error"] == ""
+            why = res["FailedAndUnresolvableNodes"]["two-gpus"]
+            assert "needs 4 GPUs, node has 2" in why
+            _, res = await ext.post("/filter", filter_args(huge, nodes))
+            assert res["NodeNames"] == []
+            why = {**res["FailedNodes"], **res["FailedAndUnresolvableNodes"]}["two-gpus"]
+            assert "needs 999999 MiB on one GPU" in why and "largest free is 24576 MiB" in why
+            _, res = await ext.post("/filter", filter_args(ok, nodes))
+            assert res["NodeNames"] == ["two-gpus"]
+            st, _ = await ext.get("/livez")
+            assert st == 200
+    run(go)
+
+
+def test_stale_inventory_and_zero_allocatable_are_not_candidates() -> None:
+    nodes = [node_obj("fresh", 1), node_obj("stale", 1, heartbeat=time.time() - 3600),
+             node_obj("noalloc", 1, allocatable=0)]
+    pod = pod_obj("p", limits={"nvidia.com/gpumem": 100})
+
+    async def go() -> None:
+        async with Extender(offline_service(nodes)) as ext:
+            _, res = await ext.post("/filter", filter_args(pod, nodes))
+            assert res["NodeNames"] == ["fresh"]
+            failed = res["FailedAndUnresolvableNodes"]
+            assert "heartbeat is stale" in failed["stale"]
+            assert "allocatable nvidia.com/gpu is 0" in failed["noalloc"]
+    run(go)
+
+
+def test_invalid_request_is_reported_on_every_node() -> None:
+    nodes = [node_obj("n1", 1)]
+    pod = pod_obj("p", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 0})
+
+    async def go() -> None:
+        async with Extender(offline_service(nodes)) as ext:
+            _, res = await ext.post("/filter", filter_args(pod, nodes))
+            assert res["NodeNames"] == []
+            assert "gpumem-percentage" in res["FailedAndUnresolvableNodes"]["n1"]
+            _, prio = await ext.post("/prioritize", filter_args(pod, nodes))
+            assert prio == [{"Host": "n1", "Score": 0}]
+    run(go)
+
+
+def test_bad_json_and_unsynced_and_bind_without_api() -> None:
+    nodes = [node_obj("n1", 1)]
+    pod = pod_obj("p", limits={"nvidia.com/gpumem": 100})
+
+    async def go() -> None:
+        from scheduler.service import Options, SchedulerService
+        svc = SchedulerService(Config(), None, Options(sync_wait=0.01))
+        async with Extender(svc) as ext:
+            st, body = await ext.get("/readyz")
+            assert st == 503
+            _, res = await ext.post("/filter", filter_args(pod, nodes))
+            assert "not synced" in res["Error"]
+            svc.mark_synced()
+            st, _ = await ext.get("/readyz")
+            assert st == 200
+            assert ext.session is not None
+            async with ext.session.post("/filter", data=b"{not json") as r:
+                assert r.status == 400 and "Error" in await r.json()
+            st, res = await ext.post("/bind", bind_args(pod, "n1"))
+            assert st == 200 and set(res) == {"Error"} and res["Error"]
+    run(go)
+
+
+def test_metrics_expose_per_gpu_usage_latency_and_rejections() -> None:
+    nodes = [node_obj("n1", 2)]
+    svc = offline_service(nodes)
+    from kube_vgpu.model import ContainerAllocation, DeviceBooking, PodAllocation
+    svc.cache.state.book("default/x", PodAllocation("n1", (ContainerAllocation("c", False, (
+        DeviceBooking("GPU-n1-01", 3000, 30),)),)))
+    pod = pod_obj("p", limits={"nvidia.com/gpu": 4})
+
+    async def go() -> None:
+        async with Extender(svc) as ext:
+            await ext.post("/filter", filter_args(pod, nodes))
+            await ext.post("/prioritize", filter_args(pod, nodes))
+            for _ in range(50):  # let the background worker count the rejection
+                if svc.metrics.filter_rejections.labels(reason="gpu_count")._value.get():
+                    break
+                import asyncio
+                await asyncio.sleep(0.01)
+            st, text = await ext.get("/metrics")
+            assert st == 200
+            assert ('kube_vgpu_scheduler_gpu_allocated_memory_mib{model="NVIDIA A10",node="n1",uuid="GPU-n1-01"} '
+                    '3000.0') in text
+            assert 'kube_vgpu_scheduler_gpu_allocated_cores_percent{model="NVIDIA A10",node="n1",uuid="GPU-n1-01"} 30.0' in text
+            assert 'kube_vgpu_scheduler_gpu_allocated_slots{model="NVIDIA A10",node="n1",uuid="GPU-n1-00"} 0.0' in text
+            assert "kube_vgpu_scheduler_filter_seconds_bucket" in text
+            assert "kube_vgpu_scheduler_prioritize_seconds_count 1.0" in text
+            assert 'kube_vgpu_scheduler_filter_rejections_total{reason="gpu_count"} 1.0' in text
+    run(go)
+
+
+def test_kf06_allocation_recorded_for_app_container_by_name() -> None:
+    """An init container without GPU must not shift the app container's allocation."""
+    nodes = [node_obj("n1", 1)]
+    svc = offline_service(nodes)
+    from kube_vgpu.podspec import parse_pod
+    pod = pod_obj("p", containers=[ctr("app", gpu=1, gpumem=4000)],
+                  init=[{"name": "setup", "image": "busybox"}])
+    req = parse_pod(pod, svc.config)
+    r = svc.cache.reserve(req, "u1", "n1")
+    assert not isinstance(r, str)
+    _, alloc = r
+    assert [(c.name, c.init) for c in alloc.containers] == [("app", False)]
+    assert alloc.container("app") is not None and alloc.container("app").devices[0].memory_mib == 4000
+    assert alloc.container("setup", init=True) is None
