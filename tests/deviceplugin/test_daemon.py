@@ -1,0 +1,315 @@
+"""The device plugin end to end: a fake kubelet over the real v1beta1 gRPC protocol on unix sockets,
+NVML from the fake libnvidia-ml.so.1 (pynvml's real code path), the fake Kubernetes API."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from dp_helpers import NODE, FakeGPUs, FakeKubelet, bound_pod, make_node
+from prometheus_client.parser import text_string_to_metric_families
+
+from deviceplugin.api import api_pb2
+from deviceplugin.kube import ApiKubeClient
+from deviceplugin.metrics import HealthServer
+from deviceplugin.podmatch import ANN_ALLOCATED_CONTAINERS
+from deviceplugin.server import DevicePlugin, Options
+from kube_vgpu.codec import decode_inventory
+from kube_vgpu.config import Config, config_from_dict
+from kube_vgpu.resources import ANN_BIND_PHASE, ANN_NODE_INVENTORY
+
+U = [f"GPU-0000000{i}-1111-4000-8000-00000000000{i}" for i in range(4)]
+GPUS = [
+    {"uuid": U[0], "name": "NVIDIA H200", "memory_mib": 143771, "numa": 0},
+    {"uuid": U[1], "name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "numa": 1},
+    {"uuid": U[2], "name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "numa": 1, "mig": 1},
+    {"uuid": U[3], "name": "Tesla T4", "memory_mib": 15360, "numa": 0},
+]
+
+
+@pytest.fixture
+def start_plugin(gpus: FakeGPUs, kubelet: FakeKubelet, kube_api: Any, sockdir: str,
+                 tmp_path: Path) -> Iterator[Callable[..., DevicePlugin]]:
+    plugins: list[DevicePlugin] = []
+    make_node(kube_api)
+
+    def start(cfg: Config | None = None, gpu_list: list[dict[str, Any]] | None = None) -> DevicePlugin:
+        gpus.set(gpu_list if gpu_list is not None else GPUS[:2])
+        shim = tmp_path / "vgpu" / "libvgpu.so"
+        shim.parent.mkdir(exist_ok=True)
+        shim.write_bytes(b"\x7fELF")
+        opts = Options(node_name=NODE, device_plugin_dir=sockdir, shim_host_path=str(shim),
+                       cache_host_dir=str(tmp_path / "containers"), heartbeat_seconds=0.5, watch_interval=0.05,
+                       health_poll_ms=50, probe_interval=0.1, recovery_seconds=0.6)
+        p = DevicePlugin(cfg or config_from_dict({"devices": {"splitCount": 4}}), opts,
+                         ApiKubeClient(api_client=kube_api.api_client()))
+        p.start()
+        plugins.append(p)
+        kubelet.wait(lambda k: k.updates > 0, what="first ListAndWatch list")
+        return p
+
+    yield start
+    for p in plugins:
+        p.stop()
+
+
+def inventory(kube_api: Any) -> Any:
+    node = kube_api.get_object("nodes", NODE)
+    return decode_inventory(node["metadata"]["annotations"][ANN_NODE_INVENTORY])
+
+
+def envs(resp: api_pb2.ContainerAllocateResponse) -> dict[str, str]:
+    return dict(resp.envs)
+
+
+def test_registers_and_advertises_slots_with_overrides(start_plugin: Callable[..., DevicePlugin],
+                                                       kubelet: FakeKubelet, kube_api: Any, tmp_path: Path) -> None:
+    cfg = config_from_dict({"devices": {"splitCount": 4},
+                            "nodes": [{"name": NODE, "splitCount": 3, "memoryScaling": 1.5, "excludeGPUs": [U[3]]}]})
+    start_plugin(cfg, GPUS)
+    reg = kubelet.registrations[0]
+    assert (reg.version, reg.endpoint, reg.resource_name) == ("v1beta1", "kube-vgpu.sock", "nvidia.com/gpu")
+    assert reg.options.get_preferred_allocation_available
+    assert kubelet.options is not None and kubelet.options.get_preferred_allocation_available
+    devs = {d.ID: d for d in kubelet.devices}
+    # MIG GPU (U[2]) and the excluded one (U[3]) are not advertised; split 3 from the node override
+    assert sorted(devs) == sorted(f"{u}::{k}" for u in U[:2] for k in range(3))
+    assert all(d.health == "Healthy" for d in devs.values())
+    assert [n.ID for n in devs[f"{U[1]}::0"].topology.nodes] == [1]
+    assert [n.ID for n in devs[f"{U[0]}::2"].topology.nodes] == [0]
+    inv = inventory(kube_api)
+    by = {d.uuid: d for d in inv.devices}
+    assert set(by) == set(U[:2])
+    assert by[U[0]].memory_mib == int(143771 * 1.5) and by[U[1]].memory_mib == int(40960 * 1.5)
+    assert by[U[1]].model == "NVIDIA A100-SXM4-40GB" and by[U[1]].numa == 1 and by[U[1]].split == 3
+    assert inv.heartbeat > time.time() - 30
+    # the preload file next to the shim names the shim's container path
+    assert (tmp_path / "vgpu" / "ld.so.preload").read_text() == "/usr/local/vgpu/libvgpu.so\n"
+
+
+def test_heartbeat_keeps_inventory_fresh(start_plugin: Callable[..., DevicePlugin], kube_api: Any) -> None:
+    start_plugin()
+    first = inventory(kube_api).heartbeat
+    deadline = time.time() + 5
+    while inventory(kube_api).heartbeat == first:
+        assert time.time() < deadline, "heartbeat did not advance"
+        time.sleep(0.1)
+
+
+def test_xid_marks_gpu_unhealthy_and_it_recovers(start_plugin: Callable[..., DevicePlugin], gpus: FakeGPUs,
+                                                 kubelet: FakeKubelet, kube_api: Any) -> None:
+    start_plugin()
+    gpus.xid(1, 13)  # application error: ignored
+    gpus.xid(1, 79)  # GPU has fallen off the bus
+    kubelet.wait(lambda k: k.health().get(f"{U[1]}::0") == "Unhealthy", what="XID -> Unhealthy")
+    h = kubelet.health()
+    assert all(h[f"{U[1]}::{k}"] == "Unhealthy" for k in range(4))
+    assert all(h[f"{U[0]}::{k}"] == "Healthy" for k in range(4))
+    deadline = time.time() + 5
+    while {d.uuid: d.healthy for d in inventory(kube_api).devices}[U[1]]:
+        assert time.time() < deadline, "inventory did not report the GPU unhealthy"
+        time.sleep(0.05)
+    kubelet.wait(lambda k: k.health().get(f"{U[1]}::0") == "Healthy", what="recovery after quiet period")
+
+
+def test_failing_gpu_is_unhealthy_until_queries_succeed(start_plugin: Callable[..., DevicePlugin],
+                                                        gpus: FakeGPUs, kubelet: FakeKubelet) -> None:
+    start_plugin()
+    gpus.set([GPUS[0], {**GPUS[1], "fail": 1}])
+    kubelet.wait(lambda k: k.health().get(f"{U[1]}::3") == "Unhealthy", what="failed GPU -> Unhealthy")
+    assert kubelet.health()[f"{U[0]}::3"] == "Healthy"
+    gpus.set(GPUS[:2])
+    kubelet.wait(lambda k: k.health().get(f"{U[1]}::3") == "Healthy", what="GPU back")
+
+
+def test_gpu_lost_at_start_is_not_advertised(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet) -> None:
+    start_plugin(gpu_list=[GPUS[0], {**GPUS[1], "fail": 1}])
+    assert {d.ID.split("::")[0] for d in kubelet.devices} == {U[0]}
+
+
+def test_two_pods_bound_at_once_get_their_own_limits(start_plugin: Callable[..., DevicePlugin],
+                                                     kubelet: FakeKubelet, kube_api: Any, tmp_path: Path) -> None:
+    start_plugin()
+    # p1 and p2 share GPU 0 with different limits (binpack); p3 spans both GPUs
+    kube_api.create_object("pods", bound_pod("p1", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
+    kube_api.create_object("pods", bound_pod("p2", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101))
+    kube_api.create_object("pods", bound_pod("p3", [("c", False, [(U[1], 1000, 10), (U[0], 2000, 10)], {})],
+                                             bind_time=102))
+    (r1,) = kubelet.admit([1])
+    (r2,) = kubelet.admit([1])
+    (r3,) = kubelet.admit([2])
+    assert envs(r1)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and envs(r1)["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert envs(r2)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m" and envs(r2)["CUDA_DEVICE_SM_LIMIT"] == "50"
+    assert envs(r1)["NVIDIA_VISIBLE_DEVICES"] == U[0] == envs(r2)["NVIDIA_VISIBLE_DEVICES"]
+    e3 = envs(r3)
+    assert e3["NVIDIA_VISIBLE_DEVICES"] == f"{U[1]},{U[0]}"
+    assert (e3["CUDA_DEVICE_MEMORY_LIMIT_0"], e3["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("1000m", "2000m")
+    for name in ("p1", "p2", "p3"):
+        ann = kube_api.get_object("pods", name, "default")["metadata"]["annotations"]
+        assert ann[ANN_BIND_PHASE] == "success" and ann[ANN_ALLOCATED_CONTAINERS] == "c"
+    mounts = {m.container_path: m for m in r1.mounts}
+    assert mounts["/etc/ld.so.preload"].read_only and mounts["/usr/local/vgpu/libvgpu.so"].read_only
+    cache = mounts["/usr/local/vgpu/cache"]
+    uid = kube_api.get_object("pods", "p1", "default")["metadata"]["uid"]
+    assert not cache.read_only and cache.host_path == str(tmp_path / "containers" / f"{uid}_c")
+    assert os.path.isdir(cache.host_path)
+
+
+def test_ambiguous_allocate_fails_with_clear_error(start_plugin: Callable[..., DevicePlugin],
+                                                   kubelet: FakeKubelet, kube_api: Any) -> None:
+    start_plugin()
+    kube_api.create_object("pods", bound_pod("p1", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
+    kube_api.create_object("pods", bound_pod("p2", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101))
+    kubelet.use_preferred = False  # kubelet without GetPreferredAllocation: nothing tells the two apart
+    with pytest.raises(grpc.RpcError) as e:
+        kubelet.admit([1])
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "ambiguous" in (e.value.details() or "") and "default/p1/c" in (e.value.details() or "")
+    for name in ("p1", "p2"):  # nothing recorded for either
+        ann = kube_api.get_object("pods", name, "default")["metadata"]["annotations"]
+        assert ann[ANN_BIND_PHASE] == "allocating" and ANN_ALLOCATED_CONTAINERS not in ann
+
+
+def test_pod_deleted_before_allocate_does_not_hold_up_the_next(start_plugin: Callable[..., DevicePlugin],
+                                                               kubelet: FakeKubelet, kube_api: Any) -> None:
+    start_plugin()
+    kube_api.create_object("pods", bound_pod("gone", [("c", False, [(U[0], 7000, 70)], {})], bind_time=50))
+    kube_api.create_object("pods", bound_pod("next", [("c", False, [(U[0], 2000, 20)], {})], bind_time=60))
+    kube_api.delete_object("pods", "gone", "default")
+    (r,) = kubelet.admit([1])
+    assert envs(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+    assert kube_api.get_object("pods", "next", "default")["metadata"]["annotations"][ANN_BIND_PHASE] == "success"
+
+
+def test_kf06_init_container_without_gpu(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
+                                         kube_api: Any) -> None:
+    start_plugin()
+    kube_api.create_object("pods", bound_pod("kf06", [("setup", True, None, {}),
+                                                      ("app", False, [(U[1], 4000, 0)], {})]))
+    (r,) = kubelet.admit([1])  # kubelet calls Allocate only for the app container
+    e = envs(r)
+    assert e["NVIDIA_VISIBLE_DEVICES"] == U[1] and e["CUDA_DEVICE_MEMORY_LIMIT_0"] == "4000m"
+    ann = kube_api.get_object("pods", "kf06", "default")["metadata"]["annotations"]
+    assert ann[ANN_ALLOCATED_CONTAINERS] == "app" and ann[ANN_BIND_PHASE] == "success"
+
+
+def test_gpu_init_and_app_containers_in_order(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
+                                              kube_api: Any) -> None:
+    start_plugin()
+    kube_api.create_object("pods", bound_pod("multi", [("init", True, [(U[0], 1000, 0)], {}),
+                                                       ("app", False, [(U[1], 6000, 60)], {})]))
+    kube_api.create_object("pods", bound_pod("other", [("c", False, [(U[0], 9000, 0)], {})], bind_time=2000))
+    ri, ra = kubelet.admit([1, 1])
+    assert envs(ri)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m" and envs(ra)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "6000m"
+    ann = kube_api.get_object("pods", "multi", "default")["metadata"]["annotations"]
+    assert ann[ANN_ALLOCATED_CONTAINERS] == "init,app" and ann[ANN_BIND_PHASE] == "success"
+    (ro,) = kubelet.admit([1])
+    assert envs(ro)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "9000m"
+
+
+def test_disable_control_opt_out(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
+                                 kube_api: Any) -> None:
+    start_plugin()
+    env = {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]}
+    kube_api.create_object("pods", bound_pod("free", [("c", False, [(U[0], 3000, 30)], env)]))
+    (r,) = kubelet.admit([1])
+    assert envs(r)["NVIDIA_VISIBLE_DEVICES"] == U[0]
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0" not in envs(r) and not r.mounts
+
+
+def test_kubelet_restart_registers_again(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
+                                         kube_api: Any) -> None:
+    plugin = start_plugin()
+    assert len(kubelet.registrations) == 1
+    kubelet.restart()
+    kubelet.wait(lambda k: len(k.registrations) >= 2, what="re-registration after kubelet restart")
+    assert os.path.exists(plugin.socket_path)
+    kubelet.wait(lambda k: k.updates >= 2, what="ListAndWatch on the new connection")
+    kube_api.create_object("pods", bound_pod("after", [("c", False, [(U[1], 1234, 0)], {})]))
+    (r,) = kubelet.admit([1])
+    assert envs(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1234m"
+    assert plugin.status.registrations >= 2
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_health_endpoints_and_metrics(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
+                                      kube_api: Any) -> None:
+    plugin = start_plugin()
+    http = HealthServer(plugin, "127.0.0.1", 0)
+    http.start()
+    try:
+        base = f"http://127.0.0.1:{http.port}"
+        assert _get(base + "/livez")[0] == 200
+        deadline = time.time() + 5
+        while _get(base + "/readyz")[0] != 200:
+            assert time.time() < deadline, _get(base + "/readyz")
+            time.sleep(0.05)
+        kube_api.create_object("pods", bound_pod("m", [("c", False, [(U[0], 3000, 30)], {})]))
+        kubelet.admit([1])
+        code, text = _get(base + "/metrics")
+        assert code == 200
+        samples = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+                   for fam in text_string_to_metric_families(text) for smp in fam.samples}
+        lab = tuple(sorted({"node": NODE, "device_uuid": U[0], "device_index": "0",
+                            "device_type": "NVIDIA H200"}.items()))
+        assert samples[("kube_vgpu_gpu_memory_allocated_bytes", lab)] == 3000 * 1024 * 1024
+        assert samples[("kube_vgpu_gpu_core_allocated_percent", lab)] == 30
+        assert samples[("kube_vgpu_gpu_shared_count", lab)] == 1
+        assert samples[("kube_vgpu_gpu_memory_limit_bytes", lab)] == 143771 * 1024 * 1024
+        assert ("kube_vgpu_gpu_memory_used_bytes", lab) in samples
+        assert ("kube_vgpu_gpu_utilization_percent", lab) in samples
+        assert samples[("kube_vgpu_gpu_healthy", lab)] == 1
+        assert samples[("kube_vgpu_device_plugin_allocations_total", (("result", "ok"),))] == 1
+        assert _get(base + "/nope")[0] == 404
+    finally:
+        http.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cli_runs_against_fake_kubelet_and_stops_on_sigterm(gpus: FakeGPUs, fake_nvml_lib: Path,
+                                                           kubelet: FakeKubelet, kube_api: Any, sockdir: str,
+                                                           tmp_path: Path) -> None:
+    """`kube-vgpu device-plugin` as a process: pynvml finds the fake through LD_LIBRARY_PATH."""
+    make_node(kube_api)
+    gpus.set(GPUS[:1])
+    kubeconfig = kube_api.kubeconfig(tmp_path / "kubeconfig")
+    port = _free_port()
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml_lib.parent), "NODE_NAME": NODE}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kube_vgpu.cli", "device-plugin", "--kubeconfig", kubeconfig,
+         "--device-plugin-dir", sockdir, "--shim-host-path", str(tmp_path / "vgpu" / "libvgpu.so"),
+         "--cache-host-dir", str(tmp_path / "containers"), "--metrics-port", str(port),
+         "--metrics-bind-address", "127.0.0.1", "--heartbeat-seconds", "1", "--log-level", "debug"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        kubelet.wait(lambda k: k.updates > 0, timeout=20, what="registration by the CLI process")
+        assert sorted(d.ID for d in kubelet.devices) == [f"{U[0]}::{k}" for k in range(10)]
+        assert _get(f"http://127.0.0.1:{port}/livez")[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err[-3000:]
+    assert '"level": "info"' in err and "registered nvidia.com/gpu" in err
