@@ -15,9 +15,9 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from conftest import Client, base_pod, decode_patch, review_of
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from wh_helpers import Client, base_pod, decode_patch, review_of
 
 from kube_vgpu.config import Config, Defaults, WebhookConfig, replace
 from kube_vgpu.podspec import parse_pod

@@ -8,7 +8,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from conftest import base_pod, decode_patch, limits, review_of
+from wh_helpers import base_pod, decode_patch, limits, review_of
 
 from kube_vgpu.config import Config, Defaults, WebhookConfig, replace
 from kube_vgpu.podspec import parse_pod

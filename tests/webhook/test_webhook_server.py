@@ -17,7 +17,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from conftest import CAPTURE, Client, base_pod, decode_patch, limits, review_of
+from wh_helpers import CAPTURE, Client, base_pod, decode_patch, limits, review_of
 
 from certs import pki, store
 from kube_vgpu.config import Config
