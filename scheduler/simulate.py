@@ -118,7 +118,8 @@ def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str, se
     curve = np.full(MAX_PCT + 1, np.nan)
     lat = np.zeros(len(order)) if record_latency else np.zeros(0)
     arrived = allocated = failed = 0
-    next_pct = 0
+    curve[0] = 0.0
+    next_pct = 1
     t0 = time.perf_counter()
     it: Sequence[TracePod] = order
     if progress:
