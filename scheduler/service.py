@@ -216,7 +216,7 @@ class SchedulerService:
                                             self.opts.identity, self.run_blocking)
                 self.elector.on_change = lambda lead: self.metrics.is_leader.set(1 if lead else 0)
                 self._tasks.append(asyncio.create_task(self.elector.run(self._stop)))
-            self._tasks.append(asyncio.create_task(self._event_loop()))
+        self._tasks.append(asyncio.create_task(self._event_loop()))
         self._tasks.append(asyncio.create_task(self._every(1.0, self._tick)))
         if self.opts.config_path:
             self._config_sig = self._file_sig(self.opts.config_path)

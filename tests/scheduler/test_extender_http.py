@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import time
 
-from vgpu_sched_util import Extender, bind_args, capture, ctr, filter_args, node_obj, offline_service, pod_obj, run
+from vgpu_sched_util import (
+    Extender,
+    bind_args,
+    capture,
+    ctr,
+    filter_args,
+    node_obj,
+    offline_service,
+    pod_obj,
+    run,
+)
 
 from kube_vgpu.config import Config
 

@@ -1,0 +1,309 @@
+"""The cache and bind path against the in-process fake kube-apiserver (real HTTP, official client)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from vgpu_sched_util import Extender, bind_args, filter_args, node_obj, pod_obj, run, wait_until
+
+from kube_vgpu.codec import decode_allocation
+from kube_vgpu.config import Config
+from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_BIND_TIME, LABEL_NODE
+from scheduler.kube import KubeAPI
+from scheduler.service import Options, SchedulerService
+from tests.fakeapi import FakeKubeAPI
+
+
+@pytest.fixture
+def fake() -> Any:
+    api = FakeKubeAPI(bookmark_interval=0.5)
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+@asynccontextmanager
+async def extender(fake: FakeKubeAPI, **opts: Any) -> AsyncIterator[Extender]:
+    o = Options(sync_wait=5.0, resync_seconds=opts.pop("resync_seconds", 300.0), **opts)
+    svc = SchedulerService(opts.pop("config", None) or Config(), KubeAPI(fake.api_client()), o)
+    async with Extender(svc) as ext:
+        await asyncio.wait_for(svc.synced.wait(), 10)
+        yield ext
+
+
+def create_nodes(fake: FakeKubeAPI, n: int, gpus: int = 2, **kw: Any) -> list[dict[str, Any]]:
+    return [fake.create_object("nodes", node_obj(f"node-{i}", gpus, **kw)) for i in range(n)]
+
+
+def create_pod(fake: FakeKubeAPI, pod: dict[str, Any]) -> dict[str, Any]:
+    pod = dict(pod)
+    pod["metadata"] = {k: v for k, v in pod["metadata"].items() if k not in ("uid", "resourceVersion")}
+    return fake.create_object("pods", pod)
+
+
+async def schedule(ext: Extender, pod: dict[str, Any], nodes: list[dict[str, Any]]) -> tuple[str | None, str]:
+    """What kube-scheduler does: filter, prioritize, pick the best, bind. Returns (node, error)."""
+    _, res = await ext.post("/filter", filter_args(pod, nodes))
+    if not res["NodeNames"]:
+        return None, "unschedulable"
+    _, prio = await ext.post("/prioritize", filter_args(pod, [n for n in nodes
+                                                              if n["metadata"]["name"] in res["NodeNames"]]))
+    best = max(prio, key=lambda p: (p["Score"], random.random()))["Host"]
+    _, b = await ext.post("/bind", bind_args(pod, best))
+    return (best if not b["Error"] else None), b["Error"]
+
+
+def check_no_overcommit(fake: FakeKubeAPI, nodes: list[dict[str, Any]], mem: int, split: int) -> dict[str, Any]:
+    """Sum the allocation annotations of all live pods per GPU; assert capacity holds."""
+    used: dict[str, list[int]] = {}
+    allocs = {}
+    for p in fake.objects("pods"):
+        text = (p["metadata"].get("annotations") or {}).get(ANN_ALLOCATION)
+        if not text or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        a = decode_allocation(text)
+        allocs[f"{p['metadata']['namespace']}/{p['metadata']['name']}"] = a
+        for uuid, (m, c, s) in a.usage().items():
+            u = used.setdefault(uuid, [0, 0, 0])
+            u[0] += m
+            u[1] += c
+            u[2] += s
+    for uuid, (m, c, s) in used.items():
+        assert m <= mem and c <= 100 and s <= split, f"GPU {uuid} overcommitted: {m} MiB {c}% {s} slots"
+    return allocs
+
+
+def test_bind_writes_allocation_then_binding(fake: FakeKubeAPI) -> None:
+    nodes = create_nodes(fake, 1)
+    pod = create_pod(fake, pod_obj("p1", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000,
+                                                  "nvidia.com/gpucores": 30}))
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            fake.clear_requests()
+            node, err = await schedule(ext, pod, nodes)
+            assert (node, err) == ("node-0", "")
+            p = fake.get_object("pods", "p1", "default")
+            assert p is not None
+            ann = p["metadata"]["annotations"]
+            a = decode_allocation(ann[ANN_ALLOCATION])
+            assert a.node == "node-0" and a.containers[0].name == "c"
+            assert [(d.memory_mib, d.cores) for d in a.containers[0].devices] == [(4000, 30)]
+            assert ann[ANN_BIND_PHASE] == "allocating" and abs(int(ann[ANN_BIND_TIME]) - time.time()) < 5
+            assert p["metadata"]["labels"][LABEL_NODE] == "node-0"
+            assert p["spec"]["nodeName"] == "node-0"
+            writes = [r for r in fake.requests if r[0] in ("PATCH", "POST")]
+            assert [w[0] for w in writes][:2] == ["PATCH", "POST"] and writes[1][1].endswith("/binding")
+            svc = ext.svc
+            assert svc.cache.state.bookings["default/p1"].allocation == a
+            await wait_until(lambda: "default/p1" in svc.cache.pods)
+    run(go)
+
+
+def test_failed_binding_releases_reservation_and_conflict_is_retried(fake: FakeKubeAPI) -> None:
+    nodes = create_nodes(fake, 1, gpus=1)
+    pod = create_pod(fake, pod_obj("p1", limits={"nvidia.com/gpu": 1}))  # whole card
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            fake.fail_next("create", "pods/binding", 500)
+            node, err = await schedule(ext, pod, nodes)
+            assert node is None and "500" in err
+            assert svc.cache.state.bookings == {}
+            await asyncio.sleep(0.2)  # the annotation of the failed bind arrives: must not re-book
+            assert svc.cache.state.bookings == {}
+            # the pod changes after the scheduler saw it: the resourceVersion guard answers 409,
+            # the bind re-reads the pod and retries
+            fake.patch_object("pods", "p1", {"metadata": {"labels": {"x": "y"}}}, "default")
+            node, err = await schedule(ext, pod, nodes)
+            assert (node, err) == ("node-0", "")
+            assert svc.metrics.binds.labels(outcome="api_error")._value.get() == 1
+            assert any(r[0] == "GET" and r[1].endswith("/pods/p1") for r in fake.requests)
+    run(go)
+
+
+def test_stress_200_concurrent_binds_and_restart_without_double_booking(fake: FakeKubeAPI) -> None:
+    mem, split = 24576, 10
+    nodes = create_nodes(fake, 10, gpus=4, mem=mem, split=split)
+    rnd = random.Random(7)
+    pods = []
+    for i in range(200):
+        lim = {"nvidia.com/gpumem": rnd.choice([2000, 4000, 6000, 8000]), "nvidia.com/gpucores": rnd.choice([0, 10, 20])}
+        if i % 25 == 0:
+            lim = {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 12000}
+        pods.append(create_pod(fake, pod_obj(f"s{i:03d}", limits=lim)))
+
+    async def go() -> None:
+        results: dict[str, str | None] = {}
+        # phase 1: all 200 concurrently; kill the service once ~100 are bound
+        async with extender(fake) as ext:
+            async def one(p: dict[str, Any]) -> None:
+                node, _ = await schedule(ext, p, nodes)
+                results[p["metadata"]["name"]] = node
+            tasks = [asyncio.create_task(one(p)) for p in pods]
+            await wait_until(lambda: sum(1 for v in results.values() if v) >= 100, timeout=30)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            before = dict(ext.svc.cache.state.bookings)
+        check_no_overcommit(fake, nodes, mem, split)
+        # phase 2: a fresh replica rebuilds the bookings from annotations, binds the rest
+        async with extender(fake) as ext:
+            svc = ext.svc
+            rebuilt = {k: b.allocation for k, b in svc.cache.state.bookings.items()}
+            bound_before = {k: b.allocation for k, b in before.items()
+                            if (fake.get_object("pods", k.split("/")[1], "default") or {}).get("spec", {}).get("nodeName")}
+            for k, a in bound_before.items():
+                assert rebuilt[k] == a
+            for _ in range(5):  # kube-scheduler retries pods whose bind lost a race
+                todo = [p for p in pods if not (fake.get_object("pods", p["metadata"]["name"], "default") or {})
+                        .get("spec", {}).get("nodeName")]
+                got = await asyncio.gather(*(schedule(ext, fake.get_object("pods", p["metadata"]["name"], "default"),
+                                                      nodes) for p in todo))
+                if not any(n for n, _ in got):
+                    break
+            await asyncio.sleep(0.3)  # let the watch deliver the last annotations
+            allocs = check_no_overcommit(fake, nodes, mem, split)
+            for key, a in allocs.items():  # every annotation matches the cache
+                assert svc.cache.state.bookings[key].allocation == a, key
+            bound = [p for p in fake.objects("pods") if p["spec"].get("nodeName")]
+            assert set(svc.cache.state.bookings) == {f"default/{p['metadata']['name']}" for p in bound}
+            assert len(bound) >= 150  # capacity: 40 GPUs x 24 GiB
+            # per-GPU free memory in the cache equals capacity minus the annotations
+            for n in svc.cache.state.node_list:
+                for i, d in enumerate(n.devices):
+                    want = mem - sum(a.usage().get(d.uuid, (0, 0, 0))[0] for a in allocs.values())
+                    assert n.free_mem[i] == want
+    run(go, timeout=60)
+
+
+def test_kf12_deleted_pod_frees_its_gpus(fake: FakeKubeAPI) -> None:
+    nodes = create_nodes(fake, 1, gpus=8)
+    a = create_pod(fake, pod_obj("a", limits={"nvidia.com/gpu": 8}))
+    b = create_pod(fake, pod_obj("b", limits={"nvidia.com/gpu": 8}))
+    c = create_pod(fake, pod_obj("c", limits={"nvidia.com/gpu": 8}))
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            assert (await schedule(ext, a, nodes)) == ("node-0", "")
+            assert (await schedule(ext, b, nodes))[0] is None
+            fake.delete_object("pods", "a", "default")
+            await wait_until(lambda: "default/a" not in svc.cache.state.bookings)
+            assert (await schedule(ext, b, nodes)) == ("node-0", "")
+            # deleted before its bind completed: the reservation does not outlive the pod
+            fake.delete_object("pods", "b", "default")
+            await wait_until(lambda: not svc.cache.state.bookings)
+            fake.add_latency(0.3, "create", "pods/binding")
+            bind = asyncio.create_task(schedule(ext, c, nodes))
+            await wait_until(lambda: "default/c" in svc.cache.state.bookings)
+            fake.delete_object("pods", "c", "default")
+            node, err = await bind
+            assert node is None and err
+            await wait_until(lambda: not svc.cache.state.bookings)
+            fake.clear_latency()
+            d = create_pod(fake, pod_obj("d", limits={"nvidia.com/gpu": 8}))
+            assert (await schedule(ext, d, nodes)) == ("node-0", "")
+    run(go)
+
+
+def test_kf14_failed_or_deleted_pod_does_not_hold_up_the_node(fake: FakeKubeAPI) -> None:
+    nodes = create_nodes(fake, 1, gpus=1)
+    a = create_pod(fake, pod_obj("a", limits={"nvidia.com/gpu": 1}))
+    b = create_pod(fake, pod_obj("b", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}))
+    c = create_pod(fake, pod_obj("c", limits={"nvidia.com/gpu": 1}))
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            # no per-node lock: while a is still 'allocating', b binds to the same node at once
+            big = create_pod(fake, pod_obj("big", limits={"nvidia.com/gpumem": 2000}))
+            assert (await schedule(ext, big, nodes)) == ("node-0", "")
+            t0 = time.monotonic()
+            assert (await schedule(ext, b, nodes)) == ("node-0", "")
+            assert time.monotonic() - t0 < 1.0
+            fake.delete_object("pods", "big", "default")
+            fake.delete_object("pods", "b", "default")
+            await wait_until(lambda: not svc.cache.state.bookings)
+            # a (whole card) is bound, then fails before the device plugin allocates
+            assert (await schedule(ext, a, nodes)) == ("node-0", "")
+            assert (await schedule(ext, c, nodes))[0] is None
+            fake.set_pod_phase("a", "Failed")
+            await wait_until(lambda: "default/a" not in svc.cache.state.bookings)
+            t0 = time.monotonic()
+            assert (await schedule(ext, c, nodes)) == ("node-0", "")
+            assert time.monotonic() - t0 < 1.0
+    run(go)
+
+
+def test_terminating_pod_keeps_reservation_until_gone(fake: FakeKubeAPI) -> None:
+    nodes = create_nodes(fake, 1, gpus=1)
+    p = pod_obj("a", limits={"nvidia.com/gpu": 1})
+    p["metadata"]["finalizers"] = ["test.kube-vgpu.io/hold"]
+    a = create_pod(fake, p)
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            assert (await schedule(ext, a, nodes)) == ("node-0", "")
+            fake.delete_object("pods", "a", "default")
+            await wait_until(lambda: (fake.get_object("pods", "a", "default") or {})
+                             .get("metadata", {}).get("deletionTimestamp") is not None)
+            await asyncio.sleep(0.2)
+            assert "default/a" in svc.cache.state.bookings
+            fake.patch_object("pods", "a", {"metadata": {"finalizers": None}}, "default")
+            await wait_until(lambda: "default/a" not in svc.cache.state.bookings)
+    run(go)
+
+
+def test_watch_expiry_relists_and_events_explain_unschedulable(fake: FakeKubeAPI) -> None:
+    nodes = create_nodes(fake, 2, gpus=2)
+    big = create_pod(fake, pod_obj("big", limits={"nvidia.com/gpu": 4}))
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            node, _ = await schedule(ext, big, nodes)
+            assert node is None
+            await wait_until(lambda: bool(fake.objects("events", "default")), timeout=5)
+            ev = fake.objects("events", "default")[0]
+            assert ev["involvedObject"]["name"] == "big" and ev["type"] == "Warning"
+            assert ev["message"].startswith("0/2 nodes are available: 2 container c needs 4 GPUs, node has 2")
+            # watch expiry (410): the reflector relists and keeps following changes
+            relists = [r.relists for r in svc._reflectors]
+            fake.expire_watches()
+            n3 = fake.create_object("nodes", node_obj("node-9", 4))
+            await wait_until(lambda: "node-9" in svc.cache.state.nodes, timeout=10)
+            assert [r.relists for r in svc._reflectors] > relists
+            assert (await schedule(ext, big, nodes + [n3])) == ("node-9", "")
+    run(go)
+
+
+def test_leader_election_only_leader_binds(fake: FakeKubeAPI) -> None:
+    nodes = create_nodes(fake, 1)
+    pod = create_pod(fake, pod_obj("p", limits={"nvidia.com/gpumem": 1000}))
+
+    async def go() -> None:
+        async with extender(fake, leader_elect=True, identity="one", lease_namespace="default") as e1, \
+                extender(fake, leader_elect=True, identity="two", lease_namespace="default") as e2:
+            await wait_until(lambda: e1.svc.is_leader or e2.svc.is_leader, timeout=5)
+            await asyncio.sleep(0.3)
+            assert e1.svc.is_leader != e2.svc.is_leader
+            leader, follower = (e1, e2) if e1.svc.is_leader else (e2, e1)
+            lease = fake.get_object("leases", "kube-vgpu-scheduler", "default")
+            assert lease is not None and lease["spec"]["holderIdentity"] == leader.svc.opts.identity
+            st, _ = await follower.get("/readyz")
+            assert st == 503
+            _, res = await follower.post("/bind", bind_args(pod, "node-0"))
+            assert "not the leader" in res["Error"]
+            assert (await schedule(leader, pod, nodes)) == ("node-0", "")
+    run(go)
