@@ -373,6 +373,10 @@ class DevicePlugin:
 
     def preferred(self, req: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
         """GetPreferredAllocation: slots on the GPUs booked for the oldest pending container of that size."""
+        with self._alloc_lock:
+            return self._preferred_locked(req)
+
+    def _preferred_locked(self, req: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
         pods = self.kube.list_node_pods(self.opts.node_name)
         cands = pending_containers(pods, self.opts.node_name, self.names)
         resp = api_pb2.PreferredAllocationResponse()
