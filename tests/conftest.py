@@ -1,3 +1,9 @@
 """Shared pytest configuration. Keep it small: put fixtures in their own module and import them here."""
 
-from fakeapi.fixtures import fake_core_v1, fake_kube_api, fake_kube_client, fake_kubeconfig  # noqa: F401
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # for `import tests.fakeapi`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.fakeapi.fixtures import fake_core_v1, fake_kube_api, fake_kube_client, fake_kubeconfig  # noqa: E402,F401

@@ -7,9 +7,10 @@ import threading
 import time
 
 import pytest
-from fakeapi import FakeKubeAPI
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
+
+from tests.fakeapi import FakeKubeAPI
 
 
 def pod(name: str, ns: str = "default", labels: dict | None = None, gpus: int | None = None, **spec) -> dict:
@@ -261,6 +262,18 @@ def _collect(gen, out: list, stop_after: int | None = None):
             break
 
 
+def first_events(func, *args, n: int, **kw) -> list:
+    """The first n events of a watch (bounded by a 5 s server-side timeout)."""
+    out: list = []
+    w = watch.Watch()
+    for e in w.stream(func, *args, timeout_seconds=5, **kw):
+        out.append(e)
+        if len(out) >= n:
+            w.stop()
+            break
+    return out
+
+
 def test_watch_sees_added_modified_deleted(api, v1):
     v1.create_node(node("n1"))
     rv = v1.list_namespaced_pod("default").metadata.resource_version
@@ -286,15 +299,15 @@ def test_watch_replays_history_from_resource_version(api, v1):
     rv = api.resource_version
     v1.create_namespaced_pod("default", pod("p2"))
     v1.delete_namespaced_pod("p1", "default")
-    events = list(watch.Watch().stream(v1.list_namespaced_pod, "default", resource_version=rv,
-                                       timeout_seconds=1))
+    events = first_events(v1.list_namespaced_pod, "default", resource_version=rv, n=2)
     assert [(e["type"], e["object"].metadata.name) for e in events] == [("ADDED", "p2"), ("DELETED", "p1")]
 
 
 def test_watch_without_resource_version_starts_with_current_state(v1):
     v1.create_namespaced_pod("default", pod("p1"))
-    events = list(watch.Watch().stream(v1.list_namespaced_pod, "default", timeout_seconds=1))
-    assert [(e["type"], e["object"].metadata.name) for e in events] == [("ADDED", "p1")]
+    v1.create_namespaced_pod("default", pod("p2"))
+    events = first_events(v1.list_namespaced_pod, "default", n=2)
+    assert [(e["type"], e["object"].metadata.name) for e in events] == [("ADDED", "p1"), ("ADDED", "p2")]
 
 
 def test_watch_selectors_and_transitions(api, v1):
@@ -320,9 +333,11 @@ def test_watch_field_selector_on_node_name(api, v1):
     v1.create_namespaced_pod("default", pod("p1"))
     v1.create_namespaced_pod("default", pod("p2"))
     bind(v1, "p2", "n1")
-    events = list(watch.Watch().stream(v1.list_pod_for_all_namespaces, field_selector="spec.nodeName=n1",
-                                       resource_version=rv, timeout_seconds=1))
-    assert [(e["type"], e["object"].metadata.name) for e in events] == [("ADDED", "p2")]
+    v1.create_namespaced_pod("default", pod("p3"))
+    bind(v1, "p3", "n1")
+    events = first_events(v1.list_pod_for_all_namespaces, field_selector="spec.nodeName=n1",
+                          resource_version=rv, n=2)
+    assert [(e["type"], e["object"].metadata.name) for e in events] == [("ADDED", "p2"), ("ADDED", "p3")]
 
 
 def test_watch_gone_after_expiry(api, v1):
@@ -336,8 +351,9 @@ def test_watch_gone_after_expiry(api, v1):
     # a relist gives a fresh resourceVersion that can be watched from
     fresh = v1.list_namespaced_pod("default").metadata.resource_version
     assert int(fresh) > int(old_rv)
-    assert list(watch.Watch().stream(v1.list_namespaced_pod, "default", resource_version=fresh,
-                                     timeout_seconds=1)) == []
+    v1.create_namespaced_pod("default", pod("p2"))
+    events = first_events(v1.list_namespaced_pod, "default", resource_version=fresh, n=1)
+    assert [(e["type"], e["object"].metadata.name) for e in events] == [("ADDED", "p2")]
 
 
 def test_watch_expiry_closes_open_stream_and_retry_gets_410(api, v1):
@@ -371,9 +387,8 @@ def test_watch_expiry_closes_open_stream_and_retry_gets_410(api, v1):
 def test_watch_bookmarks(api, v1):
     api.bookmark_interval = 0.1
     rv = api.resource_version
-    events = list(watch.Watch().stream(v1.list_namespaced_pod, "default", resource_version=rv,
-                                       allow_watch_bookmarks=True, timeout_seconds=1))
-    assert events and all(e["type"] == "BOOKMARK" for e in events)
+    events = first_events(v1.list_namespaced_pod, "default", resource_version=rv, allow_watch_bookmarks=True, n=2)
+    assert [e["type"] for e in events] == ["BOOKMARK", "BOOKMARK"]
     assert events[0]["raw_object"]["metadata"]["resourceVersion"] == rv
 
 
@@ -584,8 +599,8 @@ def test_fail_next_and_request_log(api, v1):
             bind(v1, "p1", "n1")
         assert ei.value.status == 409
     assert bind(v1, "p1", "n1").status == 201
-    # a 429 carries Retry-After: 1 by default, and the client's urllib3 pool retries it by itself
-    api.fail_next("list", "*", status=429)
+    # a 429 carries Retry-After (1 s by default), and the client's urllib3 pool retries it by itself
+    api.fail_next("list", "*", status=429, headers={"Retry-After": "0"})
     assert v1.list_node().items == []
     assert [i.status for i in api.request_log if i.verb == "list"][-2:] == [429, 200]
     api.fail_next("list", "nodes", status=429, headers={})
@@ -613,8 +628,7 @@ def test_direct_object_access_emits_events(api, v1):
     rv = api.resource_version
     api.create_object("nodes", node("n1"))
     api.patch_object("nodes", "n1", {"metadata": {"labels": {"a": "b"}}})
-    api.set_pod_phase  # noqa: B018 - exists
-    events = list(watch.Watch().stream(v1.list_node, resource_version=rv, timeout_seconds=1))
+    events = first_events(v1.list_node, resource_version=rv, n=2)
     assert [e["type"] for e in events] == ["ADDED", "MODIFIED"]
     assert api.objects("nodes")[0]["metadata"]["labels"] == {"a": "b"}
 
