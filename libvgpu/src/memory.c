@@ -1,0 +1,815 @@
+/*
+ * Memory limit: every allocation path reserves its size in the shared region before calling
+ * the driver (so concurrent allocations can never overshoot the limit), rolls the reservation
+ * back if the driver fails, and records the allocation in a per-process table so that frees
+ * subtract exactly what was added: double, unknown and late frees subtract nothing.
+ * Destroying a context drops the allocations it owned.  Reporting hooks (cuMemGetInfo,
+ * cuDeviceTotalMem, nvmlDeviceGetMemoryInfo) show the limit as the total.
+ */
+#include "vgpu.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ tracking table */
+struct entry {
+    uint64_t key;
+    uint64_t size;
+    CUcontext ctx;
+    int16_t dev;
+    uint8_t kind; /* 0 = empty */
+    uint8_t pad[5];
+};
+
+static pthread_mutex_t g_tmu = PTHREAD_MUTEX_INITIALIZER;
+static struct entry *g_tab;
+static size_t g_cap; /* power of two */
+static size_t g_cnt;
+
+static inline size_t slot_of(int kind, uint64_t key)
+{
+    uint64_t k = key * 0x9e3779b97f4a7c15ull + (uint64_t)kind;
+    k ^= k >> 29;
+    return (size_t)k & (g_cap - 1);
+}
+
+static struct entry *t_find(int kind, uint64_t key)
+{
+    if (!g_tab)
+        return NULL;
+    for (size_t i = slot_of(kind, key);; i = (i + 1) & (g_cap - 1)) {
+        struct entry *e = &g_tab[i];
+        if (!e->kind)
+            return NULL;
+        if (e->kind == kind && e->key == key)
+            return e;
+    }
+}
+
+static void t_insert_raw(struct entry *tab, size_t cap, const struct entry *src)
+{
+    uint64_t k = src->key * 0x9e3779b97f4a7c15ull + (uint64_t)src->kind;
+    k ^= k >> 29;
+    for (size_t i = (size_t)k & (cap - 1);; i = (i + 1) & (cap - 1)) {
+        if (!tab[i].kind) {
+            tab[i] = *src;
+            return;
+        }
+    }
+}
+
+static int t_grow(void)
+{
+    size_t ncap = g_cap ? g_cap * 2 : 4096;
+    struct entry *nt = calloc(ncap, sizeof *nt);
+    if (!nt)
+        return -1;
+    for (size_t i = 0; i < g_cap; i++)
+        if (g_tab[i].kind)
+            t_insert_raw(nt, ncap, &g_tab[i]);
+    free(g_tab);
+    g_tab = nt;
+    g_cap = ncap;
+    return 0;
+}
+
+static void t_remove(struct entry *e)
+{
+    size_t i = (size_t)(e - g_tab);
+    g_tab[i].kind = 0;
+    g_cnt--;
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & (g_cap - 1);
+        if (!g_tab[j].kind)
+            return;
+        size_t h = slot_of(g_tab[j].kind, g_tab[j].key);
+        int move = (j > i) ? (h <= i || h > j) : (h <= i && h > j);
+        if (move) {
+            g_tab[i] = g_tab[j];
+            g_tab[j].kind = 0;
+            i = j;
+        }
+    }
+}
+
+int track_put(int kind, uint64_t key, uint64_t size, int dev, CUcontext ctx)
+{
+    pthread_mutex_lock(&g_tmu);
+    if ((g_cnt + 1) * 2 > g_cap && t_grow() != 0) {
+        pthread_mutex_unlock(&g_tmu);
+        return -1;
+    }
+    struct entry *e = t_find(kind, key);
+    if (!e) {
+        struct entry n = {.key = key, .size = size, .ctx = ctx, .dev = (int16_t)dev, .kind = (uint8_t)kind};
+        t_insert_raw(g_tab, g_cap, &n);
+        g_cnt++;
+    } else {
+        e->size = size;
+        e->dev = (int16_t)dev;
+        e->ctx = ctx;
+    }
+    pthread_mutex_unlock(&g_tmu);
+    return 0;
+}
+
+int track_get(int kind, uint64_t key, uint64_t *size, int *dev)
+{
+    pthread_mutex_lock(&g_tmu);
+    struct entry *e = t_find(kind, key);
+    if (e) {
+        if (size)
+            *size = e->size;
+        if (dev)
+            *dev = e->dev;
+    }
+    pthread_mutex_unlock(&g_tmu);
+    return e != NULL;
+}
+
+int track_take(int kind, uint64_t key, uint64_t *size, int *dev)
+{
+    pthread_mutex_lock(&g_tmu);
+    struct entry *e = t_find(kind, key);
+    if (e) {
+        *size = e->size;
+        *dev = e->dev;
+        t_remove(e);
+    }
+    pthread_mutex_unlock(&g_tmu);
+    return e != NULL;
+}
+
+/* Drops every memory entry owned by ctx (the driver freed them with the context). */
+static void drop_context_entries(CUcontext ctx)
+{
+    uint64_t freed[VGPU_MAX_DEV] = {0};
+    pthread_mutex_lock(&g_tmu);
+    for (size_t i = 0; i < g_cap;) {
+        struct entry *e = &g_tab[i];
+        if (e->kind && e->kind <= TK_HANDLE && e->ctx == ctx) {
+            if (e->dev >= 0 && e->dev < VGPU_MAX_DEV)
+                freed[e->dev] += e->size;
+            t_remove(e); /* may move a later entry into i: look at i again */
+            continue;
+        }
+        i++;
+    }
+    pthread_mutex_unlock(&g_tmu);
+    for (int d = 0; d < VGPU_MAX_DEV; d++)
+        if (freed[d])
+            region_release(d, freed[d]);
+}
+
+void memory_after_fork_child(void)
+{
+    /* the child owns none of the parent's device memory */
+    pthread_mutex_init(&g_tmu, NULL);
+    if (g_tab)
+        memset(g_tab, 0, g_cap * sizeof *g_tab);
+    g_cnt = 0;
+    region_after_fork_child();
+}
+
+__attribute__((constructor)) static void memory_atfork(void)
+{
+    pthread_atfork(NULL, NULL, memory_after_fork_child);
+}
+
+/* ------------------------------------------------------------------ helpers */
+int current_device(CUdevice *dev, CUcontext *ctx)
+{
+    if (!real_cuCtxGetDevice || real_cuCtxGetDevice(dev) != CUDA_SUCCESS)
+        return -1;
+    if (ctx && (!real_cuCtxGetCurrent || real_cuCtxGetCurrent(ctx) != CUDA_SUCCESS))
+        *ctx = NULL;
+    return (*dev >= 0 && *dev < VGPU_MAX_DEV) ? 0 : -1;
+}
+
+static CUresult reserve(int dev, uint64_t bytes, const char *api)
+{
+    uint64_t used = 0, limit = 0;
+    if (region_reserve(dev, bytes, 0, &used, &limit) == 0)
+        return CUDA_SUCCESS;
+    LOG_WARN("%s: out of memory on device %d: request %llu bytes, used %llu of limit %llu", api, dev,
+             (unsigned long long)bytes, (unsigned long long)used, (unsigned long long)limit);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Common tail of every allocation: roll back on driver failure, record on success. */
+static CUresult finish(CUresult rc, int kind, uint64_t key, uint64_t bytes, int dev, CUcontext ctx)
+{
+    if (rc != CUDA_SUCCESS) {
+        region_release(dev, bytes);
+        return rc;
+    }
+    if (track_put(kind, key, bytes, dev, ctx) != 0) {
+        LOG_ERROR("cannot record allocation of %llu bytes; usage stays charged", (unsigned long long)bytes);
+    }
+    return rc;
+}
+
+static void release_tracked(int kind, uint64_t key, CUresult rc, uint64_t size, int dev, CUcontext ctx)
+{
+    if (rc == CUDA_SUCCESS)
+        region_release(dev, size);
+    else
+        track_put(kind, key, size, dev, ctx); /* the driver kept it */
+}
+
+#define PASS_IF_OFF(call)             \
+    do {                              \
+        ensure_cuda();                \
+        if (!g_cfg.enabled)           \
+            return call;              \
+    } while (0)
+
+#define REAL_OR_FAIL(name)                    \
+    do {                                      \
+        if (UNLIKELY(!real_##name))           \
+            return CUDA_ERROR_NOT_INITIALIZED; \
+    } while (0)
+
+/* ------------------------------------------------------------------ contexts */
+static int g_primary_refs[VGPU_MAX_DEV];
+static CUcontext g_primary_ctx[VGPU_MAX_DEV];
+static int g_ctx_count[VGPU_MAX_DEV];
+static uint64_t g_ctx_charge[VGPU_MAX_DEV];
+static pthread_mutex_t g_cmu = PTHREAD_MUTEX_INITIALIZER;
+
+static int64_t nvml_used(int dev)
+{
+    if (!vgpu_nvml_load() || !g_nvml.mem_info)
+        return -1;
+    /* CUDA ordinal -> NVML index: CUDA_VISIBLE_DEVICES entry when numeric, else the ordinal */
+    unsigned idx = (unsigned)dev;
+    if (g_cfg.nvisible > 0 && dev < g_cfg.nvisible && g_cfg.visible[dev][0] >= '0' && g_cfg.visible[dev][0] <= '9')
+        idx = (unsigned)atoi(g_cfg.visible[dev]);
+    nvmlDevice_t h;
+    nvmlMemory_t m;
+    if (g_nvml.handle_by_index(idx, &h) != NVML_SUCCESS || g_nvml.mem_info(h, &m) != NVML_SUCCESS)
+        return -1;
+    return (int64_t)m.used;
+}
+
+/* Called before a context is created on dev; returns a token for ctx_created(). */
+static int64_t ctx_before(int dev)
+{
+    if (!g_cfg.enabled || dev < 0 || dev >= VGPU_MAX_DEV)
+        return -1;
+    pthread_mutex_lock(&g_cmu);
+    int first = g_ctx_count[dev] == 0;
+    pthread_mutex_unlock(&g_cmu);
+    if (!first || g_cfg.context_cost >= 0)
+        return -1;
+    return nvml_used(dev);
+}
+
+static void ctx_created(int dev, int64_t before)
+{
+    if (!g_cfg.enabled || dev < 0 || dev >= VGPU_MAX_DEV)
+        return;
+    pthread_mutex_lock(&g_cmu);
+    int first = g_ctx_count[dev]++ == 0;
+    pthread_mutex_unlock(&g_cmu);
+    if (!first)
+        return;
+    uint64_t cost = 0;
+    if (g_cfg.context_cost >= 0) {
+        cost = (uint64_t)g_cfg.context_cost;
+    } else if (before >= 0) {
+        int64_t after = nvml_used(dev);
+        if (after > before)
+            cost = (uint64_t)(after - before);
+        if (cost > (2ull << 30)) /* other tenants moved: do not trust the delta */
+            cost = 0;
+    }
+    if (cost) {
+        region_reserve(dev, cost, 1, NULL, NULL); /* never fails: a context always succeeds */
+        pthread_mutex_lock(&g_cmu);
+        g_ctx_charge[dev] = cost;
+        pthread_mutex_unlock(&g_cmu);
+        LOG_DEBUG("device %d: context costs %llu bytes", dev, (unsigned long long)cost);
+    }
+}
+
+static void ctx_gone(int dev, CUcontext ctx)
+{
+    drop_context_entries(ctx);
+    if (dev < 0 || dev >= VGPU_MAX_DEV)
+        return;
+    uint64_t charge = 0;
+    pthread_mutex_lock(&g_cmu);
+    if (g_ctx_count[dev] > 0 && --g_ctx_count[dev] == 0) {
+        charge = g_ctx_charge[dev];
+        g_ctx_charge[dev] = 0;
+    }
+    pthread_mutex_unlock(&g_cmu);
+    if (charge)
+        region_release(dev, charge);
+}
+
+static CUresult ctx_create(cuCtxCreate_v2_fn fn, CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    int64_t before = ctx_before(dev);
+    CUresult rc = fn(pctx, flags, dev);
+    if (rc == CUDA_SUCCESS && g_cfg.enabled && pctx) {
+        track_put(TK_CTX, (uint64_t)(uintptr_t)*pctx, 0, dev, *pctx);
+        ctx_created(dev, before);
+    }
+    return rc;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuCtxCreate_v2);
+    return ctx_create(real_cuCtxCreate_v2, pctx, flags, dev);
+}
+
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuCtxCreate);
+    return ctx_create(real_cuCtxCreate, pctx, flags, dev);
+}
+
+static CUresult ctx_destroy(cuCtxDestroy_v2_fn fn, CUcontext ctx)
+{
+    CUresult rc = fn(ctx);
+    if (rc == CUDA_SUCCESS && g_cfg.enabled) {
+        uint64_t unused;
+        int dev = -1;
+        if (track_take(TK_CTX, (uint64_t)(uintptr_t)ctx, &unused, &dev))
+            ctx_gone(dev, ctx);
+        else
+            drop_context_entries(ctx);
+    }
+    return rc;
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuCtxDestroy_v2);
+    return ctx_destroy(real_cuCtxDestroy_v2, ctx);
+}
+
+EXPORT CUresult cuCtxDestroy(CUcontext ctx)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuCtxDestroy);
+    return ctx_destroy(real_cuCtxDestroy, ctx);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuDevicePrimaryCtxRetain);
+    int64_t before = -1;
+    int track = g_cfg.enabled && dev >= 0 && dev < VGPU_MAX_DEV;
+    if (track) {
+        pthread_mutex_lock(&g_cmu);
+        int first = g_primary_refs[dev] == 0;
+        pthread_mutex_unlock(&g_cmu);
+        if (first)
+            before = ctx_before(dev);
+    }
+    CUresult rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
+    if (rc == CUDA_SUCCESS && track && pctx) {
+        pthread_mutex_lock(&g_cmu);
+        int first = g_primary_refs[dev]++ == 0;
+        g_primary_ctx[dev] = *pctx;
+        pthread_mutex_unlock(&g_cmu);
+        if (first)
+            ctx_created(dev, before);
+    }
+    return rc;
+}
+
+static CUresult primary_release(cuDevicePrimaryCtxRelease_v2_fn fn, CUdevice dev, int reset)
+{
+    CUresult rc = fn(dev);
+    if (rc != CUDA_SUCCESS || !g_cfg.enabled || dev < 0 || dev >= VGPU_MAX_DEV)
+        return rc;
+    CUcontext ctx = NULL;
+    int gone = 0;
+    pthread_mutex_lock(&g_cmu);
+    if (g_primary_refs[dev] > 0) {
+        if (reset)
+            g_primary_refs[dev] = 0;
+        else
+            g_primary_refs[dev]--;
+        gone = g_primary_refs[dev] == 0;
+        ctx = g_primary_ctx[dev];
+        if (gone)
+            g_primary_ctx[dev] = NULL;
+    }
+    pthread_mutex_unlock(&g_cmu);
+    if (gone && ctx)
+        ctx_gone(dev, ctx);
+    return rc;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuDevicePrimaryCtxRelease_v2);
+    return primary_release(real_cuDevicePrimaryCtxRelease_v2, dev, 0);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuDevicePrimaryCtxRelease);
+    return primary_release(real_cuDevicePrimaryCtxRelease, dev, 0);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuDevicePrimaryCtxReset_v2);
+    return primary_release(real_cuDevicePrimaryCtxReset_v2, dev, 1);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuDevicePrimaryCtxReset);
+    return primary_release(real_cuDevicePrimaryCtxReset, dev, 1);
+}
+
+/* ------------------------------------------------------------------ allocations */
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemAlloc_v2);
+    CUdevice dev;
+    CUcontext ctx;
+    if (!g_cfg.enabled || !dptr || !bytesize || current_device(&dev, &ctx))
+        return real_cuMemAlloc_v2(dptr, bytesize);
+    CUresult rc = reserve(dev, bytesize, "cuMemAlloc");
+    if (rc)
+        return rc;
+    rc = real_cuMemAlloc_v2(dptr, bytesize);
+    return finish(rc, TK_PTR, rc ? 0 : *dptr, bytesize, dev, ctx);
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemAllocManaged);
+    CUdevice dev;
+    CUcontext ctx;
+    if (!g_cfg.enabled || !dptr || !bytesize || current_device(&dev, &ctx))
+        return real_cuMemAllocManaged(dptr, bytesize, flags);
+    CUresult rc = reserve(dev, bytesize, "cuMemAllocManaged");
+    if (rc)
+        return rc;
+    rc = real_cuMemAllocManaged(dptr, bytesize, flags);
+    return finish(rc, TK_PTR, rc ? 0 : *dptr, bytesize, dev, ctx);
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int elem)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemAllocPitch_v2);
+    CUdevice dev;
+    CUcontext ctx;
+    if (!g_cfg.enabled || !dptr || !pitch || !width || !height || current_device(&dev, &ctx))
+        return real_cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
+    /* the driver picks the pitch: reserve the usual 512-byte-aligned estimate, then adjust */
+    uint64_t est = (((uint64_t)width + 511) & ~511ull) * height;
+    CUresult rc = reserve(dev, est, "cuMemAllocPitch");
+    if (rc)
+        return rc;
+    rc = real_cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
+    if (rc != CUDA_SUCCESS) {
+        region_release(dev, est);
+        return rc;
+    }
+    uint64_t actual = (uint64_t)*pitch * height;
+    if (actual > est) {
+        if (reserve(dev, actual - est, "cuMemAllocPitch") != CUDA_SUCCESS) {
+            if (real_cuMemFree_v2)
+                real_cuMemFree_v2(*dptr);
+            region_release(dev, est);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else if (actual < est) {
+        region_release(dev, est - actual);
+    }
+    return finish(rc, TK_PTR, *dptr, actual, dev, ctx);
+}
+
+static CUresult alloc_async(cuMemAllocAsync_fn fn, CUdeviceptr *dptr, size_t bytesize, CUstream s)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    if (!g_cfg.enabled || !dptr || !bytesize || current_device(&dev, &ctx))
+        return fn(dptr, bytesize, s);
+    CUresult rc = reserve(dev, bytesize, "cuMemAllocAsync");
+    if (rc)
+        return rc;
+    rc = fn(dptr, bytesize, s);
+    return finish(rc, TK_PTR, rc ? 0 : *dptr, bytesize, dev, ctx);
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemAllocAsync);
+    return alloc_async(real_cuMemAllocAsync, dptr, bytesize, s);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemAllocAsync_ptsz);
+    return alloc_async(real_cuMemAllocAsync_ptsz, dptr, bytesize, s);
+}
+
+static CUresult alloc_pool(cuMemAllocFromPoolAsync_fn fn, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                           CUstream s)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    if (!g_cfg.enabled || !dptr || !bytesize || current_device(&dev, &ctx))
+        return fn(dptr, bytesize, pool, s);
+    uint64_t unused;
+    int pdev;
+    if (track_get(TK_POOL, (uint64_t)(uintptr_t)pool, &unused, &pdev))
+        dev = pdev; /* a pool created for another device */
+    CUresult rc = reserve(dev, bytesize, "cuMemAllocFromPoolAsync");
+    if (rc)
+        return rc;
+    rc = fn(dptr, bytesize, pool, s);
+    return finish(rc, TK_PTR, rc ? 0 : *dptr, bytesize, dev, ctx);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemAllocFromPoolAsync);
+    return alloc_pool(real_cuMemAllocFromPoolAsync, dptr, bytesize, pool, s);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemAllocFromPoolAsync_ptsz);
+    return alloc_pool(real_cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, s);
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemPoolCreate);
+    CUresult rc = real_cuMemPoolCreate(pool, props);
+    if (rc == CUDA_SUCCESS && g_cfg.enabled && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        track_put(TK_POOL, (uint64_t)(uintptr_t)*pool, 0, props->location.id, NULL);
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemPoolDestroy);
+    CUresult rc = real_cuMemPoolDestroy(pool);
+    if (rc == CUDA_SUCCESS && g_cfg.enabled) {
+        uint64_t s;
+        int d;
+        track_take(TK_POOL, (uint64_t)(uintptr_t)pool, &s, &d);
+    }
+    return rc;
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemCreate);
+    if (!g_cfg.enabled || !handle || !size || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        prop->location.id < 0 || prop->location.id >= VGPU_MAX_DEV)
+        return real_cuMemCreate(handle, size, prop, flags); /* host-located memory is not counted */
+    int dev = prop->location.id;
+    CUcontext ctx = NULL;
+    if (real_cuCtxGetCurrent)
+        real_cuCtxGetCurrent(&ctx);
+    CUresult rc = reserve(dev, size, "cuMemCreate");
+    if (rc)
+        return rc;
+    rc = real_cuMemCreate(handle, size, prop, flags);
+    return finish(rc, TK_HANDLE, rc ? 0 : *handle, size, dev, ctx);
+}
+
+static uint64_t format_bytes(int f)
+{
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2;
+    default:
+        return 4;
+    }
+}
+
+static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, int fmt, unsigned ch)
+{
+    return w * (h ? h : 1) * (d ? d : 1) * format_bytes(fmt) * (ch ? ch : 1);
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuArrayCreate_v2);
+    CUdevice dev;
+    CUcontext ctx;
+    if (!g_cfg.enabled || !arr || !desc || current_device(&dev, &ctx))
+        return real_cuArrayCreate_v2(arr, desc);
+    uint64_t b = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels);
+    CUresult rc = reserve(dev, b, "cuArrayCreate");
+    if (rc)
+        return rc;
+    rc = real_cuArrayCreate_v2(arr, desc);
+    return finish(rc, TK_ARRAY, rc ? 0 : (uint64_t)(uintptr_t)*arr, b, dev, ctx);
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuArray3DCreate_v2);
+    CUdevice dev;
+    CUcontext ctx;
+    if (!g_cfg.enabled || !arr || !desc || current_device(&dev, &ctx))
+        return real_cuArray3DCreate_v2(arr, desc);
+    uint64_t b = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
+    CUresult rc = reserve(dev, b, "cuArray3DCreate");
+    if (rc)
+        return rc;
+    rc = real_cuArray3DCreate_v2(arr, desc);
+    return finish(rc, TK_ARRAY, rc ? 0 : (uint64_t)(uintptr_t)*arr, b, dev, ctx);
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMipmappedArrayCreate);
+    CUdevice dev;
+    CUcontext ctx;
+    if (!g_cfg.enabled || !arr || !desc || !levels || current_device(&dev, &ctx))
+        return real_cuMipmappedArrayCreate(arr, desc, levels);
+    uint64_t w = desc->Width, h = desc->Height, d = desc->Depth, b = 0;
+    for (unsigned l = 0; l < levels && l < 64; l++) {
+        b += array_bytes(w, h, d, desc->Format, desc->NumChannels);
+        w = w > 1 ? w / 2 : 1;
+        h = h > 1 ? h / 2 : h;
+        d = d > 1 ? d / 2 : d;
+    }
+    CUresult rc = reserve(dev, b, "cuMipmappedArrayCreate");
+    if (rc)
+        return rc;
+    rc = real_cuMipmappedArrayCreate(arr, desc, levels);
+    return finish(rc, TK_MIPMAP, rc ? 0 : (uint64_t)(uintptr_t)*arr, b, dev, ctx);
+}
+
+/* ------------------------------------------------------------------ frees */
+#define FREE_BODY(kind, key, call)                                  \
+    do {                                                            \
+        uint64_t size_;                                             \
+        int dev_;                                                   \
+        if (!g_cfg.enabled)                                         \
+            return call;                                            \
+        int found_ = track_take(kind, key, &size_, &dev_);          \
+        CUresult rc_ = call;                                        \
+        if (found_)                                                 \
+            release_tracked(kind, key, rc_, size_, dev_, NULL);     \
+        return rc_;                                                 \
+    } while (0)
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemFree_v2);
+    if (!dptr)
+        return real_cuMemFree_v2(dptr);
+    FREE_BODY(TK_PTR, dptr, real_cuMemFree_v2(dptr));
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemFreeAsync);
+    FREE_BODY(TK_PTR, dptr, real_cuMemFreeAsync(dptr, s));
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemFreeAsync_ptsz);
+    FREE_BODY(TK_PTR, dptr, real_cuMemFreeAsync_ptsz(dptr, s));
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemRelease);
+    FREE_BODY(TK_HANDLE, handle, real_cuMemRelease(handle));
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray arr)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuArrayDestroy);
+    FREE_BODY(TK_ARRAY, (uint64_t)(uintptr_t)arr, real_cuArrayDestroy(arr));
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMipmappedArrayDestroy);
+    FREE_BODY(TK_MIPMAP, (uint64_t)(uintptr_t)arr, real_cuMipmappedArrayDestroy(arr));
+}
+
+/* ------------------------------------------------------------------ reporting */
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemGetInfo_v2);
+    CUresult rc = real_cuMemGetInfo_v2(free_b, total_b);
+    CUdevice dev;
+    if (rc != CUDA_SUCCESS || !g_cfg.enabled || !free_b || !total_b || current_device(&dev, NULL))
+        return rc;
+    uint64_t lim = g_cfg.mem_limit[dev];
+    if (!lim)
+        return rc;
+    uint64_t total = lim < *total_b ? lim : *total_b;
+    uint64_t used = region_used(dev);
+    uint64_t avail = used >= total ? 0 : total - used;
+    if (avail > *free_b)
+        avail = *free_b; /* never promise more than the GPU has free */
+    *total_b = (size_t)total;
+    *free_b = (size_t)avail;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuDeviceTotalMem_v2);
+    CUresult rc = real_cuDeviceTotalMem_v2(bytes, dev);
+    if (rc == CUDA_SUCCESS && g_cfg.enabled && bytes && dev >= 0 && dev < VGPU_MAX_DEV && g_cfg.mem_limit[dev] &&
+        g_cfg.mem_limit[dev] < *bytes)
+        *bytes = (size_t)g_cfg.mem_limit[dev];
+    return rc;
+}
+
+/* NVML view: total = limit, used = the container's accounted usage, free = the rest. */
+static nvmlDeviceGetMemoryInfo_fn real_nvml_mem(void)
+{
+    vgpu_nvml_load();
+    return g_nvml.mem_info;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
+{
+    nvmlDeviceGetMemoryInfo_fn fn = real_nvml_mem();
+    if (!fn)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t rc = fn(d, m);
+    if (rc != NVML_SUCCESS || !g_cfg.enabled || !m)
+        return rc;
+    int dev = nvml_to_cuda_index(d);
+    if (dev < 0 || !g_cfg.mem_limit[dev])
+        return rc;
+    uint64_t lim = g_cfg.mem_limit[dev], used = region_used(dev);
+    m->total = lim;
+    m->used = used;
+    m->free = used >= lim ? 0 : lim - used;
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
+{
+    vgpu_nvml_load();
+    if (!g_nvml.mem_info_v2)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t rc = g_nvml.mem_info_v2(d, m);
+    if (rc != NVML_SUCCESS || !g_cfg.enabled || !m)
+        return rc;
+    int dev = nvml_to_cuda_index(d);
+    if (dev < 0 || !g_cfg.mem_limit[dev])
+        return rc;
+    uint64_t lim = g_cfg.mem_limit[dev], used = region_used(dev);
+    m->total = lim;
+    m->reserved = 0;
+    m->used = used;
+    m->free = used >= lim ? 0 : lim - used;
+    return rc;
+}

@@ -1,0 +1,112 @@
+/* libvgpu internal declarations. */
+#ifndef LIBVGPU_VGPU_H
+#define LIBVGPU_VGPU_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <stdint.h>
+#include <stddef.h>
+
+#include "cuda_abi.h"
+#include "nvml_abi.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+#define VGPU_MAX_DEV 16
+
+/* ------------------------------------------------------------------ real driver entry points */
+#define HOOK(name, ret, params, args) typedef ret(*name##_fn) params; extern name##_fn real_##name;
+#define REAL(name, ret, params) typedef ret(*name##_fn) params; extern name##_fn real_##name;
+#include "hooks.def"
+#undef HOOK
+#undef REAL
+
+/* real NVML entry points used internally */
+typedef nvmlReturn_t (*nvmlInit_v2_fn)(void);
+typedef nvmlReturn_t (*nvmlDeviceGetHandleByIndex_v2_fn)(unsigned int, nvmlDevice_t *);
+typedef nvmlReturn_t (*nvmlDeviceGetIndex_fn)(nvmlDevice_t, unsigned int *);
+typedef nvmlReturn_t (*nvmlDeviceGetUUID_fn)(nvmlDevice_t, char *, unsigned int);
+typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfo_fn)(nvmlDevice_t, nvmlMemory_t *);
+typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfo_v2_fn)(nvmlDevice_t, nvmlMemory_v2_t *);
+typedef nvmlReturn_t (*nvmlDeviceGetUtilizationRates_fn)(nvmlDevice_t, nvmlUtilization_t *);
+typedef nvmlReturn_t (*nvmlDeviceGetProcessUtilization_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
+                                                           unsigned int *, unsigned long long);
+struct nvml_api {
+    int ok;
+    nvmlInit_v2_fn init;
+    nvmlDeviceGetHandleByIndex_v2_fn handle_by_index;
+    nvmlDeviceGetIndex_fn get_index;
+    nvmlDeviceGetUUID_fn get_uuid;
+    nvmlDeviceGetMemoryInfo_fn mem_info;
+    nvmlDeviceGetMemoryInfo_v2_fn mem_info_v2;
+    nvmlDeviceGetUtilizationRates_fn util;
+    nvmlDeviceGetProcessUtilization_fn proc_util;
+};
+extern struct nvml_api g_nvml;
+
+/* ------------------------------------------------------------------ configuration (read once) */
+struct vgpu_config {
+    int enabled;                        /* 0 when CUDA_DISABLE_CONTROL=true */
+    int log_level;                      /* LIBVGPU_LOG_LEVEL, 0..4 */
+    uint64_t mem_limit[VGPU_MAX_DEV];   /* bytes, 0 = none */
+    int sm_limit[VGPU_MAX_DEV];         /* percent, 0 = none */
+    int sm_any;                         /* any device has an SM limit */
+    int64_t context_cost;               /* LIBVGPU_CONTEXT_COST bytes, -1 = measure */
+    unsigned sm_period_ms;              /* LIBVGPU_SM_PERIOD_MS */
+    char visible[VGPU_MAX_DEV][96];     /* CUDA_VISIBLE_DEVICES entries */
+    int nvisible;                       /* -1: unset */
+};
+extern struct vgpu_config g_cfg;
+extern int g_cuda_ready;
+extern int g_sm_active;
+
+void vgpu_cuda_init_slow(void);
+void vgpu_base_init(void);
+int vgpu_nvml_load(void);
+
+static inline void ensure_cuda(void)
+{
+    if (UNLIKELY(!__atomic_load_n(&g_cuda_ready, __ATOMIC_ACQUIRE)))
+        vgpu_cuda_init_slow();
+}
+
+/* ------------------------------------------------------------------ logging (slow paths only) */
+void vgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define LOG_ERROR(...) vgpu_log(1, __VA_ARGS__)
+#define LOG_WARN(...) vgpu_log(2, __VA_ARGS__)
+#define LOG_INFO(...) vgpu_log(3, __VA_ARGS__)
+#define LOG_DEBUG(...) vgpu_log(4, __VA_ARGS__)
+
+/* ------------------------------------------------------------------ shared region (region.c) */
+int region_open(void);
+/* Reserve bytes on dev. force: never fails. Returns 0, or -1 when the limit would be exceeded
+ * (then *used_out / *limit_out tell why). */
+int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint64_t *limit_out);
+void region_release(int dev, uint64_t bytes);
+uint64_t region_used(int dev);
+void region_pids(int *pids, int *n, int max);
+void region_release_self(void);
+void region_after_fork_child(void);
+
+/* ------------------------------------------------------------------ memory / contexts (memory.c) */
+int current_device(CUdevice *dev, CUcontext *ctx);
+void memory_after_fork_child(void);
+/* generic tracking table used for allocations and graph costs */
+enum { TK_PTR = 1, TK_ARRAY, TK_MIPMAP, TK_HANDLE, TK_GRAPHEXEC, TK_POOL, TK_CTX };
+int track_get(int kind, uint64_t key, uint64_t *size, int *dev);
+int track_put(int kind, uint64_t key, uint64_t size, int dev, CUcontext ctx);
+int track_take(int kind, uint64_t key, uint64_t *size, int *dev);
+
+/* ------------------------------------------------------------------ SM limiter (limiter.c) */
+void limiter_start(void);
+void limiter_throttle(uint64_t blocks, CUstream s);
+
+/* ------------------------------------------------------------------ lookup (core.c) */
+int nvml_to_cuda_index(nvmlDevice_t d);
+uint64_t now_ns(void);
+
+#endif

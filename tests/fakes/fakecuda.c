@@ -1,0 +1,1405 @@
+/*
+ * fakecuda.c - a fake libcuda.so.1 for tests (no GPU needed).
+ *
+ * Simulates: devices with memory (from FAKE_NVML_CONFIG, see fakenvml.c; default one H200 of
+ * 143771 MiB), contexts (primary and created; each costs FAKE_CUDA_CTX_MIB of device memory,
+ * default 300), streams, memory pools, VMM handles, arrays, modules/functions, kernel launches
+ * with simulated execution time, stream capture and CUDA graphs, and cuGetProcAddress.
+ *
+ * Kernel time: a launch of gridDimX*gridDimY*gridDimZ blocks keeps its device busy for
+ * blocks * FAKE_CUDA_NS_PER_BLOCK ns (default 1000).  Work on one device runs serially, across
+ * all processes that share FAKE_GPU_STATE.  A launch blocks while the device has more than
+ * FAKE_CUDA_MAX_QUEUE_US of queued work (default 5000), like a full hardware queue.
+ * Busy intervals go to the shared state so the fake NVML reports utilisation.
+ *
+ * Errors follow the driver: calls before cuInit -> CUDA_ERROR_NOT_INITIALIZED, no current
+ * context -> CUDA_ERROR_INVALID_CONTEXT, unknown or double free -> CUDA_ERROR_INVALID_VALUE,
+ * beyond device memory -> CUDA_ERROR_OUT_OF_MEMORY.  Destroying a context frees its memory.
+ *
+ * Build: gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic (Bsymbolic: the addresses
+ * cuGetProcAddress hands out are the fake's own, as with the real driver, not interposed ones).
+ */
+#include "fakegpu.h"
+#include "cuda_abi.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MIB (1024ull * 1024ull)
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_inited;
+static struct fg_config g_cfg;
+static struct fg_state *g_st;
+static uint64_t g_ns_per_block = 1000;
+static uint64_t g_ctx_bytes = 300 * MIB;
+static uint64_t g_max_queue_ns = 5000000;
+static uint64_t g_next_addr = 0x7f0000000000ull;
+
+/* ------------------------------------------------------------------ contexts */
+struct fctx {
+    int used;
+    int dev;
+    int primary;
+    int refs;
+    uint64_t tail_ns;
+};
+#define MAX_CTX 4096
+static struct fctx g_ctx[MAX_CTX];
+static int g_nctx;
+static struct fctx *g_primary[FG_MAX_DEV];
+static __thread struct fctx *t_cur;
+static __thread struct fctx *t_stack[32];
+static __thread int t_depth;
+
+/* ------------------------------------------------------------------ allocations */
+enum { K_PTR = 1, K_ARRAY = 2, K_MIPMAP = 3, K_HANDLE = 4 };
+struct falloc {
+    uint64_t key;
+    uint64_t size;
+    struct fctx *ctx;
+    int dev;
+    int kind;
+};
+#define ATAB (1u << 17)
+static struct falloc g_alloc[ATAB];
+
+static unsigned a_hash(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (unsigned)k & (ATAB - 1);
+}
+
+static struct falloc *a_find(uint64_t key)
+{
+    for (unsigned i = a_hash(key), n = 0; n < ATAB; i = (i + 1) & (ATAB - 1), n++) {
+        if (g_alloc[i].key == key)
+            return &g_alloc[i];
+        if (g_alloc[i].key == 0)
+            return NULL;
+    }
+    return NULL;
+}
+
+static int a_insert(const struct falloc *a)
+{
+    for (unsigned i = a_hash(a->key), n = 0; n < ATAB; i = (i + 1) & (ATAB - 1), n++) {
+        if (g_alloc[i].key == 0) {
+            g_alloc[i] = *a;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static void a_remove(struct falloc *e)
+{
+    unsigned i = (unsigned)(e - g_alloc);
+    g_alloc[i].key = 0;
+    /* backward-shift deletion keeps linear probing chains intact */
+    unsigned j = i;
+    for (;;) {
+        j = (j + 1) & (ATAB - 1);
+        if (g_alloc[j].key == 0)
+            return;
+        unsigned h = a_hash(g_alloc[j].key);
+        int move = (j > i) ? (h <= i || h > j) : (h <= i && h > j);
+        if (move) {
+            g_alloc[i] = g_alloc[j];
+            g_alloc[j].key = 0;
+            i = j;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ streams, pools, graphs */
+struct fstream {
+    int used;
+    struct fctx *ctx;
+    uint64_t tail_ns;
+    int capturing;
+    struct fgraph *cap;
+};
+#define MAX_STREAM 4096
+static struct fstream g_stream[MAX_STREAM];
+
+struct fpool {
+    int used;
+    int dev;
+};
+#define MAX_POOL 256
+static struct fpool g_pool[MAX_POOL]; /* index < FG_MAX_DEV: default pools */
+
+struct fnode {
+    int type;
+    CUDA_KERNEL_NODE_PARAMS p;
+};
+#define GRAPH_NODES 4096
+struct fgraph {
+    int used;
+    int n;
+    struct fnode nodes[GRAPH_NODES];
+};
+#define MAX_GRAPH 16
+static struct fgraph g_graph[MAX_GRAPH];
+
+struct fexec {
+    int used;
+    int n;
+    uint64_t blocks;
+};
+#define MAX_EXEC 256
+static struct fexec g_exec[MAX_EXEC];
+
+struct fmod {
+    int used;
+};
+static struct fmod g_mod[256];
+struct ffunc {
+    int used;
+    char name[64];
+};
+static struct ffunc g_func[1024];
+
+/* ------------------------------------------------------------------ helpers */
+static uint64_t env_u64(const char *name, uint64_t dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? strtoull(v, NULL, 10) : dflt;
+}
+
+#define CHECK_INIT()                         \
+    do {                                     \
+        if (!__atomic_load_n(&g_inited, __ATOMIC_ACQUIRE)) \
+            return CUDA_ERROR_NOT_INITIALIZED; \
+    } while (0)
+
+static int dev_ok(CUdevice d)
+{
+    return d >= 0 && d < g_cfg.count;
+}
+
+static uint64_t dev_total(int dev)
+{
+    return g_cfg.gpu[dev].memory_mib * MIB;
+}
+
+static CUresult charge(int dev, uint64_t size)
+{
+    CUresult rc = CUDA_SUCCESS;
+    fg_lock(g_st);
+    if (g_st->dev[dev].used + size > dev_total(dev)) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        g_st->dev[dev].used += size;
+        fg_proc_add_locked(g_st, getpid(), dev, (int64_t)size);
+    }
+    fg_unlock(g_st);
+    return rc;
+}
+
+static void uncharge(int dev, uint64_t size)
+{
+    fg_lock(g_st);
+    g_st->dev[dev].used = g_st->dev[dev].used > size ? g_st->dev[dev].used - size : 0;
+    fg_proc_add_locked(g_st, getpid(), dev, -(int64_t)size);
+    fg_unlock(g_st);
+}
+
+static uint64_t next_addr(uint64_t size)
+{
+    uint64_t a = __atomic_fetch_add(&g_next_addr, (size + 0xffffull) & ~0xffffull ? (size + 0xffffull) & ~0xffffull : 0x10000ull, __ATOMIC_RELAXED);
+    return a;
+}
+
+static CUresult new_alloc(unsigned long long *out, uint64_t size, int dev, struct fctx *ctx, int kind)
+{
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = charge(dev, size);
+    if (rc)
+        return rc;
+    struct falloc a = {next_addr(size), size, ctx, dev, kind};
+    pthread_mutex_lock(&g_mu);
+    int ok = a_insert(&a);
+    pthread_mutex_unlock(&g_mu);
+    if (ok != 0) {
+        uncharge(dev, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = a.key;
+    return CUDA_SUCCESS;
+}
+
+static CUresult free_alloc(uint64_t key, int kind)
+{
+    pthread_mutex_lock(&g_mu);
+    struct falloc *e = a_find(key);
+    if (!e || e->kind != kind || !e->ctx->used) {
+        pthread_mutex_unlock(&g_mu);
+        return kind == K_PTR ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+    }
+    int dev = e->dev;
+    uint64_t size = e->size;
+    a_remove(e);
+    pthread_mutex_unlock(&g_mu);
+    uncharge(dev, size);
+    return CUDA_SUCCESS;
+}
+
+static struct fctx *ctx_new(int dev, int primary)
+{
+    pthread_mutex_lock(&g_mu);
+    if (g_nctx >= MAX_CTX) {
+        pthread_mutex_unlock(&g_mu);
+        return NULL;
+    }
+    struct fctx *c = &g_ctx[g_nctx++];
+    c->used = 1;
+    c->dev = dev;
+    c->primary = primary;
+    c->refs = 1;
+    pthread_mutex_unlock(&g_mu);
+    if (charge(dev, g_ctx_bytes) != CUDA_SUCCESS) {
+        c->used = 0;
+        return NULL;
+    }
+    return c;
+}
+
+static void ctx_free(struct fctx *c)
+{
+    uint64_t freed = 0;
+    pthread_mutex_lock(&g_mu);
+    if (!c->used) {
+        pthread_mutex_unlock(&g_mu);
+        return;
+    }
+    c->used = 0;
+    for (unsigned i = 0; i < ATAB;) {
+        if (g_alloc[i].key && g_alloc[i].ctx == c) {
+            freed += g_alloc[i].size;
+            a_remove(&g_alloc[i]); /* may shift a later entry into i: re-examine i */
+            continue;
+        }
+        i++;
+    }
+    for (int i = 0; i < MAX_STREAM; i++)
+        if (g_stream[i].used && g_stream[i].ctx == c)
+            g_stream[i].used = 0;
+    pthread_mutex_unlock(&g_mu);
+    uncharge(c->dev, freed + g_ctx_bytes);
+}
+
+static struct fstream *stream_of(CUstream s)
+{
+    uintptr_t v = (uintptr_t)s;
+    if (v == 0 || v == 1 || v == 2)
+        return NULL;
+    struct fstream *fs = (struct fstream *)s;
+    if (fs < g_stream || fs >= g_stream + MAX_STREAM || !fs->used)
+        return NULL;
+    return fs;
+}
+
+static int stream_valid(CUstream s)
+{
+    uintptr_t v = (uintptr_t)s;
+    return v <= 2 || stream_of(s) != NULL;
+}
+
+/* Queue `dur` ns of work on the device of ctx, for stream fs (NULL: default stream). */
+static void schedule(struct fctx *ctx, struct fstream *fs, uint64_t dur)
+{
+    int dev = ctx->dev;
+    uint64_t now = fg_now_ns();
+    fg_lock(g_st);
+    struct fg_dev *d = &g_st->dev[dev];
+    uint64_t start = d->tail_ns > now ? d->tail_ns : now;
+    uint64_t end = start + dur;
+    d->tail_ns = end;
+    if (dur) {
+        struct fg_interval *iv = &d->ring[d->head % FG_RING];
+        iv->pid = getpid();
+        iv->start_ns = start;
+        iv->end_ns = end;
+        d->head++;
+    }
+    d->launches++;
+    if (fs)
+        fs->tail_ns = end;
+    if (ctx->tail_ns < end)
+        ctx->tail_ns = end;
+    fg_unlock(g_st);
+    if (end > now + g_max_queue_ns)
+        fg_sleep_until(end - g_max_queue_ns);
+}
+
+/* ------------------------------------------------------------------ init, device */
+EXPORT CUresult cuInit(unsigned int flags)
+{
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    if (!g_inited) {
+        if (fg_load_config(&g_cfg) != 0 || g_cfg.count == 0) {
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_ERROR_NO_DEVICE;
+        }
+        g_st = fg_open_state();
+        if (!g_st) {
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_ERROR_NOT_INITIALIZED;
+        }
+        g_ns_per_block = env_u64("FAKE_CUDA_NS_PER_BLOCK", 1000);
+        g_ctx_bytes = env_u64("FAKE_CUDA_CTX_MIB", 300) * MIB;
+        g_max_queue_ns = env_u64("FAKE_CUDA_MAX_QUEUE_US", 5000) * 1000;
+        __atomic_store_n(&g_inited, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v)
+{
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = g_inited ? g_cfg.cuda_version : 12040;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *n)
+{
+    CHECK_INIT();
+    if (!n)
+        return CUDA_ERROR_INVALID_VALUE;
+    *n = g_cfg.count;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
+{
+    CHECK_INIT();
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(ordinal))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d)
+{
+    CHECK_INIT();
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d))
+        return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "%s", g_cfg.gpu[d].name);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
+{
+    CHECK_INIT();
+    if (!u)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d))
+        return CUDA_ERROR_INVALID_DEVICE;
+    memset(u, 0, sizeof(*u));
+    const char *p = g_cfg.gpu[d].uuid;
+    if (!strncmp(p, "GPU-", 4))
+        p += 4;
+    int n = 0;
+    while (*p && n < 32) {
+        if (*p == '-') {
+            p++;
+            continue;
+        }
+        unsigned v;
+        if (sscanf(p, "%1x", &v) != 1)
+            break;
+        u->bytes[n / 2] = (unsigned char)(u->bytes[n / 2] | (n % 2 ? v : v << 4));
+        n++;
+        p++;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d)
+{
+    return cuDeviceGetUuid(u, d);
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d)
+{
+    CHECK_INIT();
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = dev_total(d);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d)
+{
+    size_t b = 0;
+    CUresult rc = cuDeviceTotalMem_v2(&b, d);
+    if (rc == CUDA_SUCCESS)
+        *bytes = b > 0xffffffffull ? 0xffffffffu : (unsigned)b;
+    return rc;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
+{
+    CHECK_INIT();
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d))
+        return CUDA_ERROR_INVALID_DEVICE;
+    switch (attr) {
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+        *v = g_cfg.gpu[d].sm_count;
+        break;
+    case 39: /* MAX_THREADS_PER_MULTIPROCESSOR */
+        *v = 2048;
+        break;
+    case 75: /* COMPUTE_CAPABILITY_MAJOR */
+        *v = g_cfg.gpu[d].cc_major;
+        break;
+    case 76:
+        *v = g_cfg.gpu[d].cc_minor;
+        break;
+    default:
+        *v = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+{
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (e) {
+    case CUDA_SUCCESS:
+        *s = "no error";
+        break;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        *s = "out of memory";
+        break;
+    case CUDA_ERROR_INVALID_VALUE:
+        *s = "invalid argument";
+        break;
+    default:
+        *s = "fake cuda error";
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
+{
+    return cuGetErrorString(e, s);
+}
+
+/* ------------------------------------------------------------------ contexts */
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice d)
+{
+    (void)flags;
+    CHECK_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d))
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct fctx *c = ctx_new(d, 0);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (t_cur && t_depth < 32)
+        t_stack[t_depth++] = t_cur;
+    t_cur = c;
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice d)
+{
+    return cuCtxCreate_v2(pctx, flags, d);
+}
+
+static struct fctx *ctx_of(CUcontext c)
+{
+    struct fctx *f = (struct fctx *)c;
+    if (f < g_ctx || f >= g_ctx + MAX_CTX || !f->used)
+        return NULL;
+    return f;
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
+{
+    CHECK_INIT();
+    struct fctx *f = ctx_of(c);
+    if (!f)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_cur == f)
+        t_cur = t_depth ? t_stack[--t_depth] : NULL;
+    if (f->primary) {
+        pthread_mutex_lock(&g_mu);
+        if (g_primary[f->dev] == f)
+            g_primary[f->dev] = NULL;
+        pthread_mutex_unlock(&g_mu);
+    }
+    ctx_free(f);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy(CUcontext c)
+{
+    return cuCtxDestroy_v2(c);
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    CHECK_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (t_cur && t_cur->used) ? (CUcontext)t_cur : NULL;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext c)
+{
+    CHECK_INIT();
+    if (c && !ctx_of(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    t_cur = (struct fctx *)c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c)
+{
+    CHECK_INIT();
+    if (!ctx_of(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_cur && t_depth < 32)
+        t_stack[t_depth++] = t_cur;
+    t_cur = (struct fctx *)c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CHECK_INIT();
+    if (!t_cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (pctx)
+        *pctx = (CUcontext)t_cur;
+    t_cur = t_depth ? t_stack[--t_depth] : NULL;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *d)
+{
+    CHECK_INIT();
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!t_cur || !t_cur->used)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *d = t_cur->dev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void)
+{
+    CHECK_INIT();
+    if (!t_cur || !t_cur->used)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    fg_sleep_until(t_cur->tail_ns);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
+{
+    CHECK_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    struct fctx *c = g_primary[d];
+    if (c && c->used) {
+        c->refs++;
+        pthread_mutex_unlock(&g_mu);
+        *pctx = (CUcontext)c;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_mu);
+    c = ctx_new(d, 1);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_mu);
+    g_primary[d] = c;
+    pthread_mutex_unlock(&g_mu);
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
+{
+    CHECK_INIT();
+    if (!dev_ok(d))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    struct fctx *c = g_primary[d];
+    if (!c || !c->used) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    int last = --c->refs == 0;
+    if (last)
+        g_primary[d] = NULL;
+    pthread_mutex_unlock(&g_mu);
+    if (last) {
+        if (t_cur == c)
+            t_cur = NULL;
+        ctx_free(c);
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d)
+{
+    CHECK_INIT();
+    if (!dev_ok(d))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    struct fctx *c = g_primary[d];
+    g_primary[d] = NULL;
+    pthread_mutex_unlock(&g_mu);
+    if (c) {
+        if (t_cur == c)
+            t_cur = NULL;
+        ctx_free(c);
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ memory */
+#define NEED_CTX()                                  \
+    do {                                            \
+        CHECK_INIT();                               \
+        if (!t_cur || !t_cur->used)                 \
+            return CUDA_ERROR_INVALID_CONTEXT;      \
+    } while (0)
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size)
+{
+    NEED_CTX();
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_alloc(p, size, t_cur->dev, t_cur, K_PTR);
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned int flags)
+{
+    (void)flags;
+    return cuMemAlloc_v2(p, size);
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned int elem)
+{
+    NEED_CTX();
+    if (!p || !pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pt = (width + 511) & ~(size_t)511;
+    CUresult rc = new_alloc(p, (uint64_t)pt * height, t_cur->dev, t_cur, K_PTR);
+    if (rc == CUDA_SUCCESS)
+        *pitch = pt;
+    return rc;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
+{
+    NEED_CTX();
+    if (p == 0)
+        return CUDA_SUCCESS;
+    return free_alloc(p, K_PTR);
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
+{
+    NEED_CTX();
+    if (!free_b || !total_b)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t tot = dev_total(t_cur->dev);
+    fg_lock(g_st);
+    uint64_t used = g_st->dev[t_cur->dev].used;
+    fg_unlock(g_st);
+    *total_b = tot;
+    *free_b = used < tot ? tot - used : 0;
+    return CUDA_SUCCESS;
+}
+
+static struct fpool *pool_of(CUmemoryPool p)
+{
+    struct fpool *fp = (struct fpool *)p;
+    if (fp < g_pool || fp >= g_pool + MAX_POOL || !fp->used)
+        return NULL;
+    return fp;
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d)
+{
+    CHECK_INIT();
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d))
+        return CUDA_ERROR_INVALID_DEVICE;
+    g_pool[d].used = 1;
+    g_pool[d].dev = d;
+    *pool = (CUmemoryPool)&g_pool[d];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice d)
+{
+    return cuDeviceGetDefaultMemPool(pool, d);
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    CHECK_INIT();
+    if (!pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !dev_ok(props->location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (int i = FG_MAX_DEV; i < MAX_POOL; i++) {
+        if (!g_pool[i].used) {
+            g_pool[i].used = 1;
+            g_pool[i].dev = props->location.id;
+            pthread_mutex_unlock(&g_mu);
+            *pool = (CUmemoryPool)&g_pool[i];
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    CHECK_INIT();
+    struct fpool *fp = pool_of(pool);
+    if (!fp || fp < g_pool + FG_MAX_DEV)
+        return CUDA_ERROR_INVALID_VALUE;
+    fp->used = 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    (void)keep;
+    CHECK_INIT();
+    return pool_of(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s)
+{
+    NEED_CTX();
+    if (!p || !stream_valid(s))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fstream *fs = stream_of(s);
+    struct fctx *c = fs ? fs->ctx : t_cur;
+    return new_alloc(p, size, c->dev, c, K_PTR);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s)
+{
+    return cuMemAllocAsync(p, size, s);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPool pool, CUstream s)
+{
+    NEED_CTX();
+    struct fpool *fp = pool_of(pool);
+    if (!p || !fp || !stream_valid(s))
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_alloc(p, size, fp->dev, t_cur, K_PTR);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, CUmemoryPool pool, CUstream s)
+{
+    return cuMemAllocFromPoolAsync(p, size, pool, s);
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    NEED_CTX();
+    if (!stream_valid(s))
+        return CUDA_ERROR_INVALID_VALUE;
+    return free_alloc(p, K_PTR);
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
+{
+    return cuMemFreeAsync(p, s);
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags)
+{
+    (void)flags;
+    NEED_CTX();
+    if (!h || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !dev_ok(prop->location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_alloc(h, size, prop->location.id, t_cur, K_HANDLE);
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+    NEED_CTX();
+    return free_alloc(h, K_HANDLE);
+}
+
+static uint64_t fmt_bytes(int f)
+{
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2;
+    default:
+        return 4;
+    }
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    NEED_CTX();
+    if (!a || !d || !d->Width || !d->NumChannels)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t sz = (uint64_t)d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels;
+    unsigned long long k;
+    CUresult rc = new_alloc(&k, sz, t_cur->dev, t_cur, K_ARRAY);
+    if (rc == CUDA_SUCCESS)
+        *a = (CUarray)(uintptr_t)k;
+    return rc;
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    NEED_CTX();
+    if (!a || !d || !d->Width || !d->NumChannels)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t sz = (uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) *
+                  fmt_bytes(d->Format) * d->NumChannels;
+    unsigned long long k;
+    CUresult rc = new_alloc(&k, sz, t_cur->dev, t_cur, K_ARRAY);
+    if (rc == CUDA_SUCCESS)
+        *a = (CUarray)(uintptr_t)k;
+    return rc;
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray a)
+{
+    NEED_CTX();
+    return free_alloc((uint64_t)(uintptr_t)a, K_ARRAY);
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    NEED_CTX();
+    if (!m || !d || !d->Width || !d->NumChannels || !levels)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t w = d->Width, h = d->Height, z = d->Depth, sz = 0;
+    for (unsigned l = 0; l < levels; l++) {
+        sz += w * (h ? h : 1) * (z ? z : 1) * fmt_bytes(d->Format) * d->NumChannels;
+        w = w > 1 ? w / 2 : 1;
+        h = h > 1 ? h / 2 : h;
+        z = z > 1 ? z / 2 : z;
+    }
+    unsigned long long k;
+    CUresult rc = new_alloc(&k, sz, t_cur->dev, t_cur, K_MIPMAP);
+    if (rc == CUDA_SUCCESS)
+        *m = (CUmipmappedArray)(uintptr_t)k;
+    return rc;
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m)
+{
+    NEED_CTX();
+    return free_alloc((uint64_t)(uintptr_t)m, K_MIPMAP);
+}
+
+/* ------------------------------------------------------------------ streams */
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+    (void)flags;
+    NEED_CTX();
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < MAX_STREAM; i++) {
+        if (!g_stream[i].used) {
+            memset(&g_stream[i], 0, sizeof g_stream[i]);
+            g_stream[i].used = 1;
+            g_stream[i].ctx = t_cur;
+            pthread_mutex_unlock(&g_mu);
+            *s = (CUstream)&g_stream[i];
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+    CHECK_INIT();
+    struct fstream *fs = stream_of(s);
+    if (!fs)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fs->used = 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream s)
+{
+    NEED_CTX();
+    if (!stream_valid(s))
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct fstream *fs = stream_of(s);
+    fg_sleep_until(fs ? fs->tail_ns : t_cur->tail_ns);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s)
+{
+    return cuStreamSynchronize(s);
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
+{
+    (void)mode;
+    NEED_CTX();
+    struct fstream *fs = stream_of(s);
+    if (!fs || fs->capturing)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < MAX_GRAPH; i++) {
+        if (!g_graph[i].used) {
+            g_graph[i].used = 1;
+            g_graph[i].n = 0;
+            fs->cap = &g_graph[i];
+            fs->capturing = 1;
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuStreamBeginCapture(CUstream s, int mode)
+{
+    return cuStreamBeginCapture_v2(s, mode);
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+    NEED_CTX();
+    struct fstream *fs = stream_of(s);
+    if (!fs || !fs->capturing || !g)
+        return CUDA_ERROR_INVALID_VALUE;
+    fs->capturing = 0;
+    *g = (CUgraph)fs->cap;
+    fs->cap = NULL;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
+{
+    CHECK_INIT();
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fstream *fs = stream_of(s);
+    *status = fs && fs->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status)
+{
+    return cuStreamIsCapturing(s, status);
+}
+
+/* ------------------------------------------------------------------ modules, launches */
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image)
+{
+    (void)image;
+    NEED_CTX();
+    if (!m)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < 256; i++) {
+        if (!g_mod[i].used) {
+            g_mod[i].used = 1;
+            pthread_mutex_unlock(&g_mu);
+            *m = (CUmodule)&g_mod[i];
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuModuleLoad(CUmodule *m, const char *fname)
+{
+    return cuModuleLoadData(m, fname);
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule m)
+{
+    CHECK_INIT();
+    struct fmod *fm = (struct fmod *)m;
+    if (fm < g_mod || fm >= g_mod + 256 || !fm->used)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fm->used = 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+    CHECK_INIT();
+    struct fmod *fm = (struct fmod *)m;
+    if (!f || !name || fm < g_mod || fm >= g_mod + 256 || !fm->used)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < 1024; i++) {
+        if (!g_func[i].used) {
+            g_func[i].used = 1;
+            snprintf(g_func[i].name, sizeof g_func[i].name, "%s", name);
+            pthread_mutex_unlock(&g_mu);
+            *f = (CUfunction)&g_func[i];
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                       unsigned shmem, CUstream s)
+{
+    NEED_CTX();
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!gx || !gy || !gz || !bx || !by || !bz || !stream_valid(s))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fstream *fs = stream_of(s);
+    if (fs && fs->capturing) {
+        struct fgraph *g = fs->cap;
+        if (g->n >= GRAPH_NODES)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        struct fnode *n = &g->nodes[g->n++];
+        memset(n, 0, sizeof(*n));
+        n->type = CU_GRAPH_NODE_TYPE_KERNEL;
+        n->p.func = f;
+        n->p.gridDimX = gx;
+        n->p.gridDimY = gy;
+        n->p.gridDimZ = gz;
+        n->p.blockDimX = bx;
+        n->p.blockDimY = by;
+        n->p.blockDimZ = bz;
+        n->p.sharedMemBytes = shmem;
+        return CUDA_SUCCESS;
+    }
+    schedule(t_cur, fs, (uint64_t)gx * gy * gz * g_ns_per_block);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                               unsigned bz, unsigned shmem, CUstream s, void **params, void **extra)
+{
+    (void)params;
+    (void)extra;
+    return launch(f, gx, gy, gz, bx, by, bz, shmem, s);
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                    unsigned bz, unsigned shmem, CUstream s, void **params, void **extra)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    (void)params;
+    (void)extra;
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                  c->sharedMemBytes, c->hStream);
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    return cuLaunchKernelEx(c, f, params, extra);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                          unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params)
+{
+    (void)params;
+    return launch(f, gx, gy, gz, bx, by, bz, shmem, s);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                               unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params)
+{
+    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+}
+
+/* ------------------------------------------------------------------ graphs */
+static struct fgraph *graph_of(CUgraph g)
+{
+    struct fgraph *fg = (struct fgraph *)g;
+    if (fg < g_graph || fg >= g_graph + MAX_GRAPH || !fg->used)
+        return NULL;
+    return fg;
+}
+
+EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
+{
+    (void)flags;
+    CHECK_INIT();
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < MAX_GRAPH; i++) {
+        if (!g_graph[i].used) {
+            g_graph[i].used = 1;
+            g_graph[i].n = 0;
+            pthread_mutex_unlock(&g_mu);
+            *g = (CUgraph)&g_graph[i];
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph g)
+{
+    CHECK_INIT();
+    struct fgraph *fg = graph_of(g);
+    if (!fg)
+        return CUDA_ERROR_INVALID_VALUE;
+    fg->used = 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                     const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    (void)deps;
+    (void)ndeps;
+    CHECK_INIT();
+    struct fgraph *fg = graph_of(g);
+    if (!node || !fg || !p || fg->n >= GRAPH_NODES)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fnode *n = &fg->nodes[fg->n++];
+    memset(n, 0, sizeof(*n));
+    n->type = CU_GRAPH_NODE_TYPE_KERNEL;
+    memcpy(&n->p, p, offsetof(CUDA_KERNEL_NODE_PARAMS, v2_kern));
+    *node = (CUgraphNode)n;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                        const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    return cuGraphAddKernelNode(node, g, deps, ndeps, p);
+}
+
+EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *count)
+{
+    CHECK_INIT();
+    struct fgraph *fg = graph_of(g);
+    if (!fg || !count)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!nodes) {
+        *count = (size_t)fg->n;
+        return CUDA_SUCCESS;
+    }
+    size_t n = *count < (size_t)fg->n ? *count : (size_t)fg->n;
+    for (size_t i = 0; i < n; i++)
+        nodes[i] = (CUgraphNode)&fg->nodes[i];
+    *count = n;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, int *type)
+{
+    CHECK_INIT();
+    if (!node || !type)
+        return CUDA_ERROR_INVALID_VALUE;
+    *type = ((struct fnode *)node)->type;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphKernelNodeGetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *p)
+{
+    CHECK_INIT();
+    if (!node || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(p, &((struct fnode *)node)->p, offsetof(CUDA_KERNEL_NODE_PARAMS, v2_kern));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *p)
+{
+    CHECK_INIT();
+    if (!node || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    *p = ((struct fnode *)node)->p;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+    (void)flags;
+    CHECK_INIT();
+    struct fgraph *fg = graph_of(g);
+    if (!e || !fg)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t blocks = 0;
+    for (int i = 0; i < fg->n; i++)
+        if (fg->nodes[i].type == CU_GRAPH_NODE_TYPE_KERNEL)
+            blocks += (uint64_t)fg->nodes[i].p.gridDimX * fg->nodes[i].p.gridDimY * fg->nodes[i].p.gridDimZ;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < MAX_EXEC; i++) {
+        if (!g_exec[i].used) {
+            g_exec[i].used = 1;
+            g_exec[i].n = fg->n;
+            g_exec[i].blocks = blocks;
+            pthread_mutex_unlock(&g_mu);
+            *e = (CUgraphExec)&g_exec[i];
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t logsz)
+{
+    (void)err;
+    if (log && logsz)
+        log[0] = 0;
+    return cuGraphInstantiateWithFlags(e, g, 0);
+}
+
+static struct fexec *exec_of(CUgraphExec e)
+{
+    struct fexec *fe = (struct fexec *)e;
+    if (fe < g_exec || fe >= g_exec + MAX_EXEC || !fe->used)
+        return NULL;
+    return fe;
+}
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+    CHECK_INIT();
+    struct fexec *fe = exec_of(e);
+    if (!fe)
+        return CUDA_ERROR_INVALID_VALUE;
+    fe->used = 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
+{
+    NEED_CTX();
+    struct fexec *fe = exec_of(e);
+    if (!fe || !stream_valid(s))
+        return CUDA_ERROR_INVALID_VALUE;
+    schedule(t_cur, stream_of(s), fe->blocks * g_ns_per_block);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
+{
+    return cuGraphLaunch(e, s);
+}
+
+/* ------------------------------------------------------------------ cuGetProcAddress */
+struct sym {
+    const char *name;
+    void *fn;
+};
+#define S(n) {#n, (void *)n}
+static const struct sym g_syms[] = {
+    S(cuInit), S(cuDriverGetVersion), S(cuDeviceGetCount), S(cuDeviceGet), S(cuDeviceGetName),
+    S(cuDeviceGetUuid), S(cuDeviceGetUuid_v2), S(cuDeviceTotalMem), S(cuDeviceTotalMem_v2), S(cuDeviceGetAttribute),
+    S(cuGetErrorString), S(cuGetErrorName), S(cuCtxCreate), S(cuCtxCreate_v2), S(cuCtxDestroy), S(cuCtxDestroy_v2),
+    S(cuCtxGetCurrent), S(cuCtxSetCurrent), S(cuCtxPushCurrent_v2), S(cuCtxPopCurrent_v2), S(cuCtxGetDevice),
+    S(cuCtxSynchronize), S(cuDevicePrimaryCtxRetain), S(cuDevicePrimaryCtxRelease_v2), S(cuDevicePrimaryCtxReset_v2),
+    S(cuMemAlloc_v2), S(cuMemAllocManaged), S(cuMemAllocPitch_v2), S(cuMemFree_v2), S(cuMemGetInfo_v2),
+    S(cuDeviceGetDefaultMemPool), S(cuDeviceGetMemPool), S(cuMemPoolCreate), S(cuMemPoolDestroy), S(cuMemPoolTrimTo),
+    S(cuMemAllocAsync), S(cuMemAllocAsync_ptsz), S(cuMemAllocFromPoolAsync), S(cuMemAllocFromPoolAsync_ptsz),
+    S(cuMemFreeAsync), S(cuMemFreeAsync_ptsz), S(cuMemCreate), S(cuMemRelease), S(cuArrayCreate_v2),
+    S(cuArray3DCreate_v2), S(cuArrayDestroy), S(cuMipmappedArrayCreate), S(cuMipmappedArrayDestroy),
+    S(cuStreamCreate), S(cuStreamDestroy_v2), S(cuStreamSynchronize), S(cuStreamSynchronize_ptsz),
+    S(cuStreamBeginCapture), S(cuStreamBeginCapture_v2), S(cuStreamEndCapture), S(cuStreamIsCapturing),
+    S(cuStreamIsCapturing_ptsz), S(cuModuleLoad), S(cuModuleLoadData), S(cuModuleUnload), S(cuModuleGetFunction),
+    S(cuLaunchKernel), S(cuLaunchKernel_ptsz), S(cuLaunchKernelEx), S(cuLaunchKernelEx_ptsz),
+    S(cuLaunchCooperativeKernel), S(cuLaunchCooperativeKernel_ptsz), S(cuGraphCreate), S(cuGraphDestroy),
+    S(cuGraphAddKernelNode), S(cuGraphAddKernelNode_v2), S(cuGraphGetNodes), S(cuGraphNodeGetType),
+    S(cuGraphKernelNodeGetParams), S(cuGraphKernelNodeGetParams_v2), S(cuGraphInstantiateWithFlags),
+    S(cuGraphInstantiate_v2), S(cuGraphExecDestroy), S(cuGraphLaunch), S(cuGraphLaunch_ptsz),
+    {NULL, NULL},
+};
+
+static void *find_sym(const char *name)
+{
+    for (const struct sym *s = g_syms; s->name; s++)
+        if (!strcmp(s->name, name))
+            return s->fn;
+    return NULL;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st);
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, ver, flags, NULL);
+}
+
+/* Picks the newest variant: <sym>_ptsz (per-thread default stream), <sym>_v3, <sym>_v2, <sym>. */
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *st)
+{
+    (void)ver;
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    char buf[160];
+    void *fn = NULL;
+    if (!strcmp(symbol, "cuGetProcAddress")) {
+        fn = (void *)cuGetProcAddress_v2;
+    } else {
+        if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+            snprintf(buf, sizeof buf, "%s_ptsz", symbol);
+            fn = find_sym(buf);
+        }
+        static const char *suffix[] = {"_v3", "_v2", ""};
+        for (int i = 0; !fn && i < 3; i++) {
+            snprintf(buf, sizeof buf, "%s%s", symbol, suffix[i]);
+            fn = find_sym(buf);
+        }
+    }
+    *pfn = fn;
+    if (st)
+        *st = fn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return fn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}

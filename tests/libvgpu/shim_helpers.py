@@ -1,0 +1,77 @@
+"""Helpers for the libvgpu tests: build products, running scenarios under the shim, parsing output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.fakes import build as fakebuild
+
+PROGS = Path(__file__).resolve().parent / "progs"
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A built set: fakes + shim (``built``) and the scenario program ``prog``."""
+
+    built: fakebuild.Built
+    prog: Path
+    tmp: Path
+
+    def env(self, preload: bool = True, **extra: str) -> dict[str, str]:
+        """Environment for a child process: fakes on the library path, shim preloaded."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "LIBVGPU_", "FAKE_"))}
+        base.pop("LD_PRELOAD", None)
+        env = fakebuild.shim_env(self.built, base, preload=preload)
+        env.setdefault("LIBVGPU_LOG_LEVEL", "2")
+        env.update(extra)
+        return env
+
+
+def make_toolchain(out: Path, asan: bool = False) -> Toolchain:
+    """Build fakes, shim and scenario program into ``out`` (ASan variants when ``asan``)."""
+    built = fakebuild.build_all(out, asan=asan)
+    prog = fakebuild.build_prog(PROGS / "vgpu_test.c", out / "vgpu_test", out, asan=asan)
+    return Toolchain(built=built, prog=prog, tmp=out)
+
+
+def parse(text: str) -> dict[str, str]:
+    """Collect every ``key=value`` token of the output (later keys win)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        for tok in line.split():
+            if "=" in tok:
+                k, v = tok.split("=", 1)
+                out[k] = v
+    return out
+
+
+def rc_usage(value: str) -> tuple[int, int]:
+    """Split a ``<CUresult>:<usage bytes>`` value."""
+    rc, used = value.split(":")
+    return int(rc), int(used)
+
+
+def run(tc: Toolchain, mode: str, scenario: str, *args: str, timeout: float = 60, check: bool = True,
+        **env: str) -> subprocess.CompletedProcess[str]:
+    """Run the scenario program under the shim; raises AssertionError on a non-zero exit if ``check``."""
+    proc = subprocess.run([str(tc.prog), mode, scenario, *args], env=tc.env(**env), capture_output=True,
+                          text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def run_python(tc: Toolchain, code: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run Python ``code`` in a child interpreter under the shim (ctypes lookup path)."""
+    root = str(Path(__file__).resolve().parents[2])
+    e = tc.env(**env)
+    e["PYTHONPATH"] = root
+    proc = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
