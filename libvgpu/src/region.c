@@ -266,7 +266,13 @@ int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint6
     ensure_slot_locked();
     uint64_t lim = g_reg->limit[dev];
     if (!force && lim && (g_reg->used[dev] + bytes > lim || g_reg->used[dev] + bytes < bytes)) {
-        reap_locked();
+        /* over the limit: dead processes may still hold usage; look at most every 50 ms */
+        static uint64_t last_reap;
+        uint64_t now = now_ns();
+        if (now - last_reap > 50000000ull) {
+            last_reap = now;
+            reap_locked();
+        }
         if (g_reg->used[dev] + bytes > lim || g_reg->used[dev] + bytes < bytes) {
             if (used_out)
                 *used_out = g_reg->used[dev];
