@@ -1,0 +1,1 @@
+"""``kubectl vgpu``: inspect vGPU allocations and simulate placements (a kubectl plugin)."""

@@ -1,0 +1,259 @@
+"""``kubectl vgpu inspect``: per node and per GPU, what is booked (memory, cores, slots) and by whom.
+
+Everything comes from the two annotations of our protocol, decoded by the domain codec: the node
+inventory (``kube-vgpu.io/node-inventory``) and each pod's allocation (``kube-vgpu.io/allocation``).
+Pods in phase Succeeded or Failed hold nothing (the scheduler releases them); terminating pods
+still hold their GPUs. Output: an 80-column table, or JSON with ``-o json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kube_vgpu.codec import decode_allocation, decode_inventory
+from kube_vgpu.config import Config
+from kube_vgpu.errors import CodecError
+from kube_vgpu.model import GPUDevice, PodAllocation
+from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_NODE_INVENTORY
+
+from .cluster import Cluster
+
+WIDTH = 80
+
+
+@dataclass
+class Share:
+    """One container's booking on one GPU."""
+
+    container: str
+    init: bool
+    memory_mib: int
+    cores: int
+
+
+@dataclass
+class PodOnGpu:
+    """A pod's collapsed usage of one GPU (init containers folded in) and its per-container shares."""
+
+    namespace: str
+    name: str
+    memory_mib: int
+    cores: int
+    slots: int
+    phase: str
+    bind_phase: str
+    shares: list[Share] = field(default_factory=list)
+
+
+@dataclass
+class GpuRow:
+    device: GPUDevice
+    pods: list[PodOnGpu] = field(default_factory=list)
+
+    @property
+    def memory(self) -> int:
+        return sum(p.memory_mib for p in self.pods)
+
+    @property
+    def cores(self) -> int:
+        return sum(p.cores for p in self.pods)
+
+    @property
+    def slots(self) -> int:
+        return sum(p.slots for p in self.pods)
+
+
+@dataclass
+class NodeReport:
+    name: str
+    gpus: list[GpuRow]
+    heartbeat: float
+    age: float | None
+    stale: bool
+    problem: str | None = None  # inventory missing/invalid while pods hold GPUs there
+    orphans: list[str] = field(default_factory=list)  # pods booked on GPUs not in the inventory
+
+
+@dataclass
+class Report:
+    nodes: list[NodeReport]
+    warnings: list[str]
+    source: str
+
+
+def _meta(o: dict[str, Any]) -> dict[str, Any]:
+    return o.get("metadata") or {}
+
+
+def build(cluster: Cluster, config: Config | None = None) -> Report:
+    """Decode every node inventory and pod allocation into per-GPU rows."""
+    cfg = config or Config()
+    warnings = list(cluster.warnings)
+    nodes: dict[str, NodeReport] = {}
+    for n in sorted(cluster.nodes, key=lambda n: _meta(n).get("name") or ""):
+        name = _meta(n).get("name") or ""
+        text = (_meta(n).get("annotations") or {}).get(ANN_NODE_INVENTORY)
+        if text is None:
+            continue
+        try:
+            inv = decode_inventory(text)
+        except CodecError as e:
+            nodes[name] = NodeReport(name, [], 0.0, None, True, problem=f"invalid inventory: {e}")
+            continue
+        age = cluster.now - inv.heartbeat if cluster.now else None
+        stale = age is not None and age > cfg.scheduling.inventory_stale_seconds
+        gpus = [GpuRow(d) for d in sorted(inv.devices, key=lambda d: d.index)]
+        nodes[name] = NodeReport(name, gpus, inv.heartbeat, age, stale)
+    for p in sorted(cluster.pods, key=lambda p: (_meta(p).get("namespace") or "", _meta(p).get("name") or "")):
+        m = _meta(p)
+        text = (m.get("annotations") or {}).get(ANN_ALLOCATION)
+        phase = str((p.get("status") or {}).get("phase") or "Pending")
+        if not text or phase in ("Succeeded", "Failed"):
+            continue
+        key = f"{m.get('namespace') or 'default'}/{m.get('name') or ''}"
+        try:
+            alloc: PodAllocation = decode_allocation(text)
+        except CodecError as e:
+            warnings.append(f"pod {key}: {e}")
+            continue
+        node = nodes.get(alloc.node)
+        if node is None:
+            node = nodes[alloc.node] = NodeReport(alloc.node, [], 0.0, None, True,
+                                                  problem="no vGPU inventory on this node")
+        by_uuid = {g.device.uuid: g for g in node.gpus}
+        bind_phase = str((m.get("annotations") or {}).get(ANN_BIND_PHASE) or "")
+        for uuid, (mem, cores, slots) in sorted(alloc.usage().items()):
+            row = by_uuid.get(uuid)
+            if row is None:
+                node.orphans.append(f"{key} on {uuid}")
+                continue
+            shares = [Share(c.name, c.init, d.memory_mib, d.cores)
+                      for c in alloc.containers for d in c.devices if d.uuid == uuid]
+            row.pods.append(PodOnGpu(str(m.get("namespace") or "default"), str(m.get("name") or ""),
+                                     mem, cores, slots, phase, bind_phase, shares))
+    return Report(sorted(nodes.values(), key=lambda n: n.name), warnings, cluster.source)
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+def _pct(part: int, whole: int) -> str:
+    return f"{part * 100 // whole}%" if whole > 0 else "-"
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(max(seconds, 0))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def _short_uuid(uuid: str) -> str:
+    return uuid if len(uuid) <= 12 else uuid[:12]
+
+
+def _totals(report: Report) -> dict[str, int]:
+    t = {"nodes": 0, "gpus": 0, "memory_mib": 0, "memory_total_mib": 0, "cores": 0, "cores_total": 0,
+         "slots": 0, "slots_total": 0, "pods": 0}
+    pods: set[str] = set()
+    for n in report.nodes:
+        if n.gpus:
+            t["nodes"] += 1
+        for g in n.gpus:
+            t["gpus"] += 1
+            t["memory_mib"] += g.memory
+            t["memory_total_mib"] += g.device.memory_mib
+            t["cores"] += g.cores
+            t["cores_total"] += g.device.cores
+            t["slots"] += g.slots
+            t["slots_total"] += g.device.split
+            pods.update(f"{p.namespace}/{p.name}" for p in g.pods)
+    t["pods"] = len(pods)
+    return t
+
+
+ROW = "{idx:>3}  {uuid:<12}  {model:<16}  {mem:>20}  {cores:>8}  {slots:>5}  {pods:>4}"
+
+
+def render_table(report: Report, details: bool = False) -> str:
+    """The human table; every line is at most 80 characters."""
+    out: list[str] = []
+    for n in report.nodes:
+        head = f"NODE {n.name}"
+        if n.gpus:
+            head += f"  {len(n.gpus)} GPU{'s' if len(n.gpus) != 1 else ''}, heartbeat {_age(n.age)} ago"
+            if n.stale:
+                head += " (STALE)"
+        out.append(_cut(head, WIDTH))
+        if n.problem:
+            out.append(_cut(f"  ! {n.problem}", WIDTH))
+        if n.gpus:
+            out.append(ROW.format(idx="GPU", uuid="UUID", model="MODEL", mem="MEMORY MiB",
+                                  cores="CORES %", slots="SLOTS", pods="PODS"))
+        for g in n.gpus:
+            d = g.device
+            mem = f"{g.memory}/{d.memory_mib} {_pct(g.memory, d.memory_mib):>4}"
+            model = _cut(d.model.removeprefix("NVIDIA "), 16)
+            out.append(ROW.format(idx=d.index, uuid=_short_uuid(d.uuid), model=model, mem=mem,
+                                  cores=f"{g.cores}/{d.cores}", slots=f"{g.slots}/{d.split}",
+                                  pods=len(g.pods)))
+            if not d.healthy:
+                out.append("       ! unhealthy: not offered to new pods")
+            if details:
+                for p in g.pods:
+                    state = "" if p.phase == "Running" else f" [{p.phase}{'/' + p.bind_phase if p.bind_phase else ''}]"
+                    for s in p.shares:
+                        who = _cut(f"{p.namespace}/{p.name}/{s.container}{' (init)' if s.init else ''}{state}", 54)
+                        out.append(f"       {who:<54}{s.memory_mib:>10} MiB {s.cores:>3}%")
+        for o in n.orphans:
+            out.append(_cut(f"  ! booked on a GPU missing from the inventory: {o}", WIDTH))
+        out.append("")
+    t = _totals(report)
+    if not report.nodes:
+        out.append("No node has a kube-vgpu inventory (is the device plugin running?).")
+        out.append("")
+    out.append(_cut(f"CLUSTER  {t['gpus']} GPUs on {t['nodes']} nodes, {t['pods']} pods", WIDTH))
+    out.append(_cut(f"  memory {t['memory_mib']}/{t['memory_total_mib']} MiB "
+                    f"({_pct(t['memory_mib'], t['memory_total_mib'])})  "
+                    f"cores {t['cores']}/{t['cores_total']}% ({_pct(t['cores'], t['cores_total'])})  "
+                    f"slots {t['slots']}/{t['slots_total']}", WIDTH))
+    for w in report.warnings:
+        out.append(_cut(f"warning: {w}", WIDTH))
+    return "\n".join(out) + "\n"
+
+
+def to_json(report: Report) -> dict[str, Any]:
+    """The machine-readable report (``-o json``)."""
+    nodes = []
+    for n in report.nodes:
+        gpus = []
+        for g in n.gpus:
+            d = g.device
+            gpus.append({
+                "index": d.index, "uuid": d.uuid, "model": d.model, "healthy": d.healthy, "numa": d.numa,
+                "memoryMiB": {"allocated": g.memory, "total": d.memory_mib},
+                "cores": {"allocated": g.cores, "total": d.cores},
+                "slots": {"allocated": g.slots, "total": d.split},
+                "pods": [{"namespace": p.namespace, "name": p.name, "phase": p.phase, "bindPhase": p.bind_phase,
+                          "memoryMiB": p.memory_mib, "cores": p.cores, "slots": p.slots,
+                          "containers": [{"name": s.container, "init": s.init, "memoryMiB": s.memory_mib,
+                                          "cores": s.cores} for s in p.shares]} for p in g.pods],
+            })
+        nodes.append({"name": n.name, "heartbeat": n.heartbeat, "heartbeatAgeSeconds": n.age, "stale": n.stale,
+                      "problem": n.problem, "orphans": n.orphans, "gpus": gpus})
+    t = _totals(report)
+    return {"source": report.source, "nodes": nodes, "warnings": report.warnings,
+            "total": {"nodes": t["nodes"], "gpus": t["gpus"], "pods": t["pods"],
+                      "memoryMiB": {"allocated": t["memory_mib"], "total": t["memory_total_mib"]},
+                      "cores": {"allocated": t["cores"], "total": t["cores_total"]},
+                      "slots": {"allocated": t["slots"], "total": t["slots_total"]}}}

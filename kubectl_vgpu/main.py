@@ -1,0 +1,129 @@
+"""``kubectl-vgpu``: a kubectl plugin (``kubectl vgpu ...``) for kube-vgpu clusters.
+
+Commands::
+
+    kubectl vgpu inspect [-d] [-o table|json] [--kubeconfig F] [--context C] [--snapshot FILE]
+    kubectl vgpu simulate -f POD.yaml [--snapshot FILE] [--policy P]... [-o table|json]
+
+Both are read-only. Exit codes: 0 ok, 1 the cluster or a file could not be read, 2 usage or an
+invalid pod/config, 3 (simulate) the pod fits nowhere under any policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kube_vgpu.config import NODE_POLICIES, Config, load_config
+from kube_vgpu.errors import ConfigError, RequestError
+
+from .cluster import Cluster, ClusterError, load_live, load_snapshot
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kubectl vgpu", description="Inspect and simulate kube-vgpu GPU sharing.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--snapshot", metavar="FILE",
+                       help='recorded cluster JSON {"nodes": NodeList, "pods": PodList} instead of the live API')
+        p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
+        p.add_argument("--context", help="kubeconfig context")
+        p.add_argument("--config", metavar="FILE",
+                       help="kube-vgpu policy file (config.yaml of the chart's ConfigMap; default: built-in)")
+        p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+    ins = sub.add_parser("inspect", help="per node and GPU: allocated/total memory, cores, slots and pods")
+    common(ins)
+    ins.add_argument("-d", "--details", action="store_true", help="list each pod's share per container")
+
+    sim = sub.add_parser("simulate", help="where each policy would place a pod, and why not elsewhere (dry run)")
+    common(sim)
+    sim.add_argument("-f", "--filename", required=True, metavar="POD.yaml", help="a Pod manifest ('-' = stdin)")
+    sim.add_argument("--policy", action="append", choices=list(NODE_POLICIES),
+                     help="policy to evaluate (repeatable; default: all)")
+    return ap
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    if args.snapshot:
+        return load_snapshot(args.snapshot)
+    return load_live(args.kubeconfig, args.context)
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load_config(args.config) if args.config else Config()
+
+
+def _read_pod(name: str) -> dict[str, Any]:
+    text = sys.stdin.read() if name == "-" else Path(name).read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    pods = [d for d in docs if isinstance(d, dict) and d.get("kind", "Pod") == "Pod"]
+    if len(pods) != 1:
+        raise ValueError(f"{name}: expected exactly one Pod manifest, found {len(pods)}")
+    return pods[0]
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from . import inspect
+
+    report = inspect.build(_cluster(args), _config(args))
+    if args.output == "json":
+        print(json.dumps(inspect.to_json(report), indent=2))
+    else:
+        sys.stdout.write(inspect.render_table(report, details=args.details))
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from kube_vgpu.podspec import parse_pod
+
+    from . import simulate
+
+    cfg = _config(args)
+    try:
+        manifest = _read_pod(args.filename)
+    except (OSError, yaml.YAMLError) as e:
+        print(f"kubectl vgpu: cannot read {args.filename}: {e}", file=sys.stderr)
+        return 1
+    pod = parse_pod(manifest, cfg)
+    if not pod.has_gpu:
+        print(f"kubectl vgpu: pod {pod.key} asks for no vGPU resource ({', '.join(cfg.resource_names.all()[:4])})",
+              file=sys.stderr)
+        return 2
+    sim = simulate.simulate(_cluster(args), pod, cfg, args.policy)
+    if args.output == "json":
+        print(json.dumps(simulate.to_json(sim), indent=2))
+    else:
+        sys.stdout.write(simulate.render_table(sim))
+    return 0 if any(r.node for r in sim.results) else 3
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kubectl-vgpu`` console script."""
+    ap = _parser()
+    args = ap.parse_args(list(argv) if argv is not None else None)
+    if not args.command:
+        ap.print_help()
+        return 2
+    try:
+        return _inspect(args) if args.command == "inspect" else _simulate(args)
+    except ClusterError as e:
+        print(f"kubectl vgpu: {e}", file=sys.stderr)
+        return 1
+    except (ConfigError, RequestError, ValueError) as e:
+        print(f"kubectl vgpu: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"kubectl vgpu: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
