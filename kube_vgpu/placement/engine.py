@@ -32,12 +32,18 @@ def pod_shape(pod: PodRequest) -> tuple[object, ...]:
 
 
 class _Entry:
-    __slots__ = ("versions", "scores", "results")
+    __slots__ = ("key", "versions", "scores", "results")
 
-    def __init__(self, n: int):
+    def __init__(self, key: tuple[object, ...], n: int):
+        self.key = key
         self.versions = np.full(n, -1, dtype=np.int64)
         self.scores = np.full(n, NEG_INF, dtype=np.float64)
+        #: Plan when feasible; the reason when known; None when infeasible by a shared decision
+        #: (the reason, which names this node's GPUs, is then computed on demand)
         self.results: list[Plan | str | None] = [None] * n
+
+
+_INFEASIBLE = (NEG_INF, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,8 @@ class Engine:
         self._cache: OrderedDict[tuple[object, ...], _Entry] = OrderedDict()
         self._cache_entries = cache_entries
         self._generation = state.generation
+        #: (policy, shape, node signature) -> (score, Plan | None): nodes in the same state share it
+        self._memo: dict[tuple[object, ...], tuple[float, Plan | None]] = {}
         make_policy(node_policy, gpu_policy, shapes)  # validate now
 
     # -- configuration --------------------------------------------------------------------------
@@ -77,6 +85,7 @@ class Engine:
             self.shapes = shapes
         self._policies.clear()
         self._cache.clear()
+        self._memo.clear()
 
     def policy(self, pod: PodRequest) -> Policy:
         """The scorer for a pod (its annotations override the defaults)."""
@@ -96,7 +105,7 @@ class Engine:
         key = (pol.name, pod.gpu_policy or self.gpu_policy, pod_shape(pod))
         e = self._cache.get(key)
         if e is None:
-            e = _Entry(len(self.state.node_list))
+            e = _Entry(key, len(self.state.node_list))
             self._cache[key] = e
             if len(self._cache) > self._cache_entries:
                 self._cache.popitem(last=False)
@@ -111,15 +120,30 @@ class Engine:
         else:
             dirty = idx[e.versions[idx] != versions[idx]]
         nodes = self.state.node_list
+        memo = self._memo
+        if len(memo) > 300_000:
+            memo.clear()
         for i in dirty.tolist():
-            r = pol.evaluate(nodes[i], pod)
-            if isinstance(r, str):
-                e.scores[i] = NEG_INF
-                e.results[i] = r
+            node = nodes[i]
+            mkey = (e.key, node.signature())
+            hit = memo.get(mkey)
+            if hit is None:
+                r = pol.evaluate(node, pod)
+                if isinstance(r, str):
+                    hit = _INFEASIBLE
+                    e.results[i] = r
+                else:
+                    hit = r
+                    e.results[i] = r[1]
+                memo[mkey] = hit
             else:
-                e.scores[i] = r[0]
-                e.results[i] = r[1]
+                e.results[i] = hit[1]
+            e.scores[i] = hit[0]
             e.versions[i] = versions[i]
+
+    def _reason(self, pol: Policy, pod: PodRequest, i: int) -> str:
+        r = pol.evaluate(self.state.node_list[i], pod)
+        return r if isinstance(r, str) else "does not fit"
 
     def evaluate(self, pod: PodRequest, names: Sequence[str] | None = None
                  ) -> tuple[list[str], dict[str, str], dict[str, float]]:
@@ -149,7 +173,9 @@ class Engine:
                 ok.append(name)
                 scores[name] = float(e.scores[i])
             else:
-                failed[name] = str(r)
+                if r is None:
+                    r = e.results[i] = self._reason(pol, pod, i)
+                failed[name] = r
         return ok, failed, scores
 
     def choose(self, pod: PodRequest, names: Sequence[str] | None = None) -> Decision | None:
@@ -182,7 +208,8 @@ class Engine:
         e, pol = self._entry(pod)
         self._refresh(e, pol, pod, np.array([n.idx], dtype=np.int64))
         r = e.results[n.idx]
-        assert r is not None
+        if r is None:
+            r = e.results[n.idx] = self._reason(pol, pod, n.idx)
         return r
 
     # -- booking --------------------------------------------------------------------------------

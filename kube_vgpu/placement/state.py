@@ -38,7 +38,7 @@ class NodeState:
 
     __slots__ = ("name", "idx", "devices", "free_mem", "free_cores", "free_slots", "cpu_total",
                  "cpu_free", "memory_total", "memory_free", "heartbeat", "version", "pods", "by_uuid",
-                 "model")
+                 "model", "devclass")
 
     def __init__(self, name: str, idx: int, devices: tuple[GPUDevice, ...], cpu_milli: int = 0,
                  memory_mib: int = 0, heartbeat: float = 0.0):
@@ -47,6 +47,9 @@ class NodeState:
         self.devices = devices
         self.by_uuid = {d.uuid: i for i, d in enumerate(devices)}
         self.model = devices[0].model if devices else ""
+        #: what placement sees of the devices (no uuids): nodes alike in this and in their free
+        #: resources get the same decision, so the engine can share it
+        self.devclass = tuple((d.model, d.memory_mib, d.cores, d.split, d.healthy) for d in devices)
         self.free_mem = [d.memory_mib for d in devices]
         self.free_cores = [d.cores for d in devices]
         self.free_slots = [d.split for d in devices]
@@ -57,6 +60,11 @@ class NodeState:
         self.heartbeat = heartbeat
         self.version = 0
         self.pods: dict[str, Booking] = {}
+
+    def signature(self) -> tuple[object, ...]:
+        """Everything a placement decision on this node depends on, without names or uuids."""
+        return (self.devclass, tuple(self.free_mem), tuple(self.free_cores), tuple(self.free_slots),
+                self.cpu_total, self.cpu_free, self.memory_total, self.memory_free)
 
     def gpu_milli_free(self, i: int) -> int:
         """Usable share of GPU ``i`` in milli-GPU (0..1000): the tighter of memory and cores; 0 when
