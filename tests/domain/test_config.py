@@ -1,0 +1,326 @@
+"""kube_vgpu.config: schema defaults, validation with dotted keys, round trip."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kube_vgpu.config import (
+    API_VERSION,
+    GPU_POLICIES,
+    NODE_POLICIES,
+    Config,
+    Defaults,
+    DeviceDefaults,
+    NodeOverride,
+    Scheduling,
+    WebhookConfig,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    load_config_text,
+)
+from kube_vgpu.errors import ConfigError, VGPUError
+from kube_vgpu.resources import ResourceNames
+
+SETTINGS = settings(max_examples=200, deadline=None)
+
+FULL = textwrap.dedent("""\
+    apiVersion: kube-vgpu.io/v1
+    kind: Config
+    schedulerName: my-scheduler
+    resourceNames:
+      gpu: example.com/gpu
+      gpumem: example.com/vmem
+      gpumemPercentage: example.com/vmem-pct
+      gpucores: example.com/vcores
+      priority: example.com/prio
+    defaults: {gpuCount: 2, memoryMiB: 1024, memoryPercentage: 50, cores: 10, bareGpuExclusive: false}
+    scheduling: {nodePolicy: fgd, gpuPolicy: binpack, inventoryStaleSeconds: 30}
+    devices: {splitCount: 4, memoryScaling: 1.5, coreScaling: 2}
+    nodes:
+      - name: gpu-1
+        splitCount: 20
+        memoryScaling: 0.9
+        excludeGPUs: [GPU-abc, 3]
+      - name: gpu-2
+    webhook:
+      forceOverwriteDefaultScheduler: false
+      mutateBareGpu: false
+      privileged: allow
+      allowUserVisibleDevices: true
+      nonGpuVisibleDevicesNone: true
+      shmSizeLimit: 8Gi
+      foreignSchedulers: deny
+    """)
+
+
+def test_defaults() -> None:
+    c = Config()
+    assert c.scheduler_name == "kube-vgpu-scheduler"
+    assert c.resource_names == ResourceNames()
+    assert c.resource_names.gpumem == "nvidia.com/gpumem"
+    assert c.resource_names.gpumem_percentage == "nvidia.com/gpumem-percentage"
+    assert c.defaults == Defaults(gpu_count=1, memory_mib=0, memory_percentage=100, cores=0, bare_gpu_exclusive=True)
+    assert c.scheduling == Scheduling(node_policy="binpack", gpu_policy="spread", inventory_stale_seconds=120.0)
+    assert c.devices == DeviceDefaults(split_count=10, memory_scaling=1.0, core_scaling=1.0)
+    assert c.nodes == ()
+    assert c.webhook == WebhookConfig(force_overwrite_default_scheduler=True, mutate_bare_gpu=True,
+                                      privileged="deny", allow_user_visible_devices=False,
+                                      non_gpu_visible_devices_none=False, shm_size_limit="",
+                                      foreign_schedulers="leave")
+
+
+@pytest.mark.parametrize("text", ["", "{}", "# nothing\n", f"apiVersion: {API_VERSION}\n", "null"])
+def test_empty_config_is_defaults(text: str) -> None:
+    assert load_config_text(text) == Config()
+
+
+def test_load_config_none_and_file(tmp_path: Any) -> None:
+    assert load_config(None) == Config()
+    p = tmp_path / "c.yaml"
+    p.write_text("scheduling: {nodePolicy: spread}\n")
+    assert load_config(p).scheduling.node_policy == "spread"
+    assert load_config(str(p)).scheduling.node_policy == "spread"
+    with pytest.raises(OSError):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_full_example() -> None:
+    c = load_config_text(FULL)
+    assert c.scheduler_name == "my-scheduler"
+    assert c.resource_names == ResourceNames("example.com/gpu", "example.com/vmem", "example.com/vmem-pct",
+                                             "example.com/vcores", "example.com/prio")
+    assert c.defaults == Defaults(2, 1024, 50, 10, False)
+    assert c.scheduling == Scheduling("fgd", "binpack", 30.0)
+    assert type(c.scheduling.inventory_stale_seconds) is float
+    assert c.devices == DeviceDefaults(4, 1.5, 2.0)
+    assert c.nodes == (NodeOverride("gpu-1", 20, 0.9, None, ("GPU-abc", "3")), NodeOverride("gpu-2"))
+    assert c.node_override("gpu-1") is c.nodes[0]
+    assert c.node_override("gpu-3") is None
+    assert c.webhook == WebhookConfig(False, False, "allow", True, True, "8Gi", "deny")
+
+
+def test_module_docstring_example_loads() -> None:
+    import kube_vgpu.config as mod
+
+    doc = mod.__doc__ or ""
+    start = doc.index("Example (all defaults)::") + len("Example (all defaults)::")
+    end = doc.index("Errors:")
+    assert load_config_text(textwrap.dedent(doc[start:end])) == Config()
+
+
+@pytest.mark.parametrize("policy", NODE_POLICIES)
+def test_all_node_policies(policy: str) -> None:
+    assert load_config_text(f"scheduling: {{nodePolicy: {policy}}}").scheduling.node_policy == policy
+
+
+@pytest.mark.parametrize("policy", GPU_POLICIES)
+def test_all_gpu_policies(policy: str) -> None:
+    assert load_config_text(f"scheduling: {{gpuPolicy: {policy}}}").scheduling.gpu_policy == policy
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("schedulr: x", "schedulr"),
+        ("scheduling: {nodePolicyy: binpack}", "scheduling.nodePolicyy"),
+        ("defaults: {gpucount: 1}", "defaults.gpucount"),
+        ("resourceNames: {gpuMem: x}", "resourceNames.gpuMem"),
+        ("devices: {split: 3}", "devices.split"),
+        ("webhook: {privilege: allow}", "webhook.privilege"),
+        ("nodes: [{name: a}, {name: b, splitcount: 2}]", "nodes[1].splitcount"),
+    ],
+)
+def test_unknown_key(text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config_text(text)
+    assert ei.value.key == key
+    assert repr(key) in str(ei.value)
+    assert "unknown key" in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "fragment"),
+    [
+        ("scheduling: {nodePolicy: worst}", "scheduling.nodePolicy", "'worst'"),
+        ("scheduling: {gpuPolicy: fgd}", "scheduling.gpuPolicy", "'fgd'"),
+        ("scheduling: {inventoryStaleSeconds: 0}", "scheduling.inventoryStaleSeconds", "> 0"),
+        ("scheduling: {inventoryStaleSeconds: soon}", "scheduling.inventoryStaleSeconds", "not a number"),
+        ("devices: {splitCount: 0}", "devices.splitCount", "1..1024"),
+        ("devices: {splitCount: 1025}", "devices.splitCount", "1..1024"),
+        ("devices: {splitCount: 2.5}", "devices.splitCount", "not an integer"),
+        ("devices: {splitCount: true}", "devices.splitCount", "not an integer"),
+        ("devices: {memoryScaling: -1}", "devices.memoryScaling", "-1"),
+        ("devices: {memoryScaling: 0}", "devices.memoryScaling", "> 0"),
+        ("devices: {coreScaling: 101}", "devices.coreScaling", "<= 100"),
+        ("devices: {coreScaling: true}", "devices.coreScaling", "not a number"),
+        ("nodes: [{name: a, splitCount: 0}]", "nodes[0].splitCount", "1..1024"),
+        ("nodes: [{name: a}, {name: b, memoryScaling: -1}]", "nodes[1].memoryScaling", "-1"),
+        ("nodes: [{name: ''}]", "nodes[0].name", "non-empty"),
+        ("nodes: [{name: a, excludeGPUs: GPU-1}]", "nodes[0].excludeGPUs", "list"),
+        ("nodes: [{name: a, excludeGPUs: [[1]]}]", "nodes[0].excludeGPUs", "list"),
+        ("nodes: [x]", "nodes[0]", "mapping"),
+        ("nodes: {name: a}", "nodes", "list"),
+        ("webhook: {privileged: maybe}", "webhook.privileged", "'maybe'"),
+        ("webhook: {privileged: true}", "webhook.privileged", "not a string"),
+        ("webhook: {foreignSchedulers: kill}", "webhook.foreignSchedulers", "'kill'"),
+        ("webhook: {shmSizeLimit: lots}", "webhook.shmSizeLimit", "lots"),
+        ("webhook: {shmSizeLimit: '0'}", "webhook.shmSizeLimit", "> 0"),
+        ("webhook: {shmSizeLimit: '-1Gi'}", "webhook.shmSizeLimit", "> 0"),
+        ("webhook: {mutateBareGpu: 'yes please'}", "webhook.mutateBareGpu", "not a boolean"),
+        ("webhook: {mutateBareGpu: 1}", "webhook.mutateBareGpu", "not a boolean"),
+        ("defaults: {gpuCount: 0}", "defaults.gpuCount", ">= 1"),
+        ("defaults: {gpuCount: '1'}", "defaults.gpuCount", "not an integer"),
+        ("defaults: {memoryPercentage: 0}", "defaults.memoryPercentage", "1..100"),
+        ("defaults: {memoryPercentage: 101}", "defaults.memoryPercentage", "1..100"),
+        ("defaults: {memoryMiB: -1}", "defaults.memoryMiB", ">= 0"),
+        ("defaults: {cores: 101}", "defaults.cores", "0..100"),
+        ("defaults: {bareGpuExclusive: null}", "defaults.bareGpuExclusive", "not a boolean"),
+        ("defaults: [1]", "defaults", "mapping"),
+        ("resourceNames: {gpumem: nvidia.com/gpu}", "resourceNames", "distinct"),
+        ("resourceNames: {gpucores: ''}", "resourceNames", "non-empty"),
+        ("resourceNames: {gpu: 5}", "resourceNames.gpu", "not a string"),
+        ("schedulerName: ''", "schedulerName", "non-empty"),
+        ("schedulerName: [a]", "schedulerName", "not a string"),
+        ("apiVersion: kube-vgpu.io/v2", "apiVersion", "kube-vgpu.io/v2"),
+        ("apiVersion: v1", "apiVersion", "not supported"),
+        ("- a\n- b\n", "(root)", "mapping"),
+        ("just a string", "(root)", "mapping"),
+    ],
+)
+def test_bad_values_name_the_key(text: str, key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config_text(text)
+    assert ei.value.key == key
+    assert fragment in str(ei.value)
+    assert str(ei.value).startswith(f"config key {key!r}: ")
+
+
+@pytest.mark.parametrize("text", ["scheduling: {nodePolicy: [", "a: b: c", "defaults:\n  - x\n y: 1", "\t- x"])
+def test_yaml_syntax_error(text: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config_text(text)
+    assert ei.value.key == "(yaml)"
+    assert "not valid YAML" in str(ei.value)
+
+
+def test_config_error_is_vgpu_error() -> None:
+    e = ConfigError("a.b", "bad")
+    assert isinstance(e, VGPUError) and isinstance(e, ValueError)
+    assert e.key == "a.b" and str(e) == "config key 'a.b': bad"
+
+
+def test_optional_node_fields_accept_null() -> None:
+    c = load_config_text("nodes: [{name: a, splitCount: null, memoryScaling: null}]")
+    assert c.nodes == (NodeOverride("a"),)
+
+
+def test_config_to_dict_shape() -> None:
+    d = config_to_dict(Config())
+    assert d["apiVersion"] == API_VERSION
+    assert d["defaults"] == {"gpuCount": 1, "memoryMiB": 0, "memoryPercentage": 100, "cores": 0,
+                             "bareGpuExclusive": True}
+    assert d["scheduling"] == {"nodePolicy": "binpack", "gpuPolicy": "spread", "inventoryStaleSeconds": 120.0}
+    assert d["resourceNames"]["gpumemPercentage"] == "nvidia.com/gpumem-percentage"
+    assert d["nodes"] == []
+    full = config_to_dict(load_config_text(FULL))
+    assert full["nodes"][0] == {"name": "gpu-1", "splitCount": 20, "memoryScaling": 0.9,
+                                "excludeGPUs": ["GPU-abc", "3"]}
+    assert full["nodes"][1] == {"name": "gpu-2", "excludeGPUs": []}
+
+
+def test_round_trip_full_example() -> None:
+    c = load_config_text(FULL)
+    assert config_from_dict(config_to_dict(c)) == c
+
+
+def test_round_trip_through_yaml() -> None:
+    import yaml
+
+    c = load_config_text(FULL)
+    assert load_config_text(yaml.safe_dump(config_to_dict(c))) == c
+
+
+NAMES = st.from_regex(r"[a-z]{1,8}\.io/[a-z-]{1,10}", fullmatch=True)
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> Config:
+    names = draw(st.lists(NAMES, min_size=5, max_size=5, unique=True))
+    nodes = tuple(
+        NodeOverride(name=draw(st.text(min_size=1, max_size=8)),
+                     split_count=draw(st.none() | st.integers(1, 1024)),
+                     memory_scaling=draw(st.none() | st.floats(0.01, 100)),
+                     core_scaling=draw(st.none() | st.floats(0.01, 100)),
+                     exclude_gpus=tuple(draw(st.lists(st.text(max_size=6), max_size=3))))
+        for _ in range(draw(st.integers(0, 3)))
+    )
+    return Config(
+        scheduler_name=draw(st.text(min_size=1, max_size=10)),
+        resource_names=ResourceNames(*names),
+        defaults=Defaults(draw(st.integers(1, 16)), draw(st.integers(0, 10**6)), draw(st.integers(1, 100)),
+                          draw(st.integers(0, 100)), draw(st.booleans())),
+        scheduling=Scheduling(draw(st.sampled_from(NODE_POLICIES)), draw(st.sampled_from(GPU_POLICIES)),
+                              draw(st.floats(0.001, 1e6))),
+        devices=DeviceDefaults(draw(st.integers(1, 1024)), draw(st.floats(0.01, 100)), draw(st.floats(0.01, 100))),
+        nodes=nodes,
+        webhook=WebhookConfig(draw(st.booleans()), draw(st.booleans()), draw(st.sampled_from(["deny", "allow"])),
+                              draw(st.booleans()), draw(st.booleans()),
+                              draw(st.sampled_from(["", "1Gi", "512Mi", "64M"])),
+                              draw(st.sampled_from(["leave", "deny"]))),
+    )
+
+
+@SETTINGS
+@given(cfg=configs())
+def test_property_round_trip(cfg: Config) -> None:
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+
+
+JUNK = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3),
+    max_leaves=8,
+)
+
+
+@SETTINGS
+@given(section=st.sampled_from(["defaults", "scheduling", "devices", "webhook", "resourceNames"]),
+       key=st.sampled_from(["gpuCount", "memoryMiB", "memoryPercentage", "cores", "bareGpuExclusive", "nodePolicy",
+                            "gpuPolicy", "splitCount", "memoryScaling", "privileged", "shmSizeLimit", "gpu"]),
+       value=JUNK)
+def test_property_junk_only_config_error(section: str, key: str, value: Any) -> None:
+    try:
+        config_from_dict({section: {key: value}})
+    except ConfigError as e:
+        assert e.key.startswith(section)
+
+
+@pytest.mark.xfail(raises=TypeError, strict=True,
+                   reason="BUG: a nodes[] entry without 'name' raises TypeError from NodeOverride(), "
+                          "not ConfigError('nodes[0].name')")
+def test_node_without_name_is_config_error() -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config_text("nodes: [{splitCount: 2}]")
+    assert ei.value.key == "nodes[0].name"
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: scheduling.inventoryStaleSeconds: .nan passes the '<= 0' check "
+                                       "(NaN compares False), so no inventory is ever stale")
+def test_nan_inventory_stale_seconds_rejected() -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config_text("scheduling: {inventoryStaleSeconds: .nan}")
+    assert ei.value.key == "scheduling.inventoryStaleSeconds"
+
+
+@pytest.mark.xfail(raises=ValueError, strict=True,
+                   reason="BUG: a >4300-digit shmSizeLimit escapes as bare ValueError from parse_quantity, "
+                          "not ConfigError")
+def test_huge_shm_size_limit_is_config_error() -> None:
+    with pytest.raises(ConfigError):
+        load_config_text("webhook: {shmSizeLimit: '%s'}" % ("9" * 5000))
