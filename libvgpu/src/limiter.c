@@ -233,7 +233,7 @@ static void *sampler(void *arg)
             continue;
         d->nvh_state = nvml_handle(i, &d->nvh) == 0 ? 1 : -1;
         if (d->nvh_state < 0)
-            LOG_WARN("device %d: no NVML handle; SM limit uses the initial cost estimate", i);
+            LOG_DEBUG("device %d: no NVML handle; SM limit uses the initial cost estimate", i);
         d->prev_ns = now_ns();
         d->prev_rt_us = realtime_us();
     }
