@@ -182,7 +182,7 @@ def _totals(report: Report) -> dict[str, int]:
     return t
 
 
-ROW = "{idx:>3}  {uuid:<12}  {model:<16}  {mem:>20}  {cores:>8}  {slots:>5}  {pods:>4}"
+ROW = "{idx:>3}  {uuid:<12}  {model:<15}  {mem:>20}  {cores:>8}  {slots:>6}  {pods:>4}"
 
 
 def render_table(report: Report, details: bool = False) -> str:
@@ -203,7 +203,7 @@ def render_table(report: Report, details: bool = False) -> str:
         for g in n.gpus:
             d = g.device
             mem = f"{g.memory}/{d.memory_mib} {_pct(g.memory, d.memory_mib):>4}"
-            model = _cut(d.model.removeprefix("NVIDIA "), 16)
+            model = _cut(d.model.removeprefix("NVIDIA "), 15)
             out.append(ROW.format(idx=d.index, uuid=_short_uuid(d.uuid), model=model, mem=mem,
                                   cores=f"{g.cores}/{d.cores}", slots=f"{g.slots}/{d.split}",
                                   pods=len(g.pods)))
