@@ -39,9 +39,12 @@ def _load(text: str, what: str) -> dict[str, Any]:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise CodecError(f"{what}: not JSON ({e.msg} at {e.pos})") from None
+    except (ValueError, RecursionError) as e:  # huge numbers, absurd nesting
+        raise CodecError(f"{what}: not acceptable JSON ({type(e).__name__})") from None
     if not isinstance(obj, dict):
         raise CodecError(f"{what}: must be a JSON object")
-    if obj.get("v") != VERSION:
+    v = obj.get("v")
+    if isinstance(v, bool) or v != VERSION:
         raise CodecError(f"{what}: unsupported version {obj.get('v')!r}; this build reads v{VERSION}")
     return obj
 

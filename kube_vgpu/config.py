@@ -198,6 +198,10 @@ def _section(cls: type, raw: Any, prefix: str) -> Any:
         if v is None and "None" in t:
             continue
         kwargs[name] = _typed(key, v, base)
+        if base is float and kwargs[name] != kwargs[name]:
+            raise ConfigError(key, "NaN is not allowed")
+    if cls is NodeOverride and "name" not in kwargs:
+        raise ConfigError(f"{prefix}.name", "is required (the node this override applies to)")
     return cls(**kwargs)
 
 
@@ -236,7 +240,7 @@ def _check(cfg: Config) -> None:
         raise ConfigError("webhook.foreignSchedulers", f"{w.foreign_schedulers!r} is not one of leave, deny")
     if w.shm_size_limit:
         try:
-            if parse_quantity(w.shm_size_limit) <= 0:
+            if parse_quantity(w.shm_size_limit) <= 0:  # QuantityError for junk and absurd lengths
                 raise ConfigError("webhook.shmSizeLimit", f"{w.shm_size_limit!r} must be > 0")
         except QuantityError as e:
             raise ConfigError("webhook.shmSizeLimit", str(e)) from e

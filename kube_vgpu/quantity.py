@@ -25,7 +25,9 @@ _DECIMAL = {
     "P": Fraction(10**15),
     "E": Fraction(10**18),
 }
-_RE = re.compile(r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?\d+))?$")
+_RE = re.compile(r"^([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?[0-9]+))?$")
+#: longer strings are never a sensible quantity (and would hit int-conversion limits)
+MAX_LEN = 64
 
 
 def parse_quantity(value: object) -> Fraction:
@@ -45,6 +47,8 @@ def parse_quantity(value: object) -> Fraction:
     if not isinstance(value, str):
         raise QuantityError(f"{value!r} is not a quantity string")
     s = value.strip()
+    if len(s) > MAX_LEN:
+        raise QuantityError(f"{value[:20]!r}... is too long to be a quantity ({len(s)} characters, at most {MAX_LEN})")
     m = _RE.match(s)
     if not m:
         raise QuantityError(f"{value!r} is not a Kubernetes quantity (e.g. 3000, 1Gi, 500m)")

@@ -301,26 +301,18 @@ def test_property_junk_only_config_error(section: str, key: str, value: Any) -> 
         assert e.key.startswith(section)
 
 
-@pytest.mark.xfail(raises=TypeError, strict=True,
-                   reason="BUG: a nodes[] entry without 'name' raises TypeError from NodeOverride(), "
-                          "not ConfigError('nodes[0].name')")
 def test_node_without_name_is_config_error() -> None:
     with pytest.raises(ConfigError) as ei:
         load_config_text("nodes: [{splitCount: 2}]")
     assert ei.value.key == "nodes[0].name"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: scheduling.inventoryStaleSeconds: .nan passes the '<= 0' check "
-                                       "(NaN compares False), so no inventory is ever stale")
 def test_nan_inventory_stale_seconds_rejected() -> None:
     with pytest.raises(ConfigError) as ei:
         load_config_text("scheduling: {inventoryStaleSeconds: .nan}")
     assert ei.value.key == "scheduling.inventoryStaleSeconds"
 
 
-@pytest.mark.xfail(raises=ValueError, strict=True,
-                   reason="BUG: a >4300-digit shmSizeLimit escapes as bare ValueError from parse_quantity, "
-                          "not ConfigError")
 def test_huge_shm_size_limit_is_config_error() -> None:
     with pytest.raises(ConfigError):
         load_config_text("webhook: {shmSizeLimit: '%s'}" % ("9" * 5000))

@@ -472,8 +472,6 @@ def test_property_definitely_invalid_always_raises(resource: str, junk: object) 
         parse_container(ctr("k", limits=limits), False)
 
 
-@pytest.mark.xfail(reason="BUG: a >4300-digit value escapes as ValueError (int str-conversion limit in "
-                          "parse_quantity), not RequestError", strict=True)
 def test_huge_value_is_request_error() -> None:
     with pytest.raises(RequestError):
         parse_container(ctr(limits={GPU: 1, MEM: "9" * 5000}), False)
