@@ -2,10 +2,10 @@
 
 Each GPU container gets ``<cache-host-dir>/<pod uid>_<container>/`` mounted at
 ``envcontract.CACHE_CONTAINER_DIR``; the shim keeps its shared region in ``vgpu.cache`` there
-(``CUDA_DEVICE_MEMORY_SHARED_CACHE``). The region's binary layout is owned by libvgpu and described
-in docs/shim.md; until that layout is pinned here, :func:`parse` recognises no format and the
-per-container metric is simply absent. Nothing here ever raises: a missing, short or foreign file
-means "no data".
+(``CUDA_DEVICE_MEMORY_SHARED_CACHE``). The region's binary layout belongs to libvgpu
+(``libvgpu/src/region.h``); it is parsed by ``libvgpu.region.read_region``, the one reader of that
+format. Nothing here raises: a missing, short or foreign file (or a build without the reader) means
+"no data".
 """
 
 from __future__ import annotations
@@ -13,41 +13,39 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from typing import Any
 
 from .response import CACHE_FILE, cache_dir_name
 
 log = logging.getLogger("kube_vgpu.deviceplugin.shimcache")
 
-#: parsers tried in order: bytes of the cache file -> {visible device index: used bytes} or None
-PARSERS: list[Callable[[bytes], dict[int, int] | None]] = []
 
-#: read at most this many bytes of a cache file
-MAX_READ = 4 * 1024 * 1024
+def _reader() -> Callable[[str], Any] | None:
+    try:
+        from libvgpu.region import read_region
+    except ImportError:
+        return None
+    return read_region  # type: ignore[no-any-return]
 
 
-def parse(data: bytes) -> dict[int, int] | None:
-    """Per visible device index, bytes in use; None when no known parser accepts ``data``."""
-    for p in PARSERS:
-        try:
-            out = p(data)
-        except (ValueError, IndexError, OverflowError):
-            out = None
-        if out is not None:
-            return out
-    return None
+def cache_path(cache_host_dir: str, pod_uid: str, container: str) -> str:
+    """Host path of a container's shared cache file."""
+    return os.path.join(cache_host_dir, cache_dir_name(pod_uid, container), CACHE_FILE)
 
 
 def read_container(cache_host_dir: str, pod_uid: str, container: str) -> dict[int, int] | None:
-    """Usage of one container from its cache file, or None when absent or unreadable."""
+    """Bytes in use per visible device index of one container, or None when there is no data."""
     if not pod_uid:
         return None
-    path = os.path.join(cache_host_dir, cache_dir_name(pod_uid, container), CACHE_FILE)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_READ)
-    except OSError:
+    path = cache_path(cache_host_dir, pod_uid, container)
+    if not os.path.exists(path):
         return None
-    out = parse(data)
-    if out is None:
-        log.debug("cache file %s: format not recognised", path)
-    return out
+    read = _reader()
+    if read is None:
+        return None
+    try:
+        region = read(path)
+    except (OSError, ValueError) as e:  # RegionError is a ValueError
+        log.debug("cache file %s not readable: %s", path, e)
+        return None
+    return {i: int(u) for i, u in enumerate(region.used)}

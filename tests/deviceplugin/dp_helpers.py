@@ -25,26 +25,22 @@ FAKES = ROOT / "tests" / "fakes"
 
 
 def build_fake_nvml(out_dir: Path) -> Path:
-    """Compile tests/fakes/fakenvml.c into ``out_dir/libnvidia-ml.so.1`` (uses tests/fakes/build.py when
-    it offers ``build_nvml``)."""
-    out = out_dir / "libnvidia-ml.so.1"
+    """``out_dir/libnvidia-ml.so.1`` built from tests/fakes/fakenvml.c: with tests/fakes/build.py
+    (``build_fakes``) when it is there, else with the C compiler directly."""
     try:
-        from tests.fakes import build as fbuild  # type: ignore[import-not-found]
-
-        fn = getattr(fbuild, "build_nvml", None)
-        if fn is not None:
-            return Path(fn(out_dir))
-    except Exception:  # noqa: BLE001 - fall back to compiling here
-        pass
+        from tests.fakes.build import build_fakes  # type: ignore[import-not-found]
+    except ImportError:
+        build_fakes = None
+    if build_fakes is not None:
+        return Path(build_fakes(out_dir)[1])
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler to build the fake NVML")
+    out = out_dir / "libnvidia-ml.so.1"
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wl,-soname,libnvidia-ml.so.1", f"-I{FAKES}",
                     f"-I{ROOT / 'libvgpu' / 'src'}", "-o", str(out), str(FAKES / "fakenvml.c"), "-lpthread"],
                    check=True)
     return out
-
-
 
 
 class FakeGPUs:

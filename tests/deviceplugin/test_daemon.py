@@ -19,12 +19,14 @@ import grpc
 import pytest
 from dp_helpers import NODE, FakeGPUs, FakeKubelet, bound_pod, make_node
 from prometheus_client.parser import text_string_to_metric_families
+from test_shimcache import write_region
 
 from deviceplugin.api import api_pb2
 from deviceplugin.kube import ApiKubeClient
 from deviceplugin.metrics import HealthServer
 from deviceplugin.podmatch import ANN_ALLOCATED_CONTAINERS
 from deviceplugin.server import DevicePlugin, Options
+from deviceplugin.shimcache import cache_path
 from kube_vgpu.codec import decode_inventory
 from kube_vgpu.config import Config, config_from_dict
 from kube_vgpu.resources import ANN_BIND_PHASE, ANN_NODE_INVENTORY
@@ -65,8 +67,15 @@ def start_plugin(gpus: FakeGPUs, kubelet: FakeKubelet, kube_api: Any, sockdir: s
 
 
 def inventory(kube_api: Any) -> Any:
-    node = kube_api.get_object("nodes", NODE)
-    return decode_inventory(node["metadata"]["annotations"][ANN_NODE_INVENTORY])
+    """The node inventory annotation, waiting (up to 5 s) for the first heartbeat to write it."""
+    deadline = time.time() + 5
+    while True:
+        node = kube_api.get_object("nodes", NODE)
+        text = (node["metadata"].get("annotations") or {}).get(ANN_NODE_INVENTORY)
+        if text is not None:
+            return decode_inventory(text)
+        assert time.time() < deadline, "node inventory never written"
+        time.sleep(0.02)
 
 
 def envs(resp: api_pb2.ContainerAllocateResponse) -> dict[str, str]:
@@ -278,6 +287,14 @@ def test_health_endpoints_and_metrics(start_plugin: Callable[..., DevicePlugin],
         assert ("kube_vgpu_gpu_utilization_percent", lab) in samples
         assert samples[("kube_vgpu_gpu_healthy", lab)] == 1
         assert samples[("kube_vgpu_device_plugin_allocations_total", (("result", "ok"),))] == 1
+        # per-container usage appears once the shim's cache file exists
+        uid = kube_api.get_object("pods", "m", "default")["metadata"]["uid"]
+        write_region(Path(cache_path(plugin.opts.cache_host_dir, uid, "c")), {0: 700 * 1024 * 1024})
+        samples = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+                   for fam in text_string_to_metric_families(_get(base + "/metrics")[1]) for smp in fam.samples}
+        clab = tuple(sorted({"namespace": "default", "pod": "m", "container": "c", "vdevice_index": "0",
+                             "device_uuid": U[0]}.items()))
+        assert samples[("kube_vgpu_container_memory_used_bytes", clab)] == 700 * 1024 * 1024
         assert _get(base + "/nope")[0] == 404
     finally:
         http.stop()

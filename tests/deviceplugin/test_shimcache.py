@@ -1,0 +1,37 @@
+"""Per-container usage from the shim's shared cache file (layout owned by libvgpu.region)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deviceplugin.shimcache import cache_path, read_container
+
+MIB = 1024 * 1024
+
+
+def write_region(path: Path, used: dict[int, int]) -> None:
+    region = pytest.importorskip("libvgpu.region")
+    buf = bytearray(region.SIZE)
+    u = [used.get(i, 0) for i in range(region.NDEV)]
+    region._HEADER.pack_into(buf, 0, region.MAGIC, region.VERSION, region.SIZE, region.NDEV, region.NSLOTS,
+                             *([0] * region.NDEV), *([0] * region.NDEV), *u)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(buf))
+
+
+def test_reads_used_bytes_per_visible_device(tmp_path: Path) -> None:
+    p = Path(cache_path(str(tmp_path), "uid-1", "main"))
+    write_region(p, {0: 512 * MIB, 1: 3 * MIB})
+    got = read_container(str(tmp_path), "uid-1", "main")
+    assert got is not None and got[0] == 512 * MIB and got[1] == 3 * MIB
+
+
+def test_absent_short_or_foreign_file_is_no_data(tmp_path: Path) -> None:
+    assert read_container(str(tmp_path), "uid-1", "main") is None
+    p = Path(cache_path(str(tmp_path), "uid-1", "main"))
+    p.parent.mkdir(parents=True)
+    p.write_bytes(b"not a region")
+    assert read_container(str(tmp_path), "uid-1", "main") is None
+    assert read_container(str(tmp_path), "", "main") is None
