@@ -533,6 +533,13 @@ def test_secrets_configmaps_leases_webhooks_events(api):
         "vgpu", [{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": "Q0E="}])
     got = adm.read_mutating_webhook_configuration("vgpu")
     assert got.webhooks[0].client_config.ca_bundle == "Q0E="
+    # strategic merge patch merges webhooks by name (what a cert tool does to inject its CA)
+    adm.patch_mutating_webhook_configuration(
+        "vgpu", {"webhooks": [{"name": "vgpu.example.com", "clientConfig": {"caBundle": "Q0I="}}]})
+    got = adm.read_mutating_webhook_configuration("vgpu")
+    assert got.webhooks[0].client_config.ca_bundle == "Q0I="
+    assert got.webhooks[0].client_config.url == "https://127.0.0.1:9443/mutate"
+    assert got.webhooks[0].side_effects == "None"
     assert [m.metadata.name for m in adm.list_mutating_webhook_configuration().items] == ["vgpu"]
 
     ev = client.EventsV1Api(c)
@@ -660,3 +667,250 @@ def test_tls_and_token():
             client.CoreV1Api(c2).list_namespace()
         assert ei.value.status == 401
         c2.close()
+
+
+# ---------------------------------------------------------------------------- hardening
+
+
+def test_concurrent_optimistic_updates_lose_nothing(api):
+    c = api.api_client()
+    v1 = client.CoreV1Api(c)
+    v1.create_namespaced_config_map("default", {"metadata": {"name": "counter"}, "data": {"n": "0"}})
+    conflicts = []
+
+    def worker():
+        for _ in range(25):
+            while True:
+                cm = v1.read_namespaced_config_map("counter", "default")
+                cm.data["n"] = str(int(cm.data["n"]) + 1)
+                try:
+                    v1.replace_namespaced_config_map("counter", "default", cm)
+                    break
+                except ApiException as exc:
+                    assert exc.status == 409
+                    conflicts.append(1)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert v1.read_namespaced_config_map("counter", "default").data["n"] == "150"
+    c.close()
+
+
+def test_watch_sees_every_write_in_order_under_concurrent_writers(api, v1):
+    rv = v1.list_namespaced_config_map("default").metadata.resource_version
+
+    def writer(k):
+        for i in range(30):
+            api.create_object("configmaps", {"metadata": {"name": f"w{k}-{i}"}})
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    events = first_events(v1.list_namespaced_config_map, "default", resource_version=rv, n=90)
+    for t in threads:
+        t.join()
+    rvs = [int(e["object"].metadata.resource_version) for e in events]
+    assert rvs == sorted(rvs) and len(set(rvs)) == 90
+    assert {e["object"].metadata.name for e in events} == {f"w{k}-{i}" for k in range(3) for i in range(30)}
+
+
+def test_closed_watch_resumes_from_last_resource_version(api, v1):
+    rv = v1.list_namespaced_pod("default").metadata.resource_version
+    events: list = []
+    w = watch.Watch()
+
+    def run():
+        for e in w.stream(v1.list_namespaced_pod, "default", resource_version=rv):  # no timeout: resumes
+            events.append((e["type"], e["object"].metadata.name))
+            if len(events) == 2:
+                w.stop()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    api.wait_for_watch("pods")
+    v1.create_namespaced_pod("default", pod("p1"))
+    deadline = time.monotonic() + 5
+    while not events and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert api.close_watches("pods") == 1
+    v1.create_namespaced_pod("default", pod("p2"))  # written while the client is between streams
+    t.join(5)
+    assert events == [("ADDED", "p1"), ("ADDED", "p2")]
+    watches = [i for i in api.request_log if i.verb == "watch"]
+    assert len(watches) == 2 and watches[1].query["resourceVersion"] != rv
+
+
+def test_history_window_yields_410(v1):
+    with FakeKubeAPI(history_size=3) as small:
+        c = small.api_client()
+        sv1 = client.CoreV1Api(c)
+        rv = small.resource_version
+        for i in range(5):
+            sv1.create_namespaced_config_map("default", {"metadata": {"name": f"c{i}"}})
+        with pytest.raises(ApiException) as ei:
+            list(watch.Watch().stream(sv1.list_namespaced_config_map, "default", resource_version=rv,
+                                      timeout_seconds=1))
+        assert ei.value.status == 410
+        # the last 3 writes are still in the window
+        recent = str(int(small.resource_version) - 3)
+        assert len(first_events(sv1.list_namespaced_config_map, "default", resource_version=recent, n=3)) == 3
+        c.close()
+
+
+def test_stop_ends_open_watches_promptly():
+    api = FakeKubeAPI()
+    api.start()
+    c = api.api_client()
+    v1 = client.CoreV1Api(c)
+    done = threading.Event()
+
+    def run():
+        try:
+            for _ in watch.Watch().stream(v1.list_node, timeout_seconds=30):
+                pass
+        except Exception:
+            pass
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    api.wait_for_watch("nodes")
+    start = time.monotonic()
+    api.stop()
+    assert done.wait(5)
+    assert time.monotonic() - start < 3
+    c.close()
+
+
+def test_legacy_watch_path_and_raw_stream_format(api):
+    import http.client
+
+    api.create_object("pods", pod("p1"))
+    api.create_object("pods", pod("p2"))
+    conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=5)
+    conn.request("GET", "/api/v1/watch/namespaces/default/pods/p1?timeoutSeconds=1")
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Content-Type") == "application/json"
+    assert resp.getheader("Transfer-Encoding") == "chunked"
+    lines = [json.loads(x) for x in resp.read().splitlines() if x.strip()]
+    assert [(e["type"], e["object"]["metadata"]["name"], e["object"]["kind"]) for e in lines] == [
+        ("ADDED", "p1", "Pod")]
+    conn.close()
+
+
+def test_patch_edge_cases(api, v1):
+    v1.create_node(node("n1"))
+    # strategic merge on node status conditions merges by type
+    v1.patch_node_status("n1", {"status": {"conditions": [{"type": "DiskPressure", "status": "False"}]}})
+    conds = {c.type: c.status for c in v1.read_node("n1").status.conditions}
+    assert conds == {"Ready": "True", "DiskPressure": "False"}
+    # finalizers merge as a set under strategic merge
+    v1.patch_node("n1", {"metadata": {"finalizers": ["a/x"]}})
+    v1.patch_node("n1", {"metadata": {"finalizers": ["b/y"]}})
+    assert v1.read_node("n1").metadata.finalizers == ["a/x", "b/y"]
+    api.patch_object("nodes", "n1", {"metadata": {"finalizers": None}})
+
+    import urllib.request
+
+    def send(data, ctype, path="/api/v1/nodes/n1"):
+        req = urllib.request.Request(api.base_url + path, data=data, method="PATCH", headers={"Content-Type": ctype})
+        try:
+            with urllib.request.urlopen(req) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    assert send(b"[1]", "application/merge-patch+json") == 400
+    assert send(b'{"a": 1}', "application/json-patch+json") == 400
+    assert send(b'[{"op": "frobnicate", "path": "/x"}]', "application/json-patch+json") == 422
+    assert send(b'[{"op": "remove", "path": "/metadata/nope"}]', "application/json-patch+json") == 422
+    assert send(b'{"metadata": {"name": "other"}}', "application/merge-patch+json") == 400
+    assert send(b'{"metadata": {"labels": {"a": 1}}}', "application/merge-patch+json") == 400
+    assert send(b'{"metadata": null}', "application/merge-patch+json") == 422
+    assert send(b"{}", "application/merge-patch+json", "/api/v1/nodes/missing") == 404
+    # uid and creationTimestamp cannot be patched away
+    before = v1.read_node("n1")
+    after = v1.patch_node("n1", {"metadata": {"uid": "x", "creationTimestamp": None}},
+                          _content_type="application/merge-patch+json")
+    assert after.metadata.uid == before.metadata.uid
+    assert after.metadata.creation_timestamp == before.metadata.creation_timestamp
+    assert api.errors == []
+
+
+def test_server_side_apply_is_approximated(api):
+    import urllib.request
+
+    body = b"metadata:\n  name: cm1\n  namespace: default\ndata:\n  k: v\n"
+    url = api.base_url + "/api/v1/namespaces/default/configmaps/cm1?fieldManager=test"
+    req = urllib.request.Request(url, data=body, method="PATCH", headers={"Content-Type": "application/apply-patch+yaml"})
+    with urllib.request.urlopen(req) as r:
+        assert r.status == 200
+    assert api.get_object("configmaps", "cm1", "default")["data"] == {"k": "v"}
+
+
+def test_finalizers_cannot_be_added_while_deleting(v1):
+    v1.create_node({"metadata": {"name": "n1", "finalizers": ["a/x"]}})
+    v1.delete_node("n1")
+    with pytest.raises(ApiException) as ei:
+        v1.patch_node("n1", {"metadata": {"finalizers": ["b/y"]}})
+    assert ei.value.status == 422
+
+
+def test_dry_run_does_not_persist(api, v1):
+    rv = api.resource_version
+    out = v1.create_namespaced_pod("default", pod("p1"), dry_run="All")
+    assert out.metadata.name == "p1" and api.get_object("pods", "p1") is None
+    assert api.resource_version == rv
+
+
+def test_extended_resource_validation(v1):
+    bad = pod("p1")
+    bad["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "2"}}
+    with pytest.raises(ApiException) as ei:
+        v1.create_namespaced_pod("default", bad)
+    assert ei.value.status == 422 and "must be equal to nvidia.com/gpu limit" in status_of(ei.value)["message"]
+    bad["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpu": "1"}}
+    with pytest.raises(ApiException) as ei:
+        v1.create_namespaced_pod("default", bad)
+    assert ei.value.status == 422
+    nocontainers = {"metadata": {"name": "p2"}, "spec": {"containers": []}}
+    with pytest.raises(ApiException) as ei:
+        v1.create_namespaced_pod("default", nocontainers)
+    assert ei.value.status == 422
+
+
+def test_garbage_never_crashes_the_server(api):
+    import http.client
+    import random
+
+    rnd = random.Random(1234)
+    paths = ["/api/v1/namespaces/default/pods", "/api/v1/namespaces/default/pods/p1",
+             "/api/v1/namespaces/default/pods/p1/binding", "/api/v1/namespaces/default/pods/p1/status",
+             "/api/v1/nodes", "/api/v1/nodes/n1", "/apis/coordination.k8s.io/v1/namespaces/default/leases/l",
+             "/api/v1/namespaces/default/bindings", "/api/v1/pods?labelSelector=%28%28",
+             "/api/v1/pods?fieldSelector=spec", "/api/v1/pods?watch=true&resourceVersion=abc",
+             "/api/v1/pods?watch=1&timeoutSeconds=x", "/api/v1/pods?limit=z", "/api/v1/pods?continue=@@",
+             "/apis/nope/v1/things", "/api/v1/namespaces/default/pods/p1/bogus/extra/segs"]
+    bodies = [b"", b"{", b"null", b"[]", b"123", b'"s"', b'{"metadata": []}', b'{"metadata": {"name": 5}}',
+              b'{"metadata": {"name": "p1"}, "spec": []}', b'{"metadata": {"name": "p1"}, "spec": {"containers": [1]}}',
+              b'{"target": "n1"}', b'{"metadata": {"name": "p1"}, "target": {"name": ["x"]}}',
+              bytes(rnd.randrange(256) for _ in range(64)), b'[{"op": "add"}]']
+    ctypes = ["application/json", "application/merge-patch+json", "application/strategic-merge-patch+json",
+              "application/json-patch+json", "application/apply-patch+yaml", "text/plain", "application/yaml"]
+    api.create_object("pods", pod("p1"))
+    api.create_object("nodes", node("n1"))
+    conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=5)
+    for _ in range(300):
+        method = rnd.choice(["GET", "POST", "PUT", "PATCH", "DELETE"])
+        path = rnd.choice(paths)
+        conn.request(method, path, body=rnd.choice(bodies), headers={"Content-Type": rnd.choice(ctypes)})
+        resp = conn.getresponse()
+        data = resp.read()
+        assert resp.status < 500, (method, path, resp.status, data[:300])
+        if resp.status >= 400:
+            st = json.loads(data)
+            assert st["kind"] == "Status" and st["code"] == resp.status
+    conn.close()
+    assert api.errors == []

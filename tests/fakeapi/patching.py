@@ -60,6 +60,8 @@ for _k, _v in _POD_SPEC_KEYS.items():
 _MERGE_KEYS.update(
     {
         ("metadata", "ownerReferences"): "uid",
+        ("webhooks",): "name",  # Mutating/ValidatingWebhookConfiguration
+        ("spec", "ports"): "port",  # Service
         ("status", "conditions"): "type",
         ("status", "addresses"): "type",
         ("status", "containerStatuses"): "name",

@@ -589,7 +589,11 @@ class FakeKubeAPI:
                 raise ApiError(405, "the server does not allow this method on the requested resource")
             info.verb, info.resource, info.namespace = "create", "pods/binding", namespace
             body = await self._read_body(request, info)
-            bname = (body.get("metadata") or {}).get("name") if isinstance(body, dict) else None
+            bmeta = body.get("metadata") if isinstance(body, dict) else None
+            bname = bmeta.get("name") if isinstance(bmeta, dict) else None
+            if not isinstance(body, dict) or not isinstance(bmeta, (dict, type(None))) or not isinstance(
+                    bname, (str, type(None))):
+                raise ApiError(400, "the body of the request was in an unknown format - expected a Binding")
             info.name = bname
             await self._pre(info)
             if not bname:

@@ -461,6 +461,7 @@ class Store:
                 not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values())
             ):
                 raise ApiError(400, f"metadata.{k} must be a map of string to string")
+        _check_shape(rt.kind, body)
         obj = copy.deepcopy(body)
         obj["kind"] = rt.kind
         obj["apiVersion"] = rt.api_version
@@ -899,6 +900,7 @@ class Store:
         with self.lock:
             if not isinstance(binding, dict):
                 raise ApiError(400, "the body of the request was in an unknown format - expected a Binding")
+            _check_shape("Binding", binding)
             if binding.get("kind") not in (None, "", "Binding"):
                 raise ApiError(400, f"the kind of the provided object ({binding.get('kind')}) does not match "
                                "Binding")
@@ -999,6 +1001,79 @@ class Store:
             self.compacted = self.rv
             self.history.clear()
             self.close_watches()
+
+
+# Expected JSON types of well-known fields: a decoding error in the real server (400 BadRequest,
+# "json: cannot unmarshal ..."). Paths use "*" for "each list element" / "each map value".
+_STR, _INT, _BOOL, _MAP, _LIST = str, int, bool, dict, list
+_META_SHAPE: dict[tuple[str, ...], type] = {
+    ("metadata",): _MAP, ("metadata", "name"): _STR, ("metadata", "generateName"): _STR,
+    ("metadata", "namespace"): _STR, ("metadata", "resourceVersion"): _STR, ("metadata", "uid"): _STR,
+    ("metadata", "labels"): _MAP, ("metadata", "labels", "*"): _STR,
+    ("metadata", "annotations"): _MAP, ("metadata", "annotations", "*"): _STR,
+    ("metadata", "finalizers"): _LIST, ("metadata", "finalizers", "*"): _STR,
+    ("metadata", "ownerReferences"): _LIST, ("metadata", "ownerReferences", "*"): _MAP,
+    ("metadata", "generation"): _INT, ("metadata", "deletionGracePeriodSeconds"): _INT,
+    ("spec",): _MAP, ("status",): _MAP,
+}
+_CONTAINER_SHAPE: dict[tuple[str, ...], type] = {
+    (): _MAP, ("name",): _STR, ("image",): _STR, ("resources",): _MAP, ("resources", "limits"): _MAP,
+    ("resources", "requests"): _MAP, ("env",): _LIST, ("env", "*"): _MAP, ("ports",): _LIST,
+    ("command",): _LIST, ("args",): _LIST, ("volumeMounts",): _LIST, ("securityContext",): _MAP,
+}
+_KIND_SHAPE: dict[str, dict[tuple[str, ...], type]] = {
+    "Pod": {
+        ("spec", "containers"): _LIST, ("spec", "initContainers"): _LIST, ("spec", "nodeName"): _STR,
+        ("spec", "schedulerName"): _STR, ("spec", "tolerations"): _LIST, ("spec", "tolerations", "*"): _MAP,
+        ("spec", "nodeSelector"): _MAP, ("spec", "nodeSelector", "*"): _STR, ("spec", "volumes"): _LIST,
+        ("spec", "terminationGracePeriodSeconds"): _INT, ("spec", "priority"): _INT,
+        ("status", "phase"): _STR, ("status", "conditions"): _LIST, ("status", "conditions", "*"): _MAP,
+        ("status", "containerStatuses"): _LIST,
+        **{("spec", c, "*") + k: t for c in ("containers", "initContainers") for k, t in _CONTAINER_SHAPE.items()},
+    },
+    "Node": {
+        ("spec", "unschedulable"): _BOOL, ("spec", "taints"): _LIST, ("spec", "taints", "*"): _MAP,
+        ("status", "capacity"): _MAP, ("status", "allocatable"): _MAP, ("status", "conditions"): _LIST,
+        ("status", "conditions", "*"): _MAP, ("status", "addresses"): _LIST,
+    },
+    "ConfigMap": {("data",): _MAP, ("data", "*"): _STR, ("binaryData",): _MAP, ("binaryData", "*"): _STR},
+    "Secret": {("data",): _MAP, ("data", "*"): _STR, ("stringData",): _MAP, ("stringData", "*"): _STR,
+               ("type",): _STR},
+    "Lease": {("spec", "holderIdentity"): _STR, ("spec", "leaseDurationSeconds"): _INT,
+              ("spec", "leaseTransitions"): _INT},
+    "MutatingWebhookConfiguration": {("webhooks",): _LIST, ("webhooks", "*"): _MAP,
+                                     ("webhooks", "*", "clientConfig"): _MAP},
+    "ValidatingWebhookConfiguration": {("webhooks",): _LIST, ("webhooks", "*"): _MAP,
+                                       ("webhooks", "*", "clientConfig"): _MAP},
+    "Namespace": {("spec", "finalizers"): _LIST},
+    "Event": {("involvedObject",): _MAP, ("regarding",): _MAP, ("count",): _INT},
+    "Binding": {("target",): _MAP, ("target", "name"): _STR, ("target", "kind"): _STR},
+}
+_TYPE_NAMES = {str: "string", int: "integer", bool: "boolean", dict: "object", list: "array"}
+
+
+def _check_shape(kind: str, obj: Any) -> None:
+    shape = {**_META_SHAPE, **_KIND_SHAPE.get(kind, {})}
+
+    def walk(val: Any, path: tuple[str, ...]) -> None:
+        want = shape.get(path)
+        if want is not None and val is not None:
+            ok = isinstance(val, want) and not (want is int and isinstance(val, bool))
+            if not ok:
+                raise ApiError(400, f"json: cannot unmarshal {type(val).__name__} into Go struct field "
+                               f"{kind}.{'.'.join(p for p in path if p != '*')} of type {_TYPE_NAMES[want]}")
+        if isinstance(val, dict):
+            for k, v in val.items():
+                sub = path + (k,)
+                if sub in shape or any(p[: len(sub)] == sub for p in shape):
+                    walk(v, sub)
+                elif path + ("*",) in shape:
+                    walk(v, path + ("*",))
+        elif isinstance(val, list) and path + ("*",) in shape:
+            for v in val:
+                walk(v, path + ("*",))
+
+    walk(obj, ())
 
 
 def _secret_string_data(obj: JSON) -> None:
