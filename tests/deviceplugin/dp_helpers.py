@@ -219,3 +219,13 @@ def bound_pod(name: str, containers: list[tuple[str, bool, list[tuple[str, int, 
                          "annotations": {ANN_ALLOCATION: encode_allocation(alloc), ANN_BIND_PHASE: phase,
                                          ANN_BIND_TIME: str(bind_time)}},
             "spec": spec}
+
+
+def write_region(path: Path, used: dict[int, int]) -> None:
+    region = pytest.importorskip("libvgpu.region")
+    buf = bytearray(region.SIZE)
+    u = [used.get(i, 0) for i in range(region.NDEV)]
+    region._HEADER.pack_into(buf, 0, region.MAGIC, region.VERSION, region.SIZE, region.NDEV, region.NSLOTS,
+                             *([0] * region.NDEV), *([0] * region.NDEV), *u)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(buf))

@@ -17,9 +17,8 @@ from typing import Any
 
 import grpc
 import pytest
-from dp_helpers import NODE, FakeGPUs, FakeKubelet, bound_pod, make_node
+from dp_helpers import NODE, FakeGPUs, FakeKubelet, bound_pod, make_node, write_region
 from prometheus_client.parser import text_string_to_metric_families
-from test_shimcache import write_region
 
 from deviceplugin.api import api_pb2
 from deviceplugin.kube import ApiKubeClient

@@ -4,21 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+from dp_helpers import write_region
 
 from deviceplugin.shimcache import cache_path, read_container
 
 MIB = 1024 * 1024
-
-
-def write_region(path: Path, used: dict[int, int]) -> None:
-    region = pytest.importorskip("libvgpu.region")
-    buf = bytearray(region.SIZE)
-    u = [used.get(i, 0) for i in range(region.NDEV)]
-    region._HEADER.pack_into(buf, 0, region.MAGIC, region.VERSION, region.SIZE, region.NDEV, region.NSLOTS,
-                             *([0] * region.NDEV), *([0] * region.NDEV), *u)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(bytes(buf))
 
 
 def test_reads_used_bytes_per_visible_device(tmp_path: Path) -> None:
