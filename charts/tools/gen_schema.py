@@ -1,0 +1,174 @@
+# ruff: noqa: E701, E702, E731, E741
+"""Regenerate charts/kube-vgpu/values.schema.json (run from anywhere; commit the result).
+
+The chart tests check the output: bad values fail with a schema message, every values key is in the schema."""
+import json
+import os
+
+CHART = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'kube-vgpu')
+def obj(props, req=None, desc=None, extra=False):
+    d = {"type": "object", "additionalProperties": extra, "properties": props}
+    if req: d["required"] = req
+    if desc: d["description"] = desc
+    return d
+def s(desc, **kw): return {"type": "string", "description": desc, **kw}
+def i(desc, **kw): return {"type": "integer", "description": desc, **kw}
+def n(desc, **kw): return {"type": "number", "description": desc, **kw}
+def b(desc): return {"type": "boolean", "description": desc}
+def anyobj(desc): return {"type": "object", "description": desc}
+def arr(desc, items=None):
+    d = {"type": "array", "description": desc}
+    if items: d["items"] = items
+    return d
+DUR = {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"}
+def dur(desc): return {**DUR, "description": desc + " (a Go duration such as 10s, 1m30s)"}
+RESNAME = {"type": "string", "pattern": r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", "minLength": 1, "maxLength": 253}
+DNS = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", "maxLength": 253}
+PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+LEVEL = {"type": "string", "enum": ["debug", "info", "warning", "error"]}
+RES = {"type": "object", "description": "Container resources (requests/limits).",
+       "additionalProperties": False,
+       "properties": {"requests": {"type": "object"}, "limits": {"type": "object"}, "claims": {"type": "array"}}}
+EXPR = {"type": "object", "required": ["key", "operator"], "additionalProperties": False,
+        "properties": {"key": {"type": "string"}, "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                       "values": {"type": "array", "items": {"type": "string"}}}}
+STRLIST = {"type": "array", "items": {"type": "string"}}
+PCT = lambda d, lo: {"type": "integer", "minimum": lo, "maximum": 100, "description": d}
+SCALE = lambda d: {"type": "number", "exclusiveMinimum": 0, "maximum": 100, "description": d}
+
+config = obj({
+    "schedulerName": {**DNS, "minLength": 1, "description": "Name of the secondary scheduler."},
+    "resourceNames": obj({k: {**RESNAME, "description": f"Extended resource name for {k}."}
+                          for k in ["gpu", "gpumem", "gpumemPercentage", "gpucores", "priority"]},
+                         desc="Extended-resource names (distinct)."),
+    "defaults": obj({
+        "gpuCount": i("GPUs per container when only gpumem/gpucores are given.", minimum=1, maximum=128),
+        "memoryMiB": i("MiB when no memory is requested (0 = use memoryPercentage).", minimum=0),
+        "memoryPercentage": PCT("Percent of GPU memory when no memory is requested.", 1),
+        "cores": PCT("Percent of compute when gpucores is not given.", 0),
+        "bareGpuExclusive": b("A bare nvidia.com/gpu takes whole cards."),
+    }),
+    "scheduling": obj({
+        "nodePolicy": {"enum": ["binpack", "spread", "fgd", "bestfit", "dotprod"], "description": "Node policy."},
+        "gpuPolicy": {"enum": ["binpack", "spread"], "description": "GPU policy inside a node."},
+        "inventoryStaleSeconds": n("Inventory heartbeat age after which a node is not a candidate.", exclusiveMinimum=0),
+    }),
+    "devices": obj({
+        "splitCount": i("vGPU slots per GPU.", minimum=1, maximum=1024),
+        "memoryScaling": SCALE("Factor on NVML memory."),
+        "coreScaling": SCALE("Factor on 100 percent of compute."),
+    }),
+    "nodes": arr("Per-node overrides.", obj({
+        "name": {"type": "string", "minLength": 1, "description": "Node name."},
+        "splitCount": {"type": ["integer", "null"], "minimum": 1, "maximum": 1024},
+        "memoryScaling": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 100},
+        "coreScaling": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 100},
+        "excludeGPUs": {"type": "array", "items": {"type": ["string", "integer"]}},
+    }, req=["name"])),
+    "webhook": obj({
+        "forceOverwriteDefaultScheduler": b("Route default-scheduler pods to ours."),
+        "mutateBareGpu": b("Treat a bare nvidia.com/gpu as a vGPU request."),
+        "privileged": {"enum": ["deny", "allow"], "description": "Privileged vGPU containers."},
+        "allowUserVisibleDevices": b("Allow containers to set NVIDIA_VISIBLE_DEVICES."),
+        "nonGpuVisibleDevicesNone": b("NVIDIA_VISIBLE_DEVICES=none for non-GPU containers."),
+        "shmSizeLimit": {"type": "string", "pattern": r"^$|^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+                         "description": "sizeLimit of an injected /dev/shm (quantity, or empty)."},
+        "foreignSchedulers": {"enum": ["leave", "deny"], "description": "Pods of other schedulers."},
+    }),
+}, desc="The policy file (kube-vgpu.io/v1 domain config).")
+
+IMAGE = obj({"repository": {"type": "string", "minLength": 1}, "tag": {"type": "string"},
+             "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}})
+PDB = obj({"enabled": b("Create the PDB when replicas > 1."),
+           "minAvailable": {"type": ["integer", "string"], "description": "minAvailable (count or percent)."}})
+POD_COMMON = {"nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
+              "tolerations": {"type": "array", "items": {"type": "object"}},
+              "affinity": {"type": "object"}, "podAnnotations": {"type": "object", "additionalProperties": {"type": "string"}}}
+
+schema = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "title": "kube-vgpu chart values",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "global": {"type": "object", "description": "Helm global values (accepted, unused)."},
+        "nameOverride": {"type": "string"},
+        "fullnameOverride": {"type": "string", "maxLength": 40},
+        "commonLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "imagePullSecrets": {"type": "array", "items": {"type": "string"}},
+        "image": IMAGE,
+        "logLevel": {**LEVEL, "description": "Log level of every component."},
+        "config": config,
+        "scheduler": obj({
+            "enabled": b("Deploy the scheduler."),
+            "replicas": i("Replicas.", minimum=1, maximum=9),
+            "leaderElection": obj({
+                "enabled": {"enum": ["auto", True, False], "description": "auto, true or false."},
+                "leaseDuration": dur("Lease duration"), "renewDeadline": dur("Renew deadline"),
+                "retryPeriod": dur("Retry period")}),
+            "kubeScheduler": obj({
+                "image": IMAGE,
+                "verbosity": i("klog -v.", minimum=0, maximum=10),
+                "percentageOfNodesToScore": i("percentageOfNodesToScore.", minimum=0, maximum=100),
+                "extraArgs": STRLIST, "resources": RES}),
+            "extender": obj({
+                "port": PORT, "bindAddress": {"type": "string", "minLength": 1},
+                "httpTimeout": dur("Extender call timeout"),
+                "weight": i("Extender weight.", minimum=1, maximum=100),
+                "resyncSeconds": i("Full resync period.", minimum=1),
+                "leaderElect": {"enum": ["auto", True, False]},
+                "extraArgs": STRLIST, "resources": RES}),
+            "pdb": PDB,
+            "priorityClassName": {"type": "string"},
+            **POD_COMMON,
+        }),
+        "webhook": obj({
+            "enabled": b("Deploy the webhook."),
+            "replicas": i("Replicas.", minimum=1, maximum=20),
+            "port": PORT,
+            "failurePolicy": {"enum": ["Ignore", "Fail"], "description": "Ignore or Fail."},
+            "timeoutSeconds": i("Webhook timeout in seconds (at most 5).", minimum=1, maximum=5),
+            "reinvocationPolicy": {"enum": ["IfNeeded", "Never"]},
+            "excludeNamespaces": {"type": "array", "items": DNS},
+            "namespaceSelectorExpressions": {"type": "array", "items": EXPR},
+            "objectSelectorExpressions": {"type": "array", "items": EXPR},
+            "maxBodyBytes": i("Request body limit.", minimum=1024),
+            "tlsSecretName": {"type": "string"},
+            "certs": obj({
+                "mode": {"enum": ["job", "certManager"], "description": "job or certManager."},
+                "days": i("Validity in days.", minimum=1),
+                "renewBeforeDays": i("Renew when fewer days are left.", minimum=0),
+                "certManager": obj({
+                    "issuerRef": obj({"name": {"type": "string", "minLength": 1},
+                                      "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+                                      "group": {"type": "string"}}),
+                    "duration": dur("Certificate duration"), "renewBefore": dur("Renew before expiry")}),
+            }),
+            "resources": RES, "priorityClassName": {"type": "string"},
+            "pdb": PDB, **POD_COMMON,
+        }),
+        "devicePlugin": obj({
+            "enabled": b("Deploy the device plugin."),
+            "priorityClassName": {"type": "string"},
+            "runtimeClassName": {"type": "string"},
+            "pluginDir": {"type": "string", "pattern": "^/"},
+            "shimHostDir": {"type": "string", "pattern": "^/"},
+            "shimImagePath": {"type": "string", "pattern": "^/.*\\.so$"},
+            "cacheHostDir": {"type": "string", "pattern": "^/"},
+            "metricsPort": PORT,
+            "heartbeatSeconds": i("Heartbeat period.", minimum=1),
+            "extraArgs": STRLIST,
+            "securityContext": {"type": "object"},
+            "env": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+            "resources": RES,
+            "maxUnavailable": {"type": ["integer", "string"]},
+            **POD_COMMON,
+        }),
+        "serviceMonitor": obj({"enabled": b("Create ServiceMonitors."), "interval": dur("Scrape interval"),
+                               "labels": {"type": "object", "additionalProperties": {"type": "string"}}}),
+        "dashboards": obj({"enabled": b("Create the dashboard ConfigMap."), "label": {"type": "string", "minLength": 1},
+                           "labelValue": {"type": "string"}, "namespace": {"type": "string"},
+                           "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}),
+    },
+}
+open(CHART + "/values.schema.json", "w").write(json.dumps(schema, indent=2, ensure_ascii=False) + "\n")
