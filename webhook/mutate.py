@@ -35,18 +35,18 @@ nothing, so a second review yields an empty patch (safe with ``reinvocationPolic
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch
+from jsonpointer import escape
 
 from kube_vgpu.config import Config
 from kube_vgpu.envcontract import VISIBLE_DEVICES
 from kube_vgpu.errors import RequestError
 from kube_vgpu.model import ContainerRequest
-from kube_vgpu.podspec import container_asks, parse_container, parse_pod, resource_value
+from kube_vgpu.podspec import container_asks, parse_pod, resource_value
 from kube_vgpu.resources import LABEL_WEBHOOK, LABEL_WEBHOOK_IGNORE, ResourceNames
 
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -98,6 +98,14 @@ def _containers(spec: Mapping[str, Any]) -> list[tuple[bool, dict[str, Any]]]:
     return out
 
 
+def _indexed(spec: Mapping[str, Any]) -> list[tuple[bool, int, dict[str, Any]]]:
+    """(is_init, index in its list, container) in the order of :func:`_containers`."""
+    out: list[tuple[bool, int, dict[str, Any]]] = []
+    for init, key in ((True, "initContainers"), (False, "containers")):
+        out.extend((init, i, c) for i, c in enumerate(spec.get(key) or []) if isinstance(c, dict))
+    return out
+
+
 def asks_vgpu(container: Mapping[str, Any], config: Config) -> bool:
     """True if the container makes its pod a vGPU pod (see module docstring, step 2)."""
     names = config.resource_names
@@ -134,28 +142,36 @@ def _resolved_limits(req: ContainerRequest, names: ResourceNames) -> dict[str, s
     return out
 
 
-def _fill_limits(container: dict[str, Any], req: ContainerRequest, names: ResourceNames) -> None:
-    """Make ``limits`` carry the whole request (in place). Values already in limits are kept."""
+def _limit_ops(path: str, container: Mapping[str, Any], req: ContainerRequest,
+               names: ResourceNames) -> list[dict[str, Any]]:
+    """Ops that make ``limits`` carry the whole request. Values already in limits are kept; vGPU
+    values given only in ``requests`` are copied (extended resources need a limit)."""
     res = container.get("resources")
+    limits_raw = res.get("limits") if isinstance(res, dict) else None
+    limits: Mapping[str, Any] = limits_raw if isinstance(limits_raw, dict) else {}
+    requests_raw = res.get("requests") if isinstance(res, dict) else None
+    requests: Mapping[str, Any] = requests_raw if isinstance(requests_raw, dict) else {}
+    want: dict[str, Any] = {n: requests[n] for n in names.all() if n not in limits and n in requests}
+    mem_names = (names.gpumem, names.gpumem_percentage)
+    has_memory = any(n in limits or n in want for n in mem_names)
+    for n, v in _resolved_limits(req, names).items():
+        if n in limits or n in want or (n in mem_names and has_memory):
+            continue
+        want[n] = v
+    if not want:
+        return []
     if not isinstance(res, dict):
-        res = container["resources"] = {}
-    limits = res.get("limits")
-    if not isinstance(limits, dict):
-        limits = res["limits"] = {}
-    requests_raw = res.get("requests")
-    requests: dict[str, Any] = requests_raw if isinstance(requests_raw, dict) else {}
-    # Extended resources need limits; a value given only in requests moves over unchanged.
-    for n in names.all():
-        if n not in limits and n in requests:
-            limits[n] = requests[n]
-    resolved = _resolved_limits(req, names)
-    has_memory = names.gpumem in limits or names.gpumem_percentage in limits
-    for n, v in resolved.items():
-        if n in limits:
-            continue
-        if n in (names.gpumem, names.gpumem_percentage) and has_memory:
-            continue
-        limits[n] = v
+        return [{"op": "add", "path": f"{path}/resources", "value": {"limits": want}}]
+    if not isinstance(limits_raw, dict):
+        return [{"op": "add", "path": f"{path}/resources/limits", "value": want}]
+    return [{"op": "add", "path": f"{path}/resources/limits/{escape(n)}", "value": v} for n, v in want.items()]
+
+
+def _append_op(path: str, obj: Mapping[str, Any], key: str, item: Any) -> dict[str, Any]:
+    """Append ``item`` to the list ``obj[key]`` at ``path`` (creating the list if absent/null)."""
+    if isinstance(obj.get(key), list):
+        return {"op": "add", "path": f"{path}/{key}/-", "value": item}
+    return {"op": "add", "path": f"{path}/{key}", "value": [item]}
 
 
 def _mounts_shm(containers: list[tuple[bool, dict[str, Any]]]) -> bool:
@@ -209,10 +225,12 @@ def review_pod(pod: Mapping[str, Any], config: Config) -> Decision:
         return Decision(allowed=True, outcome=FOREIGN)
 
     try:
-        parse_pod(pod, config)
-        reqs = [(init, c, parse_container(c, init, config)) for init, c in containers]
+        parsed = parse_pod(pod, config)
     except RequestError as e:
         return _deny(400, "BadRequest", str(e))
+    # container names are unique in a valid pod; parse_pod keeps init and app requests apart
+    by_name = {(r.init, r.name): r for r in parsed.init + parsed.app}
+    reqs = [(init, c, by_name.get((init, str(c.get("name", "?"))))) for init, c in containers]
     if all(req is None for _, _, req in reqs):  # e.g. only ``nvidia.com/gpu: 0``
         return Decision(allowed=True, outcome=SKIPPED)
 
@@ -245,28 +263,29 @@ def review_pod(pod: Mapping[str, Any], config: Config) -> Decision:
                      f"{_kind(init)} {name!r}: env {VISIBLE_DEVICES}={value!r} bypasses the vGPU scheduler; "
                      f"allowed: {allowed} (webhook.allowUserVisibleDevices=false)")
 
-    new_spec = copy.deepcopy(spec)
-    new_containers = _containers(new_spec)
+    # Build the JSONPatch directly (RFC 6902 paths into the Pod); jsonpatch checks it below.
     names = config.resource_names
+    ops: list[dict[str, Any]] = []
     if sched != config.scheduler_name:
-        new_spec["schedulerName"] = config.scheduler_name
-    gpu_containers: list[dict[str, Any]] = []
-    for (_, c), (_, _, req) in zip(new_containers, reqs, strict=True):
+        ops.append({"op": "replace" if "schedulerName" in spec else "add", "path": "/spec/schedulerName",
+                    "value": config.scheduler_name})
+    gpu_paths: list[tuple[str, dict[str, Any]]] = []
+    for (init, i, c), (_, _, req) in zip(_indexed(spec), reqs, strict=True):
+        path = f"/spec/{'initContainers' if init else 'containers'}/{i}"
         if req is not None:
-            _fill_limits(c, req, names)
-            gpu_containers.append(c)
+            ops += _limit_ops(path, c, req, names)
+            gpu_paths.append((path, c))
         elif wh.non_gpu_visible_devices_none and _visible_devices_entry(c) is None:
-            c.setdefault("env", []).append({"name": VISIBLE_DEVICES, "value": "none"})
-    if gpu_containers and not _mounts_shm(new_containers):
-        vol_name = _shm_volume_name(new_spec)
+            ops.append(_append_op(path, c, "env", {"name": VISIBLE_DEVICES, "value": "none"}))
+    if gpu_paths and not _mounts_shm(containers):
+        vol_name = _shm_volume_name(spec)
         empty_dir: dict[str, Any] = {"medium": "Memory"}
         if wh.shm_size_limit:
             empty_dir["sizeLimit"] = wh.shm_size_limit
-        new_spec.setdefault("volumes", []).append({"name": vol_name, "emptyDir": empty_dir})
-        for c in gpu_containers:
-            c.setdefault("volumeMounts", []).append({"name": vol_name, "mountPath": SHM_PATH})
-
-    ops = jsonpatch.make_patch({"spec": spec}, {"spec": new_spec}).patch
+        ops.append(_append_op("/spec", spec, "volumes", {"name": vol_name, "emptyDir": empty_dir}))
+        for path, c in gpu_paths:
+            ops.append(_append_op(path, c, "volumeMounts", {"name": vol_name, "mountPath": SHM_PATH}))
+    ops = jsonpatch.JsonPatch(ops).patch
     warnings = []
     for _, c, req in reqs:
         if req is not None and resource_value(c, names.gpumem) is not None \

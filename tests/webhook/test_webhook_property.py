@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from wh_helpers import Client, base_pod, decode_patch, review_of
 
 from kube_vgpu.config import Config, Defaults, WebhookConfig, replace
-from kube_vgpu.podspec import parse_pod
+from kube_vgpu.podspec import parse_container, parse_pod
 from webhook.mutate import asks_vgpu
 
 try:
@@ -120,7 +120,7 @@ def configs(draw: st.DrawFn) -> Config:
     return Config(webhook=wh, defaults=d)
 
 
-def _valid_pod(pod: dict[str, Any]) -> None:
+def _valid_pod(pod: dict[str, Any], cfg: Config) -> None:
     if kubernetes_validate is not None:
         kubernetes_validate.validate(pod, "1.30", strict=True)
     names = [c["name"] for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", [])]
@@ -131,6 +131,8 @@ def _valid_pod(pod: dict[str, Any]) -> None:
         mounts = [m["mountPath"] for m in c.get("volumeMounts", [])]
         assert len(mounts) == len(set(mounts))
         assert all(m["name"] in vols for m in c.get("volumeMounts", []))
+        if parse_container(c, False, cfg) is None:
+            continue  # not ours: left exactly as the user wrote it
         res = c.get("resources") or {}
         for k, v in (res.get("requests") or {}).items():  # extended resources need a limit
             if k.startswith("nvidia.com/"):
@@ -188,7 +190,7 @@ def test_random_pods_over_tls(clients: Any, pod: dict[str, Any], cfg: Config, v1
     assert mutated["metadata"] == pod["metadata"]
     event("patched" if patch else "allowed unchanged")
     if patch:
-        _valid_pod(mutated)
+        _valid_pod(mutated, cfg)
         assert mutated["spec"]["schedulerName"] == "kube-vgpu-scheduler"
         assert _requests(mutated, cfg) == _requests(pod, cfg), "the mutation must not change what is booked"
     again = client.review(review_of(mutated, version))["response"]

@@ -117,7 +117,9 @@ def test_health_and_metrics(client: Client) -> None:
 
 def test_server_timing_header(client: Client) -> None:
     status, _, headers = client.request("POST", "/mutate", json.dumps(review_of(base_pod())).encode())
-    assert status == 200 and headers["Server-Timing"].startswith("handler;dur=")
+    assert status == 200
+    timing = dict(part.strip().split(";dur=") for part in headers["Server-Timing"].split(","))
+    assert set(timing) == {"handler", "read", "cpu"} and all(float(v) >= 0 for v in timing.values())
 
 
 def test_unexpected_error_is_500_and_counted(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
