@@ -132,8 +132,9 @@ static int nvml_handle(int dev, nvmlDevice_t *out)
     return g_nvml.handle_by_index(idx, out) == NVML_SUCCESS ? 0 : -1;
 }
 
-/* Busy fractions over [since_us, now]: of this process and of the whole container. */
-static void measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *self, double *all)
+/* Busy fractions over [since_us, now]: of this process and of the whole container.
+ * Returns 0 when NVML has no sample for the window yet (no information), 1 otherwise. */
+static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *self, double *all)
 {
     *self = *all = 0;
     if (g_nvml.proc_util) {
@@ -141,7 +142,7 @@ static void measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double 
         unsigned n = 256;
         nvmlReturn_t rc = g_nvml.proc_util(d->nvh, buf, &n, since_us);
         if (rc == NVML_ERROR_NOT_FOUND)
-            return; /* nothing ran */
+            return 0; /* no sample since since_us */
         if (rc == NVML_SUCCESS) {
             int pids[256], np = 0, me = (int)getpid();
             region_pids(pids, &np, 256);
@@ -164,14 +165,17 @@ static void measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double 
             if (matched || g_pid_match || blocks == 0) {
                 *self = s / 100.0;
                 *all = a / 100.0;
-                return;
+                return 1;
             }
             /* our pids are not NVML's (pid namespace): fall through to device utilisation */
         }
     }
     nvmlUtilization_t u;
-    if (g_nvml.util && g_nvml.util(d->nvh, &u) == NVML_SUCCESS)
+    if (g_nvml.util && g_nvml.util(d->nvh, &u) == NVML_SUCCESS) {
         *self = *all = u.gpu / 100.0;
+        return 1;
+    }
+    return 0;
 }
 
 static void update(struct smdev *d)
@@ -181,7 +185,8 @@ static void update(struct smdev *d)
     uint64_t blocks = launched - d->prev_launched;
     uint64_t dt = now - d->prev_ns;
     double self, all;
-    measure(d, d->prev_rt_us, blocks, &self, &all);
+    if (!measure(d, d->prev_rt_us, blocks, &self, &all) && dt < 1000000000ull)
+        return; /* no sample yet: keep the window open (up to 1 s), then treat it as idle */
     d->prev_launched = launched;
     d->prev_ns = now;
     d->prev_rt_us = rt;

@@ -614,7 +614,11 @@ static int consume_event(struct eventset *es, nvmlEventData_t *data)
             char *next = nl ? nl + 1 : line + strlen(line);
             int idx = -1;
             unsigned long long xid = 0, type = nvmlEventTypeXidCriticalError;
-            int nf = sscanf(line, "%d %llu %llx", &idx, &xid, &type);
+            char one[256];
+            size_t ll = (size_t)(next - line) < sizeof one - 1 ? (size_t)(next - line) : sizeof one - 1;
+            memcpy(one, line, ll);
+            one[ll] = 0; /* parse this line only */
+            int nf = sscanf(one, "%d %llu %llx", &idx, &xid, &type);
             if (nf >= 2 && idx >= 0 && idx < g_cfg.count && idx < FG_MAX_DEV && (es->types[idx] & type)) {
                 memset(data, 0, sizeof(*data));
                 data->device = (nvmlDevice_t)&g_dev[idx];

@@ -67,10 +67,11 @@ def run(tc: Toolchain, mode: str, scenario: str, *args: str, timeout: float = 60
     return proc
 
 
-def run_python(tc: Toolchain, code: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run Python ``code`` in a child interpreter under the shim (ctypes lookup path)."""
+def run_python(tc: Toolchain, code: str, timeout: float = 60, preload: bool = True,
+               **env: str) -> subprocess.CompletedProcess[str]:
+    """Run Python ``code`` in a child interpreter, under the shim unless ``preload`` is False."""
     root = str(Path(__file__).resolve().parents[2])
-    e = tc.env(**env)
+    e = tc.env(preload=preload, **env)
     e["PYTHONPATH"] = root
     proc = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
