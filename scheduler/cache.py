@@ -27,20 +27,20 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from kube_vgpu.codec import decode_allocation, decode_inventory
 from kube_vgpu.config import Config
 from kube_vgpu.errors import CodecError, QuantityError
 from kube_vgpu.model import PodAllocation, PodRequest
-from kube_vgpu.placement import Booking, ClusterState, Engine, OvercommitError
+from kube_vgpu.placement import Booking, ClusterState, OvercommitError
 from kube_vgpu.quantity import parse_quantity
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_NODE_INVENTORY
 
+from .fastpath import NO_INVENTORY, ExtenderEngine
 from .shapes import default_shapes
 
 log = logging.getLogger("kube_vgpu.scheduler.cache")
-
-NO_INVENTORY = "node has no vGPU inventory (device plugin not running or stale)"
-
 
 @dataclass(slots=True)
 class NodeInfo:
@@ -82,7 +82,7 @@ class ClusterCache:
         self.config = config
         self.clock = clock
         self.state = ClusterState()
-        self.engine = Engine(self.state, config.scheduling.node_policy, config.scheduling.gpu_policy,
+        self.engine = ExtenderEngine(self.state, config.scheduling.node_policy, config.scheduling.gpu_policy,
                              shapes=default_shapes())
         self.nodes: dict[str, NodeInfo] = {}
         #: node name -> reason it is not a candidate (stale, no allocatable, bad inventory)
@@ -298,10 +298,22 @@ class ClusterCache:
             pre = {n: un[n] for n in names if n in un}
         else:
             cand, pre = list(names), {}
-        ok, failed, scores = self.engine.evaluate(pod, cand)
+        ok, failed, scores = self.engine.evaluate_names(pod, cand)
         if pre:
             failed.update(pre)
         return ok, failed, scores
+
+    def score_array(self, pod: PodRequest, names: Sequence[str]) -> np.ndarray:
+        """Policy score per name (float64), -inf where the pod does not fit or the node is not a
+        candidate (unknown, stale, no allocatable)."""
+        sc = self.engine.score_array(pod, names)
+        if self.unavailable:
+            un = self.unavailable
+            bad = [i for i, n in enumerate(names) if n in un]
+            if bad:
+                sc = sc.copy()
+                sc[bad] = -np.inf
+        return sc
 
     def reserve(self, pod: PodRequest, uid: str, node: str) -> tuple[Booking, PodAllocation] | str:
         """Choose the GPUs for ``pod`` on ``node`` and book them, atomically (no await inside).

@@ -38,17 +38,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kube_vgpu.codec import encode_allocation
 from kube_vgpu.config import Config, load_config_text
 from kube_vgpu.errors import ConfigError, RequestError
-from kube_vgpu.placement import normalise_scores
 from kube_vgpu.podspec import parse_pod, pod_asks
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_BIND_TIME, BIND_ALLOCATING, LABEL_NODE
 
 from .cache import ClusterCache, PodInfo, pod_key
+from .fastpath import normalise_array
 from .kube import KubeAPI, Reflector, api_error_text, is_conflict, is_not_found
 from .leader import LeaseElector
 from .metrics import GpuRow, Metrics
@@ -96,16 +97,54 @@ class BindError(Exception):
         self.outcome = outcome
 
 
+def write_bind(api: KubeAPI, ns: str, name: str, uid: str, rv: str, annotations: dict[str, str],
+               labels: dict[str, str], node: str, attempts: int = 4) -> None:
+    """The bind's API writes, in one worker thread (blocking): merge-patch the allocation
+    annotations and label guarded by ``rv``; on 409 Conflict re-read the pod and retry while it is
+    the same, live, unbound pod; then POST the Binding. Raises BindError or ApiException."""
+    key = f"{ns}/{name}"
+    for attempt in range(attempts):
+        try:
+            api.patch_pod_metadata(ns, name, rv, annotations, labels)
+            break
+        except Exception as e:  # noqa: BLE001
+            if not is_conflict(e) or attempt == attempts - 1:
+                raise
+        fresh = api.get_pod(ns, name)
+        fm = fresh.get("metadata") or {}
+        if str(fm.get("uid") or "") != uid or fm.get("deletionTimestamp") or (fresh.get("spec") or {}).get("nodeName"):
+            raise BindError(f"pod {key} changed while binding (deleted, recreated or already bound)", "conflict")
+        rv = str(fm.get("resourceVersion") or "")
+    api.create_binding(ns, name, uid, node)
+
+
 def _names_of(args: Obj) -> tuple[list[str], Obj | None]:
     """Candidate node names of ExtenderArgs and the NodeList (when nodeCacheCapable is false)."""
     names = args.get("NodeNames")
     nodes = args.get("Nodes")
-    if names is not None:
-        return [str(n) for n in names], None
+    if isinstance(names, list):
+        return names, None
     if isinstance(nodes, dict):
         items = nodes.get("items") or []
         return [str((n.get("metadata") or {}).get("name") or "") for n in items], nodes
     return [], None
+
+
+_SCORE_SUFFIX = [f'","Score":{s}}}' for s in range(11)]
+
+
+def host_priority_json(names: Sequence[str], scores: Sequence[int]) -> str:
+    """HostPriorityList ``[{"Host": name, "Score": s}, ...]`` as JSON text (scores 0..10).
+
+    Node names are DNS subdomains (no quote, backslash or control characters), so the text is
+    assembled without per-item encoding; any other name falls back to ``json.dumps``."""
+    if not names:
+        return "[]"
+    joined = "".join(names)
+    if '"' in joined or "\\" in joined or not joined.isprintable() or min(scores) < 0 or max(scores) > 10:
+        return json.dumps([{"Host": n, "Score": s} for n, s in zip(names, scores, strict=True)])
+    parts = map(str.__add__, names, map(_SCORE_SUFFIX.__getitem__, scores))
+    return '[{"Host":"' + ',{"Host":"'.join(parts) + "]"
 
 
 def filter_result(names: Sequence[str], nodelist: Obj | None, ok: Sequence[str], failed: dict[str, str],
@@ -412,25 +451,26 @@ class SchedulerService:
         args = await self._json(request)
         if args is None:
             return web.json_response([], status=400)
-        res = await self.prioritize(args)
+        body = await self.prioritize(args)
         self.metrics.prioritize_seconds.observe(time.perf_counter() - t0)
-        return web.json_response(res)
+        return web.Response(text=body, content_type="application/json")
 
-    async def prioritize(self, args: Obj) -> list[Obj]:
-        """ExtenderArgs -> HostPriorityList (scores 0..10; infeasible or non-vGPU: 0)."""
+    async def prioritize(self, args: Obj) -> str:
+        """ExtenderArgs -> HostPriorityList JSON text (scores 0..10; infeasible or non-vGPU: 0)."""
         pod = args.get("Pod") or {}
         names, _ = _names_of(args)
         cfg = self.config
-        scores: dict[str, int] = {}
-        if pod_asks(pod, cfg.resource_names) and self.synced.is_set():
+        scores = np.zeros(len(names), dtype=np.int64)
+        if names and pod_asks(pod, cfg.resource_names) and self.synced.is_set():
             try:
                 req = parse_pod(pod, cfg)
             except RequestError:
                 req = None
             if req is not None:
-                _ok, _failed, raw = self.cache.evaluate(req, names)
-                scores = normalise_scores(raw)
-        return [{"Host": n, "Score": scores.get(n, 0)} for n in names]
+                raw = self.cache.score_array(req, names)
+                feasible = raw > -np.inf
+                scores[feasible] = normalise_array(raw[feasible])
+        return host_priority_json(names, scores.tolist())
 
     async def handle_bind(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
@@ -499,7 +539,7 @@ class SchedulerService:
             except Exception as e:  # noqa: BLE001
                 raise BindError(f"binding {key} to {node}: {api_error_text(e)}", "api_error") from e
             return []
-        r = self.cache.reserve(req, uid, node)
+        r = self.cache.reserve(req, uid, node)  # synchronous: no other bind interleaves
         if isinstance(r, str):
             raise BindError(f"cannot place {key} on {node}: {r}", "unschedulable")
         booking, alloc = r
@@ -510,26 +550,10 @@ class SchedulerService:
                            ANN_BIND_TIME: str(int(self.clock()))}
             labels = {LABEL_NODE: node}
             rv = str(meta.get("resourceVersion") or "")
-            for attempt in range(4):
-                try:
-                    await self.run_blocking(api.patch_pod_metadata, ns, name, rv, annotations, labels)
-                    break
-                except Exception as e:  # noqa: BLE001
-                    if not is_conflict(e) or attempt == 3:
-                        raise
-                fresh = await self.run_blocking(api.get_pod, ns, name)
-                fm = fresh.get("metadata") or {}
-                if str(fm.get("uid") or "") != uid or fm.get("deletionTimestamp") or \
-                        (fresh.get("spec") or {}).get("nodeName"):
-                    raise BindError(f"pod {key} changed while binding (deleted, recreated or already bound)",
-                                    "conflict")
-                rv = str(fm.get("resourceVersion") or "")
-            await self.run_blocking(api.create_binding, ns, name, uid, node)
+            await self.run_blocking(write_bind, api, ns, name, uid, rv, annotations, labels, node)
         except BaseException as e:
             self.cache.release_if(key, booking, failed_uid=uid)
-            if isinstance(e, BindError):
-                raise
-            if not isinstance(e, Exception):
+            if isinstance(e, BindError) or not isinstance(e, Exception):
                 raise
             outcome = "conflict" if is_conflict(e) else "not_found" if is_not_found(e) else "api_error"
             raise BindError(f"binding {key} to {node} failed: {api_error_text(e)}", outcome) from e

@@ -1,0 +1,225 @@
+"""Benchmark of the kube-vgpu scheduler extender over HTTP.
+
+Starts the real extender (``scheduler.service``) in a child process on 127.0.0.1 with N nodes x G
+GPUs in its cache and an API stub that answers the bind's pod patch and Binding instantly (so bind
+latency excludes API-server latency, but includes the thread hop and all of our work). The parent
+process plays kube-scheduler with ExtenderArgs shaped like the captured payloads
+(``nodeCacheCapable: true``: node names only) and measures, client side:
+
+* latency phase: sequential decisions (filter -> prioritize over the feasible names -> bind the
+  best) - p50/p99 of filter+prioritize and of bind;
+* throughput phase: ``--workers`` concurrent clients for ``--seconds`` - decisions/s;
+* the extender's peak RSS (``ru_maxrss`` of the child).
+
+Targets (issue 3): filter+prioritize p99 <= 10 ms at 5,000 nodes x 8 GPUs, bind p99 <= 20 ms,
+>= 300 decisions/s. Usage: ``python benchmarks/extender_bench.py [--nodes 5000 --gpus 8]``.
+Not a unit test; exits 0 and prints a table (``--check`` exits 1 if a target is missed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import gc
+import json
+import multiprocessing as mp
+import resource
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CAPTURE = Path("/work/shared/reference/captures/scheduler_filter.json")
+
+SHAPES: list[dict[str, Any]] = [  # a mixed vGPU workload (nvidia.com/* limits)
+    {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10000", "nvidia.com/gpucores": "20"},
+    {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000", "nvidia.com/gpucores": "30"},
+    {"nvidia.com/gpumem": "4000"},
+    {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "40000"},
+    {"nvidia.com/gpu": "1"},
+    {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"},
+]
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return int(port)
+
+
+class _StubAPI:
+    """Answers the bind's API calls at once (no network): measures our work, not the API server's."""
+
+    def __init__(self, svc: Any):
+        self.svc = svc
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        raise RuntimeError("not in the filter's pod cache")
+
+    def patch_pod_metadata(self, *a: Any) -> dict[str, Any]:
+        return {}
+
+    def create_binding(self, *a: Any) -> None:
+        return None
+
+    def create_event(self, *a: Any) -> None:
+        return None
+
+
+def _server(port: int, nodes: int, gpus: int, ready: Any) -> None:
+    from aiohttp import web
+
+    from kube_vgpu.codec import encode_inventory
+    from kube_vgpu.config import Config
+    from kube_vgpu.model import GPUDevice, NodeInventory
+    from kube_vgpu.resources import ANN_NODE_INVENTORY
+    from scheduler.service import Options, SchedulerService
+
+    svc = SchedulerService(Config(), None, Options(sync_wait=0.1))
+    now = time.time() + 3600  # heartbeats stay fresh for the whole run
+    for i in range(nodes):
+        name = f"node-{i:05d}"
+        devs = tuple(GPUDevice(f"GPU-{i:05d}-{g}", g, "NVIDIA H100 80GB HBM3", 81559, 100, 10)
+                     for g in range(gpus))
+        svc.cache.on_node("ADDED", {
+            "metadata": {"name": name, "annotations": {ANN_NODE_INVENTORY: encode_inventory(NodeInventory(devs, now))}},
+            "status": {"allocatable": {"nvidia.com/gpu": str(gpus * 10)}}})
+    svc.mark_synced()
+    gc.collect()
+    gc.freeze()  # what `kube-vgpu scheduler` does after the first sync: long-lived cache out of GC scans
+
+    async def rss(_: web.Request) -> web.Response:
+        return web.json_response({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                                  "bookings": len(svc.cache.state.bookings)})
+
+    async def attach(_: web.Application) -> None:
+        svc.api = _StubAPI(svc)  # type: ignore[assignment]
+
+    app = svc.app()
+    app.on_startup.append(attach)
+    app.router.add_get("/bench/rss", rss)
+    ready.set()
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, handle_signals=True)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
+
+async def _client(port: int, nodes: int, decisions: int, workers: int, seconds: float) -> dict[str, Any]:
+    import aiohttp
+
+    tmpl = json.loads(CAPTURE.read_text())
+    pod_tmpl = tmpl["Pod"]
+    names = [f"node-{i:05d}" for i in range(nodes)]
+    counter = [0]
+
+    def new_pod() -> dict[str, Any]:
+        k = counter[0]
+        counter[0] += 1
+        pod = copy.deepcopy(pod_tmpl)
+        pod["metadata"].update(name=f"bench-{k}", uid=f"uid-bench-{k}", annotations={})
+        pod["spec"]["containers"][0]["resources"] = {"limits": SHAPES[k % len(SHAPES)]}
+        return pod
+
+    base = f"http://127.0.0.1:{port}"
+    conn = aiohttp.TCPConnector(limit=64)
+    async with aiohttp.ClientSession(base, connector=conn) as s:
+        async def post(path: str, body: Any) -> Any:
+            async with s.post(path, data=json.dumps(body), headers={"Content-Type": "application/json"}) as r:
+                return await r.json()
+
+        async def decision(fp: list[float] | None, bl: list[float] | None) -> bool:
+            pod = new_pod()
+            t0 = time.perf_counter()
+            res = await post("/filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+            feas = res["NodeNames"] or []
+            if not feas:
+                return False
+            prio = await post("/prioritize", {"Pod": pod, "Nodes": None, "NodeNames": feas})
+            t1 = time.perf_counter()
+            best = max(prio, key=lambda p: p["Score"])["Host"]
+            b = await post("/bind", {"PodName": pod["metadata"]["name"], "PodNamespace": "default",
+                                     "PodUID": pod["metadata"]["uid"], "Node": best})
+            t2 = time.perf_counter()
+            if fp is not None and bl is not None:
+                fp.append(t1 - t0)
+                bl.append(t2 - t1)
+            return not b["Error"]
+
+        # cold: the first decision per shape evaluates every node once (then incremental)
+        t = time.perf_counter()
+        for _ in SHAPES:
+            await decision(None, None)
+        cold = time.perf_counter() - t
+        fp: list[float] = []
+        bl: list[float] = []
+        ok = 0
+        for _ in range(decisions):
+            ok += await decision(fp, bl)
+        # throughput
+        done = [0]
+        stop = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            while time.perf_counter() < stop:
+                await decision(None, None)
+                done[0] += 1
+
+        t = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(workers)))
+        el = time.perf_counter() - t
+        async with s.get("/bench/rss") as r:
+            info = await r.json()
+    return {"cold_s": cold, "fp": fp, "bind": bl, "bound": ok, "rate": done[0] / el, "decisions_tp": done[0],
+            **info}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--decisions", type=int, default=1000, help="sequential decisions for the latency phase")
+    ap.add_argument("--workers", type=int, default=4, help="concurrent clients in the throughput phase")
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of the throughput phase")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    a = ap.parse_args(argv)
+    port = _free_port()
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    t = time.perf_counter()
+    proc = ctx.Process(target=_server, args=(port, a.nodes, a.gpus, ready), daemon=True)
+    proc.start()
+    ready.wait(600)
+    time.sleep(0.5)
+    load_s = time.perf_counter() - t
+    try:
+        r = asyncio.run(_client(port, a.nodes, a.decisions, a.workers, a.seconds))
+    finally:
+        proc.terminate()
+        proc.join(10)
+    fp50, fp99 = _pct(r["fp"], 0.5), _pct(r["fp"], 0.99)
+    b50, b99 = _pct(r["bind"], 0.5), _pct(r["bind"], 0.99)
+    print(f"extender bench: {a.nodes} nodes x {a.gpus} GPUs, node names only, {a.decisions} sequential decisions, "
+          f"{a.workers} workers x {a.seconds:g}s")
+    print(f"  cache load + start        {load_s:8.2f} s   cold first decision per shape: {r['cold_s'] / len(SHAPES) * 1e3:.0f} ms")
+    print(f"  filter+prioritize  p50 {fp50:7.2f} ms   p99 {fp99:7.2f} ms   (target p99 <= 10 ms)")
+    print(f"  bind               p50 {b50:7.2f} ms   p99 {b99:7.2f} ms   (target p99 <= 20 ms, API stubbed)")
+    print(f"  sustained          {r['rate']:8.1f} decisions/s ({r['decisions_tp']} decisions; target >= 300)")
+    print(f"  extender peak RSS  {r['maxrss_kib'] / 1024:8.1f} MiB   bookings at end: {r['bookings']}")
+    missed = fp99 > 10 or b99 > 20 or r["rate"] < 300
+    if missed:
+        print("  TARGET MISSED")
+    return 1 if (a.check and missed) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

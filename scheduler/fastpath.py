@@ -1,0 +1,136 @@
+"""A vectorised front end to the placement engine for the extender's hot path.
+
+:meth:`kube_vgpu.placement.Engine.evaluate` walks the candidate names in Python (a dict lookup,
+a tuple and a result check per node): about 7 ms for 5,000 names on the 2-core CI machine, so
+filter + prioritize alone would miss the 10 ms p99 budget. :class:`ExtenderEngine` keeps the
+engine's rules, per-(policy, shape) cache and dirty-node refresh untouched (it calls the engine's
+own ``_entry`` / ``_refresh``) and only replaces the per-name bookkeeping with numpy: names map to
+node indexes through a dict rebuilt when the node set changes, feasibility is ``score > -inf``
+(exactly the nodes whose cached result is a Plan), and reason strings are built only for the
+rejected nodes. Results are identical to ``Engine.evaluate`` (see tests/scheduler/test_fastpath.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import compress, repeat
+from typing import Any
+
+import numpy as np
+
+from kube_vgpu.model import PodRequest
+from kube_vgpu.placement import Engine
+
+
+def _short(uuid: str) -> str:
+    return uuid if len(uuid) <= 12 else uuid[:12]  # as the fit rules print GPU names
+
+
+NO_INVENTORY = "node has no vGPU inventory (device plugin not running or stale)"
+
+
+def normalise_array(scores: np.ndarray, top: int = 10) -> np.ndarray:
+    """Vectorised twin of :func:`kube_vgpu.placement.normalise_scores` (same float operations in
+    the same order, numpy's round-half-to-even like Python's ``round``): policy scores (float64)
+    -> int64 in 0..top, best = top, all equal = top. Equality is property-tested."""
+    if not len(scores):
+        return np.zeros(0, dtype=np.int64)
+    lo = float(scores.min())
+    hi = float(scores.max())
+    if hi - lo < 1e-12:
+        return np.full(len(scores), top, dtype=np.int64)
+    return np.round((scores - lo) / (hi - lo) * top).astype(np.int64)
+
+
+class ExtenderEngine(Engine):
+    """Engine with :meth:`evaluate_names` / :meth:`score_array`, faster ``evaluate`` for long lists."""
+
+    _name_gen = -1
+    _name_idx: dict[str, int]
+    _last_names: list[str] | None = None
+    _last_idx: np.ndarray | None = None
+
+    def _indexes(self, names: Sequence[str]) -> np.ndarray:
+        """Node index per name (-1 = unknown); the last list is remembered (kube-scheduler sends
+        the same candidate list over and over)."""
+        if self._name_gen != self.state.generation or not hasattr(self, "_name_idx"):
+            self._name_idx = {n.name: n.idx for n in self.state.node_list}
+            self._name_gen = self.state.generation
+            self._last_names = None
+        last = self._last_names
+        if last is not None and self._last_idx is not None and len(last) == len(names) and last == names:
+            return self._last_idx
+        idx = np.fromiter(map(self._name_idx.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        self._last_names = list(names)
+        self._last_idx = idx
+        return idx
+
+    def _eval(self, pod: PodRequest, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+        e, pol = self._entry(pod)
+        idx = self._indexes(names)
+        known = idx >= 0
+        if bool(known.all()):
+            self._refresh(e, pol, pod, idx)
+            sc = e.scores[idx]
+        else:
+            kidx = idx[known]
+            self._refresh(e, pol, pod, kidx)
+            sc = np.full(len(names), -np.inf)
+            sc[known] = e.scores[kidx]
+        return idx, sc, e.results
+
+    def _reason_for(self, pol: Any, pod: PodRequest, j: int) -> str:
+        """The engine's reason for node ``j``, memoised by (policy, shape, node state): a node in
+        the same state as one already explained gets that text with the GPU names swapped
+        position by position (same state => same GPU positions in the text). Keeps a filter that
+        rejects thousands of identical nodes from re-running the fit on each."""
+        node = self.state.node_list[j]
+        e, _ = self._entry(pod)
+        key = (e.key, node.signature())
+        memo = self.__dict__.setdefault("_reason_memo", {})
+        hit = memo.get(key)
+        mine = tuple(_short(d.uuid) for d in node.devices)
+        if hit is not None:
+            text, theirs = hit
+            if theirs == mine:
+                return str(text)
+            if len(set(theirs)) == len(theirs) and not any(a in b for a in theirs for b in mine if a != b):
+                for a, b in zip(theirs, mine, strict=True):
+                    text = text.replace(a, b)
+                return str(text)
+        text = self._reason(pol, pod, j)
+        if len(memo) > 100_000:
+            memo.clear()
+        memo[key] = (text, mine)
+        return text
+
+    def score_array(self, pod: PodRequest, names: Sequence[str]) -> np.ndarray:
+        """Policy score per name (float64; -inf where the pod does not fit or the node is unknown)."""
+        if not names:
+            return np.zeros(0)
+        return self._eval(pod, names)[1]
+
+    def evaluate_names(self, pod: PodRequest, names: Sequence[str]
+                       ) -> tuple[list[str], dict[str, str], dict[str, float]]:
+        """Same contract as ``Engine.evaluate(pod, names)``: feasible names in input order,
+        reason per rejected name (unknown names: no inventory), policy score per feasible name."""
+        if not names:
+            return [], {}, {}
+        idx, sc, results = self._eval(pod, names)
+        feasible = sc > -np.inf
+        ok = list(compress(names, feasible.tolist()))
+        scores = dict(zip(ok, sc[feasible].tolist(), strict=True))
+        failed: dict[str, str] = {}
+        pol = None
+        for i in np.flatnonzero(~feasible).tolist():
+            j = int(idx[i])
+            if j < 0:
+                failed[names[i]] = NO_INVENTORY
+                continue
+            r = results[j]
+            if r is None:  # the engine shares infeasible results by node state; reason on demand
+                if pol is None:
+                    pol = self.policy(pod)
+                r = results[j] = self._reason_for(pol, pod, j)
+            failed[names[i]] = str(r)
+        return ok, failed, scores
