@@ -4,8 +4,8 @@ MutatingWebhookConfiguration. Kubernetes calls go through the official ``kuberne
 Secret layout (``core/v1 Secret``, base64 ``data``): ``tls.crt``, ``tls.key``, ``ca.crt``.
 Files (``--out-dir``): ``ca.crt``, ``tls.crt``, ``tls.key`` (0600), each replaced atomically.
 caBundle: ``admissionregistration.k8s.io/v1 MutatingWebhookConfiguration``
-``webhooks[*].clientConfig.caBundle`` (base64 of PEM), written by GET then PUT (optimistic
-concurrency on resourceVersion, retried on 409).
+``webhooks[*].clientConfig.caBundle`` (base64 of PEM), written by GET then a JSONPatch (the
+chart's RBAC: secrets get/create/update; mutatingwebhookconfigurations get/patch).
 """
 
 from __future__ import annotations
@@ -147,24 +147,29 @@ def read_ca_bundle(adm: client.AdmissionregistrationV1Api, name: str) -> list[by
 def patch_ca_bundle(adm: client.AdmissionregistrationV1Api, name: str, ca_pem: bytes) -> bool:
     """Set ``caBundle`` of every webhook in the configuration to ``ca_pem``.
 
-    Returns True if anything changed. Retries on 409. Raises ApiException (404: no such config).
+    One JSONPatch (RFC 6902, ``application/json-patch+json``; RBAC verbs ``get`` and ``patch``):
+    per webhook a ``test`` of its name (so a concurrent edit that reorders the list fails with 422
+    instead of patching the wrong entry) and an ``add`` of ``clientConfig.caBundle``. Re-read and
+    retried on 409/422. Returns True if anything changed. Raises ApiException (404: no such config).
     """
     want = _b64(ca_pem)
     for attempt in range(5):
         cfg = adm.read_mutating_webhook_configuration(name)
-        changed = False
-        for w in cfg.webhooks or []:
+        ops: list[dict[str, object]] = []
+        for i, w in enumerate(cfg.webhooks or []):
+            if w.client_config is not None and w.client_config.ca_bundle == want:
+                continue
+            ops.append({"op": "test", "path": f"/webhooks/{i}/name", "value": w.name})
             if w.client_config is None:
-                w.client_config = client.AdmissionregistrationV1WebhookClientConfig()
-            if w.client_config.ca_bundle != want:
-                w.client_config.ca_bundle = want
-                changed = True
-        if not changed:
+                ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig", "value": {"caBundle": want}})
+            else:
+                ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": want})
+        if not ops:
             return False
         try:
-            adm.replace_mutating_webhook_configuration(name, cfg)
+            adm.patch_mutating_webhook_configuration(name, ops, _content_type="application/json-patch+json")
             return True
         except ApiException as e:
-            if e.status != 409 or attempt == 4:
+            if e.status not in (409, 422) or attempt == 4:
                 raise
     return False

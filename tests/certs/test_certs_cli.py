@@ -94,6 +94,11 @@ def test_secret_and_ca_bundle_lifecycle(fake_kube_api: Any, fake_kubeconfig: str
 
     rc, s = cli(capsys, *args)
     assert rc == 0 and s["action"] == "created" and s["caBundlePatched"] is True
+    # only the verbs the chart's RBAC grants (secrets: get/create/update; webhook config: get/patch)
+    verbs = {(r.resource.split(".")[0], r.verb) for r in api.request_log}
+    assert verbs <= {("secrets", "get"), ("secrets", "create"), ("secrets", "update"),
+                     ("mutatingwebhookconfigurations", "get"), ("mutatingwebhookconfigurations", "patch")}, verbs
+    assert ("mutatingwebhookconfigurations", "patch") in verbs
     data = _secret(api)
     assert set(data) == {"ca.crt", "tls.crt", "tls.key"}
     bundle = pki.Bundle(data["ca.crt"], data["tls.crt"], data["tls.key"])
@@ -159,6 +164,16 @@ def test_create_race_rereads(fake_kube_api: Any, fake_kubeconfig: str, capsys: p
     assert rc == 0 and s["action"] == "created"
     assert [r.status for r in api.request_log if r.verb == "create"] == [409, 201]
     assert _secret(api)["ca.crt"]
+
+
+def test_ca_bundle_patch_retried_on_conflict(fake_kube_api: Any, fake_kubeconfig: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    _mwc(fake_kube_api)
+    fake_kube_api.fail_next("patch", "mutatingwebhookconfigurations", status=422, count=1)
+    rc, s = cli(capsys, "--kubeconfig", fake_kubeconfig, "--secret-name", SECRET, "--webhook-config-name", MWC)
+    assert rc == 0 and s["caBundlePatched"] is True
+    assert [r.status for r in fake_kube_api.request_log if r.verb == "patch"] == [422, 200]
+    assert _ca_bundles(fake_kube_api) == [_secret(fake_kube_api)["ca.crt"]] * 2
 
 
 def test_missing_webhook_config_fails(fake_kube_api: Any, fake_kubeconfig: str,
