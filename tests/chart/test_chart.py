@@ -300,7 +300,7 @@ def test_device_plugin_daemonset(renderer: Renderer) -> None:
     assert mounts["device-plugins"] == "/var/lib/kubelet/device-plugins"
     init = containers(ds, init=True)["install-shim"]
     script = init["command"][-1]
-    assert "kube-vgpu shim-path" in script and "mv -f" in script  # atomic replace on the host
+    assert 'src="/opt/kube-vgpu/lib/libvgpu.so"' in script and "mv -f" in script  # atomic replace on the host
     assert {m["mountPath"] for m in init["volumeMounts"]} == {"/usr/local/vgpu"}
     assert "checksum/config" in ds["spec"]["template"]["metadata"]["annotations"]
 
