@@ -914,3 +914,11 @@ def test_garbage_never_crashes_the_server(api):
             assert st["kind"] == "Status" and st["code"] == resp.status
     conn.close()
     assert api.errors == []
+
+
+def test_shared_fixtures(fake_kube_api, fake_core_v1, fake_kubeconfig):
+    fake_core_v1.create_node({"metadata": {"name": "n1"}})
+    assert [n["metadata"]["name"] for n in fake_kube_api.objects("nodes")] == ["n1"]
+    c = config.new_client_from_config(config_file=fake_kubeconfig)
+    assert [n.metadata.name for n in client.CoreV1Api(c).list_node().items] == ["n1"]
+    c.close()
