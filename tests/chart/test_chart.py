@@ -475,3 +475,30 @@ def test_servicemonitors(renderer: Renderer) -> None:
 def test_chart_files_exist() -> None:
     for f in ("Chart.yaml", "values.yaml", "values.schema.json", "templates/NOTES.txt"):
         assert Path(CHART / f).is_file()
+
+
+# -- the rendered args are accepted by the real command-line parsers ------------------------------
+
+PARSERS = {"scheduler": ("scheduler.server", "build_parser"), "webhook": ("webhook.server", "build_parser"),
+           "certs": ("certs.main", "build_parser"), "device-plugin": ("deviceplugin.main", "parser")}
+
+
+@pytest.mark.parametrize("name", ["default", "ha", "custom-paths"])
+def test_rendered_args_parse_with_component_parsers(renderer: Renderer, name: str) -> None:
+    import importlib
+    seen = set()
+    for w in _pods(renderer.render(option_values(name))):
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            args = c.get("args")
+            if not args or args[0] not in PARSERS:
+                continue
+            mod_name, fn = PARSERS[args[0]]
+            try:
+                parser = getattr(importlib.import_module(mod_name), fn)()
+            except ImportError as e:
+                pytest.skip(f"{mod_name} not importable here: {e}")
+            # $(NODE_NAME) is expanded by the kubelet; any value parses.
+            ns = parser.parse_args([a.replace("$(NODE_NAME)", "node-1") for a in args[1:]])
+            assert ns is not None
+            seen.add(args[0])
+    assert {"scheduler", "webhook", "device-plugin"} <= seen
