@@ -74,12 +74,16 @@ def answer(review: dict[str, Any], config: Config) -> tuple[dict[str, Any], Deci
     req = review["request"]
     kind = req.get("kind") or {}
     resource = req.get("resource") or {}
-    is_pod = (isinstance(kind, dict) and kind.get("kind") == "Pod" and kind.get("group", "") == "") or (
-        isinstance(resource, dict) and resource.get("resource") == "pods" and resource.get("group", "") == "")
+    obj = req.get("object")
+    if not kind and not resource:  # hand-made reviews: trust the object's own kind
+        is_pod = isinstance(obj, dict) and obj.get("kind") == "Pod"
+    else:
+        is_pod = (isinstance(kind, dict) and kind.get("kind") == "Pod" and kind.get("group", "") == "") or (
+            isinstance(resource, dict) and resource.get("resource") == "pods" and resource.get("group", "") == "")
     if not is_pod or req.get("operation", "CREATE") != "CREATE" or req.get("subResource"):
         d = Decision(allowed=True, outcome=NOT_POD)
         return _response(review, d), d
-    pod = req.get("object")
+    pod = obj
     if not isinstance(pod, dict):
         d = Decision(allowed=False, outcome=INVALID, code=400, reason="BadRequest",
                      message="request.object is missing or not a Pod object")

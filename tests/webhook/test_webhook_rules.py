@@ -338,3 +338,31 @@ def test_non_pod_or_update_is_passed() -> None:
     rev["request"]["resource"] = {"group": "", "version": "v1", "resource": "configmaps"}
     resp, _ = answer(rev, CFG)
     assert resp["response"]["allowed"] is True
+
+
+def test_review_without_kind_and_resource_uses_object_kind() -> None:
+    rev = review_of(base_pod(limits(gpumem="1000")))
+    del rev["request"]["kind"], rev["request"]["resource"]
+    resp, d = answer(rev, CFG)
+    assert d.outcome == mutate.PATCHED and decode_patch(resp)
+
+
+def test_missing_object_is_400_denial() -> None:
+    rev = review_of(base_pod())
+    rev["request"]["object"] = None
+    resp, _ = answer(rev, CFG)
+    assert resp["response"]["allowed"] is False and resp["response"]["status"]["code"] == 400
+
+
+def test_invalid_policy_annotation_denied() -> None:
+    pod = base_pod(limits(gpumem="1000"))
+    pod["metadata"]["annotations"] = {"hami.io/node-scheduler-policy": "random"}
+    d, _ = run(pod)
+    assert not d.allowed and "hami.io/node-scheduler-policy='random'" in d.message and "binpack" in d.message
+
+
+def test_privileged_init_container_denied() -> None:
+    pod = base_pod({}, initContainers=[{"name": "prep", "image": "x", "resources": limits(gpu="1"),
+                                        "securityContext": {"privileged": True}}])
+    d, _ = run(pod)
+    assert not d.allowed and d.message.startswith("init container 'prep': securityContext.privileged=true")
