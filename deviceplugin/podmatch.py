@@ -38,11 +38,16 @@ from kube_vgpu import envcontract
 from kube_vgpu.codec import decode_allocation
 from kube_vgpu.errors import CodecError
 from kube_vgpu.model import DeviceBooking
-from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_BIND_TIME, BIND_ALLOCATING, ResourceNames
+from kube_vgpu.resources import (
+    ANN_ALLOCATED_CONTAINERS,
+    ANN_ALLOCATION,
+    ANN_BIND_PHASE,
+    ANN_BIND_TIME,
+    BIND_ALLOCATING,
+    ResourceNames,
+)
 
-#: Pod annotation written by the device plugin: comma-separated names of the containers it has
-#: answered Allocate for (init and app container names are unique within a pod).
-ANN_ALLOCATED_CONTAINERS = "kube-vgpu.io/allocated-containers"
+__all__ = ["ANN_ALLOCATED_CONTAINERS"]
 
 #: separator between the GPU uuid and the slot number in advertised device IDs (``GPU-..::3``)
 SLOT_SEP = "::"

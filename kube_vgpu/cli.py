@@ -15,8 +15,18 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "webhook": ("webhook.server:main", "run the mutating admission webhook (HTTPS)"),
     "certs": ("certs.main:main", "create/renew the webhook CA and serving certificate"),
     "device-plugin": ("deviceplugin.main:main", "run the kubelet device plugin on a GPU node"),
-    "shim-path": ("libvgpu:main", "print the path of the built libvgpu.so shim"),
+    "shim-path": ("kube_vgpu.cli:shim_path", "print the path of the built libvgpu.so shim"),
 }
+
+
+def shim_path(argv: list[str]) -> int:
+    """``kube-vgpu shim-path``: print the built shim's path; 1 if it was not built."""
+    from libvgpu.__main__ import main as print_path
+
+    if argv:
+        print(f"kube-vgpu shim-path: takes no arguments, got {' '.join(argv)}", file=sys.stderr)
+        return 2
+    return print_path()
 
 
 def _usage() -> str:

@@ -35,6 +35,9 @@ ANN_NODE_INVENTORY = "kube-vgpu.io/node-inventory"  #: on Node, written by the d
 ANN_ALLOCATION = "kube-vgpu.io/allocation"  #: on Pod, written by the scheduler at bind
 ANN_BIND_PHASE = "kube-vgpu.io/bind-phase"  #: on Pod: allocating | success | failed
 ANN_BIND_TIME = "kube-vgpu.io/bind-time"  #: on Pod: unix seconds
+#: on Pod, written by the device plugin: comma-separated names of the containers it answered
+#: Allocate for (init and app container names are unique within a pod)
+ANN_ALLOCATED_CONTAINERS = "kube-vgpu.io/allocated-containers"
 LABEL_NODE = "kube-vgpu.io/node"  #: label on bound pods: node name (lets a node agent list its pods)
 
 BIND_ALLOCATING = "allocating"
