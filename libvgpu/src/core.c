@@ -16,14 +16,14 @@
 
 #define HOOK(name, ret, params, args) name##_fn real_##name;
 #define REAL(name, ret, params) name##_fn real_##name;
-#include "hooks.def"
+#include "hooks_list.h"
 #undef HOOK
 #undef REAL
 
 /* hook prototypes (defined in memory.c / limiter.c / below) */
 #define HOOK(name, ret, params, args) EXPORT ret name params;
 #define REAL(name, ret, params)
-#include "hooks.def"
+#include "hooks_list.h"
 #undef HOOK
 #undef REAL
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m);
@@ -48,7 +48,7 @@ struct hook {
 #define HOOK(name, ret, params, args) {#name, (void *)name, (void **)&real_##name},
 #define REAL(name, ret, params)
 static struct hook g_hooks[] = {
-#include "hooks.def"
+#include "hooks_list.h"
     {"nvmlDeviceGetMemoryInfo", (void *)nvmlDeviceGetMemoryInfo, NULL},
     {"nvmlDeviceGetMemoryInfo_v2", (void *)nvmlDeviceGetMemoryInfo_v2, NULL},
 };
@@ -335,7 +335,7 @@ static void cuda_init(void)
     } else {
 #define HOOK(name, ret, params, args) real_##name = (name##_fn)real_dlsym(g_libcuda, #name);
 #define REAL(name, ret, params) real_##name = (name##_fn)real_dlsym(g_libcuda, #name);
-#include "hooks.def"
+#include "hooks_list.h"
 #undef HOOK
 #undef REAL
     }

@@ -1,3 +1,4 @@
+/* X-macro list, included several times on purpose: no include guard. */
 /* X-macro list of the CUDA driver entry points libvgpu intercepts (HOOK) or only calls (REAL).
  * HOOK(name, return type, parameter list, argument list) */
 HOOK(cuInit, CUresult, (unsigned int flags), (flags))

@@ -21,7 +21,7 @@
 /* ------------------------------------------------------------------ real driver entry points */
 #define HOOK(name, ret, params, args) typedef ret(*name##_fn) params; extern name##_fn real_##name;
 #define REAL(name, ret, params) typedef ret(*name##_fn) params; extern name##_fn real_##name;
-#include "hooks.def"
+#include "hooks_list.h"
 #undef HOOK
 #undef REAL
 
