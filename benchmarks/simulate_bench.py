@@ -48,7 +48,7 @@ def main() -> int:
     nodes = load_nodes(args.trace / "openb_node_list_gpu_node.csv")
     pods = load_pods(args.trace / "openb_pod_list_default.csv")
 
-    print("== 1. default trace, %d seeds, every policy (allocation %% at arrived %%) ==" % args.seeds)
+    print(f"== 1. default trace, {args.seeds} seeds, every policy (allocation % at arrived %) ==")
     t0 = time.perf_counter()
     results = sim.run_all(nodes, pods, ["fgd", "fgd-bestfit", "bestfit", "dotprod", "binpack", "spread"],
                           list(range(42, 42 + args.seeds)), 1.3, jobs=args.jobs, progress=False)
@@ -69,7 +69,7 @@ def main() -> int:
     print("\n== 2. one full default-trace replay under FGD ==")
     r = sim.replay(nodes, pods, "fgd", 42, 1.3, record_latency=True)
     print(f"{r.pods} pods ({r.failed} failed) in {r.seconds:.1f} s (target <= 60 s)")
-    print(f"\n== 3. per-pod decision latency ==")
+    print("\n== 3. per-pod decision latency ==")
     print(f"trace cluster ({len(nodes)} nodes, {sum(len(n.devices) for n in nodes)} GPUs), FGD: "
           f"p50 {pct(r.latencies, 50):.3f} ms, p99 {pct(r.latencies, 99):.3f} ms, "
           f"max {pct(r.latencies, 100):.1f} ms (target p99 <= 5 ms)")
