@@ -60,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     opts = Options(config_path=args.config, leader_elect=args.leader_elect, lease_name=args.lease_name,
-                   lease_namespace=args.lease_namespace, identity=identity, resync_seconds=args.resync_seconds)
+                   lease_namespace=args.lease_namespace, identity=identity, resync_seconds=args.resync_seconds,
+                   freeze_gc=True)
 
     async def make_app() -> web.Application:
         svc = SchedulerService(cfg, api, opts)

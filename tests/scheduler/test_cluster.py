@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import AsyncIterator
@@ -307,3 +308,49 @@ def test_leader_election_only_leader_binds(fake: FakeKubeAPI) -> None:
             assert "not the leader" in res["Error"]
             assert (await schedule(leader, pod, nodes)) == ("node-0", "")
     run(go)
+
+
+def test_cli_serves_against_a_kubeconfig(fake: FakeKubeAPI, tmp_path: Any) -> None:
+    """`kube-vgpu scheduler` end to end: flags, kubeconfig, list+watch, /readyz, /filter, JSON logs."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    create_nodes(fake, 1)
+    kc = fake.kubeconfig(tmp_path / "kubeconfig")
+    cfg = tmp_path / "policy.yaml"
+    cfg.write_text("apiVersion: kube-vgpu.io/v1\nscheduling: {nodePolicy: spread}\n")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "kube_vgpu.cli", "scheduler", "--kubeconfig", kc, "--port", str(port),
+                             "--bind-address", "127.0.0.1", "--config", str(cfg), "--log-level", "info"],
+                            cwd=root, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "scheduler did not become ready"
+            time.sleep(0.1)
+        body = json.dumps(filter_args(pod_obj("p", limits={"nvidia.com/gpumem": 100}), [node_obj("node-0")])).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/filter", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert json.loads(r.read())["NodeNames"] == ["node-0"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    lines = [json.loads(x) for x in err.decode().splitlines() if x.startswith("{")]
+    assert any(x["msg"] == "caches synced" for x in lines)
+    assert proc.returncode == 0
