@@ -289,7 +289,7 @@ class ClusterCache:
                 self._forget(key, None)
 
     # -- placement ----------------------------------------------------------------------------
-    def evaluate(self, pod: PodRequest, names: Sequence[str]
+    def evaluate(self, pod: PodRequest, names: Sequence[str], want_scores: bool = True
                  ) -> tuple[list[str], dict[str, str], dict[str, float]]:
         """Engine.evaluate over ``names`` minus unavailable nodes (with their reasons added)."""
         un = self.unavailable
@@ -298,7 +298,7 @@ class ClusterCache:
             pre = {n: un[n] for n in names if n in un}
         else:
             cand, pre = list(names), {}
-        ok, failed, scores = self.engine.evaluate_names(pod, cand)
+        ok, failed, scores = self.engine.evaluate_names(pod, cand, want_scores)
         if pre:
             failed.update(pre)
         return ok, failed, scores

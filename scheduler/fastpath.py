@@ -110,16 +110,22 @@ class ExtenderEngine(Engine):
             return np.zeros(0)
         return self._eval(pod, names)[1]
 
-    def evaluate_names(self, pod: PodRequest, names: Sequence[str]
+    def evaluate_names(self, pod: PodRequest, names: Sequence[str], want_scores: bool = True
                        ) -> tuple[list[str], dict[str, str], dict[str, float]]:
         """Same contract as ``Engine.evaluate(pod, names)``: feasible names in input order,
-        reason per rejected name (unknown names: no inventory), policy score per feasible name."""
+        reason per rejected name (unknown names: no inventory), policy score per feasible name
+        (``want_scores=False``: an empty dict, for filter, which does not need them)."""
         if not names:
             return [], {}, {}
         idx, sc, results = self._eval(pod, names)
         feasible = sc > -np.inf
-        ok = list(compress(names, feasible.tolist()))
-        scores = dict(zip(ok, sc[feasible].tolist(), strict=True))
+        if bool(feasible.all()):
+            ok = list(names)
+            fsc = sc
+        else:
+            ok = list(compress(names, feasible.tolist()))
+            fsc = sc[feasible]
+        scores = dict(zip(ok, fsc.tolist(), strict=True)) if want_scores else {}
         failed: dict[str, str] = {}
         pol = None
         for i in np.flatnonzero(~feasible).tolist():

@@ -442,7 +442,7 @@ class SchedulerService:
             self._queue_event(pod, bad, len(names))
             return filter_result(names, nodelist, [], {}, bad)
         self._remember(pod)
-        ok, failed, _scores = self.cache.evaluate(req, names)
+        ok, failed, _ = self.cache.evaluate(req, names, want_scores=False)
         resolvable: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         for n, why in failed.items():

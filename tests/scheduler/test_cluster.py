@@ -354,3 +354,30 @@ def test_cli_serves_against_a_kubeconfig(fake: FakeKubeAPI, tmp_path: Any) -> No
     lines = [json.loads(x) for x in err.decode().splitlines() if x.startswith("{")]
     assert any(x["msg"] == "caches synced" for x in lines)
     assert proc.returncode == 0
+
+
+def test_slow_or_failing_api_never_blocks_the_loop_and_watch_recovers(fake: FakeKubeAPI) -> None:
+    create_nodes(fake, 1)
+    fake.add_latency(1.0, "list", "nodes")
+
+    async def go() -> None:
+        svc = SchedulerService(Config(), KubeAPI(fake.api_client()), Options(sync_wait=0.05))
+        async with Extender(svc) as ext:
+            t0 = time.monotonic()
+            st, _ = await ext.get("/livez")
+            assert st == 200 and time.monotonic() - t0 < 0.5  # the list runs in its thread
+            st, _ = await ext.get("/readyz")
+            assert st == 503
+            _, res = await ext.post("/filter", filter_args(pod_obj("p", limits={"nvidia.com/gpumem": 1}),
+                                                           [node_obj("node-0")]))
+            assert "not synced" in res["Error"]
+            await asyncio.wait_for(svc.synced.wait(), 10)
+            fake.clear_latency()
+            # the API fails the next watches (500) and drops the open ones: the reflector backs off,
+            # resumes, and keeps delivering changes
+            fake.fail_next("watch", "nodes", 500, count=2)
+            fake.close_watches("nodes")
+            fake.create_object("nodes", node_obj("node-late", 1))
+            await wait_until(lambda: "node-late" in svc.cache.state.nodes, timeout=10)
+            assert svc._reflectors[0].errors >= 1
+    run(go)
