@@ -135,7 +135,7 @@ def make_app(config: Config, metrics: Metrics, max_body_bytes: int = DEFAULT_MAX
             outcome = decision.outcome
             if not decision.allowed:
                 req = review["request"]
-                log.info("pod denied", extra={"namespace": req.get("namespace"), "name": req.get("name"),
+                log.info("pod denied", extra={"namespace": req.get("namespace"), "pod": req.get("name"),
                                               "uid": req.get("uid"), "reason": decision.message})
             elif log.isEnabledFor(logging.DEBUG):
                 log.debug("pod reviewed", extra={"uid": review["request"]["uid"], "outcome": outcome})
