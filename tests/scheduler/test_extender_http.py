@@ -59,9 +59,9 @@ def test_filter_node_list_and_node_names_shapes() -> None:
             assert set(res["FailedNodes"]) | set(res["FailedAndUnresolvableNodes"]) == {"gpu-b", "cpu-1"}
             st, prio = await ext.post("/prioritize", filter_args(pod, nodes))
             assert st == 200
-            assert [p["Host"] for p in prio] == ["gpu-a", "gpu-b", "cpu-1"]
             assert all(set(p) == {"Host", "Score"} and 0 <= p["Score"] <= 10 for p in prio)
-            assert prio[0]["Score"] == 10 and prio[1]["Score"] == 0
+            assert {p["Host"]: p["Score"] for p in prio} == {"gpu-a": 10, "gpu-b": 0, "cpu-1": 0}
+            assert len(prio) == 3
     run(go)
 
 
@@ -75,7 +75,7 @@ def test_prioritize_prefers_the_used_node_under_binpack() -> None:
     async def go() -> None:
         async with Extender(svc) as ext:
             _, prio = await ext.post("/prioritize", filter_args(pod, [node_obj("n1"), node_obj("n2")]))
-            assert prio == [{"Host": "n1", "Score": 0}, {"Host": "n2", "Score": 10}]
+            assert prio == [{"Host": "n2", "Score": 10}, {"Host": "n1", "Score": 0}]  # best first
     run(go)
 
 
@@ -197,3 +197,22 @@ def test_kf06_allocation_recorded_for_app_container_by_name() -> None:
     assert [(c.name, c.init) for c in alloc.containers] == [("app", False)]
     assert alloc.container("app") is not None and alloc.container("app").devices[0].memory_mib == 4000
     assert alloc.container("setup", init=True) is None
+
+
+def test_host_priority_json_is_the_list_kube_scheduler_expects() -> None:
+    import json
+
+    import numpy as np
+
+    from scheduler.service import host_priority_json
+    names = [f"node-{i}" for i in range(50)]
+    scores = np.array([i % 11 for i in range(50)], dtype=np.int64)
+    out = json.loads(host_priority_json(names, scores))
+    assert len(out) == 50 and all(set(p) == {"Host", "Score"} for p in out)
+    assert {p["Host"]: p["Score"] for p in out} == dict(zip(names, scores.tolist(), strict=True))
+    assert [p["Score"] for p in out] == sorted(scores.tolist(), reverse=True)
+    odd = ['we"ird', "ok"]
+    assert json.loads(host_priority_json(odd, np.array([3, 4]))) == [{"Host": 'we"ird', "Score": 3},
+                                                                     {"Host": "ok", "Score": 4}]
+    assert host_priority_json([], np.zeros(0, dtype=np.int64)) == "[]"
+    assert json.loads(host_priority_json(["a"], np.array([7]))) == [{"Host": "a", "Score": 7}]
