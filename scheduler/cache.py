@@ -95,6 +95,10 @@ class ClusterCache:
         self.inflight: set[str] = set()
         #: uids whose bind failed: their (unbound) annotation is ignored until bound or re-bound
         self.failed_binds: set[str] = set()
+        #: pod key -> clock() of our own successful bind: a relist whose snapshot predates the
+        #: patch must not drop that booking (the watch delivers the patch right after)
+        self.own_binds: dict[str, float] = {}
+        self.own_bind_grace = 30.0
         self.on_change: Callable[[], None] | None = None
 
     # -- configuration ------------------------------------------------------------------------
@@ -228,6 +232,7 @@ class ClusterCache:
                     self.pods_by_node.pop(info.node, None)
         if uid is not None:
             self.failed_binds.discard(uid)
+        self.own_binds.pop(key, None)
         if key in self.state.bookings and (uid is None or self.booked_uid.get(key) == uid):
             self._release(key)
 
@@ -276,17 +281,31 @@ class ClusterCache:
         self._book_record(key, info)
 
     def replace_pods(self, items: Iterable[dict[str, Any]]) -> None:
-        """A relist: make the pod set equal to ``items`` (in-flight binds are kept)."""
+        """A relist: make the pod set equal to ``items``. In-flight binds, and our own binds of the
+        last ``own_bind_grace`` seconds (the list may predate their patch), are kept."""
         seen = set()
         for p in items:
             seen.add(pod_key(p))
             self.on_pod("ADDED", p)
+        now = self.clock()
+        for key, t in list(self.own_binds.items()):
+            if now - t > self.own_bind_grace:
+                del self.own_binds[key]
+        keep = self.inflight | set(self.own_binds)
         for key in list(self.pods):
-            if key not in seen and key not in self.inflight:
+            if key not in seen and key not in keep:
                 self._forget(key, None)
         for key in list(self.state.bookings):
-            if key not in seen and key not in self.inflight:
+            if key not in seen and key not in keep:
                 self._forget(key, None)
+
+    def record_bound(self, key: str, uid: str, booking: Booking) -> None:
+        """After a successful bind: remember the pod as bound (if its booking is still this one)."""
+        if self.state.bookings.get(key) is not booking:
+            return
+        self.pods[key] = PodInfo(uid, booking.node, True, booking.allocation)
+        self.pods_by_node.setdefault(booking.node, set()).add(key)
+        self.own_binds[key] = self.clock()
 
     # -- placement ----------------------------------------------------------------------------
     def evaluate(self, pod: PodRequest, names: Sequence[str], want_scores: bool = True

@@ -50,7 +50,7 @@ from kube_vgpu.errors import ConfigError, RequestError
 from kube_vgpu.podspec import parse_pod, pod_asks
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_BIND_TIME, BIND_ALLOCATING, LABEL_NODE
 
-from .cache import ClusterCache, PodInfo, pod_key
+from .cache import ClusterCache, pod_key
 from .fastpath import normalise_array
 from .kube import KubeAPI, Reflector, api_error_text, is_conflict, is_not_found
 from .leader import LeaseElector
@@ -574,10 +574,7 @@ class SchedulerService:
             raise BindError(f"binding {key} to {node} failed: {api_error_text(e)}", outcome) from e
         finally:
             self.cache.inflight.discard(key)
-        if self.cache.state.bookings.get(key) is booking:
-            info = PodInfo(uid, node, True, alloc)
-            self.cache.pods[key] = info
-            self.cache.pods_by_node.setdefault(node, set()).add(key)
+        self.cache.record_bound(key, uid, booking)
         return gpus
 
     # -- events -------------------------------------------------------------------------------

@@ -173,3 +173,18 @@ def test_events_aggregate_like_kube_scheduler() -> None:
     assert classify("container c needs 4 GPUs, node has 2") == "gpu_count"
     assert classify("container c needs 9000 MiB on one GPU; largest free is 10 MiB on GPU-1") == "memory"
     assert classify("vGPU inventory heartbeat is stale (older than 120s; device plugin down?)") == "stale_inventory"
+
+
+def test_relist_that_predates_our_patch_keeps_the_booking() -> None:
+    now = [100.0]
+    c = ClusterCache(Config(), clock=lambda: now[0])
+    c.on_node("ADDED", node_obj("n1", 1, heartbeat=100.0))
+    req = parse_pod(pod_obj("p", limits={"nvidia.com/gpumem": 1000}))
+    r = c.reserve(req, "uid-p", "n1")
+    assert not isinstance(r, str)
+    c.record_bound("default/p", "uid-p", r[0])
+    c.replace_pods([])  # snapshot taken before our patch landed
+    assert "default/p" in c.state.bookings
+    now[0] += 60
+    c.replace_pods([])  # still absent a minute later: really gone
+    assert c.state.bookings == {}
