@@ -113,3 +113,69 @@ class LeaseElector:
                 await asyncio.wait_for(stop.wait(), self.retry_period)
             except TimeoutError:
                 pass
+
+
+class LeaseFollower:
+    """Follow kube-scheduler's own leader election instead of running a second one.
+
+    The extender runs as a sidecar of kube-scheduler and kube-scheduler only calls its own sidecar,
+    so the replica that must bind is the one whose kube-scheduler holds *its* Lease. kube-scheduler
+    identities are ``<hostname>_<uuid>`` (client-go ``leaderelection``), and the sidecar shares the
+    pod's hostname: this replica leads while the Lease ``name`` in ``namespace`` is held, unexpired,
+    by an identity starting with ``<hostname>_``. A second, independent Lease could elect a sidecar
+    whose kube-scheduler is not the leader, and then every bind would be refused.
+
+    Same interface as :class:`LeaseElector` (``is_leader``, ``holder``, ``on_change``, ``run``).
+    """
+
+    def __init__(self, api: KubeAPI, namespace: str, name: str, hostname: str,
+                 run_blocking: Callable[..., Any], retry_period: float = 2.0, clock: Callable[[], float] = time.time):
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.hostname = hostname
+        self.run_blocking = run_blocking
+        self.retry_period = retry_period
+        self.clock = clock
+        self.holder: str | None = None
+        self._valid_until = 0.0
+        self.on_change: Callable[[bool], None] | None = None
+        self._was_leader = False
+
+    @property
+    def is_leader(self) -> bool:
+        """True while kube-scheduler in this pod holds its unexpired Lease (as last read)."""
+        return self.clock() < self._valid_until
+
+    def check(self) -> bool:
+        """Read the Lease once (blocking). Returns whether this replica leads."""
+        now = self.clock()
+        lease = self.api.get_lease(self.namespace, self.name)
+        spec = (lease or {}).get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        self.holder = holder or None
+        renew = _parse_time(spec.get("renewTime"))
+        duration = float(spec.get("leaseDurationSeconds") or 0)
+        ours = bool(holder) and (holder == self.hostname or holder.startswith(self.hostname + "_"))
+        # Lead until the Lease would expire, but never longer than two polls past this read.
+        self._valid_until = min(renew + duration, now + 2 * self.retry_period) if ours else 0.0
+        return self.is_leader
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll the Lease every ``retry_period`` seconds until ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                await self.run_blocking(self.check)
+            except Exception as e:  # noqa: BLE001 - API errors: leadership lapses by itself
+                log.debug("lease read failed", extra={"error": api_error_text(e)})
+            lead = self.is_leader
+            if lead != self._was_leader:
+                self._was_leader = lead
+                log.info("leadership changed", extra={"outcome": "leader" if lead else "follower",
+                                                      "holder": self.holder})
+                if self.on_change is not None:
+                    self.on_change(lead)
+            try:
+                await asyncio.wait_for(stop.wait(), self.retry_period)
+            except TimeoutError:
+                pass

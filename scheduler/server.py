@@ -34,7 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key-file", help="private key of --tls-cert-file (PEM)")
     p.add_argument("--kubeconfig", help="default: in-cluster, then ~/.kube/config")
-    p.add_argument("--leader-elect", action="store_true", help="only the holder of the Lease binds")
+    p.add_argument("--leader-elect", action="store_true", help="only the leader binds (see --leader-elect-mode)")
+    p.add_argument("--leader-elect-mode", choices=["follow", "own"], default="follow",
+                   help="follow: lead while the kube-scheduler in this pod holds its Lease --lease-name "
+                        "(the sidecar deployment); own: compete for our own Lease --lease-name")
     p.add_argument("--lease-name", default="kube-vgpu-scheduler")
     p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "kube-system")
     p.add_argument("--resync-seconds", type=float, default=300.0, help="full relist period of nodes and pods")
@@ -59,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot configure the Kubernetes client", extra={"error": str(e)})
         return 1
     identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    opts = Options(config_path=args.config, leader_elect=args.leader_elect, lease_name=args.lease_name,
+    opts = Options(config_path=args.config, leader_elect=args.leader_elect, leader_mode=args.leader_elect_mode,
+                   hostname=socket.gethostname(), lease_name=args.lease_name,
                    lease_namespace=args.lease_namespace, identity=identity, resync_seconds=args.resync_seconds,
                    freeze_gc=True)
 

@@ -53,7 +53,7 @@ from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_BIND_TIME, B
 from .cache import ClusterCache, pod_key
 from .fastpath import normalise_array
 from .kube import KubeAPI, Reflector, api_error_text, is_conflict, is_not_found
-from .leader import LeaseElector
+from .leader import LeaseElector, LeaseFollower
 from .metrics import GpuRow, Metrics
 from .reasons import UNRESOLVABLE, aggregate, classify
 from .shapes import shapes_from_state
@@ -69,7 +69,8 @@ class Options:
     """Service options (see ``kube-vgpu scheduler --help`` and docs/CONTRACTS.md).
 
     config_path: policy file polled every ``config_poll`` s (None = no reload); leader_elect,
-    lease_name, lease_namespace, identity: Lease election; resync_seconds: full relist period;
+    lease_name, lease_namespace, identity: Lease election; leader_mode: ``own`` (compete for our
+    Lease) or ``follow`` (lead while kube-scheduler in this pod, hostname ``hostname``, holds its Lease); resync_seconds: full relist period;
     pod_selector: label selector of the pods watched (bound vGPU pods carry ``kube-vgpu.io/node``);
     sync_wait: how long /filter waits for the first list before answering an Error (s);
     shapes_interval: FGD shape refresh (s); event_dedupe: same message to the same pod at most
@@ -79,6 +80,8 @@ class Options:
     config_path: str | None = None
     config_poll: float = 2.0
     leader_elect: bool = False
+    leader_mode: str = "own"
+    hostname: str = ""
     lease_name: str = "kube-vgpu-scheduler"
     lease_namespace: str = "kube-system"
     identity: str = "kube-vgpu-scheduler"
@@ -199,7 +202,7 @@ class SchedulerService:
         self._reflectors: list[Reflector] = []
         self._stop = asyncio.Event()
         self._config_sig: str | None = None
-        self.elector: LeaseElector | None = None
+        self.elector: LeaseElector | LeaseFollower | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics.is_leader.set(0 if self.opts.leader_elect else 1)
 
@@ -266,8 +269,13 @@ class SchedulerService:
             for r in self._reflectors:
                 r.start()
             if self.opts.leader_elect:
-                self.elector = LeaseElector(api, self.opts.lease_namespace, self.opts.lease_name,
-                                            self.opts.identity, self.run_blocking)
+                if self.opts.leader_mode == "follow":
+                    self.elector = LeaseFollower(api, self.opts.lease_namespace, self.opts.lease_name,
+                                                 self.opts.hostname or self.opts.identity.split("_")[0],
+                                                 self.run_blocking)
+                else:
+                    self.elector = LeaseElector(api, self.opts.lease_namespace, self.opts.lease_name,
+                                                self.opts.identity, self.run_blocking)
                 self.elector.on_change = lambda lead: self.metrics.is_leader.set(1 if lead else 0)
                 self._tasks.append(asyncio.create_task(self.elector.run(self._stop)))
         self._tasks.append(asyncio.create_task(self._event_loop()))
@@ -391,7 +399,9 @@ class SchedulerService:
     async def handle_readyz(self, request: web.Request) -> web.Response:
         if not self.synced.is_set():
             return web.Response(status=503, text="caches not synced")
-        if self.opts.leader_elect and not self.is_leader:
+        # own Lease: a Service may route binds to the leader only. follow: kube-scheduler calls its
+        # own sidecar, and a non-leader pod must stay Ready (or a rollout would stall).
+        if self.opts.leader_elect and self.opts.leader_mode == "own" and not self.is_leader:
             return web.Response(status=503, text="not the leader")
         return web.Response(text="ok")
 

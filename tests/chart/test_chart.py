@@ -221,6 +221,7 @@ def test_kube_scheduler_tag_override(renderer: Renderer) -> None:
     assert containers(dep)["kube-scheduler"]["image"] == "mirror.example.com/kube-scheduler:v1.30.4"
     args = containers(dep)["extender"]["args"]
     assert "--leader-elect" in args and f"--lease-name={FULL}-extender" in args
+    assert "--leader-elect-mode=own" in args
     assert f"--lease-namespace={NAMESPACE}" in args
 
 
@@ -228,6 +229,10 @@ def test_ha_leader_election_and_pdbs(renderer: Renderer) -> None:
     docs = renderer.render(option_values("ha"))
     ksc = scheduler_config(docs)
     assert ksc["leaderElection"]["leaderElect"] is True
+    # the extender binds only where kube-scheduler leads: it follows kube-scheduler's own Lease
+    args = containers(find(docs, "Deployment", f"{FULL}-scheduler"))["extender"]["args"]
+    assert "--leader-elect-mode=follow" in args
+    assert f"--lease-name={ksc['leaderElection']['resourceName']}" in args
     dep = find(docs, "Deployment", f"{FULL}-scheduler")
     assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
     pdbs = {p["metadata"]["name"]: p for p in find_all(docs, "PodDisruptionBudget")}

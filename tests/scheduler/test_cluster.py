@@ -381,3 +381,42 @@ def test_slow_or_failing_api_never_blocks_the_loop_and_watch_recovers(fake: Fake
             await wait_until(lambda: "node-late" in svc.cache.state.nodes, timeout=10)
             assert svc._reflectors[0].errors >= 1
     run(go)
+
+
+def test_follow_mode_binds_only_where_kube_scheduler_leads(fake: FakeKubeAPI) -> None:
+    """--leader-elect-mode follow: the sidecar leads while the kube-scheduler of its pod (identity
+    ``<hostname>_<uuid>``) holds the kube-scheduler Lease, and stays Ready either way."""
+    import datetime as dt
+
+    nodes = create_nodes(fake, 1)
+    pod = create_pod(fake, pod_obj("p", limits={"nvidia.com/gpumem": 1000}))
+
+    def lease(holder: str, age: float = 0.0) -> None:
+        t = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "ks-lease", "namespace": "default"},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": t, "acquireTime": t}}
+        if fake.get_object("leases", "ks-lease", "default") is None:
+            fake.create_object("leases", body)
+        else:
+            fake.update_object("leases", body)
+
+    lease("pod-b_0123abcd")
+
+    async def go() -> None:
+        async with extender(fake, leader_elect=True, leader_mode="follow", hostname="pod-a",
+                            lease_name="ks-lease", lease_namespace="default") as a, \
+                extender(fake, leader_elect=True, leader_mode="follow", hostname="pod-b",
+                         lease_name="ks-lease", lease_namespace="default") as b:
+            a.svc.elector.retry_period = b.svc.elector.retry_period = 0.1  # type: ignore[union-attr]
+            await wait_until(lambda: b.svc.is_leader, timeout=5)
+            assert not a.svc.is_leader
+            assert (await a.get("/readyz"))[0] == 200  # followers stay Ready
+            _, res = await a.post("/bind", bind_args(pod, "node-0"))
+            assert "not the leader" in res["Error"]
+            lease("pod-a_89abcdef")  # kube-scheduler leadership moves to pod-a
+            await wait_until(lambda: a.svc.is_leader and not b.svc.is_leader, timeout=5)
+            assert (await schedule(a, pod, nodes)) == ("node-0", "")
+            lease("pod-a_89abcdef", age=60)  # expired: nobody leads
+            await wait_until(lambda: not a.svc.is_leader, timeout=5)
+    run(go)

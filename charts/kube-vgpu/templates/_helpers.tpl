@@ -80,9 +80,11 @@ false
 {{- end -}}
 
 {{/* "true" when the extender runs its own Lease election. */}}
+{{- /* The extender's election: "follow" (lead while this pod's kube-scheduler holds its Lease;
+     auto, when kube-scheduler elects), "own" (true: a Lease of its own), or "off". */ -}}
 {{- define "kube-vgpu.extenderLeaderElect" -}}
 {{- $le := toString .Values.scheduler.extender.leaderElect -}}
-{{- if eq $le "true" }}true{{ else }}false{{ end -}}
+{{- if eq $le "true" }}own{{ else if and (eq $le "auto") (eq (include "kube-vgpu.leaderElect" .) "true") }}follow{{ else }}off{{ end -}}
 {{- end -}}
 
 {{- define "kube-vgpu.webhookService" -}}
