@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -151,9 +153,9 @@ async def _client(port: int, nodes: int, decisions: int, workers: int, seconds: 
     conn = aiohttp.TCPConnector(limit=64)
     async with aiohttp.ClientSession(base, connector=conn) as s:
         async def post(path: str, body: Any) -> Any:
-            data = body if isinstance(body, str) else json.dumps(body)
+            data = body if isinstance(body, str) else orjson.dumps(body)
             async with s.post(path, data=data, headers={"Content-Type": "application/json"}) as r:
-                return json.loads(await r.read())
+                return orjson.loads(await r.read())
 
         def args(pod_json: str, names: list[str]) -> str:
             # kube-scheduler's Go client encodes once per call; keep the Python client's share small

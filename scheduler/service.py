@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -413,8 +414,8 @@ class SchedulerService:
     @staticmethod
     async def _json(request: web.Request) -> Obj | None:
         try:
-            obj = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError):
+            obj = orjson.loads(await request.read())
+        except (ValueError, UnicodeDecodeError):  # orjson.JSONDecodeError is a ValueError
             return None
         return obj if isinstance(obj, dict) else None
 
@@ -443,8 +444,9 @@ class SchedulerService:
             return web.json_response(filter_result([], None, [], {}, {}, "request body is not ExtenderArgs JSON"),
                                      status=400)
         res = await self.filter(args)
+        body = orjson.dumps(res)
         self.metrics.filter_seconds.observe(time.perf_counter() - t0)
-        return web.json_response(res)
+        return web.Response(body=body, content_type="application/json")
 
     async def filter(self, args: Obj) -> Obj:
         """ExtenderArgs -> ExtenderFilterResult (see module docstring)."""
