@@ -53,6 +53,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-bind-address", default="0.0.0.0")
     p.add_argument("--heartbeat-seconds", type=float, default=30.0,
                    help="node inventory write interval (seconds)")
+    p.add_argument("--pending-stale-seconds", type=float, default=300.0,
+                   help="a pod still waiting for Allocate this long after it was bound stops being the "
+                        "target of GetPreferredAllocation while newer pods wait (0: never)")
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
     return p
 
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     opts = Options(node_name=args.node_name, device_plugin_dir=args.device_plugin_dir,
                    shim_host_path=args.shim_host_path, cache_host_dir=args.cache_host_dir,
-                   heartbeat_seconds=args.heartbeat_seconds)
+                   heartbeat_seconds=args.heartbeat_seconds, pending_stale_seconds=args.pending_stale_seconds)
     plugin = DevicePlugin(cfg, opts, kube)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -13,9 +13,26 @@ Facts about kubelet this relies on:
 * it calls GetPreferredAllocation (when there is a choice of device IDs) right before Allocate for
   the same container.
 
+Admission order. Which pending pod kubelet is admitting now is a guess from the order pods became
+bound to the node, and the bind-time annotation is *not* that order: the scheduler extender writes
+it before it posts the Binding, so two concurrent binds can commit in the opposite order, and kubelet
+sees pods in the order their ``spec.nodeName`` appeared (its watch, i.e. etcd order). So the plugin
+watches the pods of its node and gives each pod an :class:`Arrival` (a sequence number) the first time
+it sees it bound; :func:`pending_containers` orders by arrival. Pods already bound when the plugin
+started (the initial list) have no sequence number: they come first, ordered by the ``PodScheduled``
+condition's ``lastTransitionTime``, then bind time. A pending pod is *demoted* (ordered after every
+other pending pod, and so never the target of a preference while another pod of that size waits)
+
+* when a pod that arrived after it has already had a container allocated: kubelet admits pods one at
+  a time in arrival order, so a pod it skipped is not the one being admitted now (it was rejected by
+  another admission handler, or its phase just has not turned Failed yet); or
+* when it has stayed pending for longer than ``stale_after`` seconds since it was first seen bound.
+
 Matching tiers (the first non-empty tier decides; see :func:`match`):
 
-1. the request is exactly the slot set we preferred in the last GetPreferredAllocation;
+1. the request is exactly the slot set we preferred in the last GetPreferredAllocation *and* the GPUs
+   behind the requested IDs are the GPUs booked for the container we preferred (when they are not,
+   the preference is not trusted and the remaining tiers decide);
 2. pods already part-way through their containers (kubelet finishes one pod before the next);
 3. containers whose booked GPU uuids equal the uuids behind the requested slot IDs;
 4. every container with the requested number of GPUs.
@@ -75,7 +92,9 @@ class PendingContainer:
     disable_control: the container's env has ``CUDA_DISABLE_CONTROL=true``; priority: the
     container's ``nvidia.com/priority`` limit or None; in_progress: some other container of the pod
     was already allocated; allocated: names already allocated in the pod; remaining: names still
-    pending in the pod *including* this one; order: sort key (admission order).
+    pending in the pod *including* this one; order: sort key (admission order); demoted: the pod
+    is no longer believed to be next in kubelet's admission queue (see the module docstring), it sorts
+    after every candidate that is not.
     """
 
     namespace: str
@@ -90,6 +109,7 @@ class PendingContainer:
     allocated: tuple[str, ...]
     remaining: tuple[str, ...]
     order: tuple[Any, ...]
+    demoted: bool = False
 
     @property
     def key(self) -> str:
@@ -164,8 +184,59 @@ def _float(v: Any, default: float) -> float:
     return f if math.isfinite(f) else default
 
 
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """When this plugin first saw a pod bound to its node.
+
+    seq: a number that increases with every pod seen (watch order = the order kubelet sees pods), or
+    None for a pod that was already bound when the plugin started (the initial list); seen: the
+    monotonic clock at that moment (the start of the staleness period).
+    """
+
+    seq: int | None
+    seen: float
+
+
+def _scheduled_time(pod: Mapping[str, Any]) -> str:
+    """``lastTransitionTime`` of the pod's ``PodScheduled=True`` condition (RFC 3339, sorts as text), or ""."""
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if c.get("type") == "PodScheduled" and c.get("status") == "True":
+            return str(c.get("lastTransitionTime") or "")
+    return ""
+
+
+def arrival_key(pod: Mapping[str, Any], arrivals: Mapping[str, Arrival] | None) -> tuple[Any, ...]:
+    """Sort key for the order in which ``pod`` became bound to the node (the order kubelet admits in).
+
+    Pods from the initial list (or every pod, when ``arrivals`` is None) come first, by PodScheduled
+    time, then bind time (``kube-vgpu.io/bind-time``, else the allocation record's time, else 0),
+    creation time, namespace, name; then pods seen arriving, by sequence number; then pods not seen
+    yet (a listing can be ahead of the watch), by the same fallback as the initial list.
+    """
+    meta = pod.get("metadata") or {}
+    ann = _ann(pod)
+    rec_time = 0.0
+    if ANN_BIND_TIME not in ann and ANN_ALLOCATION in ann:
+        try:
+            rec_time = decode_allocation(ann[ANN_ALLOCATION]).time
+        except CodecError:
+            pass
+    fallback = (_scheduled_time(pod), _float(ann.get(ANN_BIND_TIME), rec_time),
+                meta.get("creationTimestamp") or "", meta.get("namespace", ""), meta.get("name", ""))
+    if arrivals is None:
+        return (0, 0, *fallback)
+    a = arrivals.get(meta.get("uid", ""))
+    if a is None:
+        return (2, 0, *fallback)
+    if a.seq is None:
+        return (0, 0, *fallback)
+    return (1, a.seq, *fallback)
+
+
 def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
-                       names: ResourceNames | None = None) -> list[PendingContainer]:
+                       names: ResourceNames | None = None, *,
+                       arrivals: Mapping[str, Arrival] | None = None,
+                       now: float | None = None, stale_after: float | None = None) -> list[PendingContainer]:
     """The next pending GPU container of every pod waiting for Allocate on ``node``, in admission order.
 
     A pod counts when it is not being deleted, its phase is not Succeeded/Failed, its bind phase is
@@ -175,10 +246,18 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
     kubelet visits them (init containers, then app containers, each in spec order). Pods with an
     undecodable record are skipped (the scheduler owns that record).
 
-    Order: pods part-way through first, then bind time (``kube-vgpu.io/bind-time``, else the record's
-    time), creation timestamp, namespace, name.
+    Order: pods part-way through first, then pods not demoted, then demoted ones, each by
+    :func:`arrival_key`. arrivals: per pod uid, from the plugin's pod watch (None: order by the
+    initial-list fallback only, and no staleness). A pod not part-way through is demoted when a pod
+    with a later arrival key already has a container allocated, or when ``now - seen`` exceeds
+    ``stale_after`` (both given, and the pod has an arrival).
     """
     names = names or ResourceNames()
+    pods = list(pods)
+    # the latest arrival among pods kubelet already admitted (a container allocated by us)
+    admitted_keys = [arrival_key(p, arrivals) for p in pods
+                     if allocated_names(p) and (p.get("spec") or {}).get("nodeName") in (None, "", node)]
+    latest_admitted = max(admitted_keys) if admitted_keys else None
     out: list[PendingContainer] = []
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -211,14 +290,20 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
             continue
         ctr, init, devices = pending[0]
         in_progress = bool(done)
-        bind_time = _float(ann.get(ANN_BIND_TIME), alloc.time)
+        akey = arrival_key(pod, arrivals)
+        demoted = False
+        if not in_progress:
+            if latest_admitted is not None and latest_admitted > akey:
+                demoted = True  # kubelet admitted a pod bound after this one: it skipped this one
+            a = (arrivals or {}).get(meta.get("uid", ""))
+            if a is not None and now is not None and stale_after is not None and now - a.seen > stale_after:
+                demoted = True
         out.append(PendingContainer(
             namespace=meta.get("namespace", "default"), pod=meta.get("name", ""), uid=meta.get("uid", ""),
             container=ctr.get("name", ""), init=init, devices=devices,
             disable_control=_disable_control(ctr), priority=_priority(ctr, names.priority),
             in_progress=in_progress, allocated=done, remaining=tuple(p[0].get("name", "") for p in pending),
-            order=(0 if in_progress else 1, bind_time, meta.get("creationTimestamp") or "",
-                   meta.get("namespace", ""), meta.get("name", ""))))
+            order=(0 if in_progress else 1, 1 if demoted else 0, *akey), demoted=demoted))
     out.sort(key=lambda p: p.order)
     return out
 
@@ -239,7 +324,10 @@ def match(device_ids: Sequence[str], candidates: Sequence[PendingContainer],
     """The pending container a kubelet container request with ``device_ids`` is for.
 
     candidates: from :func:`pending_containers` (admission order). preferred: the candidate our last
-    GetPreferredAllocation answered with exactly these IDs, if any (and still pending).
+    GetPreferredAllocation answered with exactly these IDs, if any (and still pending). The preference
+    is only taken when the GPUs behind ``device_ids`` are the GPUs booked for it; otherwise (kubelet
+    or our fill-up picked other GPUs) the other tiers decide, so a candidate booked on exactly the
+    requested GPUs wins over the preference.
     Raises MatchError when no candidate has ``len(device_ids)`` GPUs or when the deciding tier holds
     candidates with different outcomes.
     """
@@ -249,14 +337,14 @@ def match(device_ids: Sequence[str], candidates: Sequence[PendingContainer],
         waiting = ", ".join(f"{c.key} ({len(c.devices)} GPU(s))" for c in candidates) or "none"
         raise MatchError(f"no pod bound to this node is waiting for a container with {n} GPU(s) "
                          f"(bind-phase allocating); pending containers: {waiting}")
+    want = frozenset(slot_uuid(i) for i in device_ids)
     if preferred is not None:
         for c in fit:
-            if c.key == preferred.key and c.uid == preferred.uid:
+            if c.key == preferred.key and c.uid == preferred.uid and c.uuids == want:
                 return c
     busy = [c for c in fit if c.in_progress]
     if busy:
         return _decide(busy, "pods part-way through their containers", n)
-    want = frozenset(slot_uuid(i) for i in device_ids)
     exact = [c for c in fit if c.uuids == want]
     if exact:
         return _decide(exact, f"booked on the requested GPUs {','.join(sorted(want))}", n)
@@ -267,7 +355,8 @@ def preferred_allocation(available: Sequence[str], must_include: Sequence[str], 
                          candidates: Sequence[PendingContainer]) -> tuple[list[str], PendingContainer | None]:
     """Answer one GetPreferredAllocation container request.
 
-    Picks the first candidate (admission order) with ``size`` GPUs, part-way pods first, and returns
+    Picks the first candidate (admission order: part-way pods first, demoted pods last) with ``size``
+    GPUs, and returns
     ``size`` IDs from ``available``: the ``must_include`` IDs, then the lowest free slot of each booked
     GPU not yet covered, then other available IDs (one per GPU not yet covered first). Returns (ids, the candidate the answer was made for, or None).
     """

@@ -9,7 +9,9 @@ Threads (all daemon threads, stopped by :meth:`DevicePlugin.stop`):
 * health: NVML events + periodic probes (:class:`deviceplugin.nvml.HealthTracker`); a health change
   is pushed to every ListAndWatch stream and to the node inventory at once;
 * heartbeat: writes the node inventory annotation every ``heartbeat_seconds`` and refreshes the pod
-  list used by the metrics.
+  list used by the metrics;
+* pod watch (:class:`deviceplugin.podwatch.PodWatcher`): numbers pods in the order they become bound
+  to this node, the order GetPreferredAllocation/Allocate assume kubelet admits them in.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_NODE_INVENTO
 
 from . import inventory as inv
 from .api import api_pb2, api_pb2_grpc
-from .kube import KubeClient
+from .kube import KubeClient, PodWatchClient
 from .nvml import NVML, HealthTracker, NVMLError, PhysicalGPU
 from .podmatch import (
     ANN_ALLOCATED_CONTAINERS,
+    Arrival,
     MatchError,
     PendingContainer,
     match,
@@ -44,6 +47,7 @@ from .podmatch import (
     preferred_allocation,
     slot_uuid,
 )
+from .podwatch import ArrivalBook, PodWatcher
 from .response import ContainerSpec, container_spec, preload_contents, preload_host_path
 
 log = logging.getLogger("kube_vgpu.deviceplugin")
@@ -67,6 +71,9 @@ class Options:
     shim_host_path: str = "/usr/local/vgpu/libvgpu.so"
     cache_host_dir: str = "/var/lib/kube-vgpu/containers"
     heartbeat_seconds: float = 30.0
+    #: a pod pending Allocate for longer than this (since first seen bound) is demoted: it is no
+    #: longer the target of GetPreferredAllocation while a newer pod waits (0 or less: never)
+    pending_stale_seconds: float = 300.0
     # not flags: timings the tests shrink
     watch_interval: float = 1.0
     health_poll_ms: int = 500
@@ -74,6 +81,7 @@ class Options:
     recovery_seconds: float = 60.0
     preferred_ttl: float = 120.0
     register_timeout: float = 5.0
+    pod_watch_timeout: int = 300
 
 
 @dataclass
@@ -117,6 +125,10 @@ class DevicePlugin:
         self._server: grpc.Server | None = None
         self._threads: list[threading.Thread] = []
         self._kubelet_id: tuple[int, int] | None = None
+        self.arrivals = ArrivalBook(opts.node_name)
+        self._watcher: PodWatcher | None = None
+        if isinstance(kube, PodWatchClient):
+            self._watcher = PodWatcher(kube, self.arrivals, watch_timeout=opts.pod_watch_timeout)
 
     # ------------------------------------------------------------------ paths
 
@@ -136,6 +148,8 @@ class DevicePlugin:
         self._discover()
         self._write_preload_file()
         os.makedirs(self.opts.cache_host_dir, exist_ok=True)
+        if self._watcher is not None:
+            self._watcher.start()
         self._serve()
         for name, fn in (("supervisor", self._supervise), ("health", self._health_loop),
                          ("heartbeat", self._heartbeat_loop)):
@@ -152,14 +166,21 @@ class DevicePlugin:
         if self._server is not None:
             self._server.stop(grace=0.5).wait()
             self._server = None
+        if self._watcher is not None:
+            self._watcher.stop()
         for t in self._threads:
             t.join(timeout=5)
         self._remove_socket()
         self.nvml.shutdown()
 
+    def wait_pods_synced(self, timeout: float) -> bool:
+        """Wait until the pod watch has listed the node's pods once (True at once without a watch)."""
+        return self._watcher is None or self._watcher.synced.wait(timeout)
+
     def alive(self) -> bool:
         """True while every background thread runs (for /livez)."""
-        return not self._stop.is_set() and all(t.is_alive() for t in self._threads)
+        return (not self._stop.is_set() and all(t.is_alive() for t in self._threads)
+                and (self._watcher is None or self._watcher.alive()))
 
     def ready(self) -> tuple[bool, str]:
         """(ready, reason) for /readyz: registered with kubelet, inventory written recently, shim present."""
@@ -371,14 +392,23 @@ class DevicePlugin:
         known = {d.uuid for d in self.devices()}
         return [i for i in ids if slot_uuid(i) not in known]
 
+    def _candidates(self, pods: list[dict[str, Any]]) -> list[PendingContainer]:
+        """Pending containers in admission order (arrival order from the pod watch, demotions applied)."""
+        self.arrivals.saw(pods)  # a listing can be ahead of the watch
+        arrivals: dict[str, Arrival] = self.arrivals.snapshot()
+        stale = self.opts.pending_stale_seconds
+        return pending_containers(pods, self.opts.node_name, self.names, arrivals=arrivals,
+                                  now=self.arrivals.clock(), stale_after=stale if stale > 0 else None)
+
     def preferred(self, req: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
-        """GetPreferredAllocation: slots on the GPUs booked for the oldest pending container of that size."""
+        """GetPreferredAllocation: slots on the GPUs booked for the first pending container of that size
+        in admission order (see :func:`deviceplugin.podmatch.pending_containers`)."""
         with self._alloc_lock:
             return self._preferred_locked(req)
 
     def _preferred_locked(self, req: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
         pods = self.kube.list_node_pods(self.opts.node_name)
-        cands = pending_containers(pods, self.opts.node_name, self.names)
+        cands = self._candidates(pods)
         resp = api_pb2.PreferredAllocationResponse()
         now = time.monotonic()
         for creq in req.container_requests:
@@ -387,7 +417,9 @@ class DevicePlugin:
             if target is not None and len(ids) == creq.allocation_size:
                 self._preferred = {k: v for k, v in self._preferred.items() if now - v[1] < self.opts.preferred_ttl}
                 self._preferred[frozenset(ids)] = (target, now)
-                log.info("preferred %s for %s", ",".join(ids), target.key)
+                skipped = [c.key for c in cands if c.demoted and len(c.devices) == creq.allocation_size]
+                log.info("preferred %s for %s%s", ",".join(ids), target.key,
+                         f" (demoted, not admitted by kubelet in order: {', '.join(skipped)})" if skipped else "")
             resp.container_responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return resp
 
@@ -405,7 +437,7 @@ class DevicePlugin:
                 unknown = self._known(ids)
                 if unknown:
                     raise ValueError(f"unknown device IDs {', '.join(unknown)} (not advertised by this plugin)")
-                cands = pending_containers(pods, self.opts.node_name, self.names)
+                cands = self._candidates(pods)
                 pref = self._preferred.pop(frozenset(ids), None)
                 if pref is not None and time.monotonic() - pref[1] > self.opts.preferred_ttl:
                     pref = None

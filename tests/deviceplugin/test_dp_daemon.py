@@ -45,19 +45,21 @@ def start_plugin(gpus: FakeGPUs, kubelet: FakeKubelet, kube_api: Any, sockdir: s
     plugins: list[DevicePlugin] = []
     make_node(kube_api)
 
-    def start(cfg: Config | None = None, gpu_list: list[dict[str, Any]] | None = None) -> DevicePlugin:
+    def start(cfg: Config | None = None, gpu_list: list[dict[str, Any]] | None = None,
+              **overrides: Any) -> DevicePlugin:
         gpus.set(gpu_list if gpu_list is not None else GPUS[:2])
         shim = tmp_path / "vgpu" / "libvgpu.so"
         shim.parent.mkdir(exist_ok=True)
         shim.write_bytes(b"\x7fELF")
         opts = Options(node_name=NODE, device_plugin_dir=sockdir, shim_host_path=str(shim),
                        cache_host_dir=str(tmp_path / "containers"), heartbeat_seconds=0.5, watch_interval=0.05,
-                       health_poll_ms=50, probe_interval=0.1, recovery_seconds=0.6)
+                       health_poll_ms=50, probe_interval=0.1, recovery_seconds=0.6, **overrides)
         p = DevicePlugin(cfg or config_from_dict({"devices": {"splitCount": 4}}), opts,
                          ApiKubeClient(api_client=kube_api.api_client()))
         p.start()
         plugins.append(p)
         kubelet.wait(lambda k: k.updates > 0, what="first ListAndWatch list")
+        assert p.wait_pods_synced(10), "pod watch never listed the node's pods"
         return p
 
     yield start
@@ -248,6 +250,109 @@ def test_kubelet_restart_registers_again(start_plugin: Callable[..., DevicePlugi
     (r,) = kubelet.admit([1])
     assert envs(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1234m"
     assert plugin.status.registrations >= 2
+
+
+def _unbound(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod as the scheduler extender leaves it just before its Binding: annotations written
+    (allocation, bind-phase allocating, bind-time), spec.nodeName not set yet."""
+    del pod["spec"]["nodeName"]
+    return pod
+
+
+def _bind(kube_api: Any, name: str) -> None:
+    from kubernetes import client
+
+    client.CoreV1Api(kube_api.api_client()).create_namespaced_pod_binding(
+        name, "default", {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                          "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}},
+        _preload_content=False)
+
+
+def _wait_seen(plugin: DevicePlugin, kube_api: Any, *names: str) -> None:
+    uids = {kube_api.get_object("pods", n, "default")["metadata"]["uid"] for n in names}
+    deadline = time.time() + 10
+    while not uids <= set(plugin.arrivals.snapshot()):
+        assert time.time() < deadline, f"pod watch did not see {names}"
+        time.sleep(0.02)
+
+
+def test_concurrent_binds_allocate_in_binding_order_not_bind_time(start_plugin: Callable[..., DevicePlugin],
+                                                                  kubelet: FakeKubelet, kube_api: Any) -> None:
+    """(a) The extender wrote a's annotations (bind-time 100) before b's (101), but b's Binding
+    committed first: kubelet sees b first and admits it first; b must get b's limits."""
+    plugin = start_plugin()
+    kube_api.create_object("pods", _unbound(bound_pod("a", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100)))
+    kube_api.create_object("pods", _unbound(bound_pod("b", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101)))
+    _bind(kube_api, "b")
+    _wait_seen(plugin, kube_api, "b")
+    _bind(kube_api, "a")
+    _wait_seen(plugin, kube_api, "a")
+    (rb,) = kubelet.admit([1])  # kubelet admits b (it saw b first)
+    assert envs(rb)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m" and envs(rb)["CUDA_DEVICE_SM_LIMIT"] == "50"
+    ann = kube_api.get_object("pods", "b", "default")["metadata"]["annotations"]
+    assert ann[ANN_BIND_PHASE] == "success"
+    assert kube_api.get_object("pods", "a", "default")["metadata"]["annotations"][ANN_BIND_PHASE] == "allocating"
+    (ra,) = kubelet.admit([1])
+    assert envs(ra)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and envs(ra)["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert kube_api.errors == []
+
+
+def test_pod_watch_recovers_from_expired_watch(start_plugin: Callable[..., DevicePlugin],
+                                               kubelet: FakeKubelet, kube_api: Any) -> None:
+    """After the watch is closed with every resourceVersion too old (410), the plugin lists again and
+    goes on numbering pods in binding order."""
+    plugin = start_plugin()
+    kube_api.wait_for_watch("pods")
+    kube_api.expire_watches()
+    kube_api.create_object("pods", _unbound(bound_pod("a", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100)))
+    kube_api.create_object("pods", _unbound(bound_pod("b", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101)))
+    kube_api.wait_for_watch("pods")
+    _bind(kube_api, "b")
+    _wait_seen(plugin, kube_api, "b")
+    _bind(kube_api, "a")
+    _wait_seen(plugin, kube_api, "a")
+    snap = plugin.arrivals.snapshot()
+    uid = {n: kube_api.get_object("pods", n, "default")["metadata"]["uid"] for n in ("a", "b")}
+    assert snap[uid["b"]].seq is not None and snap[uid["a"]].seq is not None
+    assert snap[uid["b"]].seq < snap[uid["a"]].seq
+    (rb,) = kubelet.admit([1])
+    assert envs(rb)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m"
+    assert plugin.alive()
+
+
+def test_pod_kubelet_skipped_does_not_steal_the_preference(start_plugin: Callable[..., DevicePlugin],
+                                                           kubelet: FakeKubelet, kube_api: Any) -> None:
+    """(b) 'stuck' is bound first but kubelet never admits it (rejected by another admission handler,
+    phase not Failed yet); 'two' bound after it was admitted, so 'stuck' no longer gets the preference
+    over 'one', bound later still."""
+    plugin = start_plugin()
+    kube_api.create_object("pods", bound_pod("stuck", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
+    _wait_seen(plugin, kube_api, "stuck")
+    kube_api.create_object("pods", bound_pod("two", [("c", False, [(U[0], 1000, 10), (U[1], 1000, 10)], {})],
+                                             bind_time=101))
+    _wait_seen(plugin, kube_api, "two")
+    (r2,) = kubelet.admit([2])
+    assert envs(r2)["NVIDIA_VISIBLE_DEVICES"] == f"{U[0]},{U[1]}"
+    kube_api.create_object("pods", bound_pod("one", [("c", False, [(U[0], 5000, 50)], {})], bind_time=102))
+    _wait_seen(plugin, kube_api, "one")
+    (r1,) = kubelet.admit([1])
+    assert envs(r1)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m" and envs(r1)["CUDA_DEVICE_SM_LIMIT"] == "50"
+    assert kube_api.get_object("pods", "one", "default")["metadata"]["annotations"][ANN_BIND_PHASE] == "success"
+    assert kube_api.get_object("pods", "stuck", "default")["metadata"]["annotations"][ANN_BIND_PHASE] == "allocating"
+
+
+def test_pod_pending_past_the_staleness_period_does_not_steal_the_preference(
+        start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet, kube_api: Any) -> None:
+    """(b) with nothing admitted since: a pod pending longer than pending_stale_seconds is demoted."""
+    plugin = start_plugin(pending_stale_seconds=0.3)
+    kube_api.create_object("pods", bound_pod("stuck", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
+    _wait_seen(plugin, kube_api, "stuck")
+    time.sleep(0.5)
+    kube_api.create_object("pods", bound_pod("fresh", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101))
+    _wait_seen(plugin, kube_api, "fresh")
+    (r,) = kubelet.admit([1])
+    assert envs(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m"
+    assert kube_api.get_object("pods", "fresh", "default")["metadata"]["annotations"][ANN_BIND_PHASE] == "success"
 
 
 def _get(url: str) -> tuple[int, str]:

@@ -7,6 +7,7 @@ from dp_helpers import NODE, bound_pod
 
 from deviceplugin.podmatch import (
     ANN_ALLOCATED_CONTAINERS,
+    Arrival,
     MatchError,
     match,
     pending_containers,
@@ -14,6 +15,7 @@ from deviceplugin.podmatch import (
     slot_id,
     slot_uuid,
 )
+from deviceplugin.podwatch import ArrivalBook
 from deviceplugin.response import container_spec
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE
 
@@ -23,6 +25,17 @@ B = "GPU-bbbbbbbb-0000-4000-8000-000000000001"
 
 def ids(uuid: str, *ks: int) -> list[str]:
     return [slot_id(uuid, k) for k in ks]
+
+
+def with_uid(pod: dict, uid: str | None = None) -> dict:
+    pod["metadata"]["uid"] = uid or f"uid-{pod['metadata']['name']}"
+    return pod
+
+
+def scheduled_at(pod: dict, when: str) -> dict:
+    pod["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": when}]}
+    return pod
 
 
 def test_slot_ids_round_trip() -> None:
@@ -166,3 +179,132 @@ def test_bind_phase_must_be_allocating() -> None:
     p = bound_pod("p", [("c", False, [(A, 1000, 10)], {})])
     p["metadata"]["annotations"][ANN_BIND_PHASE] = "failed"
     assert pending_containers([p], NODE) == []
+
+
+# --------------------------------------------------------------------------- admission order
+# The old logic ordered pending pods by the bind-time annotation only and trusted the preference
+# blindly; each test below fails on it (wrong pod preferred / matched).
+
+
+def test_concurrent_binds_follow_the_order_pods_became_bound_not_bind_time() -> None:
+    """(a) A got bind-time t1 < t2 of B, but B's Binding committed first: kubelet admits B first."""
+    a = with_uid(bound_pod("a", [("c", False, [(A, 3000, 30)], {})], bind_time=1))
+    b = with_uid(bound_pod("b", [("c", False, [(A, 5000, 50)], {})], bind_time=2))
+    arrivals = {"uid-b": Arrival(1, 0.0), "uid-a": Arrival(2, 0.0)}
+    cands = pending_containers([a, b], NODE, arrivals=arrivals)
+    assert [c.pod for c in cands] == ["b", "a"]
+    chosen, target = preferred_allocation(ids(A, 0, 1, 2), [], 1, cands)
+    assert target is not None and target.pod == "b"
+    pc = match(chosen, cands, target)
+    assert pc.pod == "b" and pc.devices[0].memory_mib == 5000
+    # B recorded: A is next, and is not demoted (it arrived after B)
+    b["metadata"]["annotations"][ANN_ALLOCATED_CONTAINERS] = "c"
+    b["metadata"]["annotations"][ANN_BIND_PHASE] = "success"
+    cands = pending_containers([a, b], NODE, arrivals=arrivals)
+    assert [(c.pod, c.demoted) for c in cands] == [("a", False)]
+
+
+def test_initial_list_ordered_by_pod_scheduled_time_then_bind_time_and_before_watched_pods() -> None:
+    a = scheduled_at(with_uid(bound_pod("a", [("c", False, [(A, 1000, 0)], {})], bind_time=1)),
+                     "2026-01-01T00:00:02Z")
+    b = scheduled_at(with_uid(bound_pod("b", [("c", False, [(A, 2000, 0)], {})], bind_time=2)),
+                     "2026-01-01T00:00:01Z")
+    c = scheduled_at(with_uid(bound_pod("c", [("c", False, [(A, 3000, 0)], {})], bind_time=3)),
+                     "2026-01-01T00:00:01Z")
+    w = with_uid(bound_pod("w", [("c", False, [(A, 4000, 0)], {})], bind_time=0))
+    arrivals = {"uid-a": Arrival(None, 0.0), "uid-b": Arrival(None, 0.0), "uid-c": Arrival(None, 0.0),
+                "uid-w": Arrival(1, 0.0)}
+    assert [p.pod for p in pending_containers([w, c, a, b], NODE, arrivals=arrivals)] == ["b", "c", "a", "w"]
+    # without arrivals (no watch) the same fallback applies to all
+    assert [p.pod for p in pending_containers([w, c, a, b], NODE)] == ["w", "b", "c", "a"]
+
+
+def test_preference_not_trusted_when_requested_gpus_are_booked_for_another_candidate() -> None:
+    p = with_uid(bound_pod("p", [("c", False, [(A, 3000, 30)], {})], bind_time=1))
+    q = with_uid(bound_pod("q", [("c", False, [(B, 5000, 50)], {})], bind_time=2))
+    cands = pending_containers([p, q], NODE)
+    # our last preference named p, but the slots kubelet asks for are on B, which is booked for q
+    assert match(ids(B, 0), cands, cands[0]).pod == "q"
+    # and when the requested GPUs fit neither the preference nor a unique candidate: a clear error
+    r = with_uid(bound_pod("r", [("c", False, [(B, 7000, 70)], {})], bind_time=3))
+    cands = pending_containers([p, q, r], NODE)
+    with pytest.raises(MatchError, match="ambiguous"):
+        match(ids(B, 0), cands, cands[0])
+    # the preference agrees with the requested GPUs: taken
+    assert match(ids(A, 0), cands, cands[0]).pod == "p"
+
+
+def test_pod_skipped_by_kubelet_is_demoted_once_a_newer_pod_was_admitted() -> None:
+    """(b) s never gets admitted; n2 (bound after it) was admitted, so kubelet skipped s."""
+    s = with_uid(bound_pod("s", [("c", False, [(A, 3000, 30)], {})], bind_time=1))
+    n2 = with_uid(bound_pod("n2", [("c", False, [(A, 1000, 0), (B, 1000, 0)], {})], bind_time=2))
+    n1 = with_uid(bound_pod("n1", [("c", False, [(A, 5000, 50)], {})], bind_time=3))
+    arrivals = {"uid-s": Arrival(1, 0.0), "uid-n2": Arrival(2, 0.0), "uid-n1": Arrival(3, 0.0)}
+    cands = pending_containers([s, n1, n2], NODE, arrivals=arrivals)
+    assert [(c.pod, c.demoted) for c in cands] == [("s", False), ("n2", False), ("n1", False)]
+    n2["metadata"]["annotations"][ANN_ALLOCATED_CONTAINERS] = "c"
+    n2["metadata"]["annotations"][ANN_BIND_PHASE] = "success"
+    cands = pending_containers([s, n1, n2], NODE, arrivals=arrivals)
+    assert [(c.pod, c.demoted) for c in cands] == [("n1", False), ("s", True)]
+    chosen, target = preferred_allocation(ids(A, 0, 1, 2), [], 1, cands)
+    assert target is not None and target.pod == "n1"
+    assert match(chosen, cands, target).devices[0].memory_mib == 5000
+    # a demoted pod is still a candidate: if kubelet does come for it, on its own GPU, it matches
+    s2 = with_uid(bound_pod("s2", [("c", False, [(B, 3000, 30)], {})], bind_time=1))
+    arrivals["uid-s2"] = Arrival(1, 0.0)
+    cands = pending_containers([s2, n1, n2], NODE, arrivals=arrivals)
+    assert cands[-1].pod == "s2" and cands[-1].demoted
+    assert match(ids(B, 3), cands).pod == "s2"
+
+
+def test_pod_pending_past_the_staleness_period_is_demoted() -> None:
+    s = with_uid(bound_pod("s", [("c", False, [(A, 3000, 30)], {})], bind_time=1))
+    n = with_uid(bound_pod("n", [("c", False, [(A, 5000, 50)], {})], bind_time=2))
+    arrivals = {"uid-s": Arrival(1, 0.0), "uid-n": Arrival(2, 90.0)}
+    fresh = pending_containers([s, n], NODE, arrivals=arrivals, now=50.0, stale_after=60.0)
+    assert [(c.pod, c.demoted) for c in fresh] == [("s", False), ("n", False)]
+    later = pending_containers([s, n], NODE, arrivals=arrivals, now=100.0, stale_after=60.0)
+    assert [(c.pod, c.demoted) for c in later] == [("n", False), ("s", True)]
+    _, target = preferred_allocation(ids(A, 0, 1), [], 1, later)
+    assert target is not None and target.pod == "n"
+    # no staleness period: never demoted for age
+    assert not any(c.demoted for c in pending_containers([s, n], NODE, arrivals=arrivals, now=1e9))
+    # everything stale (kubelet down a while): order among them is kept
+    both = pending_containers([s, n], NODE, arrivals=arrivals, now=1000.0, stale_after=60.0)
+    assert [(c.pod, c.demoted) for c in both] == [("s", True), ("n", True)]
+
+
+def test_in_progress_pod_is_never_demoted() -> None:
+    p = with_uid(bound_pod("p", [("i", True, [(A, 1000, 0)], {}), ("c", False, [(B, 2000, 0)], {})]))
+    p["metadata"]["annotations"][ANN_ALLOCATED_CONTAINERS] = "i"
+    newer = with_uid(bound_pod("n", [("c", False, [(A, 500, 0)], {})]))
+    newer["metadata"]["annotations"][ANN_ALLOCATED_CONTAINERS] = "c"
+    arrivals = {"uid-p": Arrival(1, 0.0), "uid-n": Arrival(2, 0.0)}
+    cands = pending_containers([p, newer], NODE, arrivals=arrivals, now=1e6, stale_after=1.0)
+    assert [(c.pod, c.in_progress, c.demoted) for c in cands] == [("p", True, False)]
+
+
+def test_arrival_book_numbers_pods_in_the_order_they_are_seen_bound() -> None:
+    t = [0.0]
+    book = ArrivalBook(NODE, clock=lambda: t[0])
+    old = with_uid(bound_pod("old", [("c", False, [(A, 1, 0)], {})]))
+    unbound = with_uid(bound_pod("u", [("c", False, [(A, 1, 0)], {})]))
+    del unbound["spec"]["nodeName"]
+    book.saw([old, unbound], complete=True)  # the initial list
+    assert book.snapshot() == {"uid-old": Arrival(None, 0.0)}
+    t[0] = 5.0
+    late = with_uid(bound_pod("late", [("c", False, [(A, 1, 0)], {})], bind_time=1))
+    early = with_uid(bound_pod("early", [("c", False, [(A, 1, 0)], {})], bind_time=9))
+    book.saw([early])
+    book.saw([late, early])  # already known pods keep their number
+    snap = book.snapshot()
+    assert snap["uid-early"] == Arrival(1, 5.0) and snap["uid-late"] == Arrival(2, 5.0)
+    # several new pods in one listing: numbered in the fallback order (bind time here)
+    x = with_uid(bound_pod("x", [("c", False, [(A, 1, 0)], {})], bind_time=7))
+    y = with_uid(bound_pod("y", [("c", False, [(A, 1, 0)], {})], bind_time=6))
+    book.saw([x, y])
+    snap = book.snapshot()
+    assert (snap["uid-y"].seq, snap["uid-x"].seq) == (3, 4)
+    book.forget("uid-x")
+    book.saw([old, early, y], complete=True)  # a relist forgets pods that are gone
+    assert set(book.snapshot()) == {"uid-old", "uid-early", "uid-y"}
