@@ -14,12 +14,15 @@ Pod annotation ``kube-vgpu.io/allocation``::
 
 Containers are identified by name (never by position), so an init container without GPUs cannot
 shift an app container's allocation (KF-06). Decoding is strict: a wrong version, a missing or
-mistyped field raises :class:`CodecError`.
+mistyped field raises :class:`CodecError`, and so does a value out of its plausible range
+(negative or absurd MiB/cores/split, duplicate GPU uuids, duplicate container names): these
+records are also written back by users able to edit their pods, so the reader trusts nothing.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from .errors import CodecError
@@ -60,6 +63,26 @@ def _get(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str
     return v
 
 
+#: plausible ranges (inclusive) of the numeric fields; anything else is a corrupt or tampered record
+MAX_MIB = 1 << 24  # 16 TiB per GPU in MiB
+MAX_CORES = 10_000  # percent; 100 x the largest core scaling
+MAX_SPLIT = 1024
+
+
+def _int_in(obj: dict[str, Any], key: str, lo: int, hi: int, what: str) -> int:
+    v: int = _get(obj, key, int, what)
+    if not lo <= v <= hi:
+        raise CodecError(f"{what}: field {key!r} = {v} is out of range; allowed {lo}..{hi}")
+    return v
+
+
+def _time(obj: dict[str, Any], key: str, what: str) -> float:
+    v = _get(obj, key, (int, float), what)
+    if not math.isfinite(v) or v < 0:
+        raise CodecError(f"{what}: field {key!r} = {v!r} is not a time (finite unix seconds >= 0)")
+    return float(v)
+
+
 def encode_inventory(inv: NodeInventory) -> str:
     """Encode a node inventory to the annotation string (v1)."""
     return _dump({
@@ -77,17 +100,23 @@ def decode_inventory(text: str) -> NodeInventory:
     """Decode the node annotation. Raises CodecError on any malformed input."""
     what = "node inventory"
     obj = _load(text, what)
-    hb = _get(obj, "hb", (int, float), what)
+    hb = _time(obj, "hb", what)
     devs = []
+    seen: set[str] = set()
     for i, d in enumerate(_get(obj, "devices", list, what)):
         w = f"{what} device[{i}]"
         if not isinstance(d, dict):
             raise CodecError(f"{w}: must be an object")
+        uuid = _get(d, "uuid", str, w)
+        if not uuid or uuid in seen:
+            raise CodecError(f"{w}: uuid {uuid!r} is empty or listed twice")
+        seen.add(uuid)
         devs.append(GPUDevice(
-            uuid=_get(d, "uuid", str, w), index=_get(d, "idx", int, w), model=_get(d, "model", str, w),
-            memory_mib=_get(d, "mem", int, w), cores=_get(d, "cores", int, w), split=_get(d, "split", int, w),
-            healthy=_get(d, "healthy", bool, w), numa=_get(d, "numa", int, w)))
-    return NodeInventory(devices=tuple(devs), heartbeat=float(hb) if isinstance(hb, int) else hb)
+            uuid=uuid, index=_int_in(d, "idx", 0, 4096, w), model=_get(d, "model", str, w),
+            memory_mib=_int_in(d, "mem", 1, MAX_MIB, w), cores=_int_in(d, "cores", 1, MAX_CORES, w),
+            split=_int_in(d, "split", 1, MAX_SPLIT, w), healthy=_get(d, "healthy", bool, w),
+            numa=_int_in(d, "numa", -1, 4096, w)))
+    return NodeInventory(devices=tuple(devs), heartbeat=hb)
 
 
 def encode_allocation(alloc: PodAllocation) -> str:
@@ -108,20 +137,28 @@ def decode_allocation(text: str) -> PodAllocation:
     """Decode the pod annotation. Raises CodecError on any malformed input."""
     what = "pod allocation"
     obj = _load(text, what)
-    t = _get(obj, "t", (int, float), what)
+    t = _time(obj, "t", what)
     conts = []
+    names: set[tuple[str, bool]] = set()
     for i, c in enumerate(_get(obj, "containers", list, what)):
         w = f"{what} container[{i}]"
         if not isinstance(c, dict):
             raise CodecError(f"{w}: must be an object")
         devs = []
+        uuids: set[str] = set()
         for j, d in enumerate(_get(c, "devices", list, w)):
             wd = f"{w} device[{j}]"
             if not isinstance(d, dict):
                 raise CodecError(f"{wd}: must be an object")
-            devs.append(DeviceBooking(uuid=_get(d, "uuid", str, wd), memory_mib=_get(d, "mem", int, wd),
-                                      cores=_get(d, "cores", int, wd)))
-        conts.append(ContainerAllocation(name=_get(c, "name", str, w), init=_get(c, "init", bool, w),
-                                         devices=tuple(devs)))
-    return PodAllocation(node=_get(obj, "node", str, what), containers=tuple(conts),
-                         time=float(t) if isinstance(t, int) else t)
+            uuid = _get(d, "uuid", str, wd)
+            if not uuid or uuid in uuids:
+                raise CodecError(f"{wd}: uuid {uuid!r} is empty or booked twice for one container")
+            uuids.add(uuid)
+            devs.append(DeviceBooking(uuid=uuid, memory_mib=_int_in(d, "mem", 0, MAX_MIB, wd),
+                                      cores=_int_in(d, "cores", 0, MAX_CORES, wd)))
+        key = (_get(c, "name", str, w), _get(c, "init", bool, w))
+        if not key[0] or key in names:
+            raise CodecError(f"{w}: container name {key[0]!r} is empty or listed twice")
+        names.add(key)
+        conts.append(ContainerAllocation(name=key[0], init=key[1], devices=tuple(devs)))
+    return PodAllocation(node=_get(obj, "node", str, what), containers=tuple(conts), time=t)

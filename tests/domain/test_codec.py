@@ -14,17 +14,22 @@ from kube_vgpu.model import ContainerAllocation, DeviceBooking, GPUDevice, NodeI
 
 SETTINGS = settings(max_examples=200, deadline=None)
 
-INTS = st.integers(min_value=-(2**63), max_value=2**63)
-TIMES = st.floats(allow_nan=False)  # inf round-trips through Python's json too
+MIB = st.integers(min_value=1, max_value=1 << 24)
+CORES = st.integers(min_value=1, max_value=10_000)
+TIMES = st.floats(min_value=0, allow_nan=False, allow_infinity=False)
 TEXT = st.text()
+UUID = st.text(min_size=1)
 
-DEVICES = st.builds(GPUDevice, uuid=TEXT, index=INTS, model=TEXT, memory_mib=INTS, cores=INTS, split=INTS,
-                    healthy=st.booleans(), numa=INTS)
-INVENTORIES = st.builds(NodeInventory, devices=st.lists(DEVICES, max_size=6).map(tuple), heartbeat=TIMES)
-BOOKINGS = st.builds(DeviceBooking, uuid=TEXT, memory_mib=INTS, cores=INTS)
-CONTAINERS = st.builds(ContainerAllocation, name=TEXT, init=st.booleans(),
-                       devices=st.lists(BOOKINGS, max_size=4).map(tuple))
-ALLOCATIONS = st.builds(PodAllocation, node=TEXT, containers=st.lists(CONTAINERS, max_size=5).map(tuple), time=TIMES)
+DEVICES = st.builds(GPUDevice, uuid=UUID, index=st.integers(0, 4096), model=TEXT, memory_mib=MIB, cores=CORES,
+                    split=st.integers(1, 1024), healthy=st.booleans(), numa=st.integers(-1, 4096))
+INVENTORIES = st.builds(NodeInventory, devices=st.lists(DEVICES, max_size=6, unique_by=lambda d: d.uuid).map(tuple),
+                        heartbeat=TIMES)
+BOOKINGS = st.builds(DeviceBooking, uuid=UUID, memory_mib=st.integers(0, 1 << 24), cores=st.integers(0, 10_000))
+CONTAINERS = st.builds(ContainerAllocation, name=st.text(min_size=1), init=st.booleans(),
+                       devices=st.lists(BOOKINGS, max_size=4, unique_by=lambda b: b.uuid).map(tuple))
+ALLOCATIONS = st.builds(PodAllocation, node=TEXT,
+                        containers=st.lists(CONTAINERS, max_size=5, unique_by=lambda c: (c.name, c.init)).map(tuple),
+                        time=TIMES)
 
 
 INV = NodeInventory(devices=(GPUDevice("GPU-1", 0, "NVIDIA H200", 143771, 100, 10, True, 0),
@@ -248,3 +253,43 @@ def test_huge_number_is_codec_error(decode) -> None:  # type: ignore[no-untyped-
 def test_deep_nesting_is_codec_error(decode) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(CodecError):
         decode("[" * 100_000 + "]" * 100_000)
+
+
+@pytest.mark.parametrize("patch", [
+    ("devices", 0, "mem", -100), ("devices", 0, "mem", 0), ("devices", 0, "split", 0), ("devices", 0, "cores", -5),
+    ("devices", 0, "mem", 10**30), ("devices", 0, "idx", -1),
+])
+def test_inventory_out_of_range_values_are_refused(patch: tuple[str, int, str, int]) -> None:
+    obj = json.loads(encode_inventory(INV))
+    obj[patch[0]][patch[1]][patch[2]] = patch[3]
+    with pytest.raises(CodecError, match=f"'{patch[2]}' = .* out of range"):
+        decode_inventory(json.dumps(obj))
+
+
+def test_inventory_duplicate_uuid_and_bad_heartbeat_refused() -> None:
+    obj = json.loads(encode_inventory(INV))
+    obj["devices"][1]["uuid"] = obj["devices"][0]["uuid"]
+    with pytest.raises(CodecError, match="listed twice"):
+        decode_inventory(json.dumps(obj))
+    for hb in ("Infinity", "-1"):
+        with pytest.raises(CodecError, match="not a time"):
+            decode_inventory('{"v":1,"hb":' + hb + ',"devices":[]}')
+
+
+@pytest.mark.parametrize(("field", "value"), [("mem", -50000), ("mem", 10**30), ("cores", -1), ("cores", 10**6)])
+def test_tampered_allocation_values_are_refused(field: str, value: int) -> None:
+    obj = json.loads(encode_allocation(ALLOC))
+    obj["containers"][1]["devices"][0][field] = value
+    with pytest.raises(CodecError, match="out of range"):
+        decode_allocation(json.dumps(obj))
+
+
+def test_allocation_duplicates_refused() -> None:
+    obj = json.loads(encode_allocation(ALLOC))
+    obj["containers"][1]["devices"][1]["uuid"] = obj["containers"][1]["devices"][0]["uuid"]
+    with pytest.raises(CodecError, match="booked twice"):
+        decode_allocation(json.dumps(obj))
+    obj = json.loads(encode_allocation(ALLOC))
+    obj["containers"].append(dict(obj["containers"][1]))
+    with pytest.raises(CodecError, match="listed twice"):
+        decode_allocation(json.dumps(obj))
