@@ -43,10 +43,25 @@ from .resources import (
 
 _DEFAULT_CONFIG = Config()
 
+#: the largest gpumem accepted: 1 TiB in MiB (a larger number is almost always bytes or a
+#: ``Gi`` suffix: gpumem counts MiB, so ``gpumem: 3Gi`` would mean 3,221,225,472 MiB)
+MAX_GPUMEM_MIB = 1 << 20
+
+
+def _mapping(value: Any, where: str, container: str = "(pod)", kind: str = "pod") -> Mapping[str, Any]:
+    """``value`` if it is a JSON object (absent = empty), else RequestError naming ``where``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise RequestError(container, where, value, "an object", kind)
+    return value
+
 
 def _resources(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-    res = container.get("resources") or {}
-    return (res.get("limits") or {}), (res.get("requests") or {})
+    cname = str(container.get("name", "?"))
+    res = _mapping(container.get("resources"), "resources", cname, "container")
+    return (_mapping(res.get("limits"), "resources.limits", cname, "container"),
+            _mapping(res.get("requests"), "resources.requests", cname, "container"))
 
 
 def resource_value(container: Mapping[str, Any], name: str) -> Any:
@@ -58,18 +73,27 @@ def resource_value(container: Mapping[str, Any], name: str) -> Any:
 
 
 def container_asks(container: Mapping[str, Any], names: ResourceNames) -> bool:
-    """True if the container names any vGPU resource (gpu, gpumem, percentage, cores) at all."""
-    limits, requests = _resources(container)
-    for n in (names.gpu, names.gpumem, names.gpumem_percentage, names.gpucores):
-        if n in limits or n in requests:
+    """True if the container names any vGPU resource (gpu, gpumem, percentage, cores) at all.
+    Never raises: a malformed container asks for nothing (:func:`parse_pod` reports it)."""
+    if not isinstance(container, Mapping):
+        return False
+    res = container.get("resources")
+    if not isinstance(res, Mapping):
+        return False
+    for part in (res.get("limits"), res.get("requests")):
+        if isinstance(part, Mapping) and any(
+                n in part for n in (names.gpu, names.gpumem, names.gpumem_percentage, names.gpucores)):
             return True
     return False
 
 
 def pod_asks(pod: Mapping[str, Any], names: ResourceNames) -> bool:
-    """True if any init or app container of the pod names a vGPU resource."""
-    spec = pod.get("spec") or {}
-    return any(container_asks(c, names) for c in (spec.get("initContainers") or []) + (spec.get("containers") or []))
+    """True if any init or app container of the pod names a vGPU resource. Never raises."""
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return False
+    ctrs = [c for f in ("initContainers", "containers") if isinstance(spec.get(f), list) for c in spec[f]]
+    return any(container_asks(c, names) for c in ctrs)
 
 
 def _whole(cname: str, kind: str, resource: str, raw: Any, lo: int, hi: int | None, allowed: str) -> int:
@@ -112,7 +136,8 @@ def parse_container(
         count = d.gpu_count
     mem = pct = 0
     if mem_raw is not None:
-        mem = _whole(cname, kind, names.gpumem, mem_raw, 1, None, "a whole number of MiB >= 1")
+        mem = _whole(cname, kind, names.gpumem, mem_raw, 1, MAX_GPUMEM_MIB,
+                     f"a whole number of MiB, 1..{MAX_GPUMEM_MIB} (gpumem counts MiB: write 3000, not 3Gi)")
     if pct_raw is not None:
         p = _whole(cname, kind, names.gpumem_percentage, pct_raw, 1, 100, "a whole number of percent, 1..100")
         if not mem:
@@ -143,7 +168,14 @@ def _split(value: Any) -> tuple[str, ...]:
 
 
 def parse_constraints(annotations: Mapping[str, Any]) -> Constraints:
-    """GPU selection constraints from pod annotations (HAMi keys, comma-separated lists)."""
+    """GPU selection constraints from pod annotations (HAMi keys, comma-separated lists).
+
+    Raises: RequestError if one of these annotations is not a string.
+    """
+    for key in (ANN_USE_GPUTYPE, ANN_NOUSE_GPUTYPE, ANN_USE_GPUUUID, ANN_NOUSE_GPUUUID):
+        v = annotations.get(key)
+        if v is not None and not isinstance(v, str):
+            raise RequestError("(pod)", f"metadata.annotations[{key}]", v, "a comma-separated string", "pod")
     return Constraints(
         use_types=_split(annotations.get(ANN_USE_GPUTYPE)),
         nouse_types=_split(annotations.get(ANN_NOUSE_GPUTYPE)),
@@ -180,16 +212,31 @@ def _host(containers: list[Mapping[str, Any]], name: str) -> list[int]:
     return out
 
 
+def _containers(spec: Mapping[str, Any], field: str) -> list[Mapping[str, Any]]:
+    raw = spec.get(field)
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise RequestError("(pod)", f"spec.{field}", raw, "a list of containers", "pod")
+    for i, c in enumerate(raw):
+        if not isinstance(c, Mapping):
+            raise RequestError("(pod)", f"spec.{field}[{i}]", c, "an object (core/v1 Container)", "pod")
+    return raw
+
+
 def parse_pod(pod: Mapping[str, Any], config: Config = _DEFAULT_CONFIG) -> PodRequest:
     """Parse a Pod JSON dict (``core/v1 Pod``) into a PodRequest.
 
-    Raises: RequestError for the first invalid container value or policy annotation.
+    Raises: RequestError for the first invalid container value or policy annotation, and for a
+    pod that is not shaped like a Pod (non-object containers, resources, limits, annotations).
     """
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    ann = meta.get("annotations") or {}
-    inits = [c for c in (spec.get("initContainers") or [])]
-    apps = [c for c in (spec.get("containers") or [])]
+    if not isinstance(pod, Mapping):
+        raise RequestError("(pod)", "(pod)", pod, "a core/v1 Pod object", "pod")
+    meta = _mapping(pod.get("metadata"), "metadata")
+    spec = _mapping(pod.get("spec"), "spec")
+    ann = _mapping(meta.get("annotations"), "metadata.annotations")
+    inits = _containers(spec, "initContainers")
+    apps = _containers(spec, "containers")
     init_reqs = tuple(r for c in inits if (r := parse_container(c, True, config)) is not None)
     app_reqs = tuple(r for c in apps if (r := parse_container(c, False, config)) is not None)
     cpu_init, cpu_app = _host(inits, "cpu"), _host(apps, "cpu")

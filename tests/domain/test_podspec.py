@@ -329,7 +329,8 @@ def test_parse_pod_constraints() -> None:
 def test_parse_constraints_direct() -> None:
     assert parse_constraints({}) == Constraints()
     assert parse_constraints({"nvidia.com/use-gputype": ""}).use_types == ()
-    assert parse_constraints({"nvidia.com/use-gputype": 5}).use_types == ()  # non-string ignored
+    with pytest.raises(RequestError, match="comma-separated string"):  # non-string: a clear error
+        parse_constraints({"nvidia.com/use-gputype": 5})
     assert parse_constraints({"unrelated": "H200"}).empty
 
 

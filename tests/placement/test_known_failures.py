@@ -134,3 +134,32 @@ def test_kf32_fit_is_per_gpu_never_node_sum() -> None:
     e2 = engine({"n1": gpus("n1", [7168, 7168])})  # 14 GiB in sum, still no single GPU fits
     ok, _, _ = e2.evaluate(req(pod("p", {"gpumem": 8192})))
     assert ok == []
+
+
+@pytest.mark.parametrize(("value", "fragment"), [("1Gi", "write 3000, not 3Gi"), ("9" * 40, "1..1048576")])
+def test_gpumem_in_bytes_or_absurd_is_rejected(value: str, fragment: str) -> None:
+    with pytest.raises(RequestError) as ei:
+        req(pod("p", {"gpu": 1, "gpumem": value}))
+    assert ei.value.resource == "nvidia.com/gpumem" and fragment in str(ei.value)
+
+
+@pytest.mark.parametrize(("mutate", "field"), [
+    (lambda p: p["spec"].__setitem__("containers", ["x"]), "spec.containers[0]"),
+    (lambda p: p["spec"]["containers"][0].__setitem__("resources", "x"), "resources"),
+    (lambda p: p["spec"]["containers"][0]["resources"].__setitem__("limits", ["a"]), "resources.limits"),
+    (lambda p: p["metadata"].__setitem__("annotations", ["a"]), "metadata.annotations"),
+    (lambda p: p["metadata"]["annotations"].__setitem__("nvidia.com/use-gputype", ["A100"]),
+     "metadata.annotations[nvidia.com/use-gputype]"),
+    (lambda p: p["spec"].__setitem__("initContainers", {"a": 1}), "spec.initContainers"),
+])
+def test_malformed_pod_shapes_raise_request_error(mutate, field: str) -> None:  # type: ignore[no-untyped-def]
+    from kube_vgpu.podspec import pod_asks
+    from kube_vgpu.resources import ResourceNames
+
+    p = pod("p", {"gpu": 1, "gpumem": 1000})
+    mutate(p)
+    with pytest.raises(RequestError) as ei:
+        req(p)
+    assert ei.value.resource == field
+    assert "allowed" in str(ei.value)
+    assert pod_asks(p, ResourceNames()) in (True, False)  # never raises
