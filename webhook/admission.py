@@ -16,16 +16,31 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import sys
 from typing import Any
 
 from kube_vgpu.config import Config
 
 from .mutate import ALLOWED, DENIED, Decision, review_pod
+from .shape import ShapeError, check_pod
+
+log = logging.getLogger("kube_vgpu.webhook")
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 KIND = "AdmissionReview"
 INVALID = "invalid"  #: outcome of a malformed pod inside a valid envelope
 NOT_POD = "not-pod"  #: outcome of a review for another resource or operation
+
+
+#: Python's JSON decoder gives up (RecursionError) at about this nesting depth
+MAX_DEPTH_HINT = sys.getrecursionlimit()
+#: longest status message sent back (a value quoted in a message can be as long as the body)
+MAX_MESSAGE = 1024
+
+
+def _clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class BadReview(ValueError):
@@ -36,8 +51,10 @@ def decode_review(body: bytes) -> dict[str, Any]:
     """Parse and check the envelope. Returns the whole review dict. Raises BadReview."""
     try:
         review = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadReview(f"body is not JSON: {e}") from None
+    except RecursionError:
+        raise BadReview(f"body is not acceptable JSON: nested deeper than {MAX_DEPTH_HINT} levels") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, huge integers, bad UTF-8
+        raise BadReview(f"body is not JSON: {_clip(str(e))}") from None
     if not isinstance(review, dict):
         raise BadReview(f"body is a JSON {type(review).__name__}, expected an AdmissionReview object")
     if review.get("kind") != KIND:
@@ -59,7 +76,7 @@ def _response(review: dict[str, Any], d: Decision) -> dict[str, Any]:
         resp["patchType"] = "JSONPatch"
         resp["patch"] = base64.b64encode(json.dumps(d.patch, separators=(",", ":")).encode()).decode()
     if not d.allowed:
-        resp["status"] = {"code": d.code, "reason": d.reason, "message": d.message}
+        resp["status"] = {"code": d.code, "reason": d.reason, "message": _clip(d.message)}
     if d.warnings:
         resp["warnings"] = d.warnings
     return {"apiVersion": review["apiVersion"], "kind": KIND, "response": resp}
@@ -89,10 +106,15 @@ def answer(review: dict[str, Any], config: Config) -> tuple[dict[str, Any], Deci
                      message="request.object is missing or not a Pod object")
         return _response(review, d), d
     try:
+        check_pod(pod)
         d = review_pod(pod, config)
-    except (TypeError, AttributeError, KeyError) as e:
+    except ShapeError as e:
+        d = Decision(allowed=False, outcome=INVALID, code=400, reason="BadRequest", message=str(e))
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError, RecursionError):
+        # a shape check_pod does not know about: say so without leaking Python's wording
+        log.warning("malformed pod not caught by the shape check", exc_info=True)
         d = Decision(allowed=False, outcome=INVALID, code=400, reason="BadRequest",
-                     message=f"malformed Pod: {e}")
+                     message="request.object is not a valid core/v1 Pod (a field has the wrong type)")
     return _response(review, d), d
 
 

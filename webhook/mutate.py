@@ -200,8 +200,8 @@ def _visible_devices_entry(container: Mapping[str, Any]) -> dict[str, Any] | Non
 def review_pod(pod: Mapping[str, Any], config: Config) -> Decision:
     """Decide on one Pod (``core/v1 Pod`` JSON dict). See the module docstring for the rules.
 
-    Returns: a Decision. Raises: TypeError/AttributeError only for structurally malformed pods
-    (e.g. ``spec.containers`` not a list); the server turns those into a 400 denial.
+    Expects a pod that passed :func:`webhook.shape.check_pod` (the caller, ``admission.answer``,
+    checks first and denies a wrong shape with a message naming the field path). Returns: a Decision.
     """
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}

@@ -137,9 +137,9 @@ def test_kf18_fractional_percentage_rejected(value: str) -> None:
 
 
 @pytest.mark.parametrize("kv,resource,allowed", [
-    ({"gpumem": "-1"}, "nvidia.com/gpumem", "MiB >= 1"),
-    ({"gpumem": "0"}, "nvidia.com/gpumem", "MiB >= 1"),
-    ({"gpumem": "1.5"}, "nvidia.com/gpumem", "MiB >= 1"),
+    ({"gpumem": "-1"}, "nvidia.com/gpumem", "whole number of MiB"),
+    ({"gpumem": "0"}, "nvidia.com/gpumem", "whole number of MiB"),
+    ({"gpumem": "1.5"}, "nvidia.com/gpumem", "whole number of MiB"),
     ({"pct": "101"}, "nvidia.com/gpumem-percentage", "1..100"),
     ({"cores": "150"}, "nvidia.com/gpucores", "0..100"),
     ({"cores": "-5"}, "nvidia.com/gpucores", "0..100"),
