@@ -63,9 +63,19 @@ class _StubAPI:
 
     def __init__(self, svc: Any):
         self.svc = svc
+        self.tmpl: dict[str, Any] | None = None
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        raise RuntimeError("not in the filter's pod cache")
+        """The pod the client made as ``name`` (bench-K: shape K mod len(SHAPES)), as the API
+        server would return it: bind plans from the API's pod, never from a /filter body."""
+        if self.tmpl is None:
+            self.tmpl = json.loads(CAPTURE.read_text())["Pod"]
+        k = int(name.rsplit("-", 1)[1])
+        pod = copy.deepcopy(self.tmpl)
+        pod["metadata"].update(name=name, namespace=namespace, uid=f"uid-bench-{k}", annotations={},
+                               resourceVersion="1")
+        pod["spec"]["containers"][0]["resources"] = {"limits": SHAPES[k % len(SHAPES)]}
+        return pod
 
     def patch_pod_metadata(self, *a: Any) -> dict[str, Any]:
         return {}

@@ -14,7 +14,12 @@ the Go field names (captured from kube-scheduler v1.36):
   ``ExtenderBindingResult {Error}``.
 
 Errors are answered with HTTP 200 and the ``Error`` field (what kube-scheduler reads), except a
-body that is not JSON (HTTP 400). Pods that ask for no vGPU resource pass through untouched.
+body that is not JSON or not shaped like the type above (wrong JSON types, no ``Pod``, no
+``PodName``/``Node``): HTTP 400 with an ``Error`` naming the field (``scheduler/wire.py``); no body
+ever gets a 500. Pods that ask for no vGPU resource pass through untouched.
+
+Bind plans from the pod as the API server has it (GET, uid checked against ``PodUID``), never from
+a pod spec some /filter body carried: those bodies are not authenticated.
 
 Concurrency: every handler and every cache update runs on one asyncio loop; API calls run in a
 thread pool. A bind reserves its GPUs in memory (no ``await`` between choosing and booking) before
@@ -58,6 +63,7 @@ from .leader import LeaseElector, LeaseFollower
 from .metrics import GpuRow, Metrics
 from .reasons import UNRESOLVABLE, aggregate, classify
 from .shapes import shapes_from_state
+from .wire import check_binding_args, check_extender_args
 
 log = logging.getLogger("kube_vgpu.scheduler")
 
@@ -196,7 +202,6 @@ class SchedulerService:
         self._executor = ThreadPoolExecutor(self.opts.api_workers, thread_name_prefix="kube-api")
         self._synced = {"nodes": False, "pods": False}
         self.synced = asyncio.Event()
-        self._pods_seen: OrderedDict[str, Obj] = OrderedDict()
         self._events: asyncio.Queue[tuple[Obj, dict[str, str], int]] = asyncio.Queue(maxsize=1000)
         self._event_sent: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -412,12 +417,13 @@ class SchedulerService:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     @staticmethod
-    async def _json(request: web.Request) -> Obj | None:
+    async def _json(request: web.Request) -> tuple[Any, str]:
+        """The decoded body and "" , or (None, why it is not JSON). Never raises for any body
+        (deep nesting included: orjson refuses it, ``RecursionError`` is caught anyway)."""
         try:
-            obj = orjson.loads(await request.read())
-        except (ValueError, UnicodeDecodeError):  # orjson.JSONDecodeError is a ValueError
-            return None
-        return obj if isinstance(obj, dict) else None
+            return orjson.loads(await request.read()), ""
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:  # JSONDecodeError is a ValueError
+            return None, f"request body is not JSON: {str(e)[:200]}"
 
     async def _wait_synced(self) -> bool:
         if self.synced.is_set():
@@ -428,22 +434,26 @@ class SchedulerService:
             return False
         return True
 
-    def _remember(self, pod: Obj) -> None:
-        uid = (pod.get("metadata") or {}).get("uid")
-        if not uid:
-            return
-        self._pods_seen[uid] = pod
-        self._pods_seen.move_to_end(uid)
-        if len(self._pods_seen) > 4096:
-            self._pods_seen.popitem(last=False)
+    @staticmethod
+    def _bad_request(what: str, e: Exception) -> str:
+        """Safety net behind the shape checks: a body they let through that still breaks a
+        handler is the client's malformed input (400), never a 500."""
+        log.warning("malformed request", extra={"error": f"{what}: {type(e).__name__}: {e}"[:500]})
+        return f"malformed {what}: {type(e).__name__}: {str(e)[:200]}"
 
     async def handle_filter(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
-        args = await self._json(request)
-        if args is None:
-            return web.json_response(filter_result([], None, [], {}, {}, "request body is not ExtenderArgs JSON"),
+        args, err = await self._json(request)
+        if not err:
+            err = check_extender_args(args) or ""
+        if not err:
+            try:
+                res = await self.filter(args)
+            except Exception as e:  # noqa: BLE001 - see _bad_request
+                err = self._bad_request("ExtenderArgs", e)
+        if err:
+            return web.json_response(filter_result([], None, [], {}, {}, f"invalid ExtenderArgs: {err}"),
                                      status=400)
-        res = await self.filter(args)
         body = orjson.dumps(res)
         self.metrics.filter_seconds.observe(time.perf_counter() - t0)
         return web.Response(body=body, content_type="application/json")
@@ -463,7 +473,6 @@ class SchedulerService:
             bad = {n: str(e) for n in names}
             self._queue_event(pod, bad, len(names))
             return filter_result(names, nodelist, [], {}, bad)
-        self._remember(pod)
         ok, failed, _ = self.cache.evaluate(req, names, want_scores=False)
         resolvable: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -475,10 +484,16 @@ class SchedulerService:
 
     async def handle_prioritize(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
-        args = await self._json(request)
-        if args is None:
-            return web.json_response([], status=400)
-        body = await self.prioritize(args)
+        args, err = await self._json(request)
+        if not err:
+            err = check_extender_args(args) or ""
+        if not err:
+            try:
+                body = await self.prioritize(args)
+            except Exception as e:  # noqa: BLE001 - see _bad_request
+                err = self._bad_request("ExtenderArgs", e)
+        if err:  # HostPriorityList has no Error field; kube-scheduler reads only the status
+            return web.json_response({"Error": f"invalid ExtenderArgs: {err}"}, status=400)
         self.metrics.prioritize_seconds.observe(time.perf_counter() - t0)
         return web.Response(text=body, content_type="application/json")
 
@@ -501,10 +516,15 @@ class SchedulerService:
 
     async def handle_bind(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
-        args = await self._json(request)
-        if args is None:
-            return web.json_response({"Error": "request body is not ExtenderBindingArgs JSON"}, status=400)
-        err = await self.bind(args)
+        args, err = await self._json(request)
+        if not err:
+            err = check_binding_args(args) or ""
+        if err:
+            return web.json_response({"Error": f"invalid ExtenderBindingArgs: {err}"}, status=400)
+        try:
+            err = await self.bind(args)
+        except Exception as e:  # noqa: BLE001 - see _bad_request
+            return web.json_response({"Error": self._bad_request("ExtenderBindingArgs", e)}, status=400)
         self.metrics.bind_seconds.observe(time.perf_counter() - t0)
         return web.json_response({"Error": err})
 
@@ -532,16 +552,18 @@ class SchedulerService:
         return ""
 
     async def _pod_for_bind(self, ns: str, name: str, uid: str) -> Obj:
+        """The pod as the API server has it (never a pod spec a /filter body carried: that body
+        is not authenticated, and the bind writes an allocation from it). Checks name and uid."""
         assert self.api is not None
-        pod = self._pods_seen.get(uid) if uid else None
-        if pod is None or pod_key(pod) != f"{ns}/{name}":
-            try:
-                pod = await self.run_blocking(self.api.get_pod, ns, name)
-            except Exception as e:  # noqa: BLE001
-                outcome = "not_found" if is_not_found(e) else "api_error"
-                raise BindError(f"pod {ns}/{name}: {api_error_text(e)}", outcome) from e
+        try:
+            pod = await self.run_blocking(self.api.get_pod, ns, name)
+        except Exception as e:  # noqa: BLE001
+            outcome = "not_found" if is_not_found(e) else "api_error"
+            raise BindError(f"pod {ns}/{name}: {api_error_text(e)}", outcome) from e
+        if not isinstance(pod, dict) or pod_key(pod) != f"{ns}/{name}":
+            raise BindError(f"pod {ns}/{name}: the API server answered another object", "api_error")
         got = str((pod.get("metadata") or {}).get("uid") or "")
-        if uid and got and got != uid:
+        if uid and got != uid:
             raise BindError(f"pod {ns}/{name} has uid {got}, bind asked for {uid} (pod was recreated)", "not_found")
         return pod
 

@@ -420,3 +420,38 @@ def test_follow_mode_binds_only_where_kube_scheduler_leads(fake: FakeKubeAPI) ->
             lease("pod-a_89abcdef", age=60)  # expired: nobody leads
             await wait_until(lambda: not a.svc.is_leader, timeout=5)
     run(go)
+
+
+def test_bind_plans_from_the_api_servers_pod_not_a_forged_filter_body(fake: FakeKubeAPI) -> None:
+    """A /filter body is not authenticated: a forged one (same name and uid, a bigger
+    nvidia.com/gpumem) must not make /bind write a bigger allocation."""
+    import copy
+
+    nodes = create_nodes(fake, 1, gpus=1)
+    pod = create_pod(fake, pod_obj("p1", limits={"nvidia.com/gpumem": 1000}))
+    forged = copy.deepcopy(pod)
+    forged["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "20000"
+    forged["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpumem"] = "20000"
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            _, res = await ext.post("/filter", filter_args(forged, nodes))
+            assert res["NodeNames"] == ["node-0"]
+            # another uid than the API server's pod: refused, nothing booked or written
+            wrong = bind_args(pod, "node-0")
+            wrong["PodUID"] = "not-" + pod["metadata"]["uid"]
+            st, b = await ext.post("/bind", wrong)
+            assert st == 200 and "uid" in b["Error"]
+            assert svc.cache.state.bookings == {}
+            assert ANN_ALLOCATION not in (fake.get_object("pods", "p1", "default") or {})["metadata"].get(
+                "annotations", {})
+            st, b = await ext.post("/bind", bind_args(pod, "node-0"))
+            assert (st, b) == (200, {"Error": ""})
+            p = fake.get_object("pods", "p1", "default")
+            assert p is not None
+            a = decode_allocation(p["metadata"]["annotations"][ANN_ALLOCATION])
+            assert [(d.memory_mib, d.cores) for d in a.containers[0].devices] == [(1000, 0)]
+            assert svc.cache.state.bookings["default/p1"].allocation == a
+            assert svc.cache.state.node_list[0].free_mem[0] == 24576 - 1000
+    run(go)

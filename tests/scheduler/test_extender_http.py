@@ -216,3 +216,93 @@ def test_host_priority_json_is_the_list_kube_scheduler_expects() -> None:
                                                                      {"Host": "ok", "Score": 4}]
     assert host_priority_json([], np.zeros(0, dtype=np.int64)) == "[]"
     assert json.loads(host_priority_json(["a"], np.array([7]))) == [{"Host": "a", "Score": 7}]
+
+
+MALFORMED_FILTER = [
+    ({"Pod": "x", "NodeNames": ["node-1"]}, "Pod"),
+    ({"Pod": {"metadata": {"name": "p"}}, "Nodes": {"items": "x"}}, "Nodes.items"),
+    ({"Pod": {"metadata": {"name": "p"}}, "Nodes": {"items": [5]}}, "Nodes.items[0]"),
+    ({"Pod": {"metadata": {"name": "p"}}, "Nodes": "x"}, "Nodes"),
+    ({"NodeNames": ["node-1"]}, "Pod"),
+    ({"Pod": None, "NodeNames": ["node-1"]}, "Pod"),
+    ({"Pod": {"metadata": {"name": "p"}}, "NodeNames": "node-1"}, "NodeNames"),
+    ({"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["node-1", 7]}, "NodeNames[1]"),
+    ({"Pod": {"metadata": "x"}, "NodeNames": ["node-1"]}, "Pod.metadata"),
+    ({"Pod": {"metadata": {"annotations": {"a": 1}}}, "NodeNames": ["node-1"]}, "Pod.metadata.annotations['a']"),
+    ({"Pod": {"spec": {"containers": "x"}}, "NodeNames": ["node-1"]}, "Pod.spec.containers"),
+    ({"Pod": {"spec": {"containers": [{"name": "c", "resources": {"limits": ["nvidia.com/gpu"]}}]}},
+      "NodeNames": ["node-1"]}, "Pod.spec.containers[0].resources.limits"),
+    ([1, 2], "ExtenderArgs"),
+    ("x", "ExtenderArgs"),
+]
+
+
+def test_malformed_extender_args_get_400_naming_the_field() -> None:
+    async def go() -> None:
+        async with Extender(offline_service([node_obj("node-1", 1)])) as ext:
+            for body, field in MALFORMED_FILTER:
+                for path in ("/filter", "/prioritize"):
+                    st, res = await ext.post(path, body)
+                    assert st == 400, (path, body, res)
+                    assert res["Error"].startswith(f"invalid ExtenderArgs: {field}:"), (path, body, res)
+                    if path == "/filter":
+                        assert set(res) == FILTER_KEYS and res["NodeNames"] == [] and res["Nodes"] is None
+            for body, field in [({"PodName": 5, "Node": "node-1"}, "PodName"),
+                                ({"PodName": "p", "Node": ["node-1"]}, "Node"),
+                                ({"PodName": "p", "PodUID": 1, "Node": "node-1"}, "PodUID"),
+                                ({"PodName": "p", "PodNamespace": {}, "Node": "node-1"}, "PodNamespace"),
+                                ({"Node": "node-1"}, "PodName"), ({"PodName": "p"}, "Node"),
+                                (None, "ExtenderBindingArgs")]:
+                st, res = await ext.post("/bind", body)
+                assert st == 400 and res == {"Error": res["Error"]}, (body, res)
+                assert res["Error"].startswith(f"invalid ExtenderBindingArgs: {field}:"), (body, res)
+            # JSON nested 100,000 levels deep: refused as not JSON, never a RecursionError/500
+            deep = b"[" * 100_000 + b"]" * 100_000
+            deep_obj = b'{"Pod":' * 100_000 + b"1" + b"}" * 100_000
+            assert ext.session is not None
+            for path in ("/filter", "/prioritize", "/bind"):
+                for data in (deep, deep_obj):
+                    async with ext.session.post(path, data=data) as r:
+                        assert r.status == 400, path
+                        assert "not JSON" in (await r.json())["Error"]
+            st, _ = await ext.get("/livez")
+            assert st == 200
+    run(go)
+
+
+def test_random_json_junk_never_gets_a_500() -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    leaves = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
+    junk = st.recursive(leaves, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(
+        st.sampled_from(["Pod", "Nodes", "NodeNames", "items", "metadata", "name", "namespace", "uid",
+                         "annotations", "spec", "containers", "initContainers", "resources", "limits",
+                         "requests", "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores", "cpu",
+                         "PodName", "PodNamespace", "PodUID", "Node", "status", "phase", "x"]),
+        kids, max_size=5), max_leaves=30)
+    svc = offline_service([node_obj("node-1", 1)])
+    bodies: list[tuple[str, object]] = []
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(path=st.sampled_from(["/filter", "/prioritize", "/bind"]), body=junk)
+    def collect(path: str, body: object) -> None:
+        bodies.append((path, body))
+
+    collect()
+    # half of them on a real-looking pod, so the junk reaches the request parser
+    pod = pod_obj("p", limits={"nvidia.com/gpumem": 100})
+    for i, (path, body) in enumerate(list(bodies)):
+        if i % 2 and isinstance(body, dict):
+            p = dict(pod)
+            p["spec"] = {"containers": [{"name": "c", "resources": {"limits": body}}]}
+            bodies.append((path, {"Pod": p, "NodeNames": ["node-1"]}))
+
+    async def go() -> None:
+        async with Extender(svc) as ext:
+            for path, body in bodies:
+                st_, res = await ext.post(path, body)
+                assert st_ in (200, 400), (path, body, st_, res)
+                if st_ == 400:
+                    assert res["Error"], (path, body, res)
+    run(go, timeout=120)
