@@ -21,6 +21,7 @@ Errors: :class:`kube_vgpu.errors.ConfigError` with the dotted key (``scheduling.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from .quantity import parse_quantity
 from .resources import DEFAULT_SCHEDULER_NAME, ResourceNames
 
 API_VERSION = "kube-vgpu.io/v1"
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 NODE_POLICIES = ("binpack", "spread", "fgd", "fgd-bestfit", "bestfit", "dotprod")
 GPU_POLICIES = ("binpack", "spread")
@@ -247,8 +249,9 @@ def _check(cfg: Config) -> None:
     names = cfg.resource_names.all()
     if len(set(names)) != len(names) or not all(names):
         raise ConfigError("resourceNames", "names must be non-empty and distinct")
-    if not cfg.scheduler_name:
-        raise ConfigError("schedulerName", "must be non-empty")
+    if not _DNS_SUBDOMAIN.match(cfg.scheduler_name) or len(cfg.scheduler_name) > 253:
+        raise ConfigError("schedulerName", f"{cfg.scheduler_name!r} is not a valid scheduler name; allowed: a DNS "
+                                           "subdomain (lowercase letters, digits, '-' and '.', at most 253)")
 
 
 _TOP = {"apiVersion", "kind", "schedulerName", "resourceNames", "defaults", "scheduling", "devices",
@@ -287,10 +290,28 @@ def config_from_dict(raw: Any) -> Config:
     return cfg
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            try:
+                dup = key in seen
+            except TypeError:
+                continue
+            if dup:
+                raise ConfigError(str(key), f"given twice (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config_text(text: str) -> Config:
-    """Parse YAML text into a validated Config. Raises ConfigError (also for YAML syntax errors)."""
+    """Parse YAML text into a validated Config. Raises ConfigError (also for YAML syntax errors and
+    keys given twice)."""
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise ConfigError("(yaml)", f"not valid YAML: {e}") from e
     return config_from_dict(raw)

@@ -185,7 +185,7 @@ def test_unknown_key(text: str, key: str) -> None:
         ("resourceNames: {gpumem: nvidia.com/gpu}", "resourceNames", "distinct"),
         ("resourceNames: {gpucores: ''}", "resourceNames", "non-empty"),
         ("resourceNames: {gpu: 5}", "resourceNames.gpu", "not a string"),
-        ("schedulerName: ''", "schedulerName", "non-empty"),
+        ("schedulerName: ''", "schedulerName", "DNS subdomain"),
         ("schedulerName: [a]", "schedulerName", "not a string"),
         ("apiVersion: kube-vgpu.io/v2", "apiVersion", "kube-vgpu.io/v2"),
         ("apiVersion: v1", "apiVersion", "not supported"),
@@ -261,7 +261,7 @@ def configs(draw: st.DrawFn) -> Config:
         for _ in range(draw(st.integers(0, 3)))
     )
     return Config(
-        scheduler_name=draw(st.text(min_size=1, max_size=10)),
+        scheduler_name=draw(st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?\Z")),
         resource_names=ResourceNames(*names),
         defaults=Defaults(draw(st.integers(1, 16)), draw(st.integers(0, 10**6)), draw(st.integers(1, 100)),
                           draw(st.integers(0, 100)), draw(st.booleans())),
@@ -316,3 +316,19 @@ def test_nan_inventory_stale_seconds_rejected() -> None:
 def test_huge_shm_size_limit_is_config_error() -> None:
     with pytest.raises(ConfigError):
         load_config_text("webhook: {shmSizeLimit: '%s'}" % ("9" * 5000))
+
+
+def test_duplicate_yaml_keys_are_refused() -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config_text("scheduling: {nodePolicy: spread}\nscheduling: {nodePolicy: fgd}\n")
+    assert ei.value.key == "scheduling" and "given twice (line 2)" in str(ei.value)
+    with pytest.raises(ConfigError, match="given twice"):
+        load_config_text("defaults:\n  cores: 1\n  cores: 2\n")
+
+
+@pytest.mark.parametrize("name", ["Not A Valid Name!", "UPPER", "-lead", "a" * 254, "trail-"])
+def test_scheduler_name_must_be_a_dns_subdomain(name: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict({"schedulerName": name})
+    assert ei.value.key == "schedulerName" and "DNS subdomain" in str(ei.value)
+    assert config_from_dict({"schedulerName": "gpu.sched-1"}).scheduler_name == "gpu.sched-1"
