@@ -1,6 +1,6 @@
 """``kube-vgpu simulate``: replay a workload under each placement policy, FGD-artifact style.
 
-Procedure (the FGD artifact's, see docs/simulate.md): pods sorted by name, shuffled with the seed,
+Procedure (the FGD artifact's, see docs/placement.md): pods sorted by name, shuffled with the seed,
 topped up to ``inflate`` x GPU capacity by sampling the trace with replacement, no departures; a
 pod that fits nowhere fails and is skipped. After each pod we record *arrived* (GPU milli requested
 so far, failed pods included, / capacity) and *allocation* (GPU milli placed / capacity), and sample
@@ -295,6 +295,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 1.0 <= args.inflate <= 3.0:
         print(f"kube-vgpu simulate: --inflate {args.inflate} is out of range; allowed 1.0..3.0", file=sys.stderr)
         return 2
+    if args.seeds is not None and not 1 <= args.seeds <= 1000:
+        print(f"kube-vgpu simulate: --seeds {args.seeds} is out of range; allowed 1..1000", file=sys.stderr)
+        return 2
+    if args.jobs < 1:
+        print(f"kube-vgpu simulate: --jobs {args.jobs} is out of range; allowed >= 1", file=sys.stderr)
+        return 2
+    if args.out is not None:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+            probe = args.out / ".kube-vgpu-write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            print(f"kube-vgpu simulate: --out {args.out} is not a writable folder: {e.strerror or e}",
+                  file=sys.stderr)
+            return 2
     try:
         if args.trace:
             nodes = load_nodes(args.trace / f"{args.nodes}.csv")
@@ -309,8 +325,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"kube-vgpu simulate: {e}", file=sys.stderr)
         return 2
-    if n_seeds < 1:
-        print("kube-vgpu simulate: --seeds must be >= 1", file=sys.stderr)
+    if not pods:
+        print("kube-vgpu simulate: the pod list is empty", file=sys.stderr)
+        return 2
+    if not any(n.devices for n in nodes):
+        print("kube-vgpu simulate: the node list has no GPUs", file=sys.stderr)
         return 2
     policies = args.policy or list(DEFAULT_POLICIES)
     seeds = list(range(42, 42 + n_seeds))

@@ -6,7 +6,7 @@ Source format (alibaba/clusterdata ``cluster-trace-gpu-v2023/csv``):
 * pod list ``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...`` (multigpu lists have only
   the first five columns). ``gpu_milli`` is per GPU, 1000 = a whole GPU.
 
-Mapping to the vGPU model (our assumption, documented in docs/simulate.md): a pod asking
+Mapping to the vGPU model (our assumption, documented in docs/placement.md): a pod asking
 ``gpu_milli`` of ``num_gpu`` GPUs becomes one container with ``count = num_gpu``,
 ``cores = gpu_milli / 10`` percent and memory ``gpu_milli / 1000`` of the GPU's memory (expressed as
 a percentage of each GPU's memory, so it scales with the node's model); ``gpu_milli == 1000`` is an
@@ -57,11 +57,14 @@ class TracePod:
         return self.num_gpu * self.gpu_milli
 
 
-def _int(row: dict[str, str], key: str, path: Path, line: int) -> int:
+def _int(row: dict[str, str], key: str, path: Path, line: int, lo: int = 0, hi: int = 10**9) -> int:
     try:
-        return int(row[key])
+        v = int(row[key])
     except (KeyError, ValueError, TypeError):
         raise ValueError(f"{path}:{line}: column {key!r} = {row.get(key)!r} is not an integer") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"{path}:{line}: column {key!r} = {v} is out of range; allowed {lo}..{hi}")
+    return v
 
 
 def make_devices(node: str, n: int, model: str, split: int = REPLAY_SPLIT) -> tuple[GPUDevice, ...]:
@@ -77,7 +80,7 @@ def load_nodes(path: str | Path) -> list[TraceNode]:
     out = []
     with p.open(newline="") as f:
         for line, row in enumerate(csv.DictReader(f), start=2):
-            n = _int(row, "gpu", p, line)
+            n = _int(row, "gpu", p, line, 0, 64)
             model = (row.get("model") or "").strip()
             out.append(TraceNode(row["sn"], _int(row, "cpu_milli", p, line), _int(row, "memory_mib", p, line),
                                  make_devices(row["sn"], n, model) if n else ()))
@@ -108,7 +111,7 @@ def load_pods(path: str | Path) -> list[TracePod]:
         for line, row in enumerate(csv.DictReader(f), start=2):
             spec = tuple(s for s in (row.get("gpu_spec") or "").split("|") if s)
             cpu, mem = _int(row, "cpu_milli", p, line), _int(row, "memory_mib", p, line)
-            num, milli = _int(row, "num_gpu", p, line), _int(row, "gpu_milli", p, line)
+            num, milli = _int(row, "num_gpu", p, line, 0, 64), _int(row, "gpu_milli", p, line, 0, 1000)
             out.append(TracePod(row["name"], cpu, mem, num, milli, spec,
                                 make_request(row["name"], cpu, mem, num, milli, spec)))
     return out

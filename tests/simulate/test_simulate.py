@@ -117,3 +117,36 @@ def test_fgd_and_bestfit_reproduce_the_published_default_trace() -> None:
     assert fgd.curve[130] > bf.curve[130] + 1.5
     ref = sim.load_expected(EXPECTED / "fgd_expected_summary.csv", "openb_pod_list_default")
     assert ref["fgd"][100] == pytest.approx(95.23, abs=0.01)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--seeds", "0"], "--seeds 0"), (["--jobs", "0"], "--jobs 0"), (["--jobs", "-3"], "--jobs -3"),
+])
+def test_cli_rejects_bad_numbers(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert sim.main(args + ["--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_rejects_empty_inputs_and_unwritable_out(tmp_path: Path, tiny_trace: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+    (tmp_path / "nogpu.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn,1000,1000,0,\n")
+    base = ["--trace", str(tiny_trace), "--no-progress", "--seeds", "1"]
+    assert sim.main(["--trace", str(tiny_trace), "--pods", "../" + tmp_path.name + "/empty", "--nodes", "nodes",
+                     "--no-progress"]) in (2,)
+    assert "pod list is empty" in capsys.readouterr().err
+    (tiny_trace / "nogpu.csv").write_text((tmp_path / "nogpu.csv").read_text())
+    assert sim.main(base + ["--nodes", "nogpu", "--pods", "pods"]) == 2
+    assert "no GPUs" in capsys.readouterr().err
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert sim.main(base + ["--nodes", "nodes", "--pods", "pods", "--out", str(afile)]) == 2
+    assert "not a writable folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("row", "column"), [("x,-1,1,1,T4", "cpu_milli"), ("x,1,1,-2,T4", "gpu"),
+                                              ("x,1,-5,1,T4", "memory_mib")])
+def test_negative_trace_values_are_refused(tmp_path: Path, row: str, column: str) -> None:
+    (tmp_path / "n.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n" + row + "\n")
+    with pytest.raises(ValueError, match=f"'{column}' = -"):
+        load_nodes(tmp_path / "n.csv")
