@@ -32,7 +32,12 @@ class ClusterError(RuntimeError):
 
 @dataclass
 class Cluster:
-    """Nodes and pods as plain ``core/v1`` JSON dicts; ``now``: reference time (unix s) for ages."""
+    """Nodes and pods as plain ``core/v1`` JSON dicts; ``now``: reference time (unix s) for ages.
+
+    Objects whose fields read by the plugin have the wrong JSON type (see :func:`object_problem`)
+    are dropped on construction, each with a line in ``warnings``: one corrupt object never stops
+    the report.
+    """
 
     nodes: list[Obj]
     pods: list[Obj]
@@ -40,11 +45,91 @@ class Cluster:
     source: str = "live"
     warnings: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.nodes = self._keep(self.nodes, "node")
+        self.pods = self._keep(self.pods, "pod")
 
-def _items(obj: Any, what: str) -> list[Obj]:
+    def _keep(self, items: list[Any], kind: str) -> list[Obj]:
+        out = []
+        for i, o in enumerate(items):
+            why = object_problem(o, kind)
+            if why is None:
+                out.append(o)
+            else:
+                self.warnings.append(f"{kind} {_describe(o, kind, i)}: {why}; skipped")
+        return out
+
+
+def _type(v: Any) -> str:
+    if v is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
+            dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def _describe(o: Any, kind: str, i: int) -> str:
+    """``ns/name`` (pods) or ``name`` (nodes) when readable, else ``#<position>``."""
+    m = o.get("metadata") if isinstance(o, dict) else None
+    if isinstance(m, dict) and isinstance(m.get("name"), str) and m["name"]:
+        ns = m.get("namespace")
+        if kind == "pod":
+            return f"{ns if isinstance(ns, str) and ns else 'default'}/{m['name']}"
+        return str(m["name"])
+    return f"#{i}"
+
+
+def _want(v: Any, path: str, kind: type, what: str) -> str | None:
+    """None if ``v`` is null or of ``kind`` (str, dict, list or bool), else the complaint."""
+    if v is None or isinstance(v, kind):
+        return None
+    return f"{path} must be {what}, got {_type(v)}"
+
+
+def object_problem(o: Any, kind: str) -> str | None:
+    """Why a node/pod JSON object is unusable (a field the plugin reads has the wrong type), or None.
+
+    Checked: the object itself; ``metadata`` (object, non-empty string ``name``, string
+    ``namespace``; ``labels``/``annotations`` maps of string to string); ``spec`` (object;
+    ``nodeName`` string; ``unschedulable`` boolean); ``status`` (object; ``phase`` string;
+    ``conditions`` a list of objects; ``allocatable`` an object).
+    """
+    if not isinstance(o, dict):
+        return f"not an object (got {_type(o)})"
+    m = o.get("metadata")
+    if not isinstance(m, dict):
+        return f"metadata must be an object, got {_type(m)}"
+    if not isinstance(m.get("name"), str) or not m["name"]:
+        return f"metadata.name must be a non-empty string, got {_type(m.get('name'))}"
+    for why in (_want(m.get("namespace"), "metadata.namespace", str, "a string"),
+                _want(m.get("labels"), "metadata.labels", dict, "an object"),
+                _want(m.get("annotations"), "metadata.annotations", dict, "an object"),
+                _want(o.get("spec"), "spec", dict, "an object"),
+                _want(o.get("status"), "status", dict, "an object")):
+        if why:
+            return why
+    for key in ("labels", "annotations"):
+        for k, v in (m.get(key) or {}).items():
+            if not isinstance(v, str):
+                return f"metadata.{key}[{json.dumps(k[:60])}] must be a string, got {_type(v)}"
+    spec, status = o.get("spec") or {}, o.get("status") or {}
+    for why in (_want(spec.get("nodeName"), "spec.nodeName", str, "a string"),
+                _want(spec.get("unschedulable"), "spec.unschedulable", bool, "a boolean"),
+                _want(status.get("phase"), "status.phase", str, "a string"),
+                _want(status.get("conditions"), "status.conditions", list, "a list"),
+                _want(status.get("allocatable"), "status.allocatable", dict, "an object")):
+        if why:
+            return why
+    for j, c in enumerate(status.get("conditions") or []):
+        if not isinstance(c, dict):
+            return f"status.conditions[{j}] must be an object, got {_type(c)}"
+    return None
+
+
+def _items(obj: Any, what: str) -> list[Any]:
+    """The items of a list object or a plain list; single items are checked by :class:`Cluster`."""
     if isinstance(obj, dict) and isinstance(obj.get("items"), list):
         obj = obj["items"]
-    if not isinstance(obj, list) or not all(isinstance(x, dict) for x in obj):
+    if not isinstance(obj, list):
         raise ClusterError(f"snapshot: {what!r} must be a {what[:-1].capitalize()}List or a list of objects")
     return obj
 
@@ -53,6 +138,8 @@ def newest_heartbeat(nodes: list[Obj]) -> float:
     """The newest inventory heartbeat among ``nodes`` (0 if none decodes)."""
     best = 0.0
     for n in nodes:
+        if object_problem(n, "node"):
+            continue
         text = ((n.get("metadata") or {}).get("annotations") or {}).get(ANN_NODE_INVENTORY)
         if not text:
             continue

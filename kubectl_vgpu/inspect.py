@@ -8,6 +8,7 @@ still hold their GPUs. Output: an 80-column table, or JSON with ``-o json``.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from kube_vgpu.model import GPUDevice, PodAllocation
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_NODE_INVENTORY
 
 from .cluster import Cluster
+from .text import safe
 
 WIDTH = 80
 
@@ -103,7 +105,16 @@ def build(cluster: Cluster, config: Config | None = None) -> Report:
             continue
         age = cluster.now - inv.heartbeat if cluster.now else None
         stale = age is not None and age > cfg.scheduling.inventory_stale_seconds
-        gpus = [GpuRow(d) for d in sorted(inv.devices, key=lambda d: d.index)]
+        gpus: list[GpuRow] = []
+        seen: dict[str, int] = {}
+        for d in inv.devices:
+            if d.uuid in seen:
+                warnings.append(f"node {name}: inventory lists GPU {d.uuid} twice (index {seen[d.uuid]} and "
+                                f"{d.index}); only index {seen[d.uuid]} is shown")
+                continue
+            seen[d.uuid] = d.index
+            gpus.append(GpuRow(d))
+        gpus.sort(key=lambda g: g.device.index)
         nodes[name] = NodeReport(name, gpus, inv.heartbeat, age, stale)
     for p in sorted(cluster.pods, key=lambda p: (_meta(p).get("namespace") or "", _meta(p).get("name") or "")):
         m = _meta(p)
@@ -132,6 +143,15 @@ def build(cluster: Cluster, config: Config | None = None) -> Report:
                       for c in alloc.containers for d in c.devices if d.uuid == uuid]
             row.pods.append(PodOnGpu(str(m.get("namespace") or "default"), str(m.get("name") or ""),
                                      mem, cores, slots, phase, bind_phase, shares))
+    for node in nodes.values():
+        for g in node.gpus:
+            d = g.device
+            over = [f"{what} {used} of {total}" for what, used, total in (
+                ("memory MiB", g.memory, d.memory_mib), ("cores %", g.cores, d.cores), ("slots", g.slots, d.split))
+                if used > total]
+            if over:
+                warnings.append(f"node {node.name} GPU {d.index} ({d.uuid}): booked beyond its inventory: "
+                                f"{', '.join(over)} (by {', '.join(f'{p.namespace}/{p.name}' for p in g.pods)})")
     return Report(sorted(nodes.values(), key=lambda n: n.name), warnings, cluster.source)
 
 
@@ -155,10 +175,19 @@ def _age(seconds: float | None) -> str:
 
 
 def _cut(text: str, width: int) -> str:
+    """Fit a table cell: ``text`` sanitised, cut to ``width`` with a trailing ``~``."""
+    text = safe(text)
     return text if len(text) <= width else text[: width - 1] + "~"
 
 
+def _wrap(text: str, indent: str) -> list[str]:
+    """A message in full (sanitised), wrapped at WIDTH; continuation lines indented."""
+    return textwrap.wrap(safe(text), WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_long_words=True, break_on_hyphens=False) or [indent.rstrip()]
+
+
 def _short_uuid(uuid: str) -> str:
+    uuid = safe(uuid)
     return uuid if len(uuid) <= 12 else uuid[:12]
 
 
@@ -196,7 +225,7 @@ def render_table(report: Report, details: bool = False) -> str:
                 head += " (STALE)"
         out.append(_cut(head, WIDTH))
         if n.problem:
-            out.append(_cut(f"  ! {n.problem}", WIDTH))
+            out += _wrap(f"! {n.problem}", "  ")
         if n.gpus:
             out.append(ROW.format(idx="GPU", uuid="UUID", model="MODEL", mem="MEMORY MiB",
                                   cores="CORES %", slots="SLOTS", pods="PODS"))
@@ -216,7 +245,7 @@ def render_table(report: Report, details: bool = False) -> str:
                         who = _cut(f"{p.namespace}/{p.name}/{s.container}{' (init)' if s.init else ''}{state}", 54)
                         out.append(f"       {who:<54}{s.memory_mib:>10} MiB {s.cores:>3}%")
         for o in n.orphans:
-            out.append(_cut(f"  ! booked on a GPU missing from the inventory: {o}", WIDTH))
+            out += _wrap(f"! booked on a GPU missing from the inventory: {o}", "  ")
         out.append("")
     t = _totals(report)
     if not report.nodes:
@@ -227,8 +256,10 @@ def render_table(report: Report, details: bool = False) -> str:
                     f"({_pct(t['memory_mib'], t['memory_total_mib'])})  "
                     f"cores {t['cores']}/{t['cores_total']}% ({_pct(t['cores'], t['cores_total'])})  "
                     f"slots {t['slots']}/{t['slots_total']}", WIDTH))
-    for w in report.warnings:
-        out.append(_cut(f"warning: {w}", WIDTH))
+    if report.warnings:
+        out.append("")
+        for w in report.warnings:
+            out += _wrap(f"warning: {w}", "")
     return "\n".join(out) + "\n"
 
 

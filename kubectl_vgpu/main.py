@@ -24,6 +24,12 @@ from kube_vgpu.config import NODE_POLICIES, Config, load_config
 from kube_vgpu.errors import ConfigError, RequestError
 
 from .cluster import Cluster, ClusterError, load_live, load_snapshot
+from .text import safe
+
+
+def _err(message: str) -> None:
+    """One line on stderr, control characters escaped (messages quote cluster and file data)."""
+    print(safe(f"kubectl vgpu: {message}"), file=sys.stderr)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,14 +96,16 @@ def _simulate(args: argparse.Namespace) -> int:
     try:
         manifest = _read_pod(args.filename)
     except (OSError, yaml.YAMLError) as e:
-        print(f"kubectl vgpu: cannot read {args.filename}: {e}", file=sys.stderr)
+        _err(f"cannot read {args.filename}: {e}")
         return 1
     pod = parse_pod(manifest, cfg)
     if not pod.has_gpu:
-        print(f"kubectl vgpu: pod {pod.key} asks for no vGPU resource ({', '.join(cfg.resource_names.all()[:4])})",
-              file=sys.stderr)
+        _err(f"pod {pod.key} asks for no vGPU resource ({', '.join(cfg.resource_names.all()[:4])})")
         return 2
-    sim = simulate.simulate(_cluster(args), pod, cfg, args.policy)
+    cluster = _cluster(args)
+    for w in cluster.warnings:  # skipped objects: the simulation ran without them
+        _err(f"warning: {w}")
+    sim = simulate.simulate(cluster, pod, cfg, args.policy)
     if args.output == "json":
         print(json.dumps(simulate.to_json(sim), indent=2))
     else:
@@ -115,13 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _inspect(args) if args.command == "inspect" else _simulate(args)
     except ClusterError as e:
-        print(f"kubectl vgpu: {e}", file=sys.stderr)
+        _err(f"{e}")
         return 1
     except (ConfigError, RequestError, ValueError) as e:
-        print(f"kubectl vgpu: {e}", file=sys.stderr)
+        _err(f"{e}")
         return 2
     except OSError as e:
-        print(f"kubectl vgpu: {e}", file=sys.stderr)
+        _err(f"{e}")
         return 1
 
 

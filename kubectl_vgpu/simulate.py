@@ -25,6 +25,7 @@ from scheduler.cache import ClusterCache
 from scheduler.shapes import shapes_from_state
 
 from .cluster import Cluster
+from .text import safe
 
 WIDTH = 80
 
@@ -110,6 +111,7 @@ def simulate(cluster: Cluster, pod: PodRequest, config: Config | None = None,
 
 
 def _cut(text: str, width: int = WIDTH) -> str:
+    text = safe(text)
     return text if len(text) <= width else text[: width - 1] + "~"
 
 
@@ -122,7 +124,7 @@ def _describe(pod: PodRequest) -> str:
 
 
 def _wrap(text: str, indent: str = "      ") -> list[str]:
-    return textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_long_words=True) or [""]
+    return textwrap.wrap(safe(text), WIDTH, subsequent_indent=indent, break_long_words=True) or [""]
 
 
 def render_table(sim: Simulation) -> str:

@@ -129,9 +129,12 @@ def test_snapshot_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         load_snapshot(bad)
     rc, _, err = run(capsys, "inspect", "--snapshot", str(tmp_path / "missing.json"))
     assert rc == 1 and "cannot read snapshot" in err
-    bad.write_text("nodes: [1]\npods: []\n")
+    bad.write_text("nodes: 1\npods: []\n")
     rc, _, err = run(capsys, "inspect", "--snapshot", str(bad))
     assert rc == 1 and "'nodes' must be" in err
+    bad.write_text("nodes: [1]\npods: []\n")  # one bad item: a warning, not a failure
+    rc, out, _ = run(capsys, "inspect", "--snapshot", str(bad))
+    assert rc == 0 and "warning: node #0: not an object (got a number); skipped" in out
 
 
 def test_plain_lists_and_yaml_snapshots(tmp_path: Path) -> None:
