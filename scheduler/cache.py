@@ -15,12 +15,20 @@ Rules:
   the reason shown to kube-scheduler. An unavailable node keeps its bookings.
 * A pod's booking comes from its ``kube-vgpu.io/allocation`` annotation (restart recovery, other
   replicas' binds: booked with ``check=False``) or from :meth:`ClusterCache.reserve` (our bind).
+* The annotation is not trusted: a pod's owner can edit it after binding. It is checked against the
+  pod's own (immutable) request on the node's GPUs (number of devices, ``memory_on``/``cores_on``
+  per device, the bound node); on a mismatch a warning is logged and the request is booked on the
+  annotated GPUs, never less than either says (missing or unknown GPUs are completed with other
+  GPUs of the node). An annotation the codec refuses keeps the pod's current booking, or (restart)
+  is read leniently (uuids, values clamped to >= 0) and checked the same way. A request that cannot
+  be parsed keeps the annotation's values. So editing the annotation can never free capacity.
 * Pods deleted, or in phase Succeeded/Failed, release their booking at once; terminating pods
   (``deletionTimestamp`` set) keep it until the DELETED event.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -29,11 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from kube_vgpu.codec import decode_allocation, decode_inventory
+from kube_vgpu.codec import MAX_CORES, MAX_MIB, decode_allocation, decode_inventory
 from kube_vgpu.config import Config
 from kube_vgpu.errors import CodecError, QuantityError
-from kube_vgpu.model import PodAllocation, PodRequest
+from kube_vgpu.model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
 from kube_vgpu.placement import Booking, ClusterState, OvercommitError
+from kube_vgpu.placement.state import NodeState
+from kube_vgpu.podspec import parse_pod
 from kube_vgpu.quantity import parse_quantity
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_NODE_INVENTORY
 
@@ -59,7 +69,8 @@ class PodInfo:
     uid: str
     node: str
     bound: bool
-    allocation: PodAllocation
+    allocation: PodAllocation  #: as the annotation says (what is booked may be more, see module doc)
+    request: PodRequest | None = None  #: the pod's parsed request; None: unparseable or unknown
 
 
 def _meta(obj: dict[str, Any]) -> dict[str, Any]:
@@ -207,12 +218,124 @@ class ClusterCache:
             self.on_change()
 
     def _book_record(self, key: str, info: PodInfo) -> None:
-        try:
-            self.state.book(key, info.allocation, check=False)
-        except OvercommitError:
+        node = self.state.nodes.get(info.allocation.node)
+        if node is None:
             return  # node not known yet; booked when it appears
+        try:
+            self.state.book(key, self._verified(key, info, node), check=False)
+        except OvercommitError:
+            return
         self.booked_uid[key] = info.uid
         self._changed()
+
+    @staticmethod
+    def _clamped(c: ContainerAllocation) -> ContainerAllocation:
+        if all(d.memory_mib >= 0 and d.cores >= 0 for d in c.devices):
+            return c
+        return ContainerAllocation(c.name, c.init, tuple(
+            DeviceBooking(d.uuid, max(0, d.memory_mib), max(0, d.cores)) for d in c.devices))
+
+    def _verified(self, key: str, info: PodInfo, node: NodeState) -> PodAllocation:
+        """What to book for an annotated pod: the annotation if it matches the pod's request on
+        ``node``'s GPUs; else, per requested container, the request on the annotated GPUs (the
+        larger of both values per GPU; GPUs missing or unknown to the node completed with other
+        GPUs of the node), the annotation's other containers kept. No request: the annotation,
+        values clamped to >= 0."""
+        a = info.allocation
+        req = info.request
+        if req is None:
+            clamped = tuple(self._clamped(c) for c in a.containers)
+            return a if clamped == a.containers else PodAllocation(a.node, clamped, a.time)
+        problems: list[str] = []
+        conts: list[ContainerAllocation] = []
+        done: set[tuple[str, bool]] = set()
+        for r in req.containers:
+            done.add((r.name, r.init))
+            c = a.container(r.name, r.init)
+            if c is None:
+                problems.append(f"container {r.name}: not in the annotation")
+            elif len(c.devices) != r.count:
+                problems.append(f"container {r.name}: {len(c.devices)} GPU(s) annotated, request is {r.count}")
+            chosen: list[tuple[int, DeviceBooking | None]] = []
+            seen: set[str] = set()
+            for d in c.devices if c is not None else ():
+                i = node.by_uuid.get(d.uuid)
+                if i is None or d.uuid in seen:
+                    problems.append(f"container {r.name}: GPU {d.uuid} is not on node {node.name}")
+                    continue
+                seen.add(d.uuid)
+                chosen.append((i, d))
+            for i, dev in enumerate(node.devices):  # never fewer GPUs than requested
+                if len(chosen) >= r.count:
+                    break
+                if dev.uuid not in seen:
+                    seen.add(dev.uuid)
+                    chosen.append((i, None))
+            books = []
+            for i, ann in chosen:
+                dev = node.devices[i]
+                mem, cores = r.memory_on(dev), r.cores_on(dev)
+                if ann is not None and (ann.memory_mib, ann.cores) != (mem, cores):
+                    problems.append(f"container {r.name}: GPU {ann.uuid} annotated {ann.memory_mib} MiB/"
+                                    f"{ann.cores}%, request is {mem} MiB/{cores}%")
+                books.append(DeviceBooking(dev.uuid, max(mem, ann.memory_mib if ann else 0),
+                                           max(cores, ann.cores if ann else 0)))
+            conts.append(ContainerAllocation(r.name, r.init, tuple(books)))
+        conts.extend(self._clamped(c) for c in a.containers if (c.name, c.init) not in done)
+        if not problems:
+            return a
+        log.warning("pod allocation annotation does not match the pod's request; booking the request",
+                    extra={"pod": key, "node": node.name, "error": "; ".join(problems)[:1000]})
+        return PodAllocation(a.node, tuple(conts), a.time)
+
+    def _request(self, key: str, pod: dict[str, Any]) -> PodRequest | None:
+        try:
+            return parse_pod(pod, self.config)
+        except Exception as e:  # noqa: BLE001 - RequestError, or a spec the API server let through
+            log.warning("pod request cannot be parsed; booking its allocation annotation as is",
+                        extra={"pod": key, "error": str(e)[:500]})
+            return None
+
+    @staticmethod
+    def _lenient_allocation(text: str, node: str) -> PodAllocation | None:
+        """An annotation the codec refused, read as far as it goes: containers (name, init),
+        device uuids, mem/cores clamped to 0..max (anything else 0). ``node``: the pod's
+        spec.nodeName ("" = take the annotation's). None when no node is known."""
+        try:
+            obj = json.loads(text)
+        except (ValueError, RecursionError):
+            obj = None
+        conts: list[ContainerAllocation] = []
+        t = 0.0
+        if isinstance(obj, dict):
+            if not node and isinstance(obj.get("node"), str):
+                node = obj["node"]
+            if isinstance(obj.get("t"), (int, float)) and not isinstance(obj.get("t"), bool):
+                t = float(obj["t"])
+            names: set[tuple[str, bool]] = set()
+            raw = obj.get("containers")
+            for c in raw if isinstance(raw, list) else ():
+                if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"]:
+                    continue
+                ck = (c["name"], c.get("init") is True)
+                if ck in names:
+                    continue
+                names.add(ck)
+                devs: list[DeviceBooking] = []
+                uuids: set[str] = set()
+                rawd = c.get("devices")
+                for d in rawd if isinstance(rawd, list) else ():
+                    if not isinstance(d, dict) or not isinstance(d.get("uuid"), str) or d["uuid"] in uuids:
+                        continue
+                    uuids.add(d["uuid"])
+
+                    def num(v: Any, hi: int) -> int:
+                        return max(0, min(hi, v)) if isinstance(v, int) and not isinstance(v, bool) else 0
+                    devs.append(DeviceBooking(d["uuid"], num(d.get("mem"), MAX_MIB), num(d.get("cores"), MAX_CORES)))
+                conts.append(ContainerAllocation(ck[0], ck[1], tuple(devs)))
+        if not node:
+            return None
+        return PodAllocation(node, tuple(conts), t)
 
     def _release(self, key: str) -> Booking | None:
         b = self.state.release(key)
@@ -260,20 +383,39 @@ class ClusterCache:
             return  # the annotation of a bind that failed; the pod will be re-bound
         if bound:
             self.failed_binds.discard(uid)
+        node_name = str((pod.get("spec") or {}).get("nodeName") or "")
+        prev = self.pods.get(key)
+        b = self.state.bookings.get(key)
         try:
             alloc = decode_allocation(text)
         except CodecError as e:
-            log.warning("pod allocation annotation invalid", extra={"pod": key, "error": str(e)})
-            return
-        prev = self.pods.get(key)
+            if prev is not None and prev.uid == uid and b is not None and self.booked_uid.get(key) == uid:
+                log.warning("pod allocation annotation invalid; keeping its booking",
+                            extra={"pod": key, "node": b.node, "error": str(e)})
+                prev.bound = prev.bound or bound
+                return
+            lenient = self._lenient_allocation(text, node_name)
+            log.warning("pod allocation annotation invalid; booking the pod's request on what it names",
+                        extra={"pod": key, "node": node_name or None, "error": str(e)})
+            if lenient is None:
+                return
+            alloc = lenient
+        if bound and alloc.node != node_name:
+            log.warning("pod allocation annotation names another node than the pod is bound to; "
+                        "booking the pod's request on its node",
+                        extra={"pod": key, "node": node_name, "error": f"annotation node {alloc.node!r}"})
+            alloc = PodAllocation(node_name, alloc.containers, alloc.time)
+        if (prev is not None and prev.uid == uid and prev.allocation == alloc and b is not None
+                and self.booked_uid.get(key) == uid):
+            prev.bound = prev.bound or bound
+            return  # unchanged (e.g. our own bind's patch coming back)
         if prev is not None and prev.node != alloc.node:
             s = self.pods_by_node.get(prev.node)
             if s is not None:
                 s.discard(key)
-        info = PodInfo(uid, alloc.node, bound, alloc)
+        info = PodInfo(uid, alloc.node, bound, alloc, self._request(key, pod))
         self.pods[key] = info
         self.pods_by_node.setdefault(alloc.node, set()).add(key)
-        b = self.state.bookings.get(key)
         if b is not None:
             if self.booked_uid.get(key) == uid and b.allocation == alloc:
                 return
@@ -299,11 +441,11 @@ class ClusterCache:
             if key not in seen and key not in keep:
                 self._forget(key, None)
 
-    def record_bound(self, key: str, uid: str, booking: Booking) -> None:
+    def record_bound(self, key: str, uid: str, booking: Booking, request: PodRequest | None = None) -> None:
         """After a successful bind: remember the pod as bound (if its booking is still this one)."""
         if self.state.bookings.get(key) is not booking:
             return
-        self.pods[key] = PodInfo(uid, booking.node, True, booking.allocation)
+        self.pods[key] = PodInfo(uid, booking.node, True, booking.allocation, request)
         self.pods_by_node.setdefault(booking.node, set()).add(key)
         self.own_binds[key] = self.clock()
 

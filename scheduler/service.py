@@ -608,7 +608,7 @@ class SchedulerService:
             raise BindError(f"binding {key} to {node} failed: {api_error_text(e)}", outcome) from e
         finally:
             self.cache.inflight.discard(key)
-        self.cache.record_bound(key, uid, booking)
+        self.cache.record_bound(key, uid, booking, req)
         return gpus
 
     # -- events -------------------------------------------------------------------------------

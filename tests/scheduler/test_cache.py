@@ -188,3 +188,53 @@ def test_relist_that_predates_our_patch_keeps_the_booking() -> None:
     now[0] += 60
     c.replace_pods([])  # still absent a minute later: really gone
     assert c.state.bookings == {}
+
+
+def test_annotation_is_checked_against_the_pods_request(caplog: object) -> None:
+    import pytest
+    assert isinstance(caplog, pytest.LogCaptureFixture)
+    caplog.set_level(logging.WARNING, logger="kube_vgpu.scheduler.cache")
+    c = ClusterCache(Config())
+    c.on_node("ADDED", node_obj("n1", 2, mem=24576))
+
+    def pod(name: str, text: str, **limits: object) -> dict:
+        p = pod_obj(name, limits=limits, annotations={ANN_ALLOCATION: text})
+        p["spec"]["nodeName"] = "n1"
+        return p
+
+    def raw(mem: object, cores: object = 0, uuid: str = "GPU-n1-00", node: str = "n1") -> str:
+        return json.dumps({"v": 1, "node": node, "t": 1.0, "containers": [
+            {"name": "c", "init": False, "devices": [{"uuid": uuid, "mem": mem, "cores": cores}]}]})
+
+    def usage(key: str) -> dict[str, tuple[int, int, int]]:
+        return c.state.bookings[key].allocation.usage()
+
+    # honest: booked as annotated, no warning
+    c.on_pod("ADDED", pod("ok", encode_allocation(alloc("n1", "GPU-n1-00", 8000, 20)), **{
+        "nvidia.com/gpumem": 8000, "nvidia.com/gpucores": 20}))
+    assert usage("default/ok") == {"GPU-n1-00": (8000, 20, 1)} and not caplog.records
+    # mem 1 / cores 0 against a request of 8000 MiB / 20 %: the request is booked, with a warning
+    c.on_pod("ADDED", pod("a", raw(1), **{"nvidia.com/gpumem": 8000, "nvidia.com/gpucores": 20}))
+    assert usage("default/a") == {"GPU-n1-00": (8000, 20, 1)}
+    assert any(getattr(r, "pod", "") == "default/a" and getattr(r, "node", "") == "n1" for r in caplog.records)
+    # more than the request is kept (never less than either says)
+    c.on_pod("ADDED", pod("big", raw(9000, 50), **{"nvidia.com/gpumem": 8000}))
+    assert usage("default/big") == {"GPU-n1-00": (9000, 50, 1)}
+    # refused by the codec (negative) on a restart: read leniently, the request booked
+    c.on_pod("ADDED", pod("neg", raw(-50000), **{"nvidia.com/gpumem": 4000}))
+    assert usage("default/neg") == {"GPU-n1-00": (4000, 0, 1)}
+    # unknown GPU, fewer GPUs than requested, another node: completed with the node's GPUs
+    c.on_pod("ADDED", pod("gone", raw(4000, uuid="GPU-other"), **{"nvidia.com/gpu": 2, "nvidia.com/gpumem": 4000}))
+    assert usage("default/gone") == {"GPU-n1-00": (4000, 0, 1), "GPU-n1-01": (4000, 0, 1)}
+    c.on_pod("ADDED", pod("moved", raw(4000, node="n2"), **{"nvidia.com/gpumem": 4000}))
+    assert c.state.bookings["default/moved"].node == "n1"
+    # a request that cannot be parsed: the annotation's values, never below zero
+    c.on_pod("ADDED", pod("odd", raw(500, 10), **{"nvidia.com/gpumem": "lots"}))
+    assert usage("default/odd") == {"GPU-n1-00": (500, 10, 1)}
+    c.on_pod("ADDED", pod("odd2", raw(-500, "x"), **{"nvidia.com/gpumem": "lots"}))
+    assert usage("default/odd2") == {"GPU-n1-00": (0, 0, 1)}
+    # a live booking whose annotation turns invalid keeps its booking
+    c.on_pod("MODIFIED", pod("ok", raw(-1), **{"nvidia.com/gpumem": 8000, "nvidia.com/gpucores": 20}))
+    assert usage("default/ok") == {"GPU-n1-00": (8000, 20, 1)}
+    n = c.state.nodes["n1"]
+    assert n.free_mem[0] == 24576 - sum(usage(k).get("GPU-n1-00", (0, 0, 0))[0] for k in c.state.bookings)

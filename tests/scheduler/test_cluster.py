@@ -455,3 +455,53 @@ def test_bind_plans_from_the_api_servers_pod_not_a_forged_filter_body(fake: Fake
             assert svc.cache.state.bookings["default/p1"].allocation == a
             assert svc.cache.state.node_list[0].free_mem[0] == 24576 - 1000
     run(go)
+
+
+def test_tampered_allocation_annotation_never_frees_capacity(fake: FakeKubeAPI, caplog: Any) -> None:
+    """The pod's owner may edit kube-vgpu.io/allocation after binding (mem 1, negative, another
+    GPU, another node): the cache books what the pod's own request says, live and after a
+    restart, so a pod that would overcommit the card is still refused."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="kube_vgpu.scheduler.cache")
+    nodes = create_nodes(fake, 1, gpus=1)  # one 24576 MiB card
+    a = create_pod(fake, pod_obj("a", limits={"nvidia.com/gpumem": 20000, "nvidia.com/gpucores": 30}))
+    b = create_pod(fake, pod_obj("b", limits={"nvidia.com/gpumem": 10000}))
+
+    def tamper(node: str, uuid: str, mem: Any, cores: Any = 30) -> None:
+        text = json.dumps({"v": 1, "node": node, "t": 1.0, "containers": [
+            {"name": "c", "init": False, "devices": [{"uuid": uuid, "mem": mem, "cores": cores}]}]})
+        fake.patch_object("pods", "a", {"metadata": {"annotations": {ANN_ALLOCATION: text}}}, "default")
+
+    def annotation() -> str:
+        return (fake.get_object("pods", "a", "default") or {})["metadata"]["annotations"][ANN_ALLOCATION]
+
+    async def refused(ext: Extender) -> None:
+        node, err = await schedule(ext, b, nodes)
+        assert (node, err) == (None, "unschedulable")
+        free = ext.svc.cache.state.node_list[0]
+        assert (free.free_mem[0], free.free_cores[0]) == (24576 - 20000, 70)
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            assert (await schedule(ext, a, nodes)) == ("node-0", "")
+            await asyncio.sleep(0.3)
+            assert not [r for r in caplog.records if "does not match" in r.getMessage()]  # honest bind
+            await refused(ext)
+            for mem, cores, uuid, node in [(1, 30, "GPU-node-0-00", "node-0"), (-50000, 30, "GPU-node-0-00", "node-0"),
+                                           (1, 0, "GPU-bogus", "node-0"), (1, 30, "GPU-node-0-00", "node-9"),
+                                           ("x", None, "GPU-node-0-00", "node-0")]:
+                tamper(node, uuid, mem, cores)
+                before = annotation()
+                await wait_until(lambda: fake.get_object("pods", "a", "default") is not None)
+                await asyncio.sleep(0.3)  # the watch delivers the edit
+                assert annotation() == before
+                await refused(ext)
+            assert any("does not match" in r.getMessage() and getattr(r, "pod", "") == "default/a"
+                       and getattr(r, "node", "") == "node-0" for r in caplog.records)
+        # restart with a tampered annotation: rebuilt from the request, not the annotation
+        for mem in (1, -50000):
+            tamper("node-0", "GPU-node-0-00", mem)
+            async with extender(fake) as ext:
+                await refused(ext)
+    run(go)
