@@ -1,6 +1,6 @@
 """JSON logs to stderr: one object per line with ``ts``, ``level``, ``logger``, ``msg`` and the
 context fields ``pod`` (``ns/name``), ``node``, ``gpu`` (uuid), ``key`` (config key), ``error``
-when a call passes them in ``extra``."""
+(and ``address``/``port`` for listen errors) when a call passes them in ``extra``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import sys
 import time
 
-_FIELDS = ("pod", "node", "gpu", "key", "error", "reason", "outcome", "policy")
+_FIELDS = ("pod", "node", "gpu", "key", "error", "reason", "outcome", "policy", "address", "port")
 
 
 class JSONFormatter(logging.Formatter):

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the service until SIGINT/SIGTERM. Returns 2 on a bad config or flags, 1 on API setup errors."""
+    """Run the service until SIGINT/SIGTERM. Returns 2 on a bad config or flags, 1 on API setup
+    errors, a TLS file that cannot be loaded, or an address it cannot listen on (in use)."""
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     jsonlog.setup(args.log_level)
     try:
@@ -73,11 +74,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ctx = None
     if args.tls_cert_file:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(args.tls_cert_file, args.tls_key_file)
+        try:
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ctx.load_cert_chain(args.tls_cert_file, args.tls_key_file)
+        except OSError as e:  # includes ssl.SSLError: missing, unreadable or mismatched files
+            log.error("cannot load the TLS certificate", extra={"error": str(e)})
+            return 1
     log.info("starting", extra={"policy": f"{cfg.scheduling.node_policy}/{cfg.scheduling.gpu_policy}"})
-    web.run_app(make_app(), host=args.bind_address, port=args.port, ssl_context=ctx, print=None,
-                access_log=None, handle_signals=True)
+    try:
+        web.run_app(make_app(), host=args.bind_address, port=args.port, ssl_context=ctx, print=None,
+                    access_log=None, handle_signals=True)
+    except OSError as e:  # address in use, no permission for the port, no such address
+        log.error(f"cannot listen on {args.bind_address}:{args.port}",
+                  extra={"address": args.bind_address, "port": args.port, "error": str(e)})
+        return 1
     return 0
 
 

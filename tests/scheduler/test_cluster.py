@@ -505,3 +505,32 @@ def test_tampered_allocation_annotation_never_frees_capacity(fake: FakeKubeAPI, 
             async with extender(fake) as ext:
                 await refused(ext)
     run(go)
+
+
+def test_cli_port_in_use_logs_one_clear_json_line(fake: FakeKubeAPI, tmp_path: Any) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    kc = fake.kubeconfig(tmp_path / "kubeconfig")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[2]
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kube_vgpu.cli", "scheduler", "--kubeconfig", kc, "--port",
+                               str(port), "--bind-address", "127.0.0.1"], cwd=root, capture_output=True,
+                              timeout=30, env={**os.environ, "PYTHONPATH": str(root)})
+    finally:
+        s.close()
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    lines = [json.loads(x) for x in err.splitlines() if x.strip()]  # every line is a JSON log line
+    bad = [x for x in lines if x["level"] == "error"]
+    assert len(bad) == 1, lines
+    assert bad[0]["msg"] == f"cannot listen on 127.0.0.1:{port}"
+    assert bad[0]["address"] == "127.0.0.1" and bad[0]["port"] == port and "in use" in bad[0]["error"]
