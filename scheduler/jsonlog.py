@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 import time
+from typing import Any
 
 _FIELDS = ("pod", "node", "gpu", "key", "error", "reason", "outcome", "policy", "address", "port")
 
@@ -31,9 +32,21 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A StreamHandler on whatever ``sys.stderr`` is at each emit (like logging's last resort), so
+    a stream swapped out and closed later (pytest's capture) is never written to."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+
 def setup(level: str = "info") -> None:
     """Route the root logger to stderr as JSON at ``level`` (debug|info|warning|error)."""
-    h = logging.StreamHandler(sys.stderr)
+    h = StderrHandler()
     h.setFormatter(JSONFormatter())
     root = logging.getLogger()
     root.handlers[:] = [h]

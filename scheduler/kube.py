@@ -208,8 +208,9 @@ class Reflector:
             self._thread = threading.Thread(target=self._run, name=f"reflector-{self.kind}", daemon=True)
             self._thread.start()
 
-    def stop(self, join: float = 2.0) -> None:
-        """Stop: closes the open watch connection and joins the thread (up to ``join`` s)."""
+    def stop(self, join: float = 5.0) -> None:
+        """Stop: closes the open watch connection and joins the thread (up to ``join`` s). After
+        stop() the thread neither logs nor calls back (a list in flight ends on its own)."""
         self._stop.set()
         resp = self._resp
         if resp is not None:
@@ -222,6 +223,8 @@ class Reflector:
 
     def _relist(self) -> None:
         items, rv = self.api.list_objects(self.kind, self.label_selector)
+        if self._stop.is_set():
+            return
         self.resource_version = rv
         self.relists += 1
         self.on_replace(items)
@@ -249,7 +252,7 @@ class Reflector:
                     self.resource_version = str(rv)
                 if typ == "BOOKMARK":
                     continue
-                if typ in ("ADDED", "MODIFIED", "DELETED"):
+                if typ in ("ADDED", "MODIFIED", "DELETED") and not self._stop.is_set():
                     self.on_event(typ, obj)
                 if time.monotonic() >= deadline:
                     return
@@ -271,12 +274,16 @@ class Reflector:
                     self._relist()
                     need_list = False
                     next_resync = time.monotonic() + self.resync_seconds
+                    if self._stop.is_set():
+                        return
                     if first and self.on_synced is not None:
                         self.on_synced()
                     first = False
                 self._watch_once(next_resync)
                 delay = self.backoff[0]
             except Gone as e:
+                if self._stop.is_set():
+                    return
                 log.info("watch expired, relisting", extra={"reason": f"{self.kind}: {e}"})
                 need_list = True
             except ApiException as e:

@@ -238,3 +238,25 @@ def test_annotation_is_checked_against_the_pods_request(caplog: object) -> None:
     assert usage("default/ok") == {"GPU-n1-00": (8000, 20, 1)}
     n = c.state.nodes["n1"]
     assert n.free_mem[0] == 24576 - sum(usage(k).get("GPU-n1-00", (0, 0, 0))[0] for k in c.state.bookings)
+
+
+def test_json_log_handler_follows_sys_stderr(monkeypatch: object) -> None:
+    """jsonlog.setup in-process (the CLI under test) must not keep a stream that is swapped out
+    and closed later (pytest's capture): it writes to whatever sys.stderr is at each record."""
+    import io
+    import sys
+
+    import pytest
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    jsonlog.setup("info")
+    logging.getLogger("kube_vgpu.scheduler").info("one", extra={"port": 1})
+    first.close()
+    monkeypatch.setattr(sys, "stderr", second)
+    errors: list[str] = []
+    monkeypatch.setattr(logging.Handler, "handleError", lambda self, record: errors.append(record.getMessage()))
+    logging.getLogger("kube_vgpu.scheduler").info("two", extra={"port": 2})
+    assert errors == []
+    out = json.loads(second.getvalue())
+    assert out["msg"] == "two" and out["port"] == 2
