@@ -31,27 +31,15 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from kube_vgpu import jsonlog
+
 from . import pki, store
 
 log = logging.getLogger("kube_vgpu.certs")
 
 
-class _JSONFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
-               "msg": record.getMessage()}
-        for k in ("reason", "error"):
-            if hasattr(record, k):
-                out[k] = getattr(record, k)
-        return json.dumps(out, default=str)
-
-
 def _setup_logging(level: str) -> None:
-    h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(_JSONFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [h]
-    root.setLevel(level.upper())
+    jsonlog.setup(level)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,14 +7,12 @@ Exit codes: 0 after SIGTERM/SIGINT, 1 when NVML or the Kubernetes client cannot 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
-import sys
 import threading
-from typing import Any
 
+from kube_vgpu import jsonlog
 from kube_vgpu.config import load_config
 from kube_vgpu.errors import ConfigError
 
@@ -23,17 +21,6 @@ from .nvml import NVMLError
 from .server import DevicePlugin, Options
 
 log = logging.getLogger("kube_vgpu.deviceplugin")
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts (unix seconds), level, logger, msg (+ exc)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname.lower(),
-                               "logger": record.name, "msg": record.getMessage()}
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,11 +48,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def setup_logging(level: str) -> None:
-    h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [h]
-    root.setLevel(level.upper())
+    """JSON logs to stderr at ``level`` (the shared :mod:`kube_vgpu.jsonlog`)."""
+    jsonlog.setup(level)
 
 
 def main(argv: list[str] | None = None) -> int:

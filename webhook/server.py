@@ -25,7 +25,6 @@ import gc
 import json
 import logging
 import signal
-import sys
 import threading
 import time
 from typing import Any
@@ -34,6 +33,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from kube_vgpu import jsonlog
 from kube_vgpu.config import Config, load_config
 from kube_vgpu.errors import ConfigError
 
@@ -48,30 +48,9 @@ ERROR = "error"
 _BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
-class JSONFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, plus any ``extra`` fields."""
-
-    _STD = set(vars(logging.makeLogRecord({})))
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname.lower(),
-                               "logger": record.name, "msg": record.getMessage()}
-        for k, v in vars(record).items():
-            if k not in self._STD and k not in out:
-                out[k] = v
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
 def setup_logging(level: str) -> None:
-    """JSON logs to stderr at ``level`` (debug|info|warning|error)."""
-    h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(JSONFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [h]
-    root.setLevel(level.upper())
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    """JSON logs to stderr at ``level`` (debug|info|warning|error); access logs only on warnings."""
+    jsonlog.setup(level, quiet=("aiohttp.access",))
 
 
 class Metrics:
