@@ -3,9 +3,8 @@
 Each GPU container gets ``<cache-host-dir>/<pod uid>_<container>/`` mounted at
 ``envcontract.CACHE_CONTAINER_DIR``; the shim keeps its shared region in ``vgpu.cache`` there
 (``CUDA_DEVICE_MEMORY_SHARED_CACHE``). The region's binary layout belongs to libvgpu
-(``libvgpu/src/region.h``); it is parsed by ``libvgpu.region.read_region``, the one reader of that
-format. Nothing here raises: a missing, short or foreign file (or a build without the reader) means
-"no data".
+(``libvgpu/src/region.h``); it is parsed by ``kube_vgpu.shimregion.read_region``, the one reader
+of that format. Nothing here raises: a missing, short or foreign file means "no data".
 """
 
 from __future__ import annotations
@@ -21,11 +20,9 @@ log = logging.getLogger("kube_vgpu.deviceplugin.shimcache")
 
 
 def _reader() -> Callable[[str], Any] | None:
-    try:
-        from libvgpu.region import read_region
-    except ImportError:
-        return None
-    return read_region  # type: ignore[no-any-return]
+    from kube_vgpu.shimregion import read_region
+
+    return read_region
 
 
 def cache_path(cache_host_dir: str, pod_uid: str, container: str) -> str:

@@ -1,11 +1,11 @@
 """``kubectl vgpu simulate``: where would each placement policy put this pod, and why not elsewhere.
 
 A dry run: nothing is written to the cluster. The cluster (live or a snapshot) is loaded into the
-extender's own cache (:class:`scheduler.cache.ClusterCache`, the code the running scheduler uses:
+extender's own cache (:class:`kube_vgpu.cluster.ClusterCache`, the code the running scheduler uses:
 same inventory decoding, staleness and availability rules, bookings from allocation annotations),
 then for every policy the placement engine (:class:`kube_vgpu.placement.Engine`) evaluates the
 pod on every node and chooses one. FGD's target workload comes from the pods already booked
-(:func:`scheduler.shapes.shapes_from_state`, default mix when there are too few).
+(:func:`kube_vgpu.placement.liveshapes.shapes_from_state`, default mix when there are too few).
 
 Not simulated: kube-scheduler's own filters (taints, affinity, host CPU/memory); only cordoned
 and NotReady nodes are set aside here, as kube-scheduler would.
@@ -18,11 +18,11 @@ import textwrap
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kube_vgpu.cluster import ClusterCache
 from kube_vgpu.config import NODE_POLICIES, Config
 from kube_vgpu.model import PodRequest
 from kube_vgpu.placement import Plan
-from scheduler.cache import ClusterCache
-from scheduler.shapes import shapes_from_state
+from kube_vgpu.placement.liveshapes import shapes_from_state
 
 from .cluster import Cluster
 from .text import safe
@@ -79,7 +79,7 @@ def simulate(cluster: Cluster, pod: PodRequest, config: Config | None = None,
         if p not in NODE_POLICIES:
             raise ValueError(f"unknown policy {p!r}; allowed: {', '.join(NODE_POLICIES)}")
     # The cache logs undecodable annotations; here they are reported as rejections instead.
-    logging.getLogger("kube_vgpu.scheduler.cache").setLevel(logging.ERROR)
+    logging.getLogger("kube_vgpu.cluster").setLevel(logging.ERROR)
     cache = ClusterCache(cfg, clock=lambda: cluster.now)
     cache.replace_nodes(cluster.nodes)
     cache.replace_pods(cluster.pods)

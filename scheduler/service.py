@@ -50,19 +50,19 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kube_vgpu.cluster import ClusterCache, pod_key
 from kube_vgpu.codec import encode_allocation
 from kube_vgpu.config import Config, load_config_text
 from kube_vgpu.errors import ConfigError, RequestError
+from kube_vgpu.placement.fastpath import normalise_array
+from kube_vgpu.placement.liveshapes import shapes_from_state
 from kube_vgpu.podspec import parse_pod, pod_asks
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_BIND_TIME, BIND_ALLOCATING, LABEL_NODE
 
-from .cache import ClusterCache, pod_key
-from .fastpath import normalise_array
 from .kube import KubeAPI, Reflector, api_error_text, is_conflict, is_not_found
 from .leader import LeaseElector, LeaseFollower
 from .metrics import GpuRow, Metrics
 from .reasons import UNRESOLVABLE, aggregate, classify
-from .shapes import shapes_from_state
 from .wire import check_binding_args, check_extender_args
 
 log = logging.getLogger("kube_vgpu.scheduler")

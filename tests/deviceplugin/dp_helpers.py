@@ -222,7 +222,7 @@ def bound_pod(name: str, containers: list[tuple[str, bool, list[tuple[str, int, 
 
 
 def write_region(path: Path, used: dict[int, int]) -> None:
-    region = pytest.importorskip("libvgpu.region")
+    from kube_vgpu import shimregion as region
     buf = bytearray(region.SIZE)
     u = [used.get(i, 0) for i in range(region.NDEV)]
     region._HEADER.pack_into(buf, 0, region.MAGIC, region.VERSION, region.SIZE, region.NDEV, region.NSLOTS,

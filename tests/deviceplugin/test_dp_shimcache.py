@@ -1,4 +1,4 @@
-"""Per-container usage from the shim's shared cache file (layout owned by libvgpu.region)."""
+"""Per-container usage from the shim's shared cache file (layout defined by libvgpu, read by kube_vgpu.shimregion)."""
 
 from __future__ import annotations
 

@@ -8,15 +8,15 @@ from pathlib import Path
 
 from vgpu_sched_util import node_obj, offline_service, pod_obj, run, wait_until
 
+from kube_vgpu.cluster import ClusterCache
 from kube_vgpu.codec import encode_allocation
 from kube_vgpu.config import Config
 from kube_vgpu.model import ContainerAllocation, DeviceBooking, PodAllocation
+from kube_vgpu.placement.liveshapes import default_shapes, shapes_from_state
 from kube_vgpu.podspec import parse_pod
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_NODE_INVENTORY
 from scheduler import jsonlog
-from scheduler.cache import ClusterCache
 from scheduler.service import Options, SchedulerService
-from scheduler.shapes import default_shapes, shapes_from_state
 
 
 def alloc(node: str, uuid: str, mem: int, cores: int = 0) -> PodAllocation:
@@ -193,7 +193,7 @@ def test_relist_that_predates_our_patch_keeps_the_booking() -> None:
 def test_annotation_is_checked_against_the_pods_request(caplog: object) -> None:
     import pytest
     assert isinstance(caplog, pytest.LogCaptureFixture)
-    caplog.set_level(logging.WARNING, logger="kube_vgpu.scheduler.cache")
+    caplog.set_level(logging.WARNING, logger="kube_vgpu.cluster")
     c = ClusterCache(Config())
     c.on_node("ADDED", node_obj("n1", 2, mem=24576))
 

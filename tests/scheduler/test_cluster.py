@@ -498,7 +498,7 @@ def test_tampered_allocation_annotation_never_frees_capacity(fake: FakeKubeAPI, 
     restart, so a pod that would overcommit the card is still refused."""
     import logging
 
-    caplog.set_level(logging.WARNING, logger="kube_vgpu.scheduler.cache")
+    caplog.set_level(logging.WARNING, logger="kube_vgpu.cluster")
     nodes = create_nodes(fake, 1, gpus=1)  # one 24576 MiB card
     a = create_pod(fake, pod_obj("a", limits={"nvidia.com/gpumem": 20000, "nvidia.com/gpucores": 30}))
     b = create_pod(fake, pod_obj("b", limits={"nvidia.com/gpumem": 10000}))

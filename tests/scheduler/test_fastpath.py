@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from kube_vgpu.model import ContainerAllocation, DeviceBooking, GPUDevice, PodAllocation
 from kube_vgpu.placement import ClusterState, Engine, normalise_scores
+from kube_vgpu.placement.fastpath import ExtenderEngine, normalise_array
 from kube_vgpu.podspec import parse_pod
-from scheduler.fastpath import ExtenderEngine, normalise_array
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 

@@ -1,4 +1,7 @@
-"""The extender's cluster cache: nodes and vGPU pods as seen by list+watch, and the bookings.
+"""The cluster as vGPU placement sees it: nodes and vGPU pods (as list+watch or a snapshot give
+them) turned into an incremental ClusterState with its bookings. The scheduler extender keeps one
+live; ``kubectl vgpu simulate`` loads one from a snapshot (components share it from here, never
+from each other).
 
 All methods are synchronous and must run on one thread (the service's event loop): the placement
 engine's :class:`~kube_vgpu.placement.ClusterState` is not thread-safe, and running
@@ -37,20 +40,19 @@ from typing import Any
 
 import numpy as np
 
-from kube_vgpu.codec import MAX_CORES, MAX_MIB, decode_allocation, decode_inventory
-from kube_vgpu.config import Config
-from kube_vgpu.errors import CodecError, QuantityError
-from kube_vgpu.model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
-from kube_vgpu.placement import Booking, ClusterState, OvercommitError
-from kube_vgpu.placement.state import NodeState
-from kube_vgpu.podspec import parse_pod
-from kube_vgpu.quantity import parse_quantity
-from kube_vgpu.resources import ANN_ALLOCATION, ANN_NODE_INVENTORY
+from .codec import MAX_CORES, MAX_MIB, decode_allocation, decode_inventory
+from .config import Config
+from .errors import CodecError, QuantityError
+from .model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
+from .placement import Booking, ClusterState, OvercommitError
+from .placement.fastpath import NO_INVENTORY, ExtenderEngine
+from .placement.liveshapes import default_shapes
+from .placement.state import NodeState
+from .podspec import parse_pod
+from .quantity import parse_quantity
+from .resources import ANN_ALLOCATION, ANN_NODE_INVENTORY
 
-from .fastpath import NO_INVENTORY, ExtenderEngine
-from .shapes import default_shapes
-
-log = logging.getLogger("kube_vgpu.scheduler.cache")
+log = logging.getLogger("kube_vgpu.cluster")
 
 @dataclass(slots=True)
 class NodeInfo:

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from kube_vgpu.model import PodRequest
-from kube_vgpu.placement import Engine
+from ..model import PodRequest
+from .engine import Engine
 
 
 def _short(uuid: str) -> str:

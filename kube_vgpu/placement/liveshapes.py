@@ -10,7 +10,8 @@ CPU is not modelled by the extender (kube-scheduler owns it), so it is always 0.
 
 from __future__ import annotations
 
-from kube_vgpu.placement import ClusterState, TaskShape, typical_shapes
+from .policies import TaskShape, typical_shapes
+from .state import ClusterState
 
 #: a sensible default mix (cpu_milli, milli-GPU per GPU, GPUs, models) x weight: mostly whole and
 #: fractional single-GPU pods, a few multi-GPU jobs (shares in the spirit of the Alibaba 2023 trace)

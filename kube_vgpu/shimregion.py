@@ -1,0 +1,70 @@
+"""Read the shim's shared accounting file (``CUDA_DEVICE_MEMORY_SHARED_CACHE``), layout version 1.
+
+The layout is defined in ``libvgpu/src/region.h``; this reader is for monitors and tests. It
+reads without taking the lock, so figures are a consistent-enough snapshot, not a transaction.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MAGIC", "NDEV", "NSLOTS", "SIZE", "VERSION", "Process", "Region", "RegionError", "read_region"]
+
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAGIC = 0x55504756
+VERSION = 1
+NDEV = 16
+NSLOTS = 1024
+_HEADER = struct.Struct("<IIQII16Q16I16Q")  # magic .. used[16]
+_SLOTS_OFFSET = 472
+_SLOT = struct.Struct("<iiQ16Q4Q")
+SIZE = _SLOTS_OFFSET + NSLOTS * _SLOT.size
+
+
+class RegionError(ValueError):
+    """The file is not a version-1 libvgpu region (wrong magic, version or size)."""
+
+
+@dataclass
+class Process:
+    """One process slot: ``pid`` and bytes ``used`` per device index."""
+
+    pid: int
+    used: list[int]
+
+
+@dataclass
+class Region:
+    """Snapshot of a region: per-device ``limit``/``used`` in bytes, ``sm_limit`` in percent."""
+
+    limit: list[int]
+    sm_limit: list[int]
+    used: list[int]
+    processes: list[Process] = field(default_factory=list)
+
+
+def read_region(path: str | os.PathLike[str]) -> Region:
+    """Parse the region file at ``path``.
+
+    Raises:
+        OSError: the file cannot be read.
+        RegionError: the content is not a version-1 region.
+    """
+    data = Path(path).read_bytes()
+    if len(data) < SIZE:
+        raise RegionError(f"{path}: {len(data)} bytes, expected {SIZE}")
+    fields = _HEADER.unpack_from(data, 0)
+    magic, version, size, ndev, nslots = fields[:5]
+    if magic != MAGIC or version != VERSION or size != SIZE or ndev != NDEV or nslots != NSLOTS:
+        raise RegionError(f"{path}: not a libvgpu v{VERSION} region (magic {magic:#x}, version {version})")
+    limit = list(fields[5 : 5 + NDEV])
+    sm_limit = list(fields[5 + NDEV : 5 + 2 * NDEV])
+    used = list(fields[5 + 2 * NDEV : 5 + 3 * NDEV])
+    procs = []
+    for i in range(NSLOTS):
+        slot = _SLOT.unpack_from(data, _SLOTS_OFFSET + i * _SLOT.size)
+        if slot[0]:
+            procs.append(Process(pid=slot[0], used=list(slot[3 : 3 + NDEV])))
+    return Region(limit=limit, sm_limit=sm_limit, used=used, processes=procs)
