@@ -12,6 +12,7 @@ rejected nodes. Results are identical to ``Engine.evaluate`` (see tests/schedule
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import compress, repeat
 from typing import Any
@@ -47,23 +48,30 @@ class ExtenderEngine(Engine):
 
     _name_gen = -1
     _name_idx: dict[str, int]
-    _last_names: list[str] | None = None
-    _last_idx: np.ndarray | None = None
+    #: recent candidate lists -> node indexes (kube-scheduler sends the same lists over and over:
+    #: the full candidate list to filter, then filter's feasible list to prioritize)
+    _recent: OrderedDict[tuple[str, ...], np.ndarray]
+    RECENT = 8
 
     def _indexes(self, names: Sequence[str]) -> np.ndarray:
-        """Node index per name (-1 = unknown); the last list is remembered (kube-scheduler sends
-        the same candidate list over and over)."""
+        """Node index per name (-1 = unknown), remembered for the last few lists."""
         if self._name_gen != self.state.generation or not hasattr(self, "_name_idx"):
             self._name_idx = {n.name: n.idx for n in self.state.node_list}
             self._name_gen = self.state.generation
-            self._last_names = None
-        last = self._last_names
-        if last is not None and self._last_idx is not None and len(last) == len(names) and last == names:
-            return self._last_idx
+            self._recent = OrderedDict()
+        key = tuple(names)
+        idx = self._recent.get(key)
+        if idx is not None:
+            self._recent.move_to_end(key)
+            return idx
         idx = np.fromiter(map(self._name_idx.get, names, repeat(-1)), dtype=np.int64, count=len(names))
-        self._last_names = list(names)
-        self._last_idx = idx
+        self._remember(key, idx)
         return idx
+
+    def _remember(self, key: tuple[str, ...], idx: np.ndarray) -> None:
+        self._recent[key] = idx
+        if len(self._recent) > self.RECENT:
+            self._recent.popitem(last=False)
 
     def _eval(self, pod: PodRequest, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[Any]]:
         e, pol = self._entry(pod)
@@ -125,6 +133,8 @@ class ExtenderEngine(Engine):
         else:
             ok = list(compress(names, feasible.tolist()))
             fsc = sc[feasible]
+            if self._name_gen == self.state.generation:
+                self._remember(tuple(ok), idx[feasible])  # prioritize will ask for exactly these
         scores = dict(zip(ok, fsc.tolist(), strict=True)) if want_scores else {}
         failed: dict[str, str] = {}
         pol = None
