@@ -29,8 +29,15 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="kube-scheduler HTTP extender: filter, prioritize and bind vGPU pods")
     p.add_argument("--config", help="policy config file (kube-vgpu.io/v1); reloaded live when it changes")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--bind-address", default="0.0.0.0")
+    p.add_argument("--bind-address", default="0.0.0.0",
+                   help="address of the extender API (filter, prioritize, bind; unauthenticated: bind it to "
+                        "127.0.0.1 when kube-scheduler runs in the same pod)")
     p.add_argument("--port", type=int, default=8888)
+    p.add_argument("--metrics-bind-address", default="0.0.0.0",
+                   help="address of the --metrics-port listener")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve /metrics, /livez, /readyz (and nothing else) on this port; 0: /metrics is "
+                        "served on --port with the extender API")
     p.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key-file", help="private key of --tls-cert-file (PEM)")
     p.add_argument("--kubeconfig", help="default: in-cluster, then ~/.kube/config")
@@ -44,6 +51,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class MetricsListenError(OSError):
+    """The --metrics-port listener could not be started."""
+
+    def __init__(self, address: str, port: int):
+        super().__init__(f"cannot listen on {address}:{port}")
+        self.address = address
+        self.port = port
+
+
+def add_metrics_listener(app: web.Application, svc: SchedulerService, address: str, port: int) -> None:
+    """Serve :meth:`SchedulerService.metrics_app` (/metrics, /livez, /readyz only) on ``address:port``
+    for as long as ``app`` runs: started after the service on startup, stopped on cleanup."""
+    runner = web.AppRunner(svc.metrics_app(), access_log=None)
+
+    async def start(_app: web.Application) -> None:
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, address, port).start()
+        except OSError as e:  # the main app's cleanup (stop below) releases the runner
+            raise MetricsListenError(address, port) from e
+
+    async def stop(_app: web.Application) -> None:
+        if runner.server is not None:
+            await runner.cleanup()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the service until SIGINT/SIGTERM. Returns 2 on a bad config or flags, 1 on API setup
     errors, a TLS file that cannot be loaded, or an address it cannot listen on (in use)."""
@@ -53,6 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config)
     except (ConfigError, OSError) as e:
         log.error("cannot load config", extra={"key": getattr(e, "key", "(file)"), "error": str(e)})
+        return 2
+    if not 0 <= args.metrics_port <= 65535:
+        log.error("--metrics-port must be 0-65535", extra={"port": args.metrics_port})
+        return 2
+    if args.metrics_port and args.metrics_port == args.port:
+        log.error("--metrics-port must differ from --port", extra={"port": args.port})
         return 2
     if bool(args.tls_cert_file) != bool(args.tls_key_file):
         log.error("--tls-cert-file and --tls-key-file go together")
@@ -70,7 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     async def make_app() -> web.Application:
         svc = SchedulerService(cfg, api, opts)
-        return svc.app()
+        app = svc.app(serve_metrics=not args.metrics_port)
+        if args.metrics_port:
+            add_metrics_listener(app, svc, args.metrics_bind_address, args.metrics_port)
+        return app
 
     ctx = None
     if args.tls_cert_file:
@@ -84,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         web.run_app(make_app(), host=args.bind_address, port=args.port, ssl_context=ctx, print=None,
                     access_log=None, handle_signals=True)
+    except MetricsListenError as e:
+        log.error(f"cannot listen on {e.address}:{e.port} (--metrics-port)",
+                  extra={"address": e.address, "port": e.port, "error": str(e.__cause__ or e)})
+        return 1
     except OSError as e:  # address in use, no permission for the port, no such address
         log.error(f"cannot listen on {args.bind_address}:{args.port}",
                   extra={"address": args.bind_address, "port": args.port, "error": str(e)})

@@ -218,8 +218,10 @@ class SchedulerService:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, partial(fn, *args))
 
-    def app(self) -> web.Application:
-        """The aiohttp application with all routes."""
+    def app(self, serve_metrics: bool = True) -> web.Application:
+        """The aiohttp application: the extender API, /livez, /readyz and (unless ``serve_metrics``
+        is false, when :meth:`metrics_app` serves it on its own listener) /metrics. It starts and
+        stops the service."""
         app = web.Application(client_max_size=64 << 20)
         app.router.add_post("/filter", self.handle_filter)
         app.router.add_post("/prioritize", self.handle_prioritize)
@@ -227,9 +229,21 @@ class SchedulerService:
         app.router.add_get("/livez", self.handle_livez)
         app.router.add_get("/healthz", self.handle_livez)
         app.router.add_get("/readyz", self.handle_readyz)
-        app.router.add_get("/metrics", self.handle_metrics)
+        if serve_metrics:
+            app.router.add_get("/metrics", self.handle_metrics)
         app.on_startup.append(lambda _app: self.start())
         app.on_cleanup.append(lambda _app: self.stop())
+        return app
+
+    def metrics_app(self) -> web.Application:
+        """Observability only (the ``--metrics-port`` listener): /metrics, /livez, /readyz; never
+        filter, prioritize or bind, so it can be exposed to the pod network. It does not start the
+        service (the main application does)."""
+        app = web.Application(client_max_size=1 << 16)
+        app.router.add_get("/livez", self.handle_livez)
+        app.router.add_get("/healthz", self.handle_livez)
+        app.router.add_get("/readyz", self.handle_readyz)
+        app.router.add_get("/metrics", self.handle_metrics)
         return app
 
     @property

@@ -32,12 +32,25 @@ RES = {"type": "object", "description": "Container resources (requests/limits)."
 EXPR = {"type": "object", "required": ["key", "operator"], "additionalProperties": False,
         "properties": {"key": {"type": "string"}, "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
                        "values": {"type": "array", "items": {"type": "string"}}}}
+# A dedicated host directory: absolute, not "/", no trailing slash, no empty, "." or ".." component,
+# and not a system directory itself (the chart mounts it read-write and replaces files in it).
+SYSTEM_DIRS = ["/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root",
+               "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/lib64",
+               "/usr/local", "/usr/local/bin", "/usr/local/lib", "/usr/sbin", "/var", "/var/lib",
+               "/var/lib/kubelet", "/var/run"]
+def HOSTDIR(desc): return {
+    "type": "string", "pattern": r"^(/[^/]+)+$", "minLength": 2,
+    "not": {"anyOf": [{"pattern": r"(^|/)\.{1,2}(/|$)"}, {"enum": SYSTEM_DIRS}]},
+    "description": desc + ": an absolute path of a dedicated directory (not /, no trailing slash)."}
 STRLIST = {"type": "array", "items": {"type": "string"}}
 PCT = lambda d, lo: {"type": "integer", "minimum": lo, "maximum": 100, "description": d}
 SCALE = lambda d: {"type": "number", "exclusiveMinimum": 0, "maximum": 100, "description": d}
 
 config = obj({
-    "schedulerName": {**DNS, "minLength": 1, "description": "Name of the secondary scheduler."},
+    # default-scheduler would make this second kube-scheduler race the control plane's for every pod
+    # (the templates also fail with a longer message).
+    "schedulerName": {**DNS, "minLength": 1, "not": {"const": "default-scheduler"},
+                      "description": "Name of the secondary scheduler (not default-scheduler)."},
     "resourceNames": obj({k: {**RESNAME, "description": f"Extended resource name for {k}."}
                           for k in ["gpu", "gpumem", "gpumemPercentage", "gpucores", "priority"]},
                          desc="Extended-resource names (distinct)."),
@@ -112,7 +125,14 @@ schema = {
                 "percentageOfNodesToScore": i("percentageOfNodesToScore.", minimum=0, maximum=100),
                 "extraArgs": STRLIST, "resources": RES}),
             "extender": obj({
-                "port": PORT, "bindAddress": {"type": "string", "minLength": 1},
+                "port": PORT,
+                "bindAddress": {"type": "string", "minLength": 1,
+                                "description": "Bind address of the extender API; kube-scheduler calls 127.0.0.1, "
+                                               "so 127.0.0.1 (default) or a wildcard."},
+                "metricsPort": {**PORT, "description": "Port of /metrics, /livez, /readyz (the only port the "
+                                                       "Service publishes)."},
+                "metricsBindAddress": {"type": "string", "minLength": 1,
+                                       "description": "Bind address of the observability listener."},
                 "httpTimeout": dur("Extender call timeout"),
                 "weight": i("Extender weight.", minimum=1, maximum=100),
                 "resyncSeconds": i("Full resync period.", minimum=1),
@@ -151,10 +171,10 @@ schema = {
             "enabled": b("Deploy the device plugin."),
             "priorityClassName": {"type": "string"},
             "runtimeClassName": {"type": "string"},
-            "pluginDir": {"type": "string", "pattern": "^/"},
-            "shimHostDir": {"type": "string", "pattern": "^/"},
+            "pluginDir": HOSTDIR("kubelet's device-plugin directory"),
+            "shimHostDir": HOSTDIR("Host directory of the shim (mounted read-write)"),
             "shimImagePath": {"type": "string", "pattern": "^/.*\\.so$"},
-            "cacheHostDir": {"type": "string", "pattern": "^/"},
+            "cacheHostDir": HOSTDIR("Host directory of the shared accounting files (mounted read-write)"),
             "metricsPort": PORT,
             "heartbeatSeconds": i("Heartbeat period.", minimum=1),
             "extraArgs": STRLIST,

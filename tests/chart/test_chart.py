@@ -195,9 +195,18 @@ def test_scheduler_deployment(renderer: Renderer) -> None:
     assert "--config=/etc/kubernetes/kube-vgpu/config.yaml" in ks["command"]
     ext = cs["extender"]
     assert ext["args"][:2] == ["scheduler", "--config=/etc/kube-vgpu/config.yaml"]
-    assert "--port=8888" in ext["args"] and "--bind-address=0.0.0.0" in ext["args"]
+    # the unauthenticated extender API (filter/prioritize/bind) listens on loopback only; kube-scheduler
+    # in the same pod calls http://127.0.0.1:8888. Metrics and probes have their own listener.
+    assert "--port=8888" in ext["args"] and "--bind-address=127.0.0.1" in ext["args"]
+    assert "--metrics-port=8889" in ext["args"] and "--metrics-bind-address=0.0.0.0" in ext["args"]
+    assert not any(a.startswith("--bind-address=") and a != "--bind-address=127.0.0.1" for a in ext["args"])
     assert "--leader-elect" not in ext["args"]
-    assert ext["ports"][0]["containerPort"] == 8888
+    assert ext["ports"] == [{"name": "http-metrics", "containerPort": 8889, "protocol": "TCP"}]
+    assert ext["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http-metrics"}
+    assert ext["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-metrics"}
+    svc = find(docs, "Service", f"{FULL}-scheduler")
+    assert svc["spec"]["ports"] == [{"name": "http-metrics", "port": 8889, "targetPort": "http-metrics",
+                                     "protocol": "TCP"}]
     spec = dep["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == f"{FULL}-scheduler"
     policy = next(v for v in spec["volumes"] if v["name"] == "policy")
@@ -456,6 +465,84 @@ def test_bad_values_fail_with_schema_message(renderer: Renderer, values: dict[st
     assert message in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("key", ["shimHostDir", "cacheHostDir", "pluginDir"])
+@pytest.mark.parametrize("path", ["/", "//", "/usr/local/vgpu/", "relative", "/opt//", "/..", "/usr/..", "/etc",
+                                  "/usr/local", "/var/lib"])
+def test_host_dirs_must_be_dedicated_directories(renderer: Renderer, key: str, path: str) -> None:
+    r = renderer.template({"devicePlugin": {key: path}})
+    assert r.returncode != 0, f"{key}={path!r} rendered"
+    assert "values don't meet the specifications of the schema" in r.stderr
+    assert f"devicePlugin.{key}" in r.stderr, r.stderr
+
+
+def test_shim_host_dir_root_never_renders_a_root_mount(renderer: Renderer) -> None:
+    r = renderer.template({"devicePlugin": {"shimHostDir": "/"}})
+    assert r.returncode != 0 and "//libvgpu.so" not in r.stdout
+
+
+@pytest.mark.parametrize("values", [
+    {"devicePlugin": {"shimHostDir": "/a"}},
+    {"devicePlugin": {"shimHostDir": "/usr/local/vgpu", "cacheHostDir": "/var/lib/kube-vgpu/containers"}},
+    {"devicePlugin": {"shimHostDir": "/opt/kube-vgpu/lib", "pluginDir": "/var/lib/kubelet/device-plugins"}},
+])
+def test_dedicated_host_dirs_are_accepted(renderer: Renderer, values: dict[str, Any]) -> None:
+    r = renderer.template(values)
+    assert r.returncode == 0, r.stderr
+
+
+def test_scheduler_name_default_scheduler_is_rejected(renderer: Renderer) -> None:
+    r = renderer.template({"config": {"schedulerName": "default-scheduler"}})
+    assert r.returncode != 0
+    assert "config.schedulerName" in r.stderr, r.stderr
+    # without the schema (helm --skip-schema-validation) the templates still refuse, saying why
+    r = renderer.template({"config": {"schedulerName": "default-scheduler"}}, extra=["--skip-schema-validation"])
+    assert r.returncode != 0
+    assert "config.schedulerName=default-scheduler" in r.stderr
+    assert "race the control plane's default-scheduler" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("values", "shown"), [
+    ({"config": {"scheduling": {"inventoryStaleSeconds": 10}}},
+     "config.scheduling.inventoryStaleSeconds=10 must be at least 2 x devicePlugin.heartbeatSeconds=30 (60)"),
+    ({"devicePlugin": {"heartbeatSeconds": 1000}},
+     "config.scheduling.inventoryStaleSeconds=120 must be at least 2 x devicePlugin.heartbeatSeconds=1000 (2000)"),
+    ({"config": {"scheduling": {"inventoryStaleSeconds": 59.5}}},
+     "config.scheduling.inventoryStaleSeconds=59.5 must be at least 2 x devicePlugin.heartbeatSeconds=30 (60)"),
+])
+def test_heartbeat_that_guarantees_stale_inventories_fails(renderer: Renderer, values: dict[str, Any],
+                                                           shown: str) -> None:
+    r = renderer.template(values)
+    assert r.returncode != 0
+    assert shown in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("values", [
+    {"config": {"scheduling": {"inventoryStaleSeconds": 60}}},
+    {"config": {"scheduling": {"inventoryStaleSeconds": 2000}}, "devicePlugin": {"heartbeatSeconds": 1000}},
+    # no device plugin in this release: its heartbeat value is not what runs
+    {"config": {"scheduling": {"inventoryStaleSeconds": 10}}, "devicePlugin": {"enabled": False}},
+])
+def test_heartbeat_within_staleness_renders(renderer: Renderer, values: dict[str, Any]) -> None:
+    r = renderer.template(values)
+    assert r.returncode == 0, r.stderr
+
+
+def test_extender_ports_must_differ(renderer: Renderer) -> None:
+    r = renderer.template({"scheduler": {"extender": {"metricsPort": 8888}}})
+    assert r.returncode != 0
+    assert "scheduler.extender.metricsPort=8888 must differ from scheduler.extender.port=8888" in r.stderr
+
+
+def test_custom_extender_ports(renderer: Renderer) -> None:
+    docs = renderer.render({"scheduler": {"extender": {"port": 9000, "metricsPort": 9001}}})
+    assert scheduler_config(docs)["extenders"][0]["urlPrefix"] == "http://127.0.0.1:9000"
+    ext = containers(find(docs, "Deployment", f"{FULL}-scheduler"))["extender"]
+    assert "--port=9000" in ext["args"] and "--metrics-port=9001" in ext["args"]
+    assert [p["containerPort"] for p in ext["ports"]] == [9001]
+    svc = find(docs, "Service", f"{FULL}-scheduler")
+    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(9001, "http-metrics")]
+
+
 def test_replicas_without_leader_election_fail_clearly(renderer: Renderer) -> None:
     r = renderer.template({"scheduler": {"replicas": 2, "leaderElection": {"enabled": False}}})
     assert r.returncode != 0
@@ -474,6 +561,10 @@ def test_servicemonitors(renderer: Renderer) -> None:
         port = sm["spec"]["endpoints"][0]["port"]
         assert port in {p["name"] for p in svc["spec"]["ports"]}, comp
     assert sms[f"{FULL}-webhook"]["spec"]["endpoints"][0]["scheme"] == "https"
+    # the scheduler is scraped on the observability listener, never on the extender API's port
+    assert sms[f"{FULL}-scheduler"]["spec"]["endpoints"][0]["port"] == "http-metrics"
+    (sport,) = find(docs, "Service", f"{FULL}-scheduler")["spec"]["ports"]
+    assert (sport["name"], sport["port"]) == ("http-metrics", 8889)
     assert not find_all(renderer.render(), "ServiceMonitor")
 
 

@@ -129,3 +129,17 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/* Cross-value checks the schema cannot express; rendered (as nothing) by configmap-policy.yaml. */}}
+{{- define "kube-vgpu.validate" -}}
+{{- if eq (toString .Values.config.schedulerName) "default-scheduler" -}}
+{{- fail "config.schedulerName=default-scheduler: the chart runs a second kube-scheduler, which would race the control plane's default-scheduler for every pod; use a name of its own (default kube-vgpu-scheduler)" -}}
+{{- end -}}
+{{- if and .Values.scheduler.enabled .Values.devicePlugin.enabled -}}
+{{- $stale := float64 .Values.config.scheduling.inventoryStaleSeconds -}}
+{{- $hb := float64 .Values.devicePlugin.heartbeatSeconds -}}
+{{- if lt $stale (mulf 2 $hb) -}}
+{{- fail (printf "config.scheduling.inventoryStaleSeconds=%v must be at least 2 x devicePlugin.heartbeatSeconds=%v (%v): otherwise every node's inventory goes stale between heartbeats and no vGPU pod can be scheduled; raise inventoryStaleSeconds or lower heartbeatSeconds" $stale $hb (mulf 2 $hb)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
