@@ -145,46 +145,76 @@ uint64_t now_ns(void)
 }
 
 /* ------------------------------------------------------------------ configuration */
-/* "<int>[k|m|g]" (case-insensitive; no suffix = bytes). Returns 0 for empty/invalid. */
+/* Strict "<digits>[k|m|g]" (suffix case-insensitive; none = bytes). No sign, no spaces, no
+ * fraction, no overflow. Returns the value; *bad = 1 (and 0 returned) for anything else. */
 static uint64_t parse_bytes(const char *s, int *bad)
 {
     *bad = 0;
-    if (!s || !*s)
-        return 0;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s) {
+    if (!s || !*s) {
         *bad = 1;
         return 0;
     }
-    switch (tolower((unsigned char)*end)) {
+    uint64_t v = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10) {
+            *bad = 1;
+            return 0;
+        }
+        v = v * 10 + d;
+    }
+    if (p == s) {
+        *bad = 1;
+        return 0;
+    }
+    unsigned shift = 0;
+    switch (*p) {
     case 0:
         break;
     case 'k':
-        v <<= 10;
-        end++;
+    case 'K':
+        shift = 10;
         break;
     case 'm':
-        v <<= 20;
-        end++;
+    case 'M':
+        shift = 20;
         break;
     case 'g':
-        v <<= 30;
-        end++;
+    case 'G':
+        shift = 30;
         break;
     default:
         *bad = 1;
         return 0;
     }
-    if (*end == 'i' || *end == 'I')
-        end++;
-    if (*end == 'b' || *end == 'B')
-        end++;
-    if (*end) {
+    if (shift && p[1]) {
         *bad = 1;
         return 0;
     }
-    return v;
+    if (shift && v > (UINT64_MAX >> shift)) {
+        *bad = 1;
+        return 0;
+    }
+    return v << shift;
+}
+
+/* A memory limit variable: absent -> no limit from it (returns 0). Present -> a limit applies
+ * (returns 1): its value when valid and > 0, else 0 bytes (fail closed), with one WARN. */
+static int read_mem_limit(const char *name, uint64_t *out)
+{
+    const char *v = getenv(name);
+    if (!v)
+        return 0;
+    int bad;
+    uint64_t b = parse_bytes(v, &bad);
+    if (bad || b == 0) {
+        LOG_WARN("%s %s=\"%s\"; failing closed: memory limit 0 on the device(s) it covers, every allocation "
+                 "is refused", bad ? "invalid" : "zero", name, v);
+        b = 0;
+    }
+    *out = b;
+    return 1;
 }
 
 static int parse_percent(const char *s, int *bad)
@@ -211,20 +241,23 @@ static void read_config(void)
         g_cfg.enabled = 0;
 
     int bad;
-    uint64_t all = parse_bytes(getenv("CUDA_DEVICE_MEMORY_LIMIT"), &bad);
-    if (bad)
-        LOG_WARN("ignoring invalid CUDA_DEVICE_MEMORY_LIMIT=%s", getenv("CUDA_DEVICE_MEMORY_LIMIT"));
+    uint64_t all = 0;
+    int all_set = read_mem_limit("CUDA_DEVICE_MEMORY_LIMIT", &all);
     int sm_all = parse_percent(getenv("CUDA_DEVICE_SM_LIMIT"), &bad);
     if (bad)
         LOG_WARN("ignoring invalid CUDA_DEVICE_SM_LIMIT=%s", getenv("CUDA_DEVICE_SM_LIMIT"));
     for (int i = 0; i < VGPU_MAX_DEV; i++) {
         char name[64];
         snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
-        const char *v = getenv(name);
-        uint64_t b = parse_bytes(v, &bad);
-        if (bad)
-            LOG_WARN("ignoring invalid %s=%s", name, v);
-        g_cfg.mem_limit[i] = (v && *v && !bad) ? b : all;
+        uint64_t b = 0;
+        if (read_mem_limit(name, &b)) {
+            g_cfg.mem_limit[i] = b;
+            g_cfg.mem_set[i] = 1;
+        } else {
+            g_cfg.mem_limit[i] = all;
+            g_cfg.mem_set[i] = (uint8_t)all_set;
+        }
+        const char *v;
         snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
         v = getenv(name);
         int p = parse_percent(v, &bad);
@@ -243,8 +276,10 @@ static void read_config(void)
     const char *cc = getenv("LIBVGPU_CONTEXT_COST");
     if (cc && *cc) {
         uint64_t b = parse_bytes(cc, &bad);
-        if (!bad)
+        if (!bad && b <= (uint64_t)INT64_MAX)
             g_cfg.context_cost = (int64_t)b;
+        else
+            LOG_WARN("ignoring invalid LIBVGPU_CONTEXT_COST=\"%s\"", cc);
     }
     const char *per = getenv("LIBVGPU_SM_PERIOD_MS");
     if (per && atoi(per) > 0)
@@ -480,7 +515,7 @@ EXPORT int vgpu_get_usage(int dev, uint64_t *used, uint64_t *limit)
     if (used)
         *used = region_used(dev);
     if (limit)
-        *limit = g_cfg.mem_limit[dev];
+        *limit = g_cfg.mem_set[dev] ? g_cfg.mem_limit[dev] : 0;
     return 0;
 }
 

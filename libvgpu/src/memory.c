@@ -746,9 +746,9 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
     CUdevice dev;
     if (rc != CUDA_SUCCESS || !g_cfg.enabled || !free_b || !total_b || current_device(&dev, NULL))
         return rc;
-    uint64_t lim = g_cfg.mem_limit[dev];
-    if (!lim)
+    if (!g_cfg.mem_set[dev])
         return rc;
+    uint64_t lim = g_cfg.mem_limit[dev];
     uint64_t total = lim < *total_b ? lim : *total_b;
     uint64_t used = region_used(dev);
     uint64_t avail = used >= total ? 0 : total - used;
@@ -764,7 +764,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     ensure_cuda();
     REAL_OR_FAIL(cuDeviceTotalMem_v2);
     CUresult rc = real_cuDeviceTotalMem_v2(bytes, dev);
-    if (rc == CUDA_SUCCESS && g_cfg.enabled && bytes && dev >= 0 && dev < VGPU_MAX_DEV && g_cfg.mem_limit[dev] &&
+    if (rc == CUDA_SUCCESS && g_cfg.enabled && bytes && dev >= 0 && dev < VGPU_MAX_DEV && g_cfg.mem_set[dev] &&
         g_cfg.mem_limit[dev] < *bytes)
         *bytes = (size_t)g_cfg.mem_limit[dev];
     return rc;
@@ -786,7 +786,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
     if (rc != NVML_SUCCESS || !g_cfg.enabled || !m)
         return rc;
     int dev = nvml_to_cuda_index(d);
-    if (dev < 0 || !g_cfg.mem_limit[dev])
+    if (dev < 0 || !g_cfg.mem_set[dev])
         return rc;
     uint64_t lim = g_cfg.mem_limit[dev], used = region_used(dev);
     m->total = lim;
@@ -804,7 +804,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     if (rc != NVML_SUCCESS || !g_cfg.enabled || !m)
         return rc;
     int dev = nvml_to_cuda_index(d);
-    if (dev < 0 || !g_cfg.mem_limit[dev])
+    if (dev < 0 || !g_cfg.mem_set[dev])
         return rc;
     uint64_t lim = g_cfg.mem_limit[dev], used = region_used(dev);
     m->total = lim;

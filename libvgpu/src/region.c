@@ -21,12 +21,25 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <stddef.h>
 #include <unistd.h>
 
 static struct vgpu_region *g_reg;
 static int g_slot = -1;
 static int g_need_slot = 1;
 static int g_shared;
+/* Every region operation of this process runs under g_pmu first: one thread at a time touches the
+ * shared mutex, g_own stays exact, and the switch to private accounting happens in one place. */
+static pthread_mutex_t g_pmu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t g_own[VGPU_REGION_DEVS]; /* bytes this process has charged (its own accounting) */
+static struct vgpu_region g_static_region;  /* last resort when even an anonymous mapping fails */
+/* SIGBUS guard: the shared file mapping, and whether it was replaced after the file shrank. */
+static void *volatile g_map_base;
+static size_t g_map_len;
+static volatile sig_atomic_t g_map_lost;
+static struct sigaction g_prev_bus;
+static int g_guard_installed;
 
 static uint64_t proc_start_time(int pid)
 {
@@ -61,6 +74,16 @@ static int slot_dead(const struct vgpu_slot *s)
     return st && s->start_time && st != s->start_time;
 }
 
+/* Strict: the pid exists and its start time is exactly the recorded one (garbage never matches). */
+static int slot_live(const struct vgpu_slot *s)
+{
+    if (s->pid <= 0 || !s->start_time)
+        return 0;
+    if (kill(s->pid, 0) != 0 && errno != EPERM)
+        return 0;
+    return proc_start_time(s->pid) == s->start_time;
+}
+
 /* Caller holds the lock. Frees dead processes' slots and their usage. */
 static void reap_locked(void)
 {
@@ -75,14 +98,14 @@ static void reap_locked(void)
     }
 }
 
-static void rebuild_totals_locked(void)
+static void rebuild_totals(struct vgpu_region *r)
 {
     for (int d = 0; d < VGPU_REGION_DEVS; d++) {
         uint64_t t = 0;
         for (int i = 0; i < VGPU_REGION_SLOTS; i++)
-            if (g_reg->slots[i].pid)
-                t += g_reg->slots[i].used[d];
-        g_reg->used[d] = t;
+            if (r->slots[i].pid)
+                t += r->slots[i].used[d];
+        r->used[d] = t;
     }
 }
 
@@ -96,50 +119,59 @@ static void init_mutex(pthread_mutex_t *mu)
     pthread_mutexattr_destroy(&a);
 }
 
-static void rlock(void)
+static uint64_t file_limit(int d)
 {
-    int rc = pthread_mutex_lock(&g_reg->lock.mu);
-    if (UNLIKELY(rc == EOWNERDEAD)) {
-        LOG_WARN("shared lock owner died; recovering accounting");
-        rebuild_totals_locked();
-        reap_locked();
-        g_reg->recoveries++;
-        pthread_mutex_consistent(&g_reg->lock.mu);
-    } else if (UNLIKELY(rc == ENOTRECOVERABLE)) {
-        LOG_ERROR("shared lock not recoverable; re-initialising it");
-        init_mutex(&g_reg->lock.mu);
-        pthread_mutex_lock(&g_reg->lock.mu);
-        rebuild_totals_locked();
-        reap_locked();
+    return d < VGPU_MAX_DEV && g_cfg.mem_set[d] ? g_cfg.mem_limit[d] : 0;
+}
+
+/* Writes a fresh header. keep_live: slots of live processes (strictly checked) are kept and the
+ * totals rebuilt from them; every other slot is cleared. Returns the number of slots kept. */
+static int fill_header(struct vgpu_region *r, int keep_live)
+{
+    int kept = 0;
+    __atomic_store_n(&r->magic, 0, __ATOMIC_RELEASE);
+    memset(r, 0, offsetof(struct vgpu_region, slots));
+    for (int i = 0; i < VGPU_REGION_SLOTS; i++) {
+        if (keep_live && slot_live(&r->slots[i]))
+            kept++;
+        else
+            memset(&r->slots[i], 0, sizeof r->slots[i]);
     }
-}
-
-static void runlock(void)
-{
-    pthread_mutex_unlock(&g_reg->lock.mu);
-}
-
-static void fill_header(struct vgpu_region *r)
-{
-    memset(r, 0, sizeof(*r));
     r->version = VGPU_REGION_VERSION;
     r->size = sizeof(*r);
     r->ndev = VGPU_REGION_DEVS;
     r->nslots = VGPU_REGION_SLOTS;
     for (int d = 0; d < VGPU_REGION_DEVS; d++) {
-        r->limit[d] = g_cfg.mem_limit[d];
+        r->limit[d] = file_limit(d);
         r->sm_limit[d] = (uint32_t)g_cfg.sm_limit[d];
     }
+    rebuild_totals(r);
     init_mutex(&r->lock.mu);
     __atomic_store_n(&r->magic, VGPU_REGION_MAGIC, __ATOMIC_RELEASE);
+    return kept;
+}
+
+static int layout_ok(const struct vgpu_region *r)
+{
+    return r->magic == VGPU_REGION_MAGIC && r->version == VGPU_REGION_VERSION && r->size == sizeof(*r) &&
+           r->ndev == VGPU_REGION_DEVS && r->nslots == VGPU_REGION_SLOTS;
 }
 
 static int limits_match(const struct vgpu_region *r)
 {
     for (int d = 0; d < VGPU_REGION_DEVS; d++)
-        if (r->limit[d] != g_cfg.mem_limit[d] || r->sm_limit[d] != (uint32_t)g_cfg.sm_limit[d])
+        if (r->limit[d] != file_limit(d) || r->sm_limit[d] != (uint32_t)g_cfg.sm_limit[d])
             return 0;
     return 1;
+}
+
+/* Still the header this process joined? (A read of a truncated file is caught by the SIGBUS guard,
+ * which maps zeros there, so this answers "no" instead of crashing.) */
+static int header_ok(const struct vgpu_region *r)
+{
+    if (g_map_lost && (void *)r == g_map_base)
+        return 0;
+    return layout_ok(r) && limits_match(r);
 }
 
 static int live_slots(struct vgpu_region *r)
@@ -151,16 +183,177 @@ static int live_slots(struct vgpu_region *r)
     return n;
 }
 
-static void open_private(void)
+/* ------------------------------------------------------------------ SIGBUS guard
+ * Any process of the container may shrink the shared file (it is 0666 on a rw mount); touching a
+ * page of the mapping beyond the new end of file raises SIGBUS. The guard, installed once when the
+ * file is mapped, replaces the whole mapping in place with zeroed anonymous memory and returns, so
+ * the faulting instruction re-executes on valid memory. The zeroed header then fails header_ok()
+ * and the process continues with private accounting (its own usage, its own limits). Faults at
+ * other addresses go to the handler that was installed before (or the default action). */
+static void bus_guard(int sig, siginfo_t *si, void *uc)
+{
+    uintptr_t base = (uintptr_t)g_map_base, a = (uintptr_t)si->si_addr;
+    if (base && si->si_code > 0 && a >= base && a < base + g_map_len) {
+        int e = errno;
+        void *p = mmap((void *)base, g_map_len, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED | MAP_ANONYMOUS, -1,
+                       0);
+        errno = e;
+        if (p != MAP_FAILED) {
+            g_map_lost = 1;
+            return;
+        }
+    }
+    if (g_prev_bus.sa_flags & SA_SIGINFO) {
+        if (g_prev_bus.sa_sigaction) {
+            g_prev_bus.sa_sigaction(sig, si, uc);
+            return;
+        }
+    } else if (g_prev_bus.sa_handler != SIG_DFL && g_prev_bus.sa_handler != SIG_IGN) {
+        g_prev_bus.sa_handler(sig);
+        return;
+    }
+    signal(sig, SIG_DFL);
+    if (si->si_code <= 0)
+        raise(sig); /* sent, not a fault: deliver it with the default action */
+    /* a fault re-executes and now takes the default action */
+}
+
+static void install_guard(void)
+{
+    if (g_guard_installed)
+        return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = bus_guard;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_RESTART | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, &g_prev_bus) == 0)
+        g_guard_installed = 1;
+    else
+        LOG_WARN("cannot install the SIGBUS guard: %s", strerror(errno));
+}
+
+/* ------------------------------------------------------------------ private accounting */
+static struct vgpu_region *new_private(void)
 {
     void *p = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-        LOG_ERROR("cannot allocate accounting region");
+        LOG_ERROR("cannot allocate accounting region; using a static one");
+        p = &g_static_region;
+        memset(p, 0, sizeof g_static_region);
+    }
+    fill_header(p, 0);
+    return p;
+}
+
+static void open_private(void)
+{
+    g_reg = new_private();
+    g_shared = 0;
+}
+
+/* Caller holds g_pmu. Leaves the shared region (never unmapped: other threads may still read it)
+ * for a private one that starts from this process's own usage. Logged once per process. */
+static void fall_private(const char *why)
+{
+    if (!g_shared)
+        return;
+    static int warned;
+    if (!warned) {
+        warned = 1;
+        LOG_WARN("shared accounting file %s; accounting for this process is now private (its own usage "
+                 "against its own limits)", why);
+    }
+    struct vgpu_region *p = new_private();
+    struct vgpu_slot *s = &p->slots[0];
+    s->pid = (int32_t)getpid();
+    s->start_time = proc_start_time(s->pid);
+    for (int d = 0; d < VGPU_REGION_DEVS; d++)
+        s->used[d] = p->used[d] = g_own[d];
+    g_slot = 0;
+    g_need_slot = 0;
+    __atomic_store_n(&g_shared, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_reg, p, __ATOMIC_RELEASE);
+}
+
+static const char *lost_reason(void)
+{
+    return g_map_lost ? "was truncated under this process" : "no longer has the header this process joined";
+}
+
+/* ------------------------------------------------------------------ locking */
+static void recover_locked(int rc)
+{
+    if (rc == EOWNERDEAD) {
+        LOG_WARN("shared lock owner died; recovering accounting");
+        rebuild_totals(g_reg);
+        reap_locked();
+        g_reg->recoveries++;
+        pthread_mutex_consistent(&g_reg->lock.mu);
+    }
+}
+
+/* Caller holds g_pmu. Takes the lock of the current region, validating the shared header before and
+ * after; on any sign of a damaged file the process falls back to private accounting. */
+static void rlock(void)
+{
+    int waited_ms = 0;
+    for (;;) {
+        struct vgpu_region *r = g_reg;
+        if (g_shared && !header_ok(r)) {
+            fall_private(lost_reason());
+            continue;
+        }
+        int rc = pthread_mutex_trylock(&r->lock.mu);
+        if (rc == EBUSY) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 200000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            rc = pthread_mutex_timedlock(&r->lock.mu, &ts);
+            if (rc == ETIMEDOUT) {
+                waited_ms += 200;
+                if (g_shared && waited_ms >= 2000)
+                    fall_private("lock has been held for over 2 s");
+                continue; /* re-validate the header, then wait again */
+            }
+        }
+        if (rc == EOWNERDEAD) {
+            recover_locked(rc);
+        } else if (rc == ENOTRECOVERABLE) {
+            LOG_ERROR("shared lock not recoverable; re-initialising it");
+            init_mutex(&r->lock.mu);
+            if (pthread_mutex_lock(&r->lock.mu) != 0) {
+                if (!g_shared)
+                    return; /* cannot happen on a private region we just initialised */
+                fall_private("lock is unusable");
+                continue;
+            }
+            rebuild_totals(r);
+            reap_locked();
+        } else if (rc != 0) {
+            if (!g_shared) {
+                init_mutex(&r->lock.mu);
+                continue;
+            }
+            fall_private("lock is unusable");
+            continue;
+        }
+        if (g_shared && !header_ok(r)) {
+            pthread_mutex_unlock(&r->lock.mu);
+            fall_private(lost_reason());
+            continue;
+        }
         return;
     }
-    fill_header(p);
-    g_reg = p;
-    g_shared = 0;
+}
+
+static void runlock(void)
+{
+    pthread_mutex_unlock(&g_reg->lock.mu);
 }
 
 int region_open(void)
@@ -182,7 +375,9 @@ int region_open(void)
     struct stat st;
     size_t need = sizeof(struct vgpu_region);
     int fresh = 0;
+    long long old_size = 0;
     if (fstat(fd, &st) != 0 || (size_t)st.st_size < need) {
+        old_size = fstat(fd, &st) == 0 ? (long long)st.st_size : 0;
         if (ftruncate(fd, (off_t)need) != 0) {
             LOG_ERROR("cannot size %s: %s; accounting is per process", path, strerror(errno));
             flock(fd, LOCK_UN);
@@ -192,6 +387,7 @@ int region_open(void)
         }
         fresh = 1;
     }
+    install_guard();
     struct vgpu_region *r = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (r == MAP_FAILED) {
         LOG_ERROR("cannot map %s: %s; accounting is per process", path, strerror(errno));
@@ -200,25 +396,40 @@ int region_open(void)
         open_private();
         return -1;
     }
-    int valid = !fresh && r->magic == VGPU_REGION_MAGIC && r->version == VGPU_REGION_VERSION && r->size == need &&
-                r->ndev == VGPU_REGION_DEVS && r->nslots == VGPU_REGION_SLOTS;
-    if (!valid) {
-        if (!fresh && r->magic)
-            LOG_WARN("%s has an unknown layout; re-initialising it", path);
-        fill_header(r);
+    g_map_len = need;
+    g_map_base = r;
+    if (fresh) {
+        if (old_size > 0)
+            LOG_WARN("%s has an unknown layout (%lld bytes, expected %zu); re-initialised", path, old_size, need);
+        fill_header(r, 0);
+    } else if (!layout_ok(r)) {
+        int kept = fill_header(r, 1);
+        if (kept)
+            LOG_WARN("%s has an unknown layout (bad header); re-initialised, keeping the usage of %d live "
+                     "process(es)", path, kept);
+        else
+            LOG_WARN("%s has an unknown layout (bad header); re-initialised", path);
     } else if (!limits_match(r)) {
         if (live_slots(r) == 0) {
             LOG_WARN("%s was created with other limits and no process uses it; re-initialising", path);
-            fill_header(r);
+            fill_header(r, 0);
         } else {
             LOG_ERROR("%s is in use with other limits; refusing to mix, accounting for this process is private",
                       path);
+            g_map_base = NULL;
             munmap(r, need);
             flock(fd, LOCK_UN);
             close(fd);
             open_private();
             return -1;
         }
+    }
+    if (g_map_lost) { /* shrunk again while we initialised it */
+        LOG_WARN("%s was truncated while being opened; accounting is per process", path);
+        flock(fd, LOCK_UN);
+        close(fd);
+        open_private();
+        return -1;
     }
     g_reg = r;
     g_shared = 1;
@@ -258,34 +469,51 @@ static void ensure_slot_locked(void)
     g_slot = free_i;
 }
 
+/* The limit is always this process's own (from its environment), never the file's: a damaged or
+ * rewritten file can make accounting private, but it can never lift the limit. */
 int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint64_t *limit_out)
 {
     if (!g_reg || dev < 0 || dev >= VGPU_REGION_DEVS)
         return 0;
-    rlock();
-    ensure_slot_locked();
-    uint64_t lim = g_reg->limit[dev];
-    if (!force && lim && (g_reg->used[dev] + bytes > lim || g_reg->used[dev] + bytes < bytes)) {
-        /* over the limit: dead processes may still hold usage; look at most every 50 ms */
-        static uint64_t last_reap;
-        uint64_t now = now_ns();
-        if (now - last_reap > 50000000ull) {
-            last_reap = now;
-            reap_locked();
+    int limited = dev < VGPU_MAX_DEV && g_cfg.mem_set[dev];
+    uint64_t lim = limited ? g_cfg.mem_limit[dev] : 0;
+    pthread_mutex_lock(&g_pmu);
+    for (;;) {
+        rlock();
+        ensure_slot_locked();
+        int over = !force && limited && (g_reg->used[dev] + bytes > lim || g_reg->used[dev] + bytes < bytes);
+        if (over && g_shared) {
+            /* over the limit: dead processes may still hold usage; look at most every 50 ms */
+            static uint64_t last_reap;
+            uint64_t now = now_ns();
+            if (now - last_reap > 50000000ull) {
+                last_reap = now;
+                reap_locked();
+            }
+            over = g_reg->used[dev] + bytes > lim || g_reg->used[dev] + bytes < bytes;
         }
-        if (g_reg->used[dev] + bytes > lim || g_reg->used[dev] + bytes < bytes) {
+        if (UNLIKELY(g_shared && g_map_lost)) { /* the file shrank during this operation: redo it privately */
+            runlock();
+            fall_private(lost_reason());
+            continue;
+        }
+        if (over) {
             if (used_out)
                 *used_out = g_reg->used[dev];
             if (limit_out)
                 *limit_out = lim;
             runlock();
+            pthread_mutex_unlock(&g_pmu);
             return -1;
         }
+        break;
     }
     g_reg->used[dev] += bytes;
     if (g_slot >= 0)
         g_reg->slots[g_slot].used[dev] += bytes;
+    g_own[dev] += bytes;
     runlock();
+    pthread_mutex_unlock(&g_pmu);
     return 0;
 }
 
@@ -293,35 +521,52 @@ void region_release(int dev, uint64_t bytes)
 {
     if (!g_reg || dev < 0 || dev >= VGPU_REGION_DEVS)
         return;
+    pthread_mutex_lock(&g_pmu);
     rlock();
     ensure_slot_locked();
-    uint64_t b = bytes;
+    if (UNLIKELY(g_shared && g_map_lost)) {
+        runlock();
+        fall_private(lost_reason());
+        rlock();
+    }
+    uint64_t b = bytes < g_own[dev] ? bytes : g_own[dev];
     if (g_slot >= 0) {
         uint64_t *mine = &g_reg->slots[g_slot].used[dev];
         if (b > *mine)
             b = *mine;
         *mine -= b;
     }
+    g_own[dev] -= b;
     g_reg->used[dev] = g_reg->used[dev] > b ? g_reg->used[dev] - b : 0;
     runlock();
+    pthread_mutex_unlock(&g_pmu);
 }
 
 uint64_t region_used(int dev)
 {
     if (!g_reg || dev < 0 || dev >= VGPU_REGION_DEVS)
         return 0;
-    return __atomic_load_n(&g_reg->used[dev], __ATOMIC_RELAXED);
+    pthread_mutex_lock(&g_pmu);
+    if (g_shared && !header_ok(g_reg))
+        fall_private(lost_reason());
+    uint64_t u = __atomic_load_n(&g_reg->used[dev], __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g_pmu);
+    return u;
 }
 
+/* Lock-free (sampler thread). A damaged shared header yields only our own pid. */
 void region_pids(int *pids, int *n, int max)
 {
     *n = 0;
-    if (!g_reg)
+    struct vgpu_region *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);
+    if (!r)
         return;
-    for (int i = 0; i < VGPU_REGION_SLOTS && *n < max; i++) {
-        int p = __atomic_load_n(&g_reg->slots[i].pid, __ATOMIC_RELAXED);
-        if (p)
-            pids[(*n)++] = p;
+    if (!__atomic_load_n(&g_shared, __ATOMIC_ACQUIRE) || header_ok(r)) {
+        for (int i = 0; i < VGPU_REGION_SLOTS && *n < max; i++) {
+            int p = __atomic_load_n(&r->slots[i].pid, __ATOMIC_RELAXED);
+            if (p > 0)
+                pids[(*n)++] = p;
+        }
     }
     if (*n == 0 && max > 0)
         pids[(*n)++] = (int)getpid();
@@ -331,19 +576,25 @@ void region_release_self(void)
 {
     if (!g_reg || g_slot < 0 || g_need_slot)
         return;
+    pthread_mutex_lock(&g_pmu);
     rlock();
-    struct vgpu_slot *s = &g_reg->slots[g_slot];
-    if (s->pid == (int32_t)getpid()) {
-        for (int d = 0; d < VGPU_REGION_DEVS; d++)
-            g_reg->used[d] = g_reg->used[d] > s->used[d] ? g_reg->used[d] - s->used[d] : 0;
-        memset(s, 0, sizeof(*s));
+    if (g_slot >= 0) {
+        struct vgpu_slot *s = &g_reg->slots[g_slot];
+        if (s->pid == (int32_t)getpid()) {
+            for (int d = 0; d < VGPU_REGION_DEVS; d++)
+                g_reg->used[d] = g_reg->used[d] > s->used[d] ? g_reg->used[d] - s->used[d] : 0;
+            memset(s, 0, sizeof(*s));
+        }
     }
     g_slot = -1;
     runlock();
+    pthread_mutex_unlock(&g_pmu);
 }
 
 void region_after_fork_child(void)
 {
+    pthread_mutex_init(&g_pmu, NULL);
+    memset(g_own, 0, sizeof g_own);
     g_slot = -1;
     g_need_slot = 1;
 }
@@ -354,6 +605,7 @@ EXPORT int vgpu_debug_hold_lock(void)
     vgpu_base_init();
     if (!g_reg)
         return -1;
+    pthread_mutex_lock(&g_pmu);
     rlock();
     return g_shared ? 0 : 1;
 }

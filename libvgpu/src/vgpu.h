@@ -52,7 +52,8 @@ extern struct nvml_api g_nvml;
 struct vgpu_config {
     int enabled;                        /* 0 when CUDA_DISABLE_CONTROL=true */
     int log_level;                      /* LIBVGPU_LOG_LEVEL, 0..4 */
-    uint64_t mem_limit[VGPU_MAX_DEV];   /* bytes, 0 = none */
+    uint64_t mem_limit[VGPU_MAX_DEV];   /* bytes (meaningful only where mem_set) */
+    uint8_t mem_set[VGPU_MAX_DEV];      /* 1: a memory limit applies (an invalid or 0 value: limit 0) */
     int sm_limit[VGPU_MAX_DEV];         /* percent, 0 = none */
     int sm_any;                         /* any device has an SM limit */
     int64_t context_cost;               /* LIBVGPU_CONTEXT_COST bytes, -1 = measure */

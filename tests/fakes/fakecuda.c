@@ -188,7 +188,8 @@ static CUresult charge(int dev, uint64_t size)
 {
     CUresult rc = CUDA_SUCCESS;
     fg_lock(g_st);
-    if (g_st->dev[dev].used + size > dev_total(dev)) {
+    /* larger than the device, or more than is free: refuse (no wrap-around of the counter) */
+    if (size > dev_total(dev) || g_st->dev[dev].used > dev_total(dev) - size) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         g_st->dev[dev].used += size;

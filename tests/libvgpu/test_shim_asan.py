@@ -85,3 +85,28 @@ def test_asan_sm_limit_and_graphs(tc_asan: Toolchain, tmp_path: Path) -> None:
     p = run(tc_asan, "dlsym", "sm", "1.2", "100", "1.0", "ex", CUDA_DEVICE_SM_LIMIT="30", LIBVGPU_SM_PERIOD_MS="50",
             FAKE_CUDA_NS_PER_BLOCK="2500", FAKE_GPU_STATE=str(tmp_path / "gpu2.state"))
     _clean(p)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "zero-header"])
+def test_asan_damaged_cache_file(tc_asan: Toolchain, tmp_path: Path, damage: str) -> None:
+    """The SIGBUS guard and the private fallback run clean under ASan (ASan's own SIGBUS handler is chained)."""
+    cache = tmp_path / "vgpu.cache"
+    env = tc_asan.env(CUDA_DEVICE_MEMORY_LIMIT_0="1g", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(cache),
+                      LIBVGPU_CONTEXT_COST="0")
+    proc = subprocess.Popen([str(tc_asan.prog), "direct", "hold_then", "600", "600", "300"], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert rc_usage(parse(proc.stdout.readline())["first"]) == (0, 600 * MIB)
+    assert proc.stdout.readline().strip() == "ready"
+    if damage == "truncate":
+        cache.write_bytes(b"")
+    else:
+        with open(cache, "r+b") as f:
+            f.write(b"\x00" * 344)
+    out, err = proc.communicate("go\n", timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert "ERROR: AddressSanitizer" not in err, err[-3000:]
+    res = parse(out)
+    assert rc_usage(res["step0"]) == (2, 600 * MIB)
+    assert rc_usage(res["step1"]) == (0, 900 * MIB)
+    assert rc_usage(res["free0"]) == (0, 0)

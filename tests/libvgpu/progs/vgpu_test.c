@@ -501,6 +501,47 @@ static int sc_hold(unsigned long long mib, double seconds)
     return 0;
 }
 
+/* ---- allocate, wait for a line on stdin (the test damages the shared file meanwhile), then go on:
+ * "step" allocations of the given sizes (MiB) print rc:usage; then cuMemGetInfo and a free. */
+static int sc_hold_then(unsigned long long first, int n, char **sizes)
+{
+    init_ctx(0);
+    CUdeviceptr p0;
+    SHOW("first", p_cuMemAlloc_v2(&p0, first * MIB));
+    printf("ready\n");
+    fflush(stdout);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin))
+        return 3;
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p;
+        char label[32];
+        snprintf(label, sizeof label, "step%d", i);
+        CUresult r = p_cuMemAlloc_v2(&p, strtoull(sizes[i], NULL, 10) * MIB);
+        printf("%s=%d:%llu\n", label, r, usage(0));
+        if (r == CUDA_SUCCESS && i + 1 == n)
+            p_cuMemFree_v2(p);
+    }
+    size_t fr = 0, tot = 0;
+    CUresult rc = p_cuMemGetInfo_v2(&fr, &tot);
+    printf("meminfo_rc=%d free=%zu total=%zu\n", rc, fr, tot);
+    SHOW("free0", p_cuMemFree_v2(p0));
+    return 0;
+}
+
+/* ---- one allocation of the given size in bytes (SIZE_MAX: "max") */
+static int sc_alloc_bytes(const char *arg)
+{
+    init_ctx(0);
+    size_t sz = !strcmp(arg, "max") ? SIZE_MAX : (size_t)strtoull(arg, NULL, 10);
+    CUdeviceptr p = 0;
+    SHOW("alloc", p_cuMemAlloc_v2(&p, sz));
+    size_t fr = 0, tot = 0;
+    CUresult rc = p_cuMemGetInfo_v2(&fr, &tot);
+    printf("meminfo_rc=%d free=%zu total=%zu\n", rc, fr, tot);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -534,6 +575,10 @@ int main(int argc, char **argv)
         return sc_tiny();
     if (!strcmp(sc, "hold") && argc >= 5)
         return sc_hold(strtoull(argv[3], NULL, 10), atof(argv[4]));
+    if (!strcmp(sc, "hold_then") && argc >= 4)
+        return sc_hold_then(strtoull(argv[3], NULL, 10), argc - 4, argv + 4);
+    if (!strcmp(sc, "alloc_bytes") && argc >= 4)
+        return sc_alloc_bytes(argv[3]);
     fprintf(stderr, "unknown scenario %s\n", sc);
     return 2;
 }
