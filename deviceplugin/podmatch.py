@@ -89,7 +89,8 @@ class PendingContainer:
     """A GPU container bound to this node whose Allocate has not been answered yet.
 
     devices: the scheduler's bookings in visible-device order (memory MiB, cores percent);
-    disable_control: the container's env has ``CUDA_DISABLE_CONTROL=true``; priority: the
+    disable_control: the container's env opts out (``CUDA_DISABLE_CONTROL`` ``true``/``1``, see
+    :func:`disables_control`); priority: the
     container's ``nvidia.com/priority`` limit or None; in_progress: some other container of the pod
     was already allocated; allocated: names already allocated in the pod; remaining: names still
     pending in the pod *including* this one; order: sort key (admission order); demoted: the pod
@@ -110,6 +111,9 @@ class PendingContainer:
     remaining: tuple[str, ...]
     order: tuple[Any, ...]
     demoted: bool = False
+    #: the container requests the gpu resource but the allocation record books no GPU for it
+    #: (``devices`` is empty); kubelet will ask for it, and it must be refused, never matched elsewhere
+    unbooked: bool = False
 
     @property
     def key(self) -> str:
@@ -126,6 +130,8 @@ class PendingContainer:
                 self.priority)
 
     def describe(self) -> str:
+        if self.unbooked:
+            return f"{self.key} [no GPU booked]"
         devs = ", ".join(f"{d.uuid} {d.memory_mib}MiB {d.cores}%" for d in self.devices)
         extra = " control disabled" if self.disable_control else ""
         return f"{self.key} [{devs}]{extra}"
@@ -169,9 +175,16 @@ def _priority(ctr: Mapping[str, Any], name: str) -> int | None:
     return None
 
 
+def disables_control(value: Any) -> bool:
+    """Whether a ``CUDA_DISABLE_CONTROL`` value opts out of enforcement: exactly what the shim accepts
+    (``libvgpu/src/core.c``): ``true`` in any case, or ``1``. The one place the plugin decides this."""
+    v = "" if value is None else str(value)
+    return v.lower() == "true" or v == "1"
+
+
 def _disable_control(ctr: Mapping[str, Any]) -> bool:
     for e in ctr.get("env") or ():
-        if e.get("name") == envcontract.DISABLE_CONTROL and str(e.get("value", "")).lower() == "true":
+        if e.get("name") == envcontract.DISABLE_CONTROL and disables_control(e.get("value")):
             return True
     return False
 
@@ -283,9 +296,11 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
         for ctr, init in spec_ctrs:
             name = ctr.get("name", "")
             rec = alloc.container(name, init)
-            if rec is None or not rec.devices or name in done or not _requests_gpu(ctr, names.gpu):
+            if name in done or not _requests_gpu(ctr, names.gpu):
                 continue
-            pending.append((ctr, init, rec.devices))
+            # a GPU container without a booking stays pending (devices empty): kubelet allocates it in
+            # this order, and match() refuses it rather than hand it the next container's limits
+            pending.append((ctr, init, rec.devices if rec is not None else ()))
         if not pending:
             continue
         ctr, init, devices = pending[0]
@@ -303,7 +318,8 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
             container=ctr.get("name", ""), init=init, devices=devices,
             disable_control=_disable_control(ctr), priority=_priority(ctr, names.priority),
             in_progress=in_progress, allocated=done, remaining=tuple(p[0].get("name", "") for p in pending),
-            order=(0 if in_progress else 1, 1 if demoted else 0, *akey), demoted=demoted))
+            order=(0 if in_progress else 1, 1 if demoted else 0, *akey), demoted=demoted,
+            unbooked=not devices))
     out.sort(key=lambda p: p.order)
     return out
 
@@ -328,11 +344,29 @@ def match(device_ids: Sequence[str], candidates: Sequence[PendingContainer],
     is only taken when the GPUs behind ``device_ids`` are the GPUs booked for it; otherwise (kubelet
     or our fill-up picked other GPUs) the other tiers decide, so a candidate booked on exactly the
     requested GPUs wins over the preference.
-    Raises MatchError when no candidate has ``len(device_ids)`` GPUs or when the deciding tier holds
-    candidates with different outcomes.
+    Raises MatchError when no candidate has ``len(device_ids)`` GPUs, when the deciding tier holds
+    candidates with different outcomes, or when the match is a container without a booking.
     """
+    pc = _match(device_ids, candidates, preferred)
+    if pc.unbooked:
+        raise MatchError(f"pod {pc.namespace}/{pc.pod} container {pc.container}: requests the GPU resource but "
+                         f"no GPU is booked for it in {ANN_ALLOCATION} (GPUs requested: "
+                         f"{','.join(sorted({slot_uuid(i) for i in device_ids}))}); refusing to hand out "
+                         f"an unlimited limit")
+    if not pc.disable_control:
+        zero = [d.uuid for d in pc.devices if d.memory_mib <= 0]
+        if zero:
+            raise MatchError(f"pod {pc.namespace}/{pc.pod} container {pc.container} GPU {', '.join(zero)}: 0 MiB "
+                             f"booked; refusing to hand out an unlimited limit (the shim reads 0 as no limit)")
+    return pc
+
+
+def _match(device_ids: Sequence[str], candidates: Sequence[PendingContainer],
+           preferred: PendingContainer | None) -> PendingContainer:
     n = len(device_ids)
-    fit = [c for c in candidates if len(c.devices) == n]
+    # an unbooked container may be the one kubelet asks for, whatever the count: it takes part in every
+    # tier (so it is never silently passed over) and, when it decides, the request is refused
+    fit = [c for c in candidates if len(c.devices) == n or c.unbooked]
     if not fit:
         waiting = ", ".join(f"{c.key} ({len(c.devices)} GPU(s))" for c in candidates) or "none"
         raise MatchError(f"no pod bound to this node is waiting for a container with {n} GPU(s) "

@@ -11,7 +11,8 @@ documented in docs/env-contract.md). Host layout (paths on the node):
   ``envcontract.CACHE_CONTAINER_DIR``; the shim's shared accounting file is
   ``<CACHE_CONTAINER_DIR>/vgpu.cache`` inside the container.
 
-With ``CUDA_DISABLE_CONTROL=true`` in the container's env the container only gets
+With ``CUDA_DISABLE_CONTROL`` set to ``true`` (any case) or ``1`` in the container's env (the values the
+shim accepts, :func:`deviceplugin.podmatch.disables_control`) the container only gets
 ``NVIDIA_VISIBLE_DEVICES`` (no limits, no shim, no cache).
 """
 
@@ -76,3 +77,22 @@ def container_spec(pc: PendingContainer, *, shim_host_path: str, cache_host_dir:
                   os.path.join(cache_host_dir, cache_dir_name(pc.uid, pc.container)), False),
     )
     return ContainerSpec(envs=envs, mounts=mounts)
+
+
+def unlimited_devices(spec: ContainerSpec) -> list[str]:
+    """Visible GPUs of ``spec`` the shim would not limit: no ``CUDA_DEVICE_MEMORY_LIMIT_<i>``, or one
+    that is not a positive ``<MiB>m`` (the shim reads 0 as no limit). Empty for an opted-out container
+    (``CUDA_DISABLE_CONTROL``), which is unlimited by choice. The last check before kubelet gets an answer."""
+    if envcontract.DISABLE_CONTROL in spec.envs:
+        return []
+    out = []
+    visible = [u for u in spec.envs.get(envcontract.VISIBLE_DEVICES, "").split(",") if u]
+    for i, uuid in enumerate(visible):
+        raw = spec.envs.get(f"{envcontract.MEMORY_LIMIT_PREFIX}{i}", "")
+        try:
+            ok = raw.endswith("m") and int(raw[:-1]) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            out.append(uuid)
+    return out

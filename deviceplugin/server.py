@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -48,7 +49,14 @@ from .podmatch import (
     slot_uuid,
 )
 from .podwatch import ArrivalBook, PodWatcher
-from .response import ContainerSpec, container_spec, preload_contents, preload_host_path
+from .response import (
+    ContainerSpec,
+    cache_dir_name,
+    container_spec,
+    preload_contents,
+    preload_host_path,
+    unlimited_devices,
+)
 
 log = logging.getLogger("kube_vgpu.deviceplugin")
 
@@ -290,11 +298,51 @@ class DevicePlugin:
                 self.status.last_inventory_error = str(e)
                 log.warning("writing node inventory failed: %s", e)
             try:
-                self._pods = self.kube.list_node_pods(self.opts.node_name)
+                # under the Allocate lock: a cache directory created by an Allocate before this listing
+                # belongs to a pod the listing holds (unless it was deleted), none is created during it
+                with self._alloc_lock:
+                    self._pods = self.kube.list_node_pods(self.opts.node_name)
+                    self.clean_cache_dirs(self._pods)
             except Exception as e:  # noqa: BLE001
-                log.warning("listing pods for metrics failed: %s", e)
+                log.warning("listing pods (metrics, cache cleanup) failed: %s", e)
             self._inventory_due.wait(self.opts.heartbeat_seconds)
             self._inventory_due.clear()
+
+    def clean_cache_dirs(self, pods: list[dict[str, Any]]) -> list[str]:
+        """Remove per-container cache directories (``<cache-host-dir>/<pod uid>_<container>``) whose pod
+        uid is not in ``pods`` (a complete listing of this node's pods) nor known to the pod watch.
+
+        Only names of that form are touched; anything else in the directory is left alone. A directory
+        that vanishes meanwhile is fine; one that cannot be removed is logged and tried again next
+        time. Returns the removed paths. Call with the Allocate lock held (see the heartbeat).
+        """
+        live = {(p.get("metadata") or {}).get("uid") for p in pods} | set(self.arrivals.snapshot())
+        live.discard(None)
+        live.discard("")
+        root = self.opts.cache_host_dir
+        try:
+            names = os.listdir(root)
+        except OSError as e:
+            log.warning("cannot list the cache directory %s: %s", root, e)
+            return []
+        removed = []
+        for name in names:
+            uid, sep, ctr = name.partition("_")
+            if not sep or not uid or not ctr or uid in live or cache_dir_name(uid, ctr) != name:
+                continue
+            path = os.path.join(root, name)
+            if os.path.islink(path) or not os.path.isdir(path):
+                continue
+            try:
+                shutil.rmtree(path)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                log.warning("cannot remove the cache directory %s of gone pod %s: %s", path, uid, e)
+                continue
+            removed.append(path)
+            log.info("removed the cache directory %s (pod %s no longer on this node)", path, uid)
+        return removed
 
     def allocated_by_gpu(self) -> dict[str, tuple[int, int, int]]:
         """Per GPU uuid: (MiB, cores percent, containers) booked by live pods on this node (last listing)."""
@@ -388,9 +436,25 @@ class DevicePlugin:
 
     # ------------------------------------------------------------------ preferred allocation / allocate
 
-    def _known(self, ids: list[str]) -> list[str]:
-        known = {d.uuid for d in self.devices()}
-        return [i for i in ids if slot_uuid(i) not in known]
+    def _check_ids(self, ids: list[str]) -> None:
+        """Reject (ValueError -> INVALID_ARGUMENT) a container request whose IDs are not slots this plugin
+        advertises now (``<uuid>::<k>`` exactly; a bare uuid or ``<uuid>::999`` is not one), name an ID
+        twice, or name two slots of one GPU (a container gets distinct physical GPUs)."""
+        advertised = {s.id for s in inv.slots(self.devices())}
+        unknown = [i for i in ids if i not in advertised]
+        if unknown:
+            raise ValueError(f"unknown device IDs {', '.join(repr(i) for i in unknown)} "
+                             f"(not advertised by this plugin)")
+        dups = sorted({i for i in ids if ids.count(i) > 1})
+        if dups:
+            raise ValueError(f"device IDs requested more than once for one container: {', '.join(dups)}")
+        by_gpu: dict[str, list[str]] = {}
+        for i in ids:
+            by_gpu.setdefault(slot_uuid(i), []).append(i)
+        same = [f"{', '.join(v)} (GPU {u})" for u, v in by_gpu.items() if len(v) > 1]
+        if same:
+            raise ValueError(f"several slots of one GPU requested for one container: {'; '.join(same)}; "
+                             f"a container gets distinct physical GPUs")
 
     def _candidates(self, pods: list[dict[str, Any]]) -> list[PendingContainer]:
         """Pending containers in admission order (arrival order from the pod watch, demotions applied)."""
@@ -426,7 +490,8 @@ class DevicePlugin:
     def allocate(self, req: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         """Allocate: match each container request to a pending container, record it, answer env + mounts.
 
-        Raises MatchError (no or ambiguous match), ValueError (unknown device IDs) or the API
+        Raises MatchError (no or ambiguous match, no booking or 0 MiB booked), ValueError (device IDs
+        not advertised, repeated, or two on one GPU) or the API
         client's error (listing or patching pods).
         """
         with self._alloc_lock:
@@ -434,9 +499,7 @@ class DevicePlugin:
             resp = api_pb2.AllocateResponse()
             for creq in req.container_requests:
                 ids = list(creq.devices_ids)
-                unknown = self._known(ids)
-                if unknown:
-                    raise ValueError(f"unknown device IDs {', '.join(unknown)} (not advertised by this plugin)")
+                self._check_ids(ids)
                 cands = self._candidates(pods)
                 pref = self._preferred.pop(frozenset(ids), None)
                 if pref is not None and time.monotonic() - pref[1] > self.opts.preferred_ttl:
@@ -444,6 +507,11 @@ class DevicePlugin:
                 pc = match(ids, cands, pref[0] if pref else None)
                 spec = container_spec(pc, shim_host_path=self.opts.shim_host_path,
                                       cache_host_dir=self.opts.cache_host_dir)
+                unlimited = unlimited_devices(spec)
+                if unlimited:  # match() refuses 0 MiB bookings already; never let one through (KF-17)
+                    raise MatchError(f"pod {pc.namespace}/{pc.pod} container {pc.container} GPU "
+                                     f"{', '.join(unlimited)}: no positive memory limit (0 MiB booked or no "
+                                     f"booking); refusing to hand out an unlimited limit")
                 self._prepare_mounts(spec)
                 self._record(pods, pc)
                 log.info("allocated %s (kubelet ids %s): %s", pc.describe(), ",".join(ids),

@@ -51,9 +51,10 @@ def start_plugin(gpus: FakeGPUs, kubelet: FakeKubelet, kube_api: Any, sockdir: s
         shim = tmp_path / "vgpu" / "libvgpu.so"
         shim.parent.mkdir(exist_ok=True)
         shim.write_bytes(b"\x7fELF")
+        timings: dict[str, Any] = {"heartbeat_seconds": 0.5, "watch_interval": 0.05, "health_poll_ms": 50,
+                                   "probe_interval": 0.1, "recovery_seconds": 0.6}
         opts = Options(node_name=NODE, device_plugin_dir=sockdir, shim_host_path=str(shim),
-                       cache_host_dir=str(tmp_path / "containers"), heartbeat_seconds=0.5, watch_interval=0.05,
-                       health_poll_ms=50, probe_interval=0.1, recovery_seconds=0.6, **overrides)
+                       cache_host_dir=str(tmp_path / "containers"), **{**timings, **overrides})
         p = DevicePlugin(cfg or config_from_dict({"devices": {"splitCount": 4}}), opts,
                          ApiKubeClient(api_client=kube_api.api_client()))
         p.start()
@@ -434,3 +435,156 @@ def test_cli_runs_against_fake_kubelet_and_stops_on_sigterm(gpus: FakeGPUs, fake
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err[-3000:]
     assert '"level": "info"' in err and "registered nvidia.com/gpu" in err
+
+
+def _allocate(kubelet: FakeKubelet, *ids: str) -> api_pb2.ContainerAllocateResponse:
+    assert kubelet.stub is not None
+    resp = kubelet.stub.Allocate(api_pb2.AllocateRequest(container_requests=[
+        api_pb2.ContainerAllocateRequest(devices_ids=list(ids))]), timeout=10)
+    return resp.container_responses[0]
+
+
+def _refused(kubelet: FakeKubelet, *ids: str) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as e:
+        _allocate(kubelet, *ids)
+    return e.value
+
+
+def test_zero_mib_booking_is_refused_over_grpc(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
+                                               kube_api: Any) -> None:
+    """KF-17: 0 MiB would become CUDA_DEVICE_MEMORY_LIMIT_0=0m, which the shim reads as no limit."""
+    plugin = start_plugin()
+    kube_api.create_object("pods", bound_pod("zero", [("c", False, [(U[0], 0, 30)], {})]))
+    err = _refused(kubelet, f"{U[0]}::0")
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = err.details() or ""
+    assert "default/zero" in details and "container c" in details and U[0] in details
+    assert "0 MiB booked; refusing to hand out an unlimited limit" in details
+    ann = kube_api.get_object("pods", "zero", "default")["metadata"]["annotations"]
+    assert ann[ANN_BIND_PHASE] == "allocating" and ANN_ALLOCATED_CONTAINERS not in ann
+    assert plugin.status.allocations == {"ok": 0, "error": 1}
+
+
+def test_gpu_container_without_booking_is_refused_over_grpc(start_plugin: Callable[..., DevicePlugin],
+                                                            kubelet: FakeKubelet, kube_api: Any) -> None:
+    start_plugin()
+    gpu1 = {"resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    kube_api.create_object("pods", bound_pod("nobook", [("first", False, None, gpu1),
+                                                        ("second", False, [(U[1], 3000, 30)], {})]))
+    err = _refused(kubelet, f"{U[1]}::0")  # kubelet asks for "first" (spec order)
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "default/nobook container first" in (err.details() or "")
+    assert "refusing to hand out an unlimited limit" in (err.details() or "")
+    ann = kube_api.get_object("pods", "nobook", "default")["metadata"]["annotations"]
+    assert ANN_ALLOCATED_CONTAINERS not in ann  # "second"'s limits were not handed to "first"
+
+
+@pytest.mark.parametrize("bad", ["{u}::999", "{u}", "{u}::4", "GPU-nope::0", "{u}::0 ", "{u}::00"])
+def test_allocate_rejects_ids_never_advertised(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
+                                               kube_api: Any, bad: str) -> None:
+    start_plugin()  # split 4: U0::0..3 and U1::0..3
+    kube_api.create_object("pods", bound_pod("p", [("c", False, [(U[0], 3000, 30)], {})]))
+    dev = bad.format(u=U[0])
+    err = _refused(kubelet, dev)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert repr(dev) in (err.details() or "") and "not advertised" in (err.details() or "")
+    ann = kube_api.get_object("pods", "p", "default")["metadata"]["annotations"]
+    assert ANN_ALLOCATED_CONTAINERS not in ann
+    r = _allocate(kubelet, f"{U[0]}::3")  # an advertised ID still works
+    assert envs(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+
+
+def test_allocate_rejects_duplicate_ids_and_two_slots_of_one_gpu(start_plugin: Callable[..., DevicePlugin],
+                                                                 kubelet: FakeKubelet, kube_api: Any) -> None:
+    start_plugin()
+    kube_api.create_object("pods", bound_pod("p", [("c", False, [(U[0], 1000, 10), (U[1], 1000, 10)], {})]))
+    err = _refused(kubelet, f"{U[0]}::0", f"{U[0]}::0")
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "more than once" in (err.details() or "") and f"{U[0]}::0" in (err.details() or "")
+    err = _refused(kubelet, f"{U[0]}::0", f"{U[0]}::1")
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = err.details() or ""
+    assert f"{U[0]}::0, {U[0]}::1 (GPU {U[0]})" in details and "distinct physical GPUs" in details
+    assert ANN_ALLOCATED_CONTAINERS not in kube_api.get_object("pods", "p", "default")["metadata"]["annotations"]
+    r = _allocate(kubelet, f"{U[0]}::0", f"{U[1]}::2")
+    assert envs(r)["NVIDIA_VISIBLE_DEVICES"] == f"{U[0]},{U[1]}"
+
+
+@pytest.mark.parametrize("value", ["1", "TRUE", "True"])
+def test_disable_control_accepts_1_and_any_case(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
+                                                kube_api: Any, value: str) -> None:
+    start_plugin()
+    env = {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": value}]}
+    kube_api.create_object("pods", bound_pod("free", [("c", False, [(U[0], 3000, 30)], env)]))
+    (r,) = kubelet.admit([1])
+    assert envs(r) == {"NVIDIA_VISIBLE_DEVICES": U[0], "CUDA_DISABLE_CONTROL": "true"} and not r.mounts
+
+
+def _wait_for(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_cache_dirs_of_gone_pods_are_removed(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
+                                             kube_api: Any, tmp_path: Path) -> None:
+    plugin = start_plugin()  # heartbeat 0.5 s
+    root = tmp_path / "containers"
+    kube_api.create_object("pods", bound_pod("keep", [("c", False, [(U[0], 1000, 10)], {})], bind_time=1))
+    kube_api.create_object("pods", bound_pod("gone", [("c", False, [(U[1], 1000, 10)], {})], bind_time=2))
+    kubelet.admit([1])
+    kubelet.admit([1])
+    uid = {n: kube_api.get_object("pods", n, "default")["metadata"]["uid"] for n in ("keep", "gone")}
+    keep, gone = root / f"{uid['keep']}_c", root / f"{uid['gone']}_c"
+    write_region(gone / "vgpu.cache", {0: 1})
+    stale = root / "0d3c7f4e-0000-4000-8000-000000000000_app"  # a pod deleted while the plugin was down
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "f").write_text("x")
+    foreign = root / "not-a-cache-dir"
+    foreign.mkdir()
+    (root / "stray_file").write_text("x")
+    _wait_for(lambda: not stale.exists(), "the stale directory to be removed")
+    assert keep.is_dir() and gone.is_dir()  # both pods still exist
+    kube_api.delete_object("pods", "gone", "default")
+    _wait_for(lambda: not gone.exists(), "the deleted pod's directory to be removed")
+    time.sleep(1.2)  # a few more heartbeats
+    assert keep.is_dir() and foreign.is_dir() and (root / "stray_file").exists()
+    assert plugin.alive()
+
+
+def test_cache_cleanup_tolerates_errors_and_never_removes_live_pods(start_plugin: Callable[..., DevicePlugin],
+                                                                    kube_api: Any, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    import shutil
+
+    from deviceplugin import server
+
+    plugin = start_plugin(heartbeat_seconds=3600)
+    root = tmp_path / "containers"
+    kube_api.create_object("pods", bound_pod("live", [("c", False, [(U[0], 1000, 10)], {})]))
+    live_uid = kube_api.get_object("pods", "live", "default")["metadata"]["uid"]
+    pods = plugin.kube.list_node_pods(NODE)
+    a, b, live = root / "aaaa_c", root / "bbbb_c", root / f"{live_uid}_c"
+    for d in (a, b, live):
+        d.mkdir()
+    real = shutil.rmtree
+
+    def flaky(path: str, *args: Any, **kw: Any) -> None:
+        if path.endswith("aaaa_c"):
+            raise PermissionError(13, "Permission denied", path)
+        if path.endswith("bbbb_c"):
+            real(path)  # someone else removed it first
+            raise FileNotFoundError(2, "No such file or directory", path)
+        real(path, *args, **kw)
+
+    monkeypatch.setattr(server.shutil, "rmtree", flaky)
+    with caplog.at_level("WARNING", logger="kube_vgpu.deviceplugin"):
+        assert plugin.clean_cache_dirs(pods) == []
+    assert a.is_dir() and not b.exists() and live.is_dir()
+    assert any("cannot remove the cache directory" in r.getMessage() and "aaaa_c" in r.getMessage()
+               for r in caplog.records)
+    monkeypatch.setattr(server.shutil, "rmtree", real)
+    assert plugin.clean_cache_dirs(pods) == [str(a)]
+    assert live.is_dir()

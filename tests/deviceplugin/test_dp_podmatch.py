@@ -9,6 +9,7 @@ from deviceplugin.podmatch import (
     ANN_ALLOCATED_CONTAINERS,
     Arrival,
     MatchError,
+    disables_control,
     match,
     pending_containers,
     preferred_allocation,
@@ -16,7 +17,7 @@ from deviceplugin.podmatch import (
     slot_uuid,
 )
 from deviceplugin.podwatch import ArrivalBook
-from deviceplugin.response import container_spec
+from deviceplugin.response import ContainerSpec, container_spec, unlimited_devices
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE
 
 A = "GPU-aaaaaaaa-0000-4000-8000-000000000000"
@@ -308,3 +309,55 @@ def test_arrival_book_numbers_pods_in_the_order_they_are_seen_bound() -> None:
     book.forget("uid-x")
     book.saw([old, early, y], complete=True)  # a relist forgets pods that are gone
     assert set(book.snapshot()) == {"uid-old", "uid-early", "uid-y"}
+
+
+@pytest.mark.parametrize("value,opt_out", [("true", True), ("TRUE", True), ("True", True), ("1", True),
+                                           ("false", False), ("0", False), ("yes", False), ("", False),
+                                           (" 1", False)])
+def test_disable_control_accepts_what_the_shim_accepts(value: str, opt_out: bool) -> None:
+    env = {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": value}]}
+    pc = pending_containers([bound_pod("p", [("c", False, [(A, 1000, 10)], env)])], NODE)[0]
+    assert pc.disable_control is opt_out
+    spec = container_spec(pc, shim_host_path="/s/libvgpu.so", cache_host_dir="/c")
+    assert ("CUDA_DEVICE_MEMORY_LIMIT_0" in spec.envs) is not opt_out
+    assert disables_control(value) is opt_out
+
+
+def test_zero_mib_booking_is_refused_never_unlimited() -> None:
+    p = bound_pod("zero", [("c", False, [(A, 0, 10)], {})])
+    with pytest.raises(MatchError) as e:
+        match(ids(A, 0), pending_containers([p], NODE))
+    msg = str(e.value)
+    assert "default/zero" in msg and "container c" in msg and A in msg
+    assert "0 MiB booked; refusing to hand out an unlimited limit" in msg
+    # one of two GPUs at 0 MiB is refused too, naming that GPU only
+    q = bound_pod("two", [("c", False, [(A, 1000, 10), (B, 0, 10)], {})])
+    with pytest.raises(MatchError, match=f"GPU {B}: 0 MiB booked"):
+        match(ids(A, 0) + ids(B, 0), pending_containers([q], NODE))
+
+
+def test_gpu_container_without_booking_is_refused_not_given_the_next_containers_limits() -> None:
+    gpu1 = {"resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    # "first" requests a GPU but the record books none; kubelet allocates it before "second"
+    p = bound_pod("p", [("first", False, None, gpu1), ("second", False, [(A, 3000, 30)], {})])
+    cands = pending_containers([p], NODE)
+    assert [(c.container, c.unbooked) for c in cands] == [("first", True)]
+    with pytest.raises(MatchError) as e:
+        match(ids(A, 0), cands)
+    assert "default/p container first" in str(e.value) and "refusing to hand out an unlimited limit" in str(e.value)
+    # part-way through: the booked container was allocated, the unbooked one is next -> refused
+    q = bound_pod("q", [("a", False, [(A, 3000, 30)], {}), ("b", False, None, gpu1)])
+    q["metadata"]["annotations"][ANN_ALLOCATED_CONTAINERS] = "a"
+    other = bound_pod("o", [("c", False, [(B, 1000, 10)], {})])
+    with pytest.raises(MatchError, match="default/q container b"):
+        match(ids(B, 0), pending_containers([q, other], NODE))
+
+
+def test_unlimited_devices_check_on_the_final_env() -> None:
+    ok = ContainerSpec(envs={"NVIDIA_VISIBLE_DEVICES": f"{A},{B}", "CUDA_DEVICE_MEMORY_LIMIT_0": "10m",
+                             "CUDA_DEVICE_MEMORY_LIMIT_1": "20m"}, mounts=())
+    assert unlimited_devices(ok) == []
+    bad = ContainerSpec(envs={"NVIDIA_VISIBLE_DEVICES": f"{A},{B}", "CUDA_DEVICE_MEMORY_LIMIT_0": "0m"}, mounts=())
+    assert unlimited_devices(bad) == [A, B]
+    off = ContainerSpec(envs={"NVIDIA_VISIBLE_DEVICES": A, "CUDA_DISABLE_CONTROL": "true"}, mounts=())
+    assert unlimited_devices(off) == []
