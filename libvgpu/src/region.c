@@ -8,6 +8,9 @@
  * Initialisation is serialised with flock(), which the kernel drops when a process dies.
  * A file written with other limits is re-initialised when no live process uses it, and
  * refused (this process falls back to private accounting, with an error log line) otherwise.
+ * Limits are always this process's own; the file only shares usage. A header that stops matching
+ * while the process runs, or a file truncated under it (SIGBUS guard below), switches the process
+ * to private accounting of its own usage: damage can unshare accounting, never lift a limit.
  */
 #include "vgpu.h"
 #include "region.h"
