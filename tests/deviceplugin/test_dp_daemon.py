@@ -479,15 +479,15 @@ def test_gpu_container_without_booking_is_refused_over_grpc(start_plugin: Callab
     assert ANN_ALLOCATED_CONTAINERS not in ann  # "second"'s limits were not handed to "first"
 
 
-@pytest.mark.parametrize("bad", ["{u}::999", "{u}", "{u}::4", "GPU-nope::0", "{u}::0 ", "{u}::00"])
 def test_allocate_rejects_ids_never_advertised(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
-                                               kube_api: Any, bad: str) -> None:
+                                               kube_api: Any) -> None:
     start_plugin()  # split 4: U0::0..3 and U1::0..3
     kube_api.create_object("pods", bound_pod("p", [("c", False, [(U[0], 3000, 30)], {})]))
-    dev = bad.format(u=U[0])
-    err = _refused(kubelet, dev)
-    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert repr(dev) in (err.details() or "") and "not advertised" in (err.details() or "")
+    for bad in ("{u}::999", "{u}", "{u}::4", "GPU-nope::0", "{u}::0 ", "{u}::00"):
+        dev = bad.format(u=U[0])
+        err = _refused(kubelet, dev)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, dev
+        assert repr(dev) in (err.details() or "") and "not advertised" in (err.details() or ""), dev
     ann = kube_api.get_object("pods", "p", "default")["metadata"]["annotations"]
     assert ANN_ALLOCATED_CONTAINERS not in ann
     r = _allocate(kubelet, f"{U[0]}::3")  # an advertised ID still works
@@ -510,14 +510,15 @@ def test_allocate_rejects_duplicate_ids_and_two_slots_of_one_gpu(start_plugin: C
     assert envs(r)["NVIDIA_VISIBLE_DEVICES"] == f"{U[0]},{U[1]}"
 
 
-@pytest.mark.parametrize("value", ["1", "TRUE", "True"])
 def test_disable_control_accepts_1_and_any_case(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
-                                                kube_api: Any, value: str) -> None:
+                                                kube_api: Any) -> None:
     start_plugin()
-    env = {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": value}]}
-    kube_api.create_object("pods", bound_pod("free", [("c", False, [(U[0], 3000, 30)], env)]))
-    (r,) = kubelet.admit([1])
-    assert envs(r) == {"NVIDIA_VISIBLE_DEVICES": U[0], "CUDA_DISABLE_CONTROL": "true"} and not r.mounts
+    for i, value in enumerate(("1", "TRUE", "True")):
+        env = {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": value}]}
+        kube_api.create_object("pods", bound_pod(f"free{i}", [("c", False, [(U[0], 3000, 30)], env)],
+                                                 bind_time=100 + i))
+        (r,) = kubelet.admit([1])
+        assert envs(r) == {"NVIDIA_VISIBLE_DEVICES": U[0], "CUDA_DISABLE_CONTROL": "true"} and not r.mounts, value
 
 
 def _wait_for(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
@@ -548,7 +549,7 @@ def test_cache_dirs_of_gone_pods_are_removed(start_plugin: Callable[..., DeviceP
     assert keep.is_dir() and gone.is_dir()  # both pods still exist
     kube_api.delete_object("pods", "gone", "default")
     _wait_for(lambda: not gone.exists(), "the deleted pod's directory to be removed")
-    time.sleep(1.2)  # a few more heartbeats
+    time.sleep(0.7)  # more heartbeats
     assert keep.is_dir() and foreign.is_dir() and (root / "stray_file").exists()
     assert plugin.alive()
 
