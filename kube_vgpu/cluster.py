@@ -27,6 +27,11 @@ Rules:
   be parsed keeps the annotation's values. So editing the annotation can never free capacity.
 * Pods deleted, or in phase Succeeded/Failed, release their booking at once; terminating pods
   (``deletionTimestamp`` set) keep it until the DELETED event.
+* Bind hand-over (``scheduling.bindHandoverSeconds``): :attr:`ClusterCache.allocating` holds, per
+  node, the pods bound there whose device allocation is still pending (bind-phase ``allocating``,
+  GPU containers not yet in ``kube-vgpu.io/allocated-containers``), with their bind time and the
+  GPU counts of those containers; :meth:`ClusterCache.handover_blocker` answers which one a new bind
+  of the same GPU count must wait for. ``on_handover_change`` is called whenever that set changes.
 """
 
 from __future__ import annotations
@@ -50,7 +55,14 @@ from .placement.liveshapes import default_shapes
 from .placement.state import NodeState
 from .podspec import parse_pod
 from .quantity import parse_quantity
-from .resources import ANN_ALLOCATION, ANN_NODE_INVENTORY
+from .resources import (
+    ANN_ALLOCATED_CONTAINERS,
+    ANN_ALLOCATION,
+    ANN_BIND_PHASE,
+    ANN_BIND_TIME,
+    ANN_NODE_INVENTORY,
+    BIND_ALLOCATING,
+)
 
 log = logging.getLogger("kube_vgpu.cluster")
 
@@ -73,6 +85,17 @@ class PodInfo:
     bound: bool
     allocation: PodAllocation  #: as the annotation says (what is booked may be more, see module doc)
     request: PodRequest | None = None  #: the pod's parsed request; None: unparseable or unknown
+
+
+@dataclass(frozen=True, slots=True)
+class Allocating:
+    """A pod bound to ``node`` whose device allocation is pending (hand-over). bind_time: unix s;
+    counts: GPU counts of its GPU containers not yet allocated."""
+
+    uid: str
+    node: str
+    bind_time: float
+    counts: frozenset[int]
 
 
 def _meta(obj: dict[str, Any]) -> dict[str, Any]:
@@ -113,6 +136,12 @@ class ClusterCache:
         self.own_binds: dict[str, float] = {}
         self.own_bind_grace = 30.0
         self.on_change: Callable[[], None] | None = None
+        #: node -> pod key -> pod bound there with GPU containers still pending device allocation
+        self.allocating: dict[str, dict[str, Allocating]] = {}
+        self._allocating_node: dict[str, str] = {}  #: pod key -> node of its ``allocating`` entry
+        self._bound_seen: dict[str, str] = {}  #: pod key -> uid, once a watch event showed it bound
+        #: called (no arguments) whenever :attr:`allocating` changes: wakes binds waiting to hand over
+        self.on_handover_change: Callable[[], None] | None = None
 
     # -- configuration ------------------------------------------------------------------------
     def apply_config(self, config: Config) -> None:
@@ -357,6 +386,9 @@ class ClusterCache:
                     self.pods_by_node.pop(info.node, None)
         if uid is not None:
             self.failed_binds.discard(uid)
+        self._set_allocating(key, None, uid)
+        if uid is None or self._bound_seen.get(key) == uid:
+            self._bound_seen.pop(key, None)
         self.own_binds.pop(key, None)
         if key in self.state.bookings and (uid is None or self.booked_uid.get(key) == uid):
             self._release(key)
@@ -366,6 +398,7 @@ class ClusterCache:
         m = _meta(pod)
         key = pod_key(pod)
         uid = str(m.get("uid") or "")
+        self._track_allocating(kind, key, uid, pod)
         if kind == "DELETED":
             self._forget(key, uid)
             return
@@ -449,7 +482,103 @@ class ClusterCache:
             return
         self.pods[key] = PodInfo(uid, booking.node, True, booking.allocation, request)
         self.pods_by_node.setdefault(booking.node, set()).add(key)
-        self.own_binds[key] = self.clock()
+        self.own_binds[key] = now = self.clock()
+        counts = frozenset(len(c.devices) for c in booking.allocation.containers if c.devices)
+        if counts and self._bound_seen.get(key) != uid:
+            # we just wrote bind-phase allocating; unless the watch already showed the bound pod
+            # (then its events are newer than this record: the device plugin may be done already)
+            self._set_allocating(key, Allocating(uid, booking.node, now, counts), uid)
+        else:  # the watch was first: keep its state, with our exact bind time (it has whole seconds)
+            e = self.allocating.get(booking.node, {}).get(key)
+            if e is not None and e.uid == uid and abs(e.bind_time - now) < 1.0:
+                self._set_allocating(key, Allocating(uid, e.node, now, e.counts), uid)
+
+    # -- bind hand-over -----------------------------------------------------------------------
+    def _set_allocating(self, key: str, entry: Allocating | None, uid: str | None) -> None:
+        """Replace ``key``'s hand-over entry (None: drop it, only if it is ``uid``'s or uid is None)."""
+        node = self._allocating_node.get(key)
+        prev = self.allocating.get(node, {}).get(key) if node is not None else None
+        if entry is None:
+            if prev is None or (uid is not None and uid and prev.uid != uid):
+                return
+        elif prev == entry:
+            return
+        if node is not None:
+            per = self.allocating.get(node)
+            if per is not None:
+                per.pop(key, None)
+                if not per:
+                    self.allocating.pop(node, None)
+            self._allocating_node.pop(key, None)
+        if entry is not None:
+            self.allocating.setdefault(entry.node, {})[key] = entry
+            self._allocating_node[key] = entry.node
+        if self.on_handover_change is not None:
+            self.on_handover_change()
+
+    def _track_allocating(self, kind: str, key: str, uid: str, pod: dict[str, Any]) -> None:
+        """Keep :attr:`allocating` in step with a pod event: an entry while the pod is bound, live,
+        bind-phase ``allocating`` and has GPU containers not yet allocated; none otherwise."""
+        m = _meta(pod)
+        ann = m.get("annotations") or {}
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        text = ann.get(ANN_ALLOCATION)
+        entry: Allocating | None = None
+        if kind == "DELETED":
+            if self._bound_seen.get(key) == uid:
+                del self._bound_seen[key]
+        elif node:
+            self._bound_seen[key] = uid
+        if (kind != "DELETED" and node and text and ann.get(ANN_BIND_PHASE) == BIND_ALLOCATING
+                and not m.get("deletionTimestamp")
+                and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")):
+            try:
+                alloc: PodAllocation | None = decode_allocation(text)
+            except CodecError:
+                alloc = None
+            if alloc is not None:
+                done = {n.strip() for n in str(ann.get(ANN_ALLOCATED_CONTAINERS) or "").split(",")}
+                counts = frozenset(len(c.devices) for c in alloc.containers if c.devices and c.name not in done)
+                if counts:
+                    try:
+                        t = float(ann.get(ANN_BIND_TIME) or alloc.time)
+                    except ValueError:
+                        t = alloc.time
+                    if t != t:  # NaN
+                        t = 0.0
+                    pn = self._allocating_node.get(key)
+                    prev = self.allocating.get(pn, {}).get(key) if pn is not None else None
+                    if prev is not None and prev.uid == uid and abs(prev.bind_time - t) < 1.0:
+                        t = prev.bind_time  # our own bind's exact time (the annotation has whole seconds)
+                    entry = Allocating(uid, node, t, counts)
+        if entry is None:
+            if kind != "DELETED" and not node:
+                # not bound (yet): a pod never goes back from bound to unbound, so this is an event
+                # older than our own bind's record (the annotation patch before the Binding)
+                pn = self._allocating_node.get(key)
+                if pn is not None and self.allocating[pn][key].uid == uid:
+                    return
+            self._set_allocating(key, None, uid if kind == "DELETED" else None)
+        else:
+            self._set_allocating(key, entry, uid)
+
+    def handover_blocker(self, node: str, key: str, counts: frozenset[int], limit: float
+                         ) -> tuple[str, float] | None:
+        """The pod on ``node`` (not ``key``) a bind of GPU ``counts`` must wait for: bound less than
+        ``limit`` s ago, still ``allocating``, with a pending GPU container of one of ``counts``.
+        Returns (its key, seconds until it stops blocking by age) or None."""
+        per = self.allocating.get(node)
+        if not per or limit <= 0:
+            return None
+        now = self.clock()
+        best: tuple[str, float] | None = None
+        for k, e in per.items():
+            if k == key or not (e.counts & counts):
+                continue
+            left = e.bind_time + limit - now
+            if left > 0 and (best is None or e.bind_time < per[best[0]].bind_time):
+                best = (k, left)
+        return best
 
     # -- placement ----------------------------------------------------------------------------
     def evaluate(self, pod: PodRequest, names: Sequence[str], want_scores: bool = True

@@ -9,7 +9,8 @@ not pass silently. Example (all defaults)::
                     gpumemPercentage: nvidia.com/gpumem-percentage,
                     gpucores: nvidia.com/gpucores, priority: nvidia.com/priority}
     defaults: {gpuCount: 1, memoryMiB: 0, memoryPercentage: 100, cores: 0, bareGpuExclusive: true}
-    scheduling: {nodePolicy: binpack, gpuPolicy: spread, inventoryStaleSeconds: 120}
+    scheduling: {nodePolicy: binpack, gpuPolicy: spread, inventoryStaleSeconds: 120,
+                 bindHandoverSeconds: 30}
     devices: {splitCount: 10, memoryScaling: 1.0, coreScaling: 1.0}
     nodes: []          # [{name, splitCount, memoryScaling, coreScaling, excludeGPUs: [uuid|index]}]
     webhook: {forceOverwriteDefaultScheduler: true, mutateBareGpu: true, privileged: deny,
@@ -62,11 +63,16 @@ class Scheduling:
     """Placement policy. node_policy is one of NODE_POLICIES; gpu_policy one of GPU_POLICIES.
 
     inventory_stale_seconds: a node whose inventory heartbeat is older is not a candidate (seconds).
+    bind_handover_seconds: per-node hand-over at bind: a bind waits while a pod bound to the node
+    less than this many seconds ago still has a pending GPU container of the same GPU count
+    (bind-phase ``allocating``); 0 disables the hand-over. The device plugin's
+    ``--pending-stale-seconds`` should be the same value.
     """
 
     node_policy: str = "binpack"
     gpu_policy: str = "spread"
     inventory_stale_seconds: float = 120.0
+    bind_handover_seconds: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +147,8 @@ _KEYMAP: dict[type, dict[str, str]] = {
     Defaults: {"gpuCount": "gpu_count", "memoryMiB": "memory_mib", "memoryPercentage": "memory_percentage",
                "cores": "cores", "bareGpuExclusive": "bare_gpu_exclusive"},
     Scheduling: {"nodePolicy": "node_policy", "gpuPolicy": "gpu_policy",
-                 "inventoryStaleSeconds": "inventory_stale_seconds"},
+                 "inventoryStaleSeconds": "inventory_stale_seconds",
+                 "bindHandoverSeconds": "bind_handover_seconds"},
     DeviceDefaults: {"splitCount": "split_count", "memoryScaling": "memory_scaling",
                      "coreScaling": "core_scaling"},
     NodeOverride: {"name": "name", "splitCount": "split_count", "memoryScaling": "memory_scaling",
@@ -224,6 +231,8 @@ def _check(cfg: Config) -> None:
         raise ConfigError("scheduling.gpuPolicy", f"{s.gpu_policy!r} is not one of {', '.join(GPU_POLICIES)}")
     if s.inventory_stale_seconds <= 0:
         raise ConfigError("scheduling.inventoryStaleSeconds", "must be > 0")
+    if not 0 <= s.bind_handover_seconds <= 3600:
+        raise ConfigError("scheduling.bindHandoverSeconds", "must be 0..3600 (0 disables the bind hand-over)")
     for prefix, dev in [("devices", cfg.devices)] + [(f"nodes[{i}]", n) for i, n in enumerate(cfg.nodes)]:
         split = getattr(dev, "split_count", None)
         if split is not None and not 1 <= split <= 1024:

@@ -25,6 +25,15 @@ Concurrency: every handler and every cache update runs on one asyncio loop; API 
 thread pool. A bind reserves its GPUs in memory (no ``await`` between choosing and booking) before
 writing anything, so concurrent binds never overcommit, and releases the reservation at once when
 a later step fails.
+
+Hand-over (``scheduling.bindHandoverSeconds``, 0 = off): kubelet's Allocate carries only device
+IDs, so the device plugin must tell which pending container kubelet is admitting. A bind of pod B
+to node N therefore waits, after reserving and before writing anything, while N has a pod bound
+less than bindHandoverSeconds ago that is still ``allocating`` with a pending GPU container of one
+of B's GPU counts, or an earlier bind in this process of such a count is still in progress. The
+wait is event-driven (woken by the cache's pod updates and by finishing binds), holds no lock, and
+lasts at most ``min(Options.handover_wait, bindHandoverSeconds)``; then the bind fails (reservation
+released, nothing written) and kube-scheduler retries.
 """
 
 from __future__ import annotations
@@ -81,7 +90,8 @@ class Options:
     pod_selector: label selector of the pods watched (bound vGPU pods carry ``kube-vgpu.io/node``);
     sync_wait: how long /filter waits for the first list before answering an Error (s);
     shapes_interval: FGD shape refresh (s); event_dedupe: same message to the same pod at most
-    once per this many seconds; api_workers: threads for blocking API calls.
+    once per this many seconds; api_workers: threads for blocking API calls; handover_wait: the
+    longest one bind call waits for the hand-over (s; also capped by bindHandoverSeconds).
     """
 
     config_path: str | None = None
@@ -98,6 +108,7 @@ class Options:
     shapes_interval: float = 300.0
     event_dedupe: float = 60.0
     api_workers: int = 16
+    handover_wait: float = 5.0
     component: str = "kube-vgpu-scheduler"
     freeze_gc: bool = False  #: after the first sync, move the cache out of the GC's scans (p99)
 
@@ -211,6 +222,12 @@ class SchedulerService:
         self.elector: LeaseElector | LeaseFollower | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics.is_leader.set(0 if self.opts.leader_elect else 1)
+        #: node -> pod key -> (sequence, GPU counts) of binds in progress here (reserved, not done)
+        self._active_binds: dict[str, dict[str, tuple[int, frozenset[int]]]] = {}
+        self._bind_seq = 0
+        self.handover_waits = 0  #: binds that had to wait for a hand-over (tests, debugging)
+        self._handover_wake = asyncio.Event()
+        self.cache.on_handover_change = self._wake_handover
 
     # -- plumbing -----------------------------------------------------------------------------
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
@@ -607,8 +624,13 @@ class SchedulerService:
             raise BindError(f"cannot place {key} on {node}: {r}", "unschedulable")
         booking, alloc = r
         gpus = sorted({d.uuid for c in alloc.containers for d in c.devices})
+        counts = frozenset(len(c.devices) for c in alloc.containers if c.devices)
         self.cache.inflight.add(key)
+        self._bind_seq += 1
+        seq = self._bind_seq
+        self._active_binds.setdefault(node, {})[key] = (seq, counts)
         try:
+            await self._handover(key, node, counts, seq)
             annotations = {ANN_ALLOCATION: encode_allocation(alloc), ANN_BIND_PHASE: BIND_ALLOCATING,
                            ANN_BIND_TIME: str(int(self.clock()))}
             labels = {LABEL_NODE: node}
@@ -622,8 +644,54 @@ class SchedulerService:
             raise BindError(f"binding {key} to {node} failed: {api_error_text(e)}", outcome) from e
         finally:
             self.cache.inflight.discard(key)
+            active = self._active_binds.get(node)
+            if active is not None and active.get(key, (None,))[0] == seq:
+                del active[key]
+                if not active:
+                    del self._active_binds[node]
+            self._wake_handover()  # waiters run after record_bound below (no await in between)
         self.cache.record_bound(key, uid, booking, req)
         return gpus
+
+    # -- bind hand-over -----------------------------------------------------------------------
+    def _wake_handover(self) -> None:
+        """Wake every bind waiting to hand over (they re-check; one Event per generation)."""
+        ev = self._handover_wake
+        self._handover_wake = asyncio.Event()
+        ev.set()
+
+    def _handover_blocker(self, key: str, node: str, counts: frozenset[int], seq: int,
+                          limit: float) -> tuple[str, float] | None:
+        """(pod key, seconds until it stops blocking by age, inf if not by age) this bind must wait
+        for, or None: an earlier bind here to ``node`` of an overlapping GPU count, else a pod the
+        cache knows bound to ``node`` and still allocating a container of such a count."""
+        for k, (s, c) in self._active_binds.get(node, {}).items():
+            if s < seq and c & counts and k != key:
+                return k, float("inf")
+        return self.cache.handover_blocker(node, key, counts, limit)
+
+    async def _handover(self, key: str, node: str, counts: frozenset[int], seq: int) -> None:
+        """Wait (event-driven, no lock) until no pod blocks this bind's hand-over on ``node``; at
+        most min(handover_wait, bindHandoverSeconds). Raises BindError on timeout."""
+        limit = self.config.scheduling.bind_handover_seconds
+        if limit <= 0 or not counts:
+            return
+        deadline = time.monotonic() + min(self.opts.handover_wait, limit)
+        waited = False
+        while True:
+            blocker = self._handover_blocker(key, node, counts, seq, limit)
+            if blocker is None:
+                return
+            if not waited:
+                waited = True
+                self.handover_waits += 1
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BindError(f"node {node}: waiting for pod {blocker[0]} to finish device allocation "
+                                "(hand-over); kube-scheduler will retry", "handover")
+            ev = self._handover_wake
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ev.wait(), min(left, blocker[1] + 0.01))
 
     # -- events -------------------------------------------------------------------------------
     def _queue_event(self, pod: Obj, failed: dict[str, str], total: int) -> None:

@@ -65,6 +65,7 @@ config = obj({
         "nodePolicy": {"enum": ["binpack", "spread", "fgd", "bestfit", "dotprod"], "description": "Node policy."},
         "gpuPolicy": {"enum": ["binpack", "spread"], "description": "GPU policy inside a node."},
         "inventoryStaleSeconds": n("Inventory heartbeat age after which a node is not a candidate.", exclusiveMinimum=0),
+        "bindHandoverSeconds": n("Per-node bind hand-over limit (0 disables); also the device plugin's --pending-stale-seconds.", minimum=0, maximum=3600),
     }),
     "devices": obj({
         "splitCount": i("vGPU slots per GPU.", minimum=1, maximum=1024),

@@ -598,3 +598,14 @@ def test_rendered_args_parse_with_component_parsers(renderer: Renderer, name: st
             assert ns is not None
             seen.add(args[0])
     assert {"scheduler", "webhook", "device-plugin"} <= seen
+
+
+@pytest.mark.parametrize(("handover", "flag"), [(None, "--pending-stale-seconds=30"), (45, "--pending-stale-seconds=45"),
+                                               (0.5, "--pending-stale-seconds=0.5"), (0, None)])
+def test_device_plugin_pending_stale_seconds_follows_bind_handover(renderer: Renderer, handover: Any,
+                                                                   flag: str | None) -> None:
+    """The device plugin demotes a pending pod after the scheduler's hand-over limit, no later."""
+    values = {} if handover is None else {"config": {"scheduling": {"bindHandoverSeconds": handover}}}
+    ds = find(renderer.render(values), "DaemonSet", f"{FULL}-device-plugin")
+    args = containers(ds)["device-plugin"]["args"]
+    assert [a for a in args if a.startswith("--pending-stale-seconds")] == ([flag] if flag else [])

@@ -151,6 +151,7 @@ def test_unknown_key(text: str, key: str) -> None:
         ("scheduling: {gpuPolicy: fgd}", "scheduling.gpuPolicy", "'fgd'"),
         ("scheduling: {inventoryStaleSeconds: 0}", "scheduling.inventoryStaleSeconds", "> 0"),
         ("scheduling: {inventoryStaleSeconds: soon}", "scheduling.inventoryStaleSeconds", "not a number"),
+        ("scheduling: {bindHandoverSeconds: -1}", "scheduling.bindHandoverSeconds", "0..3600"),
         ("devices: {splitCount: 0}", "devices.splitCount", "1..1024"),
         ("devices: {splitCount: 1025}", "devices.splitCount", "1..1024"),
         ("devices: {splitCount: 2.5}", "devices.splitCount", "not an integer"),
@@ -225,7 +226,8 @@ def test_config_to_dict_shape() -> None:
     assert d["apiVersion"] == API_VERSION
     assert d["defaults"] == {"gpuCount": 1, "memoryMiB": 0, "memoryPercentage": 100, "cores": 0,
                              "bareGpuExclusive": True}
-    assert d["scheduling"] == {"nodePolicy": "binpack", "gpuPolicy": "spread", "inventoryStaleSeconds": 120.0}
+    assert d["scheduling"] == {"nodePolicy": "binpack", "gpuPolicy": "spread", "inventoryStaleSeconds": 120.0,
+                               "bindHandoverSeconds": 30.0}
     assert d["resourceNames"]["gpumemPercentage"] == "nvidia.com/gpumem-percentage"
     assert d["nodes"] == []
     full = config_to_dict(load_config_text(FULL))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -11,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from fake_device_plugin import FakeDevicePlugin
 from vgpu_sched_util import Extender, bind_args, filter_args, node_obj, pod_obj, run, wait_until
 
 from kube_vgpu.codec import decode_allocation
@@ -33,12 +35,18 @@ def fake() -> Any:
 
 
 @asynccontextmanager
-async def extender(fake: FakeKubeAPI, **opts: Any) -> AsyncIterator[Extender]:
+async def extender(fake: FakeKubeAPI, device_plugin: bool = False, **opts: Any) -> AsyncIterator[Extender]:
+    """A service against ``fake``; ``device_plugin``: a FakeDevicePlugin marks each bound pod
+    allocated shortly after its Binding (else same-size binds to one node wait for the hand-over)."""
+    cfg = opts.pop("config", None) or Config()
     o = Options(sync_wait=5.0, resync_seconds=opts.pop("resync_seconds", 300.0), **opts)
-    svc = SchedulerService(opts.pop("config", None) or Config(), KubeAPI(fake.api_client()), o)
-    async with Extender(svc) as ext:
-        await asyncio.wait_for(svc.synced.wait(), 10)
-        yield ext
+    svc = SchedulerService(cfg, KubeAPI(fake.api_client()), o)
+    with contextlib.ExitStack() as stack:
+        dp = stack.enter_context(FakeDevicePlugin(fake)) if device_plugin else None
+        async with Extender(svc) as ext:
+            ext.device_plugin = dp
+            await asyncio.wait_for(svc.synced.wait(), 10)
+            yield ext
 
 
 def create_nodes(fake: FakeKubeAPI, n: int, gpus: int = 2, **kw: Any) -> list[dict[str, Any]]:
@@ -146,8 +154,10 @@ def test_stress_200_concurrent_binds_and_restart_without_double_booking(fake: Fa
 
     async def go() -> None:
         results: dict[str, str | None] = {}
-        # phase 1: all 200 concurrently; kill the service once ~100 are bound
-        async with extender(fake) as ext:
+        # phase 1: all 200 concurrently; kill the service once ~100 are bound. The fake device
+        # plugin marks each pod allocated shortly after its Binding: same-size binds to one node
+        # hand over to each other (some time out and are retried, as kube-scheduler would)
+        async with extender(fake, device_plugin=True) as ext:
             async def one(p: dict[str, Any]) -> None:
                 node, _ = await schedule(ext, p, nodes)
                 results[p["metadata"]["name"]] = node
@@ -157,9 +167,11 @@ def test_stress_200_concurrent_binds_and_restart_without_double_booking(fake: Fa
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             before = dict(ext.svc.cache.state.bookings)
+            assert ext.svc.handover_waits > 0  # same-size pods on one node did hand over
+            assert ext.device_plugin.violations == []
         check_no_overcommit(fake, nodes, mem, split)
         # phase 2: a fresh replica rebuilds the bookings from annotations, binds the rest
-        async with extender(fake) as ext:
+        async with extender(fake, device_plugin=True) as ext:
             svc = ext.svc
             rebuilt = {k: b.allocation for k, b in svc.cache.state.bookings.items()}
             bound_before = {k: b.allocation for k, b in before.items()
@@ -185,6 +197,7 @@ def test_stress_200_concurrent_binds_and_restart_without_double_booking(fake: Fa
             else:
                 pytest.fail("binding did not converge in 60 rounds")
             await asyncio.sleep(0.3)  # let the watch deliver the last annotations
+            assert ext.device_plugin.violations == []  # never two same-size pods allocating on a node
             allocs = check_no_overcommit(fake, nodes, mem, split)
             for key, a in allocs.items():  # every annotation matches the cache
                 assert svc.cache.state.bookings[key].allocation == a, key
@@ -259,9 +272,10 @@ def test_kf14_failed_or_deleted_pod_does_not_hold_up_the_node(fake: FakeKubeAPI)
     c = create_pod(fake, pod_obj("c", limits={"nvidia.com/gpu": 1}))
 
     async def go() -> None:
-        async with extender(fake) as ext:
+        async with extender(fake, device_plugin=True) as ext:
             svc = ext.svc
-            # no per-node lock: while a is still 'allocating', b binds to the same node at once
+            # no per-node lock: b (same GPU count) binds to the same node as soon as the device
+            # plugin has allocated big (the hand-over), well under a second
             big = create_pod(fake, pod_obj("big", limits={"nvidia.com/gpumem": 2000}))
             assert (await schedule(ext, big, nodes)) == ("node-0", "")
             t0 = time.monotonic()

@@ -107,6 +107,7 @@ class Extender:
         self.svc = svc
         self.server: TestServer | None = None
         self.session: aiohttp.ClientSession | None = None
+        self.device_plugin: Any = None  #: a FakeDevicePlugin when the test runs one
 
     async def __aenter__(self) -> Extender:
         self.server = TestServer(self.svc.app())
