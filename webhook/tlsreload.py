@@ -96,6 +96,8 @@ class ReloadingTLS:
             log.warning("TLS reload failed, keeping the previous certificate", extra={"error": str(e)})
             self._report("error")
             return False  # stamps not stored: retried next tick
+        if self._read_stamps() != stamps:
+            return False  # a writer is mid-way (key and cert are two files): take the pair next tick
         self._stamps = stamps
         self.current = ctx
         self.reloads += 1
