@@ -47,7 +47,7 @@ import logging
 import operator
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -472,16 +472,22 @@ class SchedulerService:
         log.warning("malformed request", extra={"error": f"{what}: {type(e).__name__}: {e}"[:500]})
         return f"malformed {what}: {type(e).__name__}: {str(e)[:200]}"
 
-    async def handle_filter(self, request: web.Request) -> web.Response:
-        t0 = time.perf_counter()
+    async def _checked_args(self, request: web.Request, handler: Callable[[Obj], Awaitable[Any]]
+                            ) -> tuple[Any, str]:
+        """Read and shape-check ExtenderArgs, then run ``handler``: (result, "") or (None, error)."""
         args, err = await self._json(request)
         if not err:
             err = check_extender_args(args) or ""
-        if not err:
-            try:
-                res = await self.filter(args)
-            except Exception as e:  # noqa: BLE001 - see _bad_request
-                err = self._bad_request("ExtenderArgs", e)
+        if err:
+            return None, err
+        try:
+            return await handler(args), ""
+        except Exception as e:  # noqa: BLE001 - see _bad_request
+            return None, self._bad_request("ExtenderArgs", e)
+
+    async def handle_filter(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        res, err = await self._checked_args(request, self.filter)
         if err:
             return web.json_response(filter_result([], None, [], {}, {}, f"invalid ExtenderArgs: {err}"),
                                      status=400)
@@ -515,14 +521,7 @@ class SchedulerService:
 
     async def handle_prioritize(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
-        args, err = await self._json(request)
-        if not err:
-            err = check_extender_args(args) or ""
-        if not err:
-            try:
-                body = await self.prioritize(args)
-            except Exception as e:  # noqa: BLE001 - see _bad_request
-                err = self._bad_request("ExtenderArgs", e)
+        body, err = await self._checked_args(request, self.prioritize)
         if err:  # HostPriorityList has no Error field; kube-scheduler reads only the status
             return web.json_response({"Error": f"invalid ExtenderArgs: {err}"}, status=400)
         self.metrics.prioritize_seconds.observe(time.perf_counter() - t0)
