@@ -52,14 +52,8 @@ def kubelet(sockdir: str) -> Iterator[FakeKubelet]:
 
 
 @pytest.fixture
-def kube_api() -> Iterator[Any]:
-    from tests.fakeapi import FakeKubeAPI
-
-    api = FakeKubeAPI()
-    api.start()
-    try:
-        yield api
-    finally:
-        api.stop()
+def kube_api(fake_kube_api: Any) -> Any:
+    """The shared fake API server (tests/fakeapi/fixtures.py) under this suite's name."""
+    return fake_kube_api
 
 
