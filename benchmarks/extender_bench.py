@@ -24,6 +24,7 @@ import copy
 import gc
 import json
 import multiprocessing as mp
+import operator
 import os
 import random
 import resource
@@ -34,11 +35,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+_SCORE = operator.itemgetter("Score")
 CAPTURE = Path("/work/shared/reference/captures/scheduler_filter.json")
 
 SHAPES: list[dict[str, Any]] = [  # a mixed vGPU workload (nvidia.com/* limits)
@@ -175,12 +178,12 @@ async def _client(port: int, nodes: int, decisions: int, workers: int, seconds: 
 
         def args(pod_json: str, names: list[str]) -> str:
             # kube-scheduler's Go client encodes once per call; keep the Python client's share small
-            nj = all_json if names is all_names else json.dumps(names)
+            nj = all_json if names is all_names else orjson.dumps(names).decode()
             return '{"Pod":' + pod_json + ',"Nodes":null,"NodeNames":' + nj + "}"
 
         async def decision(fp: list[float] | None, bl: list[float] | None) -> bool:
             pod = new_pod()
-            pod_json = json.dumps(pod)
+            pod_json = orjson.dumps(pod).decode()
             cand = candidates()
             t0 = time.perf_counter()
             res = await post("/filter", args(pod_json, cand))
@@ -193,8 +196,8 @@ async def _client(port: int, nodes: int, decisions: int, workers: int, seconds: 
                 return False
             prio = await post("/prioritize", args(pod_json, feas))
             t1 = time.perf_counter()
-            top = max(p["Score"] for p in prio)
-            best = rnd.choice([p["Host"] for p in prio if p["Score"] == top])  # kube-scheduler's tie-break
+            scores = np.fromiter(map(_SCORE, prio), dtype=np.int64, count=len(prio))  # (the client
+            best = prio[rnd.choice(np.flatnonzero(scores == scores.max()).tolist())]["Host"]  # stands in for Go)
             b = await post("/bind", {"PodName": pod["metadata"]["name"], "PodNamespace": "default",
                                      "PodUID": pod["metadata"]["uid"], "Node": best})
             t2 = time.perf_counter()

@@ -595,10 +595,11 @@ class ClusterCache:
             failed.update(pre)
         return ok, failed, scores
 
-    def score_array(self, pod: PodRequest, names: Sequence[str]) -> np.ndarray:
+    def score_array(self, pod: PodRequest, names: Sequence[str], key: str | None = None) -> np.ndarray:
         """Policy score per name (float64), -inf where the pod does not fit or the node is not a
-        candidate (unknown, stale, no allocatable)."""
-        sc = self.engine.score_array(pod, names)
+        candidate (unknown, stale, no allocatable). ``key``: ``names_key(names)`` if the caller
+        has it (saves a join)."""
+        sc = self.engine.score_array(pod, names, key)
         if self.unavailable:
             un = self.unavailable
             bad = [i for i, n in enumerate(names) if n in un]

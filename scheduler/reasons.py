@@ -59,6 +59,21 @@ def classify(reason: str) -> str:
     return c
 
 
+def split_unresolvable(failed: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """node -> reason into (resolvable, unresolvable): ExtenderFilterResult's ``FailedNodes`` and
+    ``FailedAndUnresolvableNodes`` (unresolvable: categories in :data:`UNRESOLVABLE`, which
+    preemption on that node cannot fix). Classifies each distinct text once; when none is
+    unresolvable, ``failed`` itself is returned as the resolvable map."""
+    bad = {r for r in set(failed.values()) if classify(r) in UNRESOLVABLE}
+    if not bad:
+        return failed, {}
+    resolvable: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    for n, why in failed.items():
+        (unresolvable if why in bad else resolvable)[n] = why
+    return resolvable, unresolvable
+
+
 def aggregate(failed: dict[str, str], total: int, top: int = 5) -> str:
     """kube-scheduler style summary: ``"0/5 nodes are available: 3 <reason>, 2 <reason>."``.
 

@@ -42,9 +42,7 @@ import asyncio
 import contextlib
 import gc
 import hashlib
-import json
 import logging
-import operator
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -63,15 +61,16 @@ from kube_vgpu.cluster import ClusterCache, pod_key
 from kube_vgpu.codec import encode_allocation
 from kube_vgpu.config import Config, load_config_text
 from kube_vgpu.errors import ConfigError, RequestError
-from kube_vgpu.placement.fastpath import normalise_array
+from kube_vgpu.placement.fastpath import names_key, normalise_array
 from kube_vgpu.placement.liveshapes import shapes_from_state
 from kube_vgpu.podspec import parse_pod, pod_asks
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_BIND_TIME, BIND_ALLOCATING, LABEL_NODE
 
+from .hostpriority import HostPriorityEncoder
 from .kube import KubeAPI, Reflector, api_error_text, is_conflict, is_not_found
 from .leader import LeaseElector, LeaseFollower
 from .metrics import GpuRow, Metrics
-from .reasons import UNRESOLVABLE, aggregate, classify
+from .reasons import aggregate, classify, split_unresolvable
 from .wire import check_binding_args, check_extender_args
 
 log = logging.getLogger("kube_vgpu.scheduler")
@@ -154,32 +153,6 @@ def _names_of(args: Obj) -> tuple[list[str], Obj | None]:
     return [], None
 
 
-def host_priority_json(names: Sequence[str], scores: np.ndarray) -> str:
-    """HostPriorityList ``[{"Host": name, "Score": s}, ...]`` as JSON text, best scores first
-    (kube-scheduler sums by Host, so the order carries no meaning; within a score the input order
-    is kept). ``scores``: int array, 0..10, one per name.
-
-    Node names are DNS subdomains (no quote, backslash or control characters), so each group of
-    equal scores is assembled with one ``str.join`` instead of encoding 5,000 objects; any other
-    name or score falls back to ``json.dumps``."""
-    n = len(names)
-    if not n:
-        return "[]"
-    joined = "".join(names)
-    if '"' in joined or "\\" in joined or not joined.isprintable() or int(scores.min()) < 0 \
-            or int(scores.max()) > 10:
-        return json.dumps([{"Host": h, "Score": int(v)} for h, v in zip(names, scores.tolist(), strict=True)])
-    order = np.argsort(-scores, kind="stable")
-    ordered = operator.itemgetter(*order.tolist())(names) if n > 1 else (names[0],)
-    ssc = scores[order]
-    bounds = [0, *(np.flatnonzero(np.diff(ssc)) + 1).tolist(), n]
-    chunks = []
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
-        suffix = f'","Score":{int(ssc[lo])}}}'
-        chunks.append('{"Host":"' + (suffix + ',{"Host":"').join(ordered[lo:hi]) + suffix)
-    return "[" + ",".join(chunks) + "]"
-
-
 def filter_result(names: Sequence[str], nodelist: Obj | None, ok: Sequence[str], failed: dict[str, str],
                   unresolvable: dict[str, str], error: str = "") -> Obj:
     """Build an ExtenderFilterResult in the shape the caller used (NodeNames or Nodes)."""
@@ -208,6 +181,7 @@ class SchedulerService:
         self.opts = options or Options()
         self.clock = clock
         self.cache = ClusterCache(config, clock)
+        self._priorities = HostPriorityEncoder()
         self.metrics = Metrics(self._gpu_rows_cached)
         self._gpu_rows: list[GpuRow] = []
         self._executor = ThreadPoolExecutor(self.opts.api_workers, thread_name_prefix="kube-api")
@@ -511,10 +485,7 @@ class SchedulerService:
             self._queue_event(pod, bad, len(names))
             return filter_result(names, nodelist, [], {}, bad)
         ok, failed, _ = self.cache.evaluate(req, names, want_scores=False)
-        resolvable: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        for n, why in failed.items():
-            (unresolvable if classify(why) in UNRESOLVABLE else resolvable)[n] = why
+        resolvable, unresolvable = split_unresolvable(failed)
         if failed:
             self._queue_event(pod, failed, len(names) if not ok else -1)
         return filter_result(names, nodelist, ok, resolvable, unresolvable)
@@ -525,24 +496,26 @@ class SchedulerService:
         if err:  # HostPriorityList has no Error field; kube-scheduler reads only the status
             return web.json_response({"Error": f"invalid ExtenderArgs: {err}"}, status=400)
         self.metrics.prioritize_seconds.observe(time.perf_counter() - t0)
-        return web.Response(text=body, content_type="application/json")
+        return web.Response(body=body, content_type="application/json")
 
-    async def prioritize(self, args: Obj) -> str:
-        """ExtenderArgs -> HostPriorityList JSON text (scores 0..10; infeasible or non-vGPU: 0)."""
+    async def prioritize(self, args: Obj) -> bytes:
+        """ExtenderArgs -> HostPriorityList JSON (UTF-8; one entry per name, input order; scores
+        0..10, infeasible or non-vGPU: 0)."""
         pod = args.get("Pod") or {}
         names, _ = _names_of(args)
         cfg = self.config
         scores = np.zeros(len(names), dtype=np.int64)
+        key = names_key(names)  # shared by the engine's and the encoder's per-list caches
         if names and pod_asks(pod, cfg.resource_names) and self.synced.is_set():
             try:
                 req = parse_pod(pod, cfg)
             except RequestError:
                 req = None
             if req is not None:
-                raw = self.cache.score_array(req, names)
+                raw = self.cache.score_array(req, names, key)
                 feasible = raw > -np.inf
                 scores[feasible] = normalise_array(raw[feasible])
-        return host_priority_json(names, scores)
+        return self._priorities.encode(names, scores, key)
 
     async def handle_bind(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()

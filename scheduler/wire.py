@@ -132,7 +132,9 @@ def check_extender_args(args: Any) -> str | None:
     if names is not None:
         if not isinstance(names, list):
             return _want("NodeNames", names, "an array of node names")
-        if not set(map(type, names)) <= {str}:  # C-speed: the list can hold 5,000 names
+        try:  # C-speed type check (the list can hold 5,000 names): join refuses a non-str
+            "".join(names)
+        except TypeError:
             i, n = next((i, n) for i, n in enumerate(names) if not isinstance(n, str))
             return _want(f"NodeNames[{i}]", n, "a string")
     nodes = args.get("Nodes")

@@ -26,6 +26,15 @@ def _short(uuid: str) -> str:
     return uuid if len(uuid) <= 12 else uuid[:12]  # as the fit rules print GPU names
 
 
+_SEP = "\x00"  # never in a node name (DNS subdomain); see ExtenderEngine._remember
+
+
+def names_key(names: Sequence[str]) -> str:
+    """The NUL-joined names: the key under which a candidate list is remembered (pass it to
+    :meth:`ExtenderEngine.score_array` and the like to save a join). Raises TypeError if a name
+    is not a str."""
+    return _SEP.join(names)
+
 NO_INVENTORY = "node has no vGPU inventory (device plugin not running or stale)"
 
 
@@ -47,35 +56,45 @@ class ExtenderEngine(Engine):
 
     _name_gen = -1
     _name_idx: dict[str, int]
-    #: recent candidate lists and their node indexes, newest last (kube-scheduler sends the same
-    #: lists over and over: the full candidate list to filter, then filter's feasible list to
-    #: prioritize). Compared with ``==`` (C speed, short-circuits), never hashed.
-    _recent: list[tuple[list[str], np.ndarray]]
+    #: recent candidate lists and their node indexes, least recently used first (kube-scheduler
+    #: sends the same lists over and over: the full candidate list to filter, then filter's
+    #: feasible list to prioritize). Keyed by the NUL-joined names: one C-speed join and hash
+    #: per request instead of comparing against every remembered list.
+    _lists: dict[str, np.ndarray]
     RECENT = 8
 
-    def _indexes(self, names: Sequence[str]) -> np.ndarray:
-        """Node index per name (-1 = unknown), remembered for the last few lists."""
+    def _indexes(self, names: Sequence[str], key: str | None = None) -> np.ndarray:
+        """Node index per name (-1 = unknown), remembered for the last few lists. ``key``:
+        :func:`names_key` of ``names`` if the caller has it. Raises TypeError if a name is not a str."""
         if self._name_gen != self.state.generation or not hasattr(self, "_name_idx"):
             self._name_idx = {n.name: n.idx for n in self.state.node_list}
             self._name_gen = self.state.generation
-            self._recent = []
+            self._lists = {}
         n = len(names)
-        for k in range(len(self._recent) - 1, -1, -1):
-            known, idx = self._recent[k]
-            if len(known) == n and known == names:
-                return idx
+        if key is None:
+            key = _SEP.join(names)
+        idx = self._lists.pop(key, None)
+        if idx is not None and len(idx) == n:
+            self._lists[key] = idx  # most recently used last
+            return idx
         idx = np.fromiter(map(self._name_idx.get, names, repeat(-1)), dtype=np.int64, count=n)
-        self._remember(list(names), idx)
+        self._remember(key, n, idx)
         return idx
 
-    def _remember(self, names: list[str], idx: np.ndarray) -> None:
-        self._recent.append((names, idx))
-        if len(self._recent) > self.RECENT:
-            del self._recent[0]
+    def _remember(self, key: str, n: int, idx: np.ndarray) -> None:
+        """Remember ``idx`` for the list whose NUL-joined names are ``key``. Only lists whose
+        names hold no NUL are kept: then the join has exactly one split into ``n`` names, so a
+        later list with the same key and length is the same list."""
+        if key.count(_SEP) != n - 1:
+            return
+        self._lists[key] = idx
+        if len(self._lists) > self.RECENT:
+            del self._lists[next(iter(self._lists))]
 
-    def _eval(self, pod: PodRequest, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+    def _eval(self, pod: PodRequest, names: Sequence[str], key: str | None = None
+              ) -> tuple[np.ndarray, np.ndarray, list[Any]]:
         e, pol = self._entry(pod)
-        idx = self._indexes(names)
+        idx = self._indexes(names, key)
         known = idx >= 0
         if bool(known.all()):
             self._refresh(e, pol, pod, idx)
@@ -112,11 +131,12 @@ class ExtenderEngine(Engine):
         memo[key] = (text, mine)
         return text
 
-    def score_array(self, pod: PodRequest, names: Sequence[str]) -> np.ndarray:
-        """Policy score per name (float64; -inf where the pod does not fit or the node is unknown)."""
+    def score_array(self, pod: PodRequest, names: Sequence[str], key: str | None = None) -> np.ndarray:
+        """Policy score per name (float64; -inf where the pod does not fit or the node is unknown).
+        ``key``: :func:`names_key` of ``names`` if the caller has it."""
         if not names:
             return np.zeros(0)
-        return self._eval(pod, names)[1]
+        return self._eval(pod, names, key)[1]
 
     def evaluate_names(self, pod: PodRequest, names: Sequence[str], want_scores: bool = True
                        ) -> tuple[list[str], dict[str, str], dict[str, float]]:
@@ -134,19 +154,17 @@ class ExtenderEngine(Engine):
             ok = list(compress(names, feasible.tolist()))
             fsc = sc[feasible]
             if self._name_gen == self.state.generation:
-                self._remember(ok, idx[feasible])  # prioritize will ask for exactly these
+                self._remember(_SEP.join(ok), len(ok), idx[feasible])  # prioritize asks for these
         scores = dict(zip(ok, fsc.tolist(), strict=True)) if want_scores else {}
-        failed: dict[str, str] = {}
-        pol = None
-        for i in np.flatnonzero(~feasible).tolist():
-            j = int(idx[i])
-            if j < 0:
-                failed[names[i]] = NO_INVENTORY
-                continue
-            r = results[j]
-            if r is None:  # the engine shares infeasible results by node state; reason on demand
-                if pol is None:
-                    pol = self.policy(pod)
-                r = results[j] = self._reason_for(pol, pod, j)
-            failed[names[i]] = str(r)
+        bad = np.flatnonzero(~feasible)
+        if not len(bad):
+            return ok, {}, scores
+        js = idx[bad].tolist()
+        reasons = [NO_INVENTORY if j < 0 else results[j] for j in js]
+        if None in reasons:  # the engine shares infeasible results by node state; reason on demand
+            pol = self.policy(pod)
+            for k, j in enumerate(js):
+                if reasons[k] is None:
+                    reasons[k] = results[j] = self._reason_for(pol, pod, j)
+        failed = dict(zip(map(names.__getitem__, bad.tolist()), reasons, strict=True))
         return ok, failed, scores

@@ -6,6 +6,8 @@ import json
 import logging
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
 from vgpu_sched_util import node_obj, offline_service, pod_obj, run, wait_until
 
 from kube_vgpu.cluster import ClusterCache
@@ -260,3 +262,17 @@ def test_json_log_handler_follows_sys_stderr(monkeypatch: object) -> None:
     assert errors == []
     out = json.loads(second.getvalue())
     assert out["msg"] == "two" and out["port"] == 2
+
+
+@given(st.dictionaries(st.sampled_from([f"n{i}" for i in range(12)]), st.sampled_from([
+    "node has no vGPU inventory (device plugin not running or stale)",
+    "container c needs 20000 MiB on one GPU; largest free is 1155 MiB",
+    "container c needs 3 GPU(s) but the node has 2",
+    "compute of 2 GPU(s) is fully booked (exclusive holder)",
+    "something new"])))
+def test_split_unresolvable_is_a_partition_by_category(failed: dict[str, str]) -> None:
+    from scheduler.reasons import UNRESOLVABLE, classify, split_unresolvable
+    res, unres = split_unresolvable(dict(failed))
+    assert {**res, **unres} == failed and not set(res) & set(unres)
+    assert all(classify(w) in UNRESOLVABLE for w in unres.values())
+    assert not any(classify(w) in UNRESOLVABLE for w in res.values())

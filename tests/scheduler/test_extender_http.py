@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from vgpu_sched_util import (
     Extender,
     bind_args,
@@ -75,7 +78,7 @@ def test_prioritize_prefers_the_used_node_under_binpack() -> None:
     async def go() -> None:
         async with Extender(svc) as ext:
             _, prio = await ext.post("/prioritize", filter_args(pod, [node_obj("n1"), node_obj("n2")]))
-            assert prio == [{"Host": "n2", "Score": 10}, {"Host": "n1", "Score": 0}]  # best first
+            assert prio == [{"Host": "n1", "Score": 0}, {"Host": "n2", "Score": 10}]  # input order
     run(go)
 
 
@@ -199,23 +202,45 @@ def test_kf06_allocation_recorded_for_app_container_by_name() -> None:
     assert alloc.container("setup", init=True) is None
 
 
-def test_host_priority_json_is_the_list_kube_scheduler_expects() -> None:
+def test_host_priority_list_is_the_list_kube_scheduler_expects() -> None:
     import json
 
     import numpy as np
 
-    from scheduler.service import host_priority_json
+    from scheduler.hostpriority import HostPriorityEncoder
+    enc = HostPriorityEncoder(capacity=2)
     names = [f"node-{i}" for i in range(50)]
-    scores = np.array([i % 11 for i in range(50)], dtype=np.int64)
-    out = json.loads(host_priority_json(names, scores))
-    assert len(out) == 50 and all(set(p) == {"Host", "Score"} for p in out)
-    assert {p["Host"]: p["Score"] for p in out} == dict(zip(names, scores.tolist(), strict=True))
-    assert [p["Score"] for p in out] == sorted(scores.tolist(), reverse=True)
+    for round_ in range(3):  # built, then served from the template with other scores
+        scores = np.array([(i + round_) % 11 for i in range(50)], dtype=np.int64)
+        out = json.loads(enc.encode(names, scores))
+        assert out == [{"Host": h, "Score": s} for h, s in zip(names, scores.tolist(), strict=True)]
     odd = ['we"ird', "ok"]
-    assert json.loads(host_priority_json(odd, np.array([3, 4]))) == [{"Host": 'we"ird', "Score": 3},
-                                                                     {"Host": "ok", "Score": 4}]
-    assert host_priority_json([], np.zeros(0, dtype=np.int64)) == "[]"
-    assert json.loads(host_priority_json(["a"], np.array([7]))) == [{"Host": "a", "Score": 7}]
+    assert json.loads(enc.encode(odd, np.array([3, 4]))) == [{"Host": 'we"ird', "Score": 3},
+                                                             {"Host": "ok", "Score": 4}]
+    assert enc.encode([], np.zeros(0, dtype=np.int64)) == b"[]"
+    assert json.loads(enc.encode(["a"], np.array([7]))) == [{"Host": "a", "Score": 7}]
+    assert json.loads(enc.encode(["a"], np.array([11]))) == [{"Host": "a", "Score": 11}]  # out of range: dumps
+    with pytest.raises(ValueError, match="scores: 1 values for 2 names"):
+        enc.encode(["a", "b"], np.array([1]))
+
+
+@given(st.lists(st.lists(st.tuples(st.sampled_from(["n1", "n-2", 'q"', "b\\s", "\x00", "n\x00x", "é", "\t", ""]),
+                                   st.integers(0, 10)), max_size=6), min_size=1, max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_host_priority_encoder_matches_json_dumps(calls: list[list[tuple[str, int]]]) -> None:
+    """Whatever the names (quotes, backslashes, NULs, control and non-ASCII characters) and
+    however lists that join alike follow each other through the template cache, the bytes decode
+    to the (Host, Score) pairs in input order."""
+    import json
+
+    import numpy as np
+
+    from scheduler.hostpriority import HostPriorityEncoder
+    enc = HostPriorityEncoder(capacity=3)
+    for pairs in calls + calls:
+        names = [h for h, _ in pairs]
+        out = json.loads(enc.encode(names, np.array([v for _, v in pairs], dtype=np.int64)))
+        assert [(p["Host"], p["Score"]) for p in out] == pairs
 
 
 MALFORMED_FILTER = [

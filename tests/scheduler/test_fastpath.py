@@ -60,3 +60,18 @@ def test_evaluate_names_equals_engine_evaluate(seed: int, n_nodes: int, limits: 
         sc = fast.score_array(pod, names)
         _ok, _failed, scores = ref.evaluate(pod, names)
         assert [scores.get(n, -np.inf) for n in names] == sc.tolist()
+
+
+@given(st.lists(st.sampled_from(["a", "b", "a\x00b", "b\x00a", "", "\x00", "zz"]), min_size=0, max_size=6),
+       st.lists(st.sampled_from(["a", "b", "a\x00b", "b\x00a", "", "\x00", "zz"]), min_size=0, max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_remembered_lists_never_confuse_names_that_join_alike(first: list[str], second: list[str]) -> None:
+    """Candidate lists are remembered by their NUL-joined names; a name holding a NUL (never a
+    real node name, but a client can send one) must not make one list answer for another."""
+    st_ = ClusterState()
+    for name in ("a", "b", "zz"):
+        st_.set_node(name, (GPUDevice(f"GPU-{name}", 0, "NVIDIA A100", 40960, 100, 4),))
+    fast = ExtenderEngine(st_, "binpack", "spread")
+    want = {n.name: n.idx for n in st_.node_list}
+    for names in (first, second, first):
+        assert fast._indexes(names).tolist() == [want.get(n, -1) for n in names]
