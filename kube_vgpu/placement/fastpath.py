@@ -13,7 +13,8 @@ rejected nodes. Results are identical to ``Engine.evaluate`` (see tests/schedule
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import compress, repeat
+from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -51,21 +52,35 @@ def normalise_array(scores: np.ndarray, top: int = 10) -> np.ndarray:
     return np.round((scores - lo) / (hi - lo) * top).astype(np.int64)
 
 
+@dataclass(slots=True)
+class _Known:
+    """A remembered candidate list: node index per name (-1 unknown) and, built on first use,
+    the names as a numpy object array (to pick the feasible ones without a Python loop)."""
+
+    idx: np.ndarray
+    names: np.ndarray | None = None
+
+    def name_array(self, names: Sequence[str]) -> np.ndarray:
+        if self.names is None:
+            self.names = np.fromiter(names, dtype=object, count=len(names))
+        return self.names
+
+
 class ExtenderEngine(Engine):
     """Engine with :meth:`evaluate_names` / :meth:`score_array`, faster ``evaluate`` for long lists."""
 
     _name_gen = -1
     _name_idx: dict[str, int]
-    #: recent candidate lists and their node indexes, least recently used first (kube-scheduler
-    #: sends the same lists over and over: the full candidate list to filter, then filter's
-    #: feasible list to prioritize). Keyed by the NUL-joined names: one C-speed join and hash
-    #: per request instead of comparing against every remembered list.
-    _lists: dict[str, np.ndarray]
+    #: recent candidate lists, least recently used first (kube-scheduler sends the same lists over
+    #: and over: the full candidate list to filter, then filter's feasible list to prioritize).
+    #: Keyed by the NUL-joined names: one C-speed join and hash per request instead of comparing
+    #: against every remembered list.
+    _lists: dict[str, _Known]
     RECENT = 8
 
-    def _indexes(self, names: Sequence[str], key: str | None = None) -> np.ndarray:
-        """Node index per name (-1 = unknown), remembered for the last few lists. ``key``:
-        :func:`names_key` of ``names`` if the caller has it. Raises TypeError if a name is not a str."""
+    def _lookup(self, names: Sequence[str], key: str | None = None) -> tuple[_Known, bool]:
+        """(the list's record, whether it is remembered). ``key``: :func:`names_key` of
+        ``names`` if the caller has it. Raises TypeError if a name is not a str."""
         if self._name_gen != self.state.generation or not hasattr(self, "_name_idx"):
             self._name_idx = {n.name: n.idx for n in self.state.node_list}
             self._name_gen = self.state.generation
@@ -73,38 +88,44 @@ class ExtenderEngine(Engine):
         n = len(names)
         if key is None:
             key = _SEP.join(names)
-        idx = self._lists.pop(key, None)
-        if idx is not None and len(idx) == n:
-            self._lists[key] = idx  # most recently used last
-            return idx
-        idx = np.fromiter(map(self._name_idx.get, names, repeat(-1)), dtype=np.int64, count=n)
-        self._remember(key, n, idx)
-        return idx
+        known = self._lists.pop(key, None)
+        if known is not None and len(known.idx) == n:
+            self._lists[key] = known  # most recently used last
+            return known, True
+        known = _Known(np.fromiter(map(self._name_idx.get, names, repeat(-1)), dtype=np.int64, count=n))
+        return known, self._remember(key, n, known)
 
-    def _remember(self, key: str, n: int, idx: np.ndarray) -> None:
-        """Remember ``idx`` for the list whose NUL-joined names are ``key``. Only lists whose
-        names hold no NUL are kept: then the join has exactly one split into ``n`` names, so a
-        later list with the same key and length is the same list."""
-        if key.count(_SEP) != n - 1:
-            return
-        self._lists[key] = idx
+    def _indexes(self, names: Sequence[str], key: str | None = None) -> np.ndarray:
+        """Node index per name (-1 = unknown), remembered for the last few lists."""
+        return self._lookup(names, key)[0].idx
+
+    def _remember(self, key: str, n: int, known: _Known, nul_free: bool = False) -> bool:
+        """Remember ``known`` for the list whose NUL-joined names are ``key``; True if kept.
+        Only lists whose names hold no NUL are kept (``nul_free``: the caller knows, e.g. a
+        subset of a kept list): then the join has exactly one split into ``n`` names, so a later
+        list with the same key and length is the same list."""
+        if not nul_free and key.count(_SEP) != n - 1:
+            return False
+        self._lists[key] = known
         if len(self._lists) > self.RECENT:
             del self._lists[next(iter(self._lists))]
+        return True
 
     def _eval(self, pod: PodRequest, names: Sequence[str], key: str | None = None
-              ) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+              ) -> tuple[_Known, bool, np.ndarray, list[Any]]:
         e, pol = self._entry(pod)
-        idx = self._indexes(names, key)
-        known = idx >= 0
-        if bool(known.all()):
+        known, kept = self._lookup(names, key)
+        idx = known.idx
+        found = idx >= 0
+        if bool(found.all()):
             self._refresh(e, pol, pod, idx)
             sc = e.scores[idx]
         else:
-            kidx = idx[known]
+            kidx = idx[found]
             self._refresh(e, pol, pod, kidx)
             sc = np.full(len(names), -np.inf)
-            sc[known] = e.scores[kidx]
-        return idx, sc, e.results
+            sc[found] = e.scores[kidx]
+        return known, kept, sc, e.results
 
     def _reason_for(self, pol: Any, pod: PodRequest, j: int) -> str:
         """The engine's reason for node ``j``, memoised by (policy, shape, node state): a node in
@@ -136,7 +157,7 @@ class ExtenderEngine(Engine):
         ``key``: :func:`names_key` of ``names`` if the caller has it."""
         if not names:
             return np.zeros(0)
-        return self._eval(pod, names, key)[1]
+        return self._eval(pod, names, key)[2]
 
     def evaluate_names(self, pod: PodRequest, names: Sequence[str], want_scores: bool = True
                        ) -> tuple[list[str], dict[str, str], dict[str, float]]:
@@ -145,16 +166,17 @@ class ExtenderEngine(Engine):
         (``want_scores=False``: an empty dict, for filter, which does not need them)."""
         if not names:
             return [], {}, {}
-        idx, sc, results = self._eval(pod, names)
+        known, kept, sc, results = self._eval(pod, names)
+        idx = known.idx
         feasible = sc > -np.inf
         if bool(feasible.all()):
             ok = list(names)
             fsc = sc
         else:
-            ok = list(compress(names, feasible.tolist()))
+            ok = known.name_array(names)[feasible].tolist()
             fsc = sc[feasible]
-            if self._name_gen == self.state.generation:
-                self._remember(_SEP.join(ok), len(ok), idx[feasible])  # prioritize asks for these
+            if kept:  # prioritize asks for exactly these next
+                self._remember(_SEP.join(ok), len(ok), _Known(idx[feasible]), nul_free=True)
         scores = dict(zip(ok, fsc.tolist(), strict=True)) if want_scores else {}
         bad = np.flatnonzero(~feasible)
         if not len(bad):
