@@ -182,8 +182,8 @@ class SchedulerService:
         self.clock = clock
         self.cache = ClusterCache(config, clock)
         self._priorities = HostPriorityEncoder()
-        self.metrics = Metrics(self._gpu_rows_cached)
-        self._gpu_rows: list[GpuRow] = []
+        self.metrics = Metrics()
+        self._gpu_seen: dict[str, tuple[Any, int, tuple[GpuRow, ...]]] = {}
         self._executor = ThreadPoolExecutor(self.opts.api_workers, thread_name_prefix="kube-api")
         self._synced = {"nodes": False, "pods": False}
         self.synced = asyncio.Event()
@@ -391,17 +391,28 @@ class SchedulerService:
         return True
 
     # -- metrics ------------------------------------------------------------------------------
-    def gpu_rows(self) -> list[GpuRow]:
-        """Per GPU booked and capacity values (MiB, cores %, slots), from the engine state."""
-        rows: list[GpuRow] = []
+    def gpu_rows(self) -> list[tuple[str, tuple[GpuRow, ...]]]:
+        """Per node, per GPU: booked and capacity values (MiB, cores %, slots), from the engine
+        state. Read on the event loop (a consistent snapshot; a node's rows are rebuilt only when
+        its state object or version changed since the last call); rendered in a thread."""
+        out: list[tuple[str, tuple[GpuRow, ...]]] = []
+        seen = self._gpu_seen
+        fresh: dict[str, tuple[Any, int, tuple[GpuRow, ...]]] = {}
         for n in self.cache.state.node_list:
-            for i, d in enumerate(n.devices):
-                rows.append((n.name, d.uuid, d.model, d.memory_mib - n.free_mem[i], d.cores - n.free_cores[i],
-                             d.split - n.free_slots[i], d.memory_mib, d.cores, d.split))
-        return rows
+            hit = seen.get(n.name)
+            if hit is None or hit[0] is not n or hit[1] != n.version:
+                fm, fc, fs = n.free_mem, n.free_cores, n.free_slots
+                hit = (n, n.version, tuple(
+                    (n.name, d.uuid, d.model, d.memory_mib - fm[i], d.cores - fc[i], d.split - fs[i],
+                     d.memory_mib, d.cores, d.split) for i, d in enumerate(n.devices)))
+            fresh[n.name] = hit
+            out.append((n.name, hit[2]))
+        self._gpu_seen = fresh
+        return out
 
-    def _gpu_rows_cached(self) -> list[GpuRow]:
-        return self._gpu_rows
+    def render_metrics(self, gpus: list[tuple[str, tuple[GpuRow, ...]]]) -> bytes:
+        """The /metrics body: the registry, then the per-GPU gauges (blocking: run in a thread)."""
+        return generate_latest(self.metrics.registry) + self.metrics.gpus.render(gpus)
 
     # -- handlers -----------------------------------------------------------------------------
     async def handle_livez(self, request: web.Request) -> web.Response:
@@ -417,8 +428,8 @@ class SchedulerService:
         return web.Response(text="ok")
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
-        self._gpu_rows = self.gpu_rows()  # snapshot on the loop; render in a thread
-        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, self.metrics.registry)
+        gpus = self.gpu_rows()  # snapshot on the loop; render in a thread
+        body = await asyncio.get_running_loop().run_in_executor(None, self.render_metrics, gpus)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     @staticmethod
