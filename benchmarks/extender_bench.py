@@ -11,6 +11,9 @@ process plays kube-scheduler with ExtenderArgs shaped like the captured payloads
 * throughput phase: ``--workers`` concurrent clients for ``--seconds`` - decisions/s;
 * the extender's peak RSS (``ru_maxrss`` of the child).
 
+Meanwhile ``/metrics`` is scraped every ``--scrape-every`` seconds (default 5), as Prometheus
+would, so the latencies include what a scrape of 240,000 per-GPU samples costs the extender.
+
 Targets (issue 3): filter+prioritize p99 <= 10 ms at 5,000 nodes x 8 GPUs, bind p99 <= 20 ms,
 >= 300 decisions/s. Usage: ``python benchmarks/extender_bench.py [--nodes 5000 --gpus 8]``.
 Not a unit test; exits 0 and prints a table (``--check`` exits 1 if a target is missed).
@@ -142,8 +145,8 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
 
 
-async def _client(port: int, nodes: int, decisions: int, workers: int, seconds: float, n_names: int
-                  ) -> dict[str, Any]:
+async def _client(port: int, nodes: int, decisions: int, workers: int, seconds: float, n_names: int,
+                  scrape_every: float = 0.0) -> dict[str, Any]:
     import aiohttp
 
     # The client stands in for kube-scheduler (Go): its own cyclic-GC pauses (each HostPriorityList
@@ -215,6 +218,17 @@ async def _client(port: int, nodes: int, decisions: int, workers: int, seconds: 
                 errors[b["Error"].split(":")[-1][:60]] = errors.get(b["Error"].split(":")[-1][:60], 0) + 1
             return not b["Error"]
 
+        scrapes: list[tuple[float, int]] = []
+
+        async def scraper() -> None:  # Prometheus scraping /metrics (240,000 GPU samples at 5,000 x 8)
+            while True:
+                await asyncio.sleep(scrape_every)
+                t = time.perf_counter()
+                async with s.get("/metrics") as r:
+                    size = len(await r.read())
+                scrapes.append((time.perf_counter() - t, size))
+
+        scraping = asyncio.create_task(scraper()) if scrape_every > 0 else None
         # cold: the first decision per shape evaluates every node once (then incremental)
         t = time.perf_counter()
         for _ in SHAPES:
@@ -239,6 +253,8 @@ async def _client(port: int, nodes: int, decisions: int, workers: int, seconds: 
         t = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(workers)))
         el = time.perf_counter() - t
+        if scraping is not None:
+            scraping.cancel()
         async with s.get("/bench/rss") as r:
             info = await r.json()
         async with s.get("/metrics") as r:
@@ -250,7 +266,7 @@ async def _client(port: int, nodes: int, decisions: int, workers: int, seconds: 
                 if line.startswith(f"kube_vgpu_scheduler_{h}_seconds_{suf} "):
                     server[f"{h}_{suf}"] = float(line.split()[1])
     return {"cold_s": cold, "fp": fp, "bind": bl, "bound": ok, "rate": done[0] / el, "decisions_tp": done[0],
-            "bound_tp": bound[0], "errors": errors, "server": server, **info}
+            "bound_tp": bound[0], "errors": errors, "server": server, "scrapes": scrapes, **info}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decisions", type=int, default=1000, help="sequential decisions for the latency phase")
     ap.add_argument("--workers", type=int, default=4, help="concurrent clients in the throughput phase")
     ap.add_argument("--seconds", type=float, default=10.0, help="length of the throughput phase")
+    ap.add_argument("--scrape-every", type=float, default=5.0,
+                    help="GET /metrics every this many seconds during both phases, as Prometheus would (0: off)")
     ap.add_argument("--names", type=int, default=0,
                     help="candidate node names per filter (default: all nodes; kube-scheduler sends <= 500 at 5k)")
     ap.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
@@ -274,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     time.sleep(0.5)
     load_s = time.perf_counter() - t
     try:
-        r = asyncio.run(_client(port, a.nodes, a.decisions, a.workers, a.seconds, a.names or a.nodes))
+        r = asyncio.run(_client(port, a.nodes, a.decisions, a.workers, a.seconds, a.names or a.nodes,
+                                 a.scrape_every))
     finally:
         proc.terminate()
         proc.join(10)
@@ -293,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     if sv.get("filter_count"):
         print("  server-side mean   filter {:.2f} ms, prioritize {:.2f} ms, bind {:.2f} ms".format(
             *(sv[f"{h}_sum"] / max(sv[f"{h}_count"], 1) * 1e3 for h in ("filter", "prioritize", "bind"))))
+    if r["scrapes"]:
+        ts = [d for d, _ in r["scrapes"]]
+        print(f"  /metrics scrapes   {len(ts):6d} every {a.scrape_every:g} s, {r['scrapes'][-1][1] / 1e6:.1f} MB each, "
+              f"mean {sum(ts) / len(ts) * 1e3:.0f} ms, max {max(ts) * 1e3:.0f} ms (during the phases above)")
     print(f"  extender peak RSS  {r['maxrss_kib'] / 1024:8.1f} MiB   bookings at end: {r['bookings']}")
     missed = fp99 > 10 or b99 > 20 or r["rate"] < 300
     if missed:

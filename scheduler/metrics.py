@@ -55,25 +55,26 @@ class GpuMetricsText:
     afterwards only the nodes whose bookings changed. Thread-safe (one render at a time)."""
 
     def __init__(self) -> None:
-        self._nodes: dict[str, tuple[tuple[GpuRow, ...], tuple[str, ...]]] = {}
+        self._nodes: dict[str, tuple[tuple[GpuRow, ...], tuple[bytes, ...]]] = {}
         self._lock = threading.Lock()
 
     @staticmethod
-    def _chunks(rows: tuple[GpuRow, ...]) -> tuple[str, ...]:
+    def _chunks(rows: tuple[GpuRow, ...]) -> tuple[bytes, ...]:
         out: list[list[str]] = [[] for _ in GPU_FAMILIES]
         for row in rows:
             labels = f'{{model="{_label_value(row[2])}",node="{_label_value(row[0])}",uuid="{_label_value(row[1])}"}} '
             for lines, v in zip(out, row[3:], strict=True):
                 lines.append(f"{labels}{float(v)!r}\n")
-        return tuple("".join(GPU_PREFIX + suffix + line for line in lines)
+        return tuple("".join(GPU_PREFIX + suffix + line for line in lines).encode()
                      for (suffix, _), lines in zip(GPU_FAMILIES, out, strict=True))
 
-    def render(self, nodes: Iterable[tuple[str, tuple[GpuRow, ...]]]) -> bytes:
-        """``nodes``: (node name, its GPUs' rows) -> the six families as UTF-8 text."""
+    def render(self, nodes: Iterable[tuple[str, tuple[GpuRow, ...]]], head: bytes = b"") -> bytes:
+        """``nodes``: (node name, its GPUs' rows) -> ``head`` (other families' text) followed by
+        the six families, as UTF-8 text (one copy of the whole body)."""
         with self._lock:
-            fams: list[list[str]] = [[] for _ in GPU_FAMILIES]
+            fams: list[list[bytes]] = [[] for _ in GPU_FAMILIES]
             cache = self._nodes
-            fresh: dict[str, tuple[tuple[GpuRow, ...], tuple[str, ...]]] = {}
+            fresh: dict[str, tuple[tuple[GpuRow, ...], tuple[bytes, ...]]] = {}
             for name, rows in nodes:
                 hit = cache.get(name)
                 if hit is None or hit[0] != rows:
@@ -82,12 +83,12 @@ class GpuMetricsText:
                 for parts, chunk in zip(fams, hit[1], strict=True):
                     parts.append(chunk)
             self._nodes = fresh  # nodes gone from the cluster are dropped
-            out = []
+            out = [head]
             for (suffix, help_), parts in zip(GPU_FAMILIES, fams, strict=True):
                 name = GPU_PREFIX + suffix
-                out.append(f"# HELP {name} {help_}\n# TYPE {name} gauge\n")
+                out.append(f"# HELP {name} {help_}\n# TYPE {name} gauge\n".encode())
                 out.extend(parts)
-            return "".join(out).encode()
+            return b"".join(out)
 
 
 class Metrics:

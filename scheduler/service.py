@@ -412,7 +412,7 @@ class SchedulerService:
 
     def render_metrics(self, gpus: list[tuple[str, tuple[GpuRow, ...]]]) -> bytes:
         """The /metrics body: the registry, then the per-GPU gauges (blocking: run in a thread)."""
-        return generate_latest(self.metrics.registry) + self.metrics.gpus.render(gpus)
+        return self.metrics.gpus.render(gpus, head=generate_latest(self.metrics.registry))
 
     # -- handlers -----------------------------------------------------------------------------
     async def handle_livez(self, request: web.Request) -> web.Response:
