@@ -76,8 +76,10 @@ class HostPriorityEncoder:
         NUL in ``key``), or None if a name needs escaping or holds a NUL (which would make the
         key ambiguous)."""
         n = len(names)
+        if not key.isascii():
+            return None
         raw = key.encode()
-        if not key.isascii() or raw.translate(None, _PLAIN + b"\x00"):
+        if raw.translate(None, _PLAIN + b"\x00"):
             return None
         seps = np.flatnonzero(np.frombuffer(raw, dtype=np.uint8) == 0)
         if len(seps) != n - 1:

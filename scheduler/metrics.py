@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.utils import floatToGoString
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25,
                    0.5, 1.0, 2.5)
@@ -64,7 +65,7 @@ class GpuMetricsText:
         for row in rows:
             labels = f'{{model="{_label_value(row[2])}",node="{_label_value(row[0])}",uuid="{_label_value(row[1])}"}} '
             for lines, v in zip(out, row[3:], strict=True):
-                lines.append(f"{labels}{float(v)!r}\n")
+                lines.append(f"{labels}{floatToGoString(v)}\n")
         return tuple("".join(GPU_PREFIX + suffix + line for line in lines).encode()
                      for (suffix, _), lines in zip(GPU_FAMILIES, out, strict=True))
 

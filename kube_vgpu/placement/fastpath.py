@@ -188,5 +188,5 @@ class ExtenderEngine(Engine):
             for k, j in enumerate(js):
                 if reasons[k] is None:
                     reasons[k] = results[j] = self._reason_for(pol, pod, j)
-        failed = dict(zip(map(names.__getitem__, bad.tolist()), reasons, strict=True))
+        failed = dict(zip(map(names.__getitem__, bad.tolist()), map(str, reasons), strict=True))
         return ok, failed, scores
