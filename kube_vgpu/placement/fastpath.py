@@ -27,7 +27,7 @@ def _short(uuid: str) -> str:
     return uuid if len(uuid) <= 12 else uuid[:12]  # as the fit rules print GPU names
 
 
-_SEP = "\x00"  # never in a node name (DNS subdomain); see ExtenderEngine._remember
+NAMES_SEP = _SEP = "\x00"  #: joins names_key; never in a node name (DNS subdomain), see ExtenderEngine._remember
 
 
 def names_key(names: Sequence[str]) -> str:
