@@ -36,6 +36,7 @@ def names_key(names: Sequence[str]) -> str:
     is not a str."""
     return _SEP.join(names)
 
+
 NO_INVENTORY = "node has no vGPU inventory (device plugin not running or stale)"
 
 
