@@ -96,10 +96,6 @@ class ExtenderEngine(Engine):
         known = _Known(np.fromiter(map(self._name_idx.get, names, repeat(-1)), dtype=np.int64, count=n))
         return known, self._remember(key, n, known)
 
-    def _indexes(self, names: Sequence[str], key: str | None = None) -> np.ndarray:
-        """Node index per name (-1 = unknown), remembered for the last few lists."""
-        return self._lookup(names, key)[0].idx
-
     def _remember(self, key: str, n: int, known: _Known, nul_free: bool = False) -> bool:
         """Remember ``known`` for the list whose NUL-joined names are ``key``; True if kept.
         Only lists whose names hold no NUL are kept (``nul_free``: the caller knows, e.g. a

@@ -74,4 +74,4 @@ def test_remembered_lists_never_confuse_names_that_join_alike(first: list[str], 
     fast = ExtenderEngine(st_, "binpack", "spread")
     want = {n.name: n.idx for n in st_.node_list}
     for names in (first, second, first):
-        assert fast._indexes(names).tolist() == [want.get(n, -1) for n in names]
+        assert fast._lookup(names)[0].idx.tolist() == [want.get(n, -1) for n in names]
