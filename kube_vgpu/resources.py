@@ -40,13 +40,35 @@ ANN_BIND_TIME = "kube-vgpu.io/bind-time"  #: on Pod: unix seconds
 ANN_ALLOCATED_CONTAINERS = "kube-vgpu.io/allocated-containers"
 LABEL_NODE = "kube-vgpu.io/node"  #: label on bound pods: node name (lets a node agent list its pods)
 
+#: on Pod, written by the scheduler with the allocation: ``v1:<key id>:<base64url HMAC-SHA256>`` over
+#: pod uid, node, bind time and the allocation annotation's exact bytes (see kube_vgpu.signing)
+ANN_ALLOCATION_SIGNATURE = "kube-vgpu.io/allocation-signature"
+#: on Pod, written by the device plugin with bind-phase / allocated-containers: same form, over pod
+#: uid, the allocation signature, the bind phase and the allocated-containers value
+ANN_PROGRESS_SIGNATURE = "kube-vgpu.io/progress-signature"
+
+#: Every pod annotation and label under this prefix belongs to the vGPU system (only its service
+#: accounts write them; a tenant can neither create a pod with them nor change them), except the
+#: tenant-facing keys in TENANT_KEYS. The chart's ValidatingAdmissionPolicy and the webhook apply
+#: this one rule.
+SYSTEM_PREFIX = "kube-vgpu.io/"
+
 BIND_ALLOCATING = "allocating"
 BIND_SUCCESS = "success"
 BIND_FAILED = "failed"
 
-# Opt-out label for the webhook (on pod or namespace), like HAMi's hami.io/webhook=ignore.
+# Opt-out label for the webhook, like HAMi's hami.io/webhook=ignore. Honoured on the namespace
+# only (the chart's webhook namespaceSelector): a tenant-set pod label never opts out.
 LABEL_WEBHOOK = "kube-vgpu.io/webhook"
 LABEL_WEBHOOK_IGNORE = "ignore"
+
+#: keys under SYSTEM_PREFIX that tenants may set on their pods (per-pod placement policy)
+TENANT_KEYS = frozenset({ANN_NODE_POLICY, ANN_GPU_POLICY})
+
+
+def system_owned(key: str) -> bool:
+    """True if a pod annotation or label ``key`` is written only by the vGPU system."""
+    return key.startswith(SYSTEM_PREFIX) and key not in TENANT_KEYS
 
 
 @dataclass(frozen=True, slots=True)
