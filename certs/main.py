@@ -14,6 +14,9 @@ Idempotent, like kube-webhook-certgen's create+patch: run it any number of times
    old certificate keep being trusted until they reload the new one. When reusing, a caBundle that
    already contains the CA is left as it is.
 
+``kube-vgpu certs signing-keys ensure ...`` manages the allocation signing keys instead (see
+:mod:`certs.signing_keys`).
+
 Exit codes: 0 done, 1 Kubernetes/IO error, 2 usage error. One JSON summary line on stdout
 (``{"action": "created"|"renewed"|"reused", "reason": ..., "notAfter": ...}``), logs on stderr.
 """
@@ -154,7 +157,12 @@ def run(args: argparse.Namespace, api: Any = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry. Returns 0 on success, 1 on errors, 2 on usage errors."""
+    """CLI entry. Returns 0 on success, 1 on errors, 2 on usage errors. ``kube-vgpu certs
+    signing-keys ...`` runs :mod:`certs.signing_keys` (the allocation signing keys) instead."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["signing-keys"]:
+        from . import signing_keys
+        return signing_keys.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.log_level)

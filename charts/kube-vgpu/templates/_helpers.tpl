@@ -40,10 +40,11 @@ app.kubernetes.io/part-of: kube-vgpu
 {{- end }}
 {{- end -}}
 
-{{/* Pod labels: selector labels + the webhook opt-out, so our own pods are never mutated. */}}
+{{/* Pod labels: the selector labels only. Our own pods are not mutated because the webhook skips the
+     release namespace (namespaceSelector); they carry no kube-vgpu.io/ label, which the chart's
+     ValidatingAdmissionPolicy would refuse on a pod. */}}
 {{- define "kube-vgpu.podLabels" -}}
 {{ include "kube-vgpu.selectorLabels" . }}
-kube-vgpu.io/webhook: ignore
 {{- end -}}
 
 {{- define "kube-vgpu.image" -}}
@@ -142,4 +143,63 @@ seccompProfile:
 {{- fail (printf "config.scheduling.inventoryStaleSeconds=%v must be at least 2 x devicePlugin.heartbeatSeconds=%v (%v): otherwise every node's inventory goes stale between heartbeats and no vGPU pod can be scheduled; raise inventoryStaleSeconds or lower heartbeatSeconds" $stale $hb (mulf 2 $hb)) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+
+{{/* ServiceAccount names, one per component. */}}
+{{- define "kube-vgpu.schedulerSA" -}}
+{{- printf "%s-scheduler" (include "kube-vgpu.fullname" .) -}}
+{{- end -}}
+
+{{/* The extender's ServiceAccount: its own (<fullname>-extender) unless
+     scheduler.extender.ownServiceAccount is false, then the pod's (<fullname>-scheduler). */}}
+{{- define "kube-vgpu.extenderSA" -}}
+{{- if .Values.scheduler.extender.ownServiceAccount -}}
+{{- printf "%s-extender" (include "kube-vgpu.fullname" .) -}}
+{{- else -}}
+{{- include "kube-vgpu.schedulerSA" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kube-vgpu.devicePluginSA" -}}
+{{- printf "%s-device-plugin" (include "kube-vgpu.fullname" .) -}}
+{{- end -}}
+
+{{/* The user names the API server gives a ServiceAccount's requests: call with (list $ "<sa name>"). */}}
+{{- define "kube-vgpu.saUser" -}}
+{{- printf "system:serviceaccount:%s:%s" (index . 0).Release.Namespace (index . 1) -}}
+{{- end -}}
+
+{{/* The users allowed to write system-owned pod annotations and labels (kube_vgpu.resources.system_owned):
+     the extender's and the device plugin's ServiceAccounts, as a JSON list. */}}
+{{- define "kube-vgpu.systemUsers" -}}
+{{- $users := list (include "kube-vgpu.saUser" (list . (include "kube-vgpu.extenderSA" .)))
+                   (include "kube-vgpu.saUser" (list . (include "kube-vgpu.devicePluginSA" .))) -}}
+{{- toJson $users -}}
+{{- end -}}
+
+{{/* "true" when the ValidatingAdmissionPolicies are installed (admissionPolicies.enabled: auto = on
+     Kubernetes >= 1.30, where admissionregistration.k8s.io/v1 serves them). */}}
+{{- define "kube-vgpu.admissionPolicies" -}}
+{{- $on := toString .Values.admissionPolicies.enabled -}}
+{{- $served := semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version -}}
+{{- if eq $on "auto" -}}
+{{- if $served }}true{{ else }}false{{ end -}}
+{{- else if eq $on "true" -}}
+{{- if not $served -}}
+{{- fail (printf "admissionPolicies.enabled=true needs Kubernetes >= 1.30 (admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy), the cluster is %s; use auto or false" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+true
+{{- else -}}
+false
+{{- end -}}
+{{- end -}}
+
+{{/* The allocation signing keys: Secret name and where the extender and device plugin mount it. */}}
+{{- define "kube-vgpu.signingKeysSecret" -}}
+{{- printf "%s-signing-keys" (include "kube-vgpu.fullname" .) -}}
+{{- end -}}
+
+{{- define "kube-vgpu.signingKeysDir" -}}
+/etc/kube-vgpu/signing
 {{- end -}}
