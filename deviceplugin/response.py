@@ -9,7 +9,14 @@ documented in docs/env-contract.md). Host layout (paths on the node):
   read-only at ``/etc/ld.so.preload`` (the dynamic loader then loads the shim into every process);
 * ``<--cache-host-dir>/<pod uid>_<container>`` is created and mounted read-write at
   ``envcontract.CACHE_CONTAINER_DIR``; the shim's shared accounting file is
-  ``<CACHE_CONTAINER_DIR>/vgpu.cache`` inside the container.
+  ``<CACHE_CONTAINER_DIR>/vgpu.cache`` inside the container;
+* ``<--cache-host-dir>/<pod uid>_<container>.limits/vgpu.limits`` holds the container's limits
+  (:func:`kube_vgpu.envcontract.limits_file`, the same bookings as the env); the directory is mounted
+  read-only at ``envcontract.LIMITS_CONTAINER_DIR``, so no process in the container can change it, and it
+  is a sibling of the cache directory (never inside the read-write mount). The file is part of
+  ``ContainerSpec.files``; :func:`deviceplugin.shimcache.write_host_files` writes it before Allocate
+  answers. Its directory name has the ``<pod uid>_<container>`` form plus a suffix, so the cache
+  directory cleanup removes it with the pod.
 
 With ``CUDA_DISABLE_CONTROL`` set to ``true`` (any case) or ``1`` in the container's env (the values the
 shim accepts, :func:`deviceplugin.podmatch.disables_control`) the container only gets
@@ -41,11 +48,22 @@ class MountSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class HostFile:
+    """A file the device plugin writes on the host before answering: path, text, mode."""
+
+    host_path: str
+    contents: str
+    mode: int = 0o444
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerSpec:
-    """The answer for one container: env (name -> value) and mounts, in kubelet's terms."""
+    """The answer for one container: env (name -> value) and mounts, in kubelet's terms; ``files``
+    must exist on the host before kubelet starts the container (a read-only mount's source)."""
 
     envs: dict[str, str]
     mounts: tuple[MountSpec, ...]
+    files: tuple[HostFile, ...] = ()
 
 
 def preload_host_path(shim_host_path: str) -> str:
@@ -63,20 +81,34 @@ def cache_dir_name(pod_uid: str, container: str) -> str:
     return f"{pod_uid}_{container}"
 
 
-def container_spec(pc: PendingContainer, *, shim_host_path: str, cache_host_dir: str) -> ContainerSpec:
-    """Env and mounts for the pending container ``pc`` (visible devices in booking order)."""
+def limits_dir_name(pod_uid: str, container: str) -> str:
+    """Per-container limits directory name under ``--cache-host-dir``: ``<pod uid>_<container>.limits``
+    (container names are DNS labels, without dots, so it never equals a cache directory name)."""
+    return f"{cache_dir_name(pod_uid, container)}.limits"
+
+
+def container_spec(pc: PendingContainer, *, shim_host_path: str, cache_host_dir: str,
+                   core_policy: str = "default") -> ContainerSpec:
+    """Env, mounts and the limits file for the pending container ``pc`` (visible devices in booking
+    order). core_policy: the admin's SM-limit policy (``envcontract.CORE_POLICIES``).
+
+    Raises ValueError (from :func:`kube_vgpu.envcontract.limits_file`) for a booking it cannot write."""
     if pc.disable_control:
         return ContainerSpec(envs={envcontract.VISIBLE_DEVICES: ",".join(d.uuid for d in pc.devices),
                                    envcontract.DISABLE_CONTROL: "true"}, mounts=())
     cache_in_ctr = f"{envcontract.CACHE_CONTAINER_DIR}/{CACHE_FILE}"
     envs = envcontract.container_env(pc.devices, cache_in_ctr, pc.priority)
+    limits_dir = os.path.join(cache_host_dir, limits_dir_name(pc.uid, pc.container))
+    limits = HostFile(os.path.join(limits_dir, envcontract.LIMITS_FILE_NAME),
+                      envcontract.limits_file(pc.devices, cache_in_ctr, priority=pc.priority, core_policy=core_policy))
     mounts = (
         MountSpec(envcontract.SHIM_CONTAINER_PATH, shim_host_path, True),
         MountSpec(envcontract.PRELOAD_CONTAINER_PATH, preload_host_path(shim_host_path), True),
         MountSpec(envcontract.CACHE_CONTAINER_DIR,
                   os.path.join(cache_host_dir, cache_dir_name(pc.uid, pc.container)), False),
+        MountSpec(envcontract.LIMITS_CONTAINER_DIR, limits_dir, True),
     )
-    return ContainerSpec(envs=envs, mounts=mounts)
+    return ContainerSpec(envs=envs, mounts=mounts, files=(limits,))
 
 
 def unlimited_devices(spec: ContainerSpec) -> list[str]:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .response import CACHE_FILE, cache_dir_name
+from .response import CACHE_FILE, ContainerSpec, cache_dir_name
 
 log = logging.getLogger("kube_vgpu.deviceplugin.shimcache")
 
@@ -46,3 +46,34 @@ def read_container(cache_host_dir: str, pod_uid: str, container: str) -> dict[in
         log.debug("cache file %s not readable: %s", path, e)
         return None
     return {i: int(u) for i, u in enumerate(region.used)}
+
+
+def write_host_files(spec: ContainerSpec) -> list[str]:
+    """Write ``spec.files`` (the container's limits file) on the host, each atomically (temporary file,
+    fsync, rename) with its mode; parent directories are created with mode 0755 (readable by any
+    container user, writable by root only, mounted read-only). Returns the paths written.
+
+    Raises OSError when a file cannot be written: the container must not start without its limits.
+    """
+    written = []
+    for f in spec.files:
+        d = os.path.dirname(f.host_path)
+        os.makedirs(d, mode=0o755, exist_ok=True)
+        os.chmod(d, 0o755)
+        tmp = f"{f.host_path}.tmp{os.getpid()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(f.contents)
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(tmp, f.mode)
+            os.replace(tmp, f.host_path)
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        written.append(f.host_path)
+    return written

@@ -9,6 +9,11 @@ Written once here; the C shim reads the same names (see docs/env-contract.md).
 * ``CUDA_DEVICE_MEMORY_SHARED_CACHE``: path of the container's mmap'd shared accounting file.
 * ``CUDA_DISABLE_CONTROL=true``: the pod opts the container out of enforcement.
 * ``LIBVGPU_LOG_LEVEL``: 0 (silent) .. 4 (debug).
+
+The same bookings are also written to the container's read-only *limits file*
+(:func:`limits_file`, mounted at ``LIMITS_CONTAINER_PATH``). The shim reads it in every process and it
+wins over the environment, so a process started without the env (``env -i``, ``su``, sshd) or with
+different values still runs under the container's limits.
 """
 
 from __future__ import annotations
@@ -30,6 +35,16 @@ TASK_PRIORITY = "CUDA_TASK_PRIORITY"
 SHIM_CONTAINER_PATH = "/usr/local/vgpu/libvgpu.so"
 PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
 CACHE_CONTAINER_DIR = "/usr/local/vgpu/cache"
+#: the shared accounting file inside the container (in CACHE_CONTAINER_DIR)
+CACHE_CONTAINER_PATH = f"{CACHE_CONTAINER_DIR}/vgpu.cache"
+#: read-only directory holding the limits file; the shim's compiled-in path is LIMITS_CONTAINER_PATH
+LIMITS_CONTAINER_DIR = "/usr/local/vgpu/limits"
+LIMITS_FILE_NAME = "vgpu.limits"
+LIMITS_CONTAINER_PATH = f"{LIMITS_CONTAINER_DIR}/{LIMITS_FILE_NAME}"
+#: format version of the limits file (the shim refuses any other version and fails closed)
+LIMITS_FILE_VERSION = 1
+#: SM-limit policies: ``default`` enforces the booked cores, ``disable`` turns the SM limit off
+CORE_POLICIES = ("default", "disable")
 
 
 def container_env(devices: Sequence[DeviceBooking], cache_path: str, priority: int | None = None) -> dict[str, str]:
@@ -50,3 +65,48 @@ def container_env(devices: Sequence[DeviceBooking], cache_path: str, priority: i
     if priority is not None:
         env[TASK_PRIORITY] = str(priority)
     return env
+
+
+def _check_value(field: str, value: str) -> None:
+    if not value or any(c.isspace() for c in value) or "=" in value or "#" in value:
+        raise ValueError(f"limits file: {field}={value!r}: must be non-empty, without spaces, '=' or '#'")
+
+
+def limits_file(devices: Sequence[DeviceBooking], cache_path: str = CACHE_CONTAINER_PATH, *,
+                priority: int | None = None, core_policy: str = "default", disable_control: bool = False) -> str:
+    """Contents of the container's limits file (format version ``LIMITS_FILE_VERSION``, docs/env-contract.md).
+
+    devices: the container's bookings in visible-device order, the same list :func:`container_env`
+    gets (memory MiB > 0, cores percent 0..100, 0 or 100 = no SM limit); cache_path: the shared
+    accounting file inside the container; priority: ``nvidia.com/priority`` (0 high, 1 low) or None;
+    core_policy: one of ``CORE_POLICIES``, the admin's choice; disable_control: no enforcement at all.
+    Returns the text (``key=value`` lines).
+
+    Raises:
+        ValueError: no devices or more than 16, a booking of 0 MiB or less, cores outside 0..100, a
+            UUID or path with spaces, ``=`` or ``#``, a relative cache path, an unknown core policy or
+            a priority other than 0/1. The message names the field and the value.
+    """
+    if not 1 <= len(devices) <= 16:
+        raise ValueError(f"limits file: devices={len(devices)}: between 1 and 16 devices are allowed")
+    if core_policy not in CORE_POLICIES:
+        raise ValueError(f"limits file: core_policy={core_policy!r}: allowed values are {', '.join(CORE_POLICIES)}")
+    if priority is not None and priority not in (0, 1):
+        raise ValueError(f"limits file: priority={priority!r}: allowed values are 0 (high) and 1 (low)")
+    _check_value("shared_cache", cache_path)
+    if not cache_path.startswith("/"):
+        raise ValueError(f"limits file: shared_cache={cache_path!r}: must be an absolute path")
+    lines = ["# kube-vgpu container limits, written by the device plugin (read-only in the container)",
+             f"version={LIMITS_FILE_VERSION}", f"devices={len(devices)}"]
+    for i, d in enumerate(devices):
+        _check_value(f"uuid_{i}", d.uuid)
+        if isinstance(d.memory_mib, bool) or not isinstance(d.memory_mib, int) or d.memory_mib <= 0:
+            raise ValueError(f"limits file: memory_mib_{i}={d.memory_mib!r}: must be a positive integer (MiB)")
+        if isinstance(d.cores, bool) or not isinstance(d.cores, int) or not 0 <= d.cores <= 100:
+            raise ValueError(f"limits file: cores_{i}={d.cores!r}: must be an integer percent 0..100")
+        lines += [f"uuid_{i}={d.uuid}", f"memory_mib_{i}={d.memory_mib}", f"cores_{i}={d.cores}"]
+    lines += [f"shared_cache={cache_path}", f"core_policy={core_policy}",
+              f"disable_control={'true' if disable_control else 'false'}"]
+    if priority is not None:
+        lines.append(f"priority={priority}")
+    return "\n".join(lines) + "\n"

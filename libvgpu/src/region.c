@@ -361,7 +361,7 @@ static void runlock(void)
 
 int region_open(void)
 {
-    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    const char *path = g_cfg.cache_path;
     if (!path || !*path) {
         open_private();
         return 0;

@@ -60,7 +60,18 @@ struct vgpu_config {
     unsigned sm_period_ms;              /* LIBVGPU_SM_PERIOD_MS */
     char visible[VGPU_MAX_DEV][96];     /* CUDA_VISIBLE_DEVICES entries */
     int nvisible;                       /* -1: unset */
+    char cache_path[512];               /* shared accounting file ("" = per process) */
+    int from_file;                      /* 1: limits came from the container's limits file */
+    char uuid[VGPU_MAX_DEV][96];        /* the container's GPUs (limits file or NVIDIA_VISIBLE_DEVICES) */
+    int nuuid;                          /* 0: unknown */
+    int priority;                       /* 0 high, 1 low, -1 unset */
 };
+
+/* The container's limits file: fixed path, read-only mount (see docs/env-contract.md). Not taken
+ * from the environment on purpose: a process must not be able to point the shim elsewhere. */
+#ifndef VGPU_LIMITS_PATH
+#define VGPU_LIMITS_PATH "/usr/local/vgpu/limits/vgpu.limits"
+#endif
 extern struct vgpu_config g_cfg;
 extern int g_cuda_ready;
 extern int g_sm_active;

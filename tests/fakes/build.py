@@ -56,12 +56,18 @@ def asan_runtime() -> str:
     return os.path.realpath(out)
 
 
-def build_shim(out: Path, asan: bool = False) -> Path:
-    """Compile libvgpu into ``out/libvgpu.so``; returns the path. Raises BuildError."""
+def build_shim(out: Path, asan: bool = False, limits_path: Path | None = None) -> Path:
+    """Compile libvgpu into ``out/libvgpu.so``; returns the path. Raises BuildError.
+
+    limits_path: compile in this path for the container's limits file instead of the production
+    ``/usr/local/vgpu/limits/vgpu.limits`` (the shim never takes that path from the environment).
+    """
     out.mkdir(parents=True, exist_ok=True)
     dst = out / "libvgpu.so"
     srcs = sorted(str(p) for p in SHIM_SRC.glob("*.c"))
     cmd = [gcc(), "-O2", "-g", *WARN, "-fPIC", "-shared", "-fvisibility=hidden", f"-I{SHIM_SRC}"]
+    if limits_path is not None:
+        cmd.append(f'-DVGPU_LIMITS_PATH="{limits_path}"')
     cmd += ASAN if asan else []
     cmd += ["-o", str(dst), *srcs, "-Wl,-Bsymbolic", "-ldl", "-lpthread"]
     _run(cmd)

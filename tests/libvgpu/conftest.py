@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
@@ -31,3 +32,12 @@ def tc_asan(tmp_path_factory: pytest.TempPathFactory) -> Toolchain:
         return make_toolchain(tmp_path_factory.mktemp("vgpu-asan"), asan=True)
     except fakebuild.BuildError as exc:  # pragma: no cover - toolchains without libasan
         pytest.skip(f"AddressSanitizer unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def tc_limits(tc: Toolchain) -> Toolchain:
+    """The same fakes and program with a shim whose limits-file path is ``<tmp>/limits/vgpu.limits``
+    (``limits_path(tc_limits)``); tests that write the file remove it (fixture ``limits_file``)."""
+    out = tc.tmp / "limits-shim"
+    shim = fakebuild.build_shim(out, limits_path=tc.tmp / "limits" / "vgpu.limits")
+    return dataclasses.replace(tc, built=dataclasses.replace(tc.built, shim=shim))

@@ -76,3 +76,24 @@ def run_python(tc: Toolchain, code: str, timeout: float = 60, preload: bool = Tr
     proc = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
+
+
+def limits_path(tc: Toolchain) -> Path:
+    """Where the ``tc_limits`` shim looks for the container's limits file."""
+    return tc.tmp / "limits" / "vgpu.limits"
+
+
+def preload_ns_command(tc: Toolchain, work: Path, argv: list[str]) -> list[str]:
+    """A command that runs ``argv`` in a private mount namespace whose ``/etc/ld.so.preload`` names the
+    shim (as the device plugin's read-only mount does in a container), leaving the host's /etc alone.
+    Needs root (``unshare --mount``). /etc is overlaid (or, without overlayfs, a copy is bind-mounted)."""
+    up, wk, copy = work / "etc-up", work / "etc-work", work / "etc-copy"
+    for d in (up, wk):
+        d.mkdir(parents=True, exist_ok=True)
+    (up / "ld.so.preload").write_text(f"{tc.built.shim}\n")
+    script = (
+        f"mount -t overlay overlay -o lowerdir=/etc,upperdir={up},workdir={wk} /etc 2>/dev/null || "
+        f"{{ mkdir -p {copy} && cp -a /etc/. {copy}/ && cp {up}/ld.so.preload {copy}/ && mount --bind {copy} /etc; }} "
+        '|| exit 90; exec "$@"'
+    )
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", *argv]
