@@ -40,6 +40,10 @@ HOOK(cuMemFree_v2, CUresult, (CUdeviceptr dptr), (dptr))
 HOOK(cuMemFreeAsync, CUresult, (CUdeviceptr dptr, CUstream s), (dptr, s))
 HOOK(cuMemFreeAsync_ptsz, CUresult, (CUdeviceptr dptr, CUstream s), (dptr, s))
 HOOK(cuMemRelease, CUresult, (CUmemGenericAllocationHandle handle), (handle))
+HOOK(cuMemMap, CUresult,
+     (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags),
+     (ptr, size, offset, handle, flags))
+HOOK(cuMemUnmap, CUresult, (CUdeviceptr ptr, size_t size), (ptr, size))
 HOOK(cuArrayDestroy, CUresult, (CUarray arr), (arr))
 HOOK(cuMipmappedArrayDestroy, CUresult, (CUmipmappedArray arr), (arr))
 HOOK(cuMemPoolCreate, CUresult, (CUmemoryPool *pool, const CUmemPoolProps *props), (pool, props))

@@ -18,11 +18,18 @@ struct entry {
     uint64_t size;
     CUcontext ctx;
     int16_t dev;
-    uint8_t kind; /* 0 = empty */
-    uint8_t pad[5];
+    uint8_t kind;     /* 0 = empty */
+    uint8_t released; /* TK_HANDLE: cuMemRelease done, physical memory lives on while mapped */
+    uint32_t maps;    /* TK_HANDLE: live mappings */
 };
 
 static pthread_mutex_t g_tmu = PTHREAD_MUTEX_INITIALIZER;
+/* VMM mappings (under g_tmu): few, and cuMemUnmap may cover several, so a plain array */
+struct vmap {
+    uint64_t va, size, handle;
+};
+static struct vmap *g_maps;
+static size_t g_nmaps, g_capmaps;
 static struct entry *g_tab;
 static size_t g_cap; /* power of two */
 static size_t g_cnt;
@@ -103,7 +110,8 @@ int track_put(int kind, uint64_t key, uint64_t size, int dev, CUcontext ctx)
     }
     struct entry *e = t_find(kind, key);
     if (!e) {
-        struct entry n = {.key = key, .size = size, .ctx = ctx, .dev = (int16_t)dev, .kind = (uint8_t)kind};
+        struct entry n = {.key = key, .size = size, .ctx = ctx, .dev = (int16_t)dev, .kind = (uint8_t)kind,
+                          .released = 0, .maps = 0};
         t_insert_raw(g_tab, g_cap, &n);
         g_cnt++;
     } else {
@@ -170,6 +178,7 @@ void memory_after_fork_child(void)
     if (g_tab)
         memset(g_tab, 0, g_cap * sizeof *g_tab);
     g_cnt = 0;
+    g_nmaps = 0;
     region_after_fork_child();
 }
 
@@ -716,11 +725,101 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
     FREE_BODY(TK_PTR, dptr, real_cuMemFreeAsync_ptsz(dptr, s));
 }
 
+/* ---- VMM: cuMemCreate's physical memory stays charged until the handle is released *and* every
+ * mapping of it is unmapped, as the driver keeps it (release-while-mapped is the CUDA samples'
+ * pattern). Mappings are kept in a small array (few, and cuMemUnmap may cover several of them). */
+/* Caller holds g_tmu. Drops a released, unmapped handle; returns 1 (and its size/dev) if it was. */
+static int handle_gone_locked(struct entry *e, uint64_t *size, int *dev)
+{
+    if (!e->released || e->maps)
+        return 0;
+    *size = e->size;
+    *dev = e->dev;
+    t_remove(e);
+    return 1;
+}
+
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemRelease);
-    FREE_BODY(TK_HANDLE, handle, real_cuMemRelease(handle));
+    CUresult rc = real_cuMemRelease(handle);
+    if (rc != CUDA_SUCCESS || !g_cfg.enabled)
+        return rc;
+    uint64_t size = 0;
+    int dev = -1, gone = 0;
+    pthread_mutex_lock(&g_tmu);
+    struct entry *e = t_find(TK_HANDLE, handle);
+    if (e && !e->released) {
+        e->released = 1;
+        gone = handle_gone_locked(e, &size, &dev);
+    }
+    pthread_mutex_unlock(&g_tmu);
+    if (gone)
+        region_release(dev, size);
+    return rc;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemMap);
+    CUresult rc = real_cuMemMap(ptr, size, offset, handle, flags);
+    if (rc != CUDA_SUCCESS || !g_cfg.enabled)
+        return rc;
+    pthread_mutex_lock(&g_tmu);
+    struct entry *e = t_find(TK_HANDLE, handle);
+    if (e) { /* handles the shim did not create (imported) are not charged here */
+        if (g_nmaps == g_capmaps) {
+            size_t ncap = g_capmaps ? g_capmaps * 2 : 64;
+            struct vmap *n = realloc(g_maps, ncap * sizeof *n);
+            if (n) {
+                g_maps = n;
+                g_capmaps = ncap;
+            }
+        }
+        if (g_nmaps < g_capmaps) {
+            g_maps[g_nmaps++] = (struct vmap){ptr, size, handle};
+            e->maps++;
+        } else {
+            LOG_ERROR("cannot record a mapping; its memory stays charged until the process exits");
+            e->maps++; /* never unmapped in our books: stays charged, never under-counted */
+        }
+    }
+    pthread_mutex_unlock(&g_tmu);
+    return rc;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemUnmap);
+    CUresult rc = real_cuMemUnmap(ptr, size);
+    if (rc != CUDA_SUCCESS || !g_cfg.enabled)
+        return rc;
+    uint64_t freed[VGPU_MAX_DEV] = {0};
+    pthread_mutex_lock(&g_tmu);
+    for (size_t i = 0; i < g_nmaps;) {
+        struct vmap *m = &g_maps[i];
+        if (m->va >= ptr && m->va < (uint64_t)ptr + size) {
+            struct entry *e = t_find(TK_HANDLE, m->handle);
+            if (e && e->maps)
+                e->maps--;
+            uint64_t b;
+            int d;
+            if (e && handle_gone_locked(e, &b, &d) && d >= 0 && d < VGPU_MAX_DEV)
+                freed[d] += b;
+            *m = g_maps[--g_nmaps];
+            continue;
+        }
+        i++;
+    }
+    pthread_mutex_unlock(&g_tmu);
+    for (int d = 0; d < VGPU_MAX_DEV; d++)
+        if (freed[d])
+            region_release(d, freed[d]);
+    return rc;
 }
 
 EXPORT CUresult cuArrayDestroy(CUarray arr)
@@ -789,9 +888,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
     if (dev < 0 || !g_cfg.mem_set[dev])
         return rc;
     uint64_t lim = g_cfg.mem_limit[dev], used = region_used(dev);
+    if (lim > m->total)
+        lim = m->total; /* never more than the GPU has */
     m->total = lim;
-    m->used = used;
-    m->free = used >= lim ? 0 : lim - used;
+    m->used = used > lim ? lim : used;
+    m->free = lim - m->used;
     return rc;
 }
 
@@ -807,9 +908,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     if (dev < 0 || !g_cfg.mem_set[dev])
         return rc;
     uint64_t lim = g_cfg.mem_limit[dev], used = region_used(dev);
+    if (lim > m->total)
+        lim = m->total;
     m->total = lim;
     m->reserved = 0;
-    m->used = used;
-    m->free = used >= lim ? 0 : lim - used;
+    m->used = used > lim ? lim : used;
+    m->free = lim - m->used;
     return rc;
 }

@@ -58,6 +58,8 @@ struct falloc {
     struct fctx *ctx;
     int dev;
     int kind;
+    int maps;     /* K_HANDLE: live mappings of this physical allocation */
+    int released; /* K_HANDLE: cuMemRelease was called; freed when the last mapping goes */
 };
 #define ATAB (1u << 17)
 static struct falloc g_alloc[ATAB];
@@ -220,7 +222,7 @@ static CUresult new_alloc(unsigned long long *out, uint64_t size, int dev, struc
     CUresult rc = charge(dev, size);
     if (rc)
         return rc;
-    struct falloc a = {next_addr(size), size, ctx, dev, kind};
+    struct falloc a = {next_addr(size), size, ctx, dev, kind, 0, 0};
     pthread_mutex_lock(&g_mu);
     int ok = a_insert(&a);
     pthread_mutex_unlock(&g_mu);
@@ -844,20 +846,203 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
     return cuMemFreeAsync(p, s);
 }
 
+/* ---- virtual memory management, with the driver's semantics: cuMemCreate allocates physical memory
+ * (sizes in multiples of the 2 MiB granularity); cuMemMap maps it into a range reserved with
+ * cuMemAddressReserve; cuMemRelease drops the handle but the physical memory stays allocated until
+ * every mapping of it is unmapped (the CUDA samples release right after mapping); cuMemUnmap may
+ * cover several adjacent mappings. */
+#define VMM_GRAN (2ull * MIB)
+struct fva {
+    uint64_t va, size;
+    int used;
+};
+struct fmap {
+    uint64_t va, size, handle;
+    int used;
+};
+#define MAX_VA 1024
+#define MAX_MAP 8192
+static struct fva g_va[MAX_VA];
+static struct fmap g_map[MAX_MAP];
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option)
+{
+    (void)option;
+    CHECK_INIT();
+    if (!g || !prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = VMM_GRAN;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                             unsigned long long flags)
 {
     (void)flags;
     NEED_CTX();
-    if (!h || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !dev_ok(prop->location.id))
+    if (!h || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !dev_ok(prop->location.id) ||
+        size % VMM_GRAN)
         return CUDA_ERROR_INVALID_VALUE;
     return new_alloc(h, size, prop->location.id, t_cur, K_HANDLE);
+}
+
+/* Caller holds g_mu. Frees a released handle's physical memory once unmapped; returns bytes to uncharge. */
+static uint64_t handle_maybe_free_locked(struct falloc *e, int *dev)
+{
+    if (!e->released || e->maps > 0)
+        return 0;
+    uint64_t size = e->size;
+    *dev = e->dev;
+    a_remove(e);
+    return size;
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
     NEED_CTX();
-    return free_alloc(h, K_HANDLE);
+    pthread_mutex_lock(&g_mu);
+    struct falloc *e = a_find(h);
+    if (!e || e->kind != K_HANDLE || e->released) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    e->released = 1;
+    int dev = 0;
+    uint64_t freed = handle_maybe_free_locked(e, &dev);
+    pthread_mutex_unlock(&g_mu);
+    if (freed)
+        uncharge(dev, freed);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags)
+{
+    (void)align;
+    (void)addr;
+    (void)flags;
+    CHECK_INIT();
+    if (!ptr || !size || size % VMM_GRAN)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < MAX_VA; i++) {
+        if (!g_va[i].used) {
+            g_va[i].used = 1;
+            g_va[i].size = size;
+            g_va[i].va = next_addr(size);
+            *ptr = g_va[i].va;
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < MAX_VA; i++) {
+        if (g_va[i].used && g_va[i].va == ptr && g_va[i].size == size) {
+            for (int k = 0; k < MAX_MAP; k++)
+                if (g_map[k].used && g_map[k].va >= ptr && g_map[k].va < ptr + size) {
+                    pthread_mutex_unlock(&g_mu);
+                    return CUDA_ERROR_INVALID_VALUE; /* still mapped */
+                }
+            g_va[i].used = 0;
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                         unsigned long long flags)
+{
+    CHECK_INIT();
+    if (flags || !size || size % VMM_GRAN)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    struct falloc *e = a_find(h);
+    int in_va = 0;
+    for (int i = 0; i < MAX_VA; i++)
+        if (g_va[i].used && ptr >= g_va[i].va && ptr + size <= g_va[i].va + g_va[i].size)
+            in_va = 1;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (e && e->kind == K_HANDLE && !e->released && in_va && offset + size <= e->size) {
+        for (int k = 0; k < MAX_MAP; k++) /* overlapping an existing mapping */
+            if (g_map[k].used && ptr < g_map[k].va + g_map[k].size && g_map[k].va < ptr + size)
+                goto out;
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        for (int k = 0; k < MAX_MAP; k++) {
+            if (!g_map[k].used) {
+                g_map[k] = (struct fmap){ptr, size, h, 1};
+                e->maps++;
+                rc = CUDA_SUCCESS;
+                break;
+            }
+        }
+    }
+out:
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+/* Unmaps every mapping inside [ptr, ptr + size); the range must start and end on mapping boundaries. */
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT();
+    if (!size)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t freed[FG_MAX_DEV] = {0};
+    pthread_mutex_lock(&g_mu);
+    uint64_t covered = 0;
+    for (int k = 0; k < MAX_MAP; k++) {
+        struct fmap *m = &g_map[k];
+        if (!m->used || m->va + m->size <= ptr || m->va >= ptr + size)
+            continue;
+        if (m->va < ptr || m->va + m->size > ptr + size) {
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_ERROR_INVALID_VALUE; /* would split a mapping */
+        }
+        covered += m->size;
+    }
+    if (covered == 0) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (int k = 0; k < MAX_MAP; k++) {
+        struct fmap *m = &g_map[k];
+        if (!m->used || m->va < ptr || m->va >= ptr + size)
+            continue;
+        m->used = 0;
+        struct falloc *e = a_find(m->handle);
+        if (e && e->kind == K_HANDLE) {
+            e->maps--;
+            int dev = 0;
+            uint64_t b = handle_maybe_free_locked(e, &dev);
+            if (b && dev >= 0 && dev < FG_MAX_DEV)
+                freed[dev] += b;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    for (int d = 0; d < FG_MAX_DEV; d++)
+        if (freed[d])
+            uncharge(d, freed[d]);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const void *desc, size_t count)
+{
+    (void)ptr;
+    (void)size;
+    (void)desc;
+    (void)count;
+    CHECK_INIT();
+    return CUDA_SUCCESS;
 }
 
 static uint64_t fmt_bytes(int f)
@@ -1349,7 +1534,8 @@ static const struct sym g_syms[] = {
     S(cuMemAlloc_v2), S(cuMemAllocManaged), S(cuMemAllocPitch_v2), S(cuMemFree_v2), S(cuMemGetInfo_v2),
     S(cuDeviceGetDefaultMemPool), S(cuDeviceGetMemPool), S(cuMemPoolCreate), S(cuMemPoolDestroy), S(cuMemPoolTrimTo),
     S(cuMemAllocAsync), S(cuMemAllocAsync_ptsz), S(cuMemAllocFromPoolAsync), S(cuMemAllocFromPoolAsync_ptsz),
-    S(cuMemFreeAsync), S(cuMemFreeAsync_ptsz), S(cuMemCreate), S(cuMemRelease), S(cuArrayCreate_v2),
+    S(cuMemFreeAsync), S(cuMemFreeAsync_ptsz), S(cuMemCreate), S(cuMemRelease), S(cuMemGetAllocationGranularity),
+    S(cuMemAddressReserve), S(cuMemAddressFree), S(cuMemMap), S(cuMemUnmap), S(cuMemSetAccess), S(cuArrayCreate_v2),
     S(cuArray3DCreate_v2), S(cuArrayDestroy), S(cuMipmappedArrayCreate), S(cuMipmappedArrayDestroy),
     S(cuStreamCreate), S(cuStreamDestroy_v2), S(cuStreamSynchronize), S(cuStreamSynchronize_ptsz),
     S(cuStreamBeginCapture), S(cuStreamBeginCapture_v2), S(cuStreamEndCapture), S(cuStreamIsCapturing),

@@ -12,7 +12,7 @@ HOOKED = {
     "cuMemFree_v2", "cuMemFreeAsync", "cuMemCreate", "cuMemRelease", "cuArrayCreate_v2", "cuArray3DCreate_v2",
     "cuArrayDestroy", "cuMipmappedArrayCreate", "cuMipmappedArrayDestroy", "cuMemGetInfo_v2", "cuDeviceTotalMem_v2",
     "cuMemPoolCreate", "cuMemPoolDestroy", "cuLaunchKernel", "cuLaunchKernelEx", "cuGraphInstantiateWithFlags",
-    "cuGraphLaunch", "cuGraphExecDestroy",
+    "cuGraphLaunch", "cuGraphExecDestroy", "cuMemMap", "cuMemUnmap",
 }
 
 
@@ -172,3 +172,60 @@ def test_nvml_follows_cuda_visible_devices(tc: Toolchain, tmp_path) -> None:
     out = parse(run_python(tc, code, CUDA_DEVICE_MEMORY_LIMIT_0="1g", LIBVGPU_CONTEXT_COST="0",
                            CUDA_VISIBLE_DEVICES="1", FAKE_NVML_CONFIG=str(cfg)).stdout)
     assert int(out["ntotal"]) == GIB and int(out["nused"]) == 600 * MIB
+
+
+@pytest.mark.parametrize("mode", ["direct", "procaddr"])
+def test_vmm_release_while_mapped_stays_charged(tc: Toolchain, mode: str) -> None:
+    """cuMemCreate -> cuMemMap -> cuMemRelease (the CUDA samples' order): the physical memory is still
+    allocated, so it stays charged until it is unmapped too (was: 4 GiB mapped under a 1 GiB limit)."""
+    out = parse(run(tc, mode, "vmm", CUDA_DEVICE_MEMORY_LIMIT_0="1g", LIBVGPU_CONTEXT_COST="0",
+                    LIBVGPU_LOG_LEVEL="1").stdout)
+    assert int(out["mapped_mib"]) == 1024
+    assert rc_usage(out["loop0"]) == (0, 512 * MIB) and rc_usage(out["loop1"]) == (0, GIB)
+    for i in range(2, 8):
+        assert rc_usage(out[f"loop{i}"]) == (2, GIB)
+    assert rc_usage(out["unmap0"]) == (0, 512 * MIB)  # released and unmapped: now free
+    assert rc_usage(out["again"]) == (0, GIB)
+    assert rc_usage(out["unmap_again"]) == (0, GIB)  # unmapped but not released: still allocated
+    assert rc_usage(out["release_again"]) == (0, 512 * MIB)
+    assert rc_usage(out["unmap1"]) == (0, 0)
+    assert rc_usage(out["released_both"]) == (0, GIB)
+    assert rc_usage(out["unmap_both"]) == (0, 0)  # one cuMemUnmap over two mappings
+    assert rc_usage(out["double_release"]) == (1, 0)  # the driver refuses; nothing subtracted twice
+    assert int(out["free"]) == GIB
+
+
+def test_fake_vmm_keeps_released_mapped_memory(tc: Toolchain, tmp_path) -> None:
+    """The fake driver itself (no shim) keeps release-while-mapped memory allocated, like the driver."""
+    code = r"""
+import ctypes
+from ctypes import byref, c_size_t, c_uint64, c_void_p
+cuda = ctypes.CDLL("libcuda.so.1")
+class Prop(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("ht", ctypes.c_int), ("lt", ctypes.c_int), ("id", ctypes.c_int),
+                ("w", c_void_p), ("f", ctypes.c_ubyte * 8)]
+assert cuda.cuInit(0) == 0
+ctx = c_void_p(); assert cuda.cuCtxCreate_v2(byref(ctx), 0, 0) == 0
+def free():
+    f, t = c_size_t(), c_size_t(); cuda.cuMemGetInfo_v2(byref(f), byref(t)); return t.value - f.value
+base = free()
+p = Prop(type=1, lt=1, id=0); h = c_uint64(); va = c_uint64()
+print("odd=%d" % cuda.cuMemCreate(byref(h), c_size_t(3 << 20), byref(p), c_uint64(0)))
+assert cuda.cuMemCreate(byref(h), c_size_t(512 << 20), byref(p), c_uint64(0)) == 0
+assert cuda.cuMemAddressReserve(byref(va), c_size_t(512 << 20), c_size_t(0), c_uint64(0), c_uint64(0)) == 0
+assert cuda.cuMemMap(va, c_size_t(512 << 20), c_size_t(0), h, c_uint64(0)) == 0
+print("release=%d used=%d" % (cuda.cuMemRelease(h), free() - base))
+print("unmap=%d used2=%d" % (cuda.cuMemUnmap(va, c_size_t(512 << 20)), free() - base))
+"""
+    out = parse(run_python(tc, code, preload=False).stdout)
+    assert int(out["odd"]) == 1  # not a multiple of the 2 MiB granularity
+    assert (int(out["release"]), int(out["used"])) == (0, 512 * MIB)
+    assert (int(out["unmap"]), int(out["used2"])) == (0, 0)
+
+
+def test_nvml_total_never_above_physical(tc: Toolchain) -> None:
+    out = parse(run_python(tc, PY_CTYPES, CUDA_DEVICE_MEMORY_LIMIT_0="200g", LIBVGPU_CONTEXT_COST="0").stdout)
+    physical = 143771 * MIB
+    assert int(out["ntotal"]) == physical and int(out["n2total"]) == physical
+    assert int(out["ntotal"]) == int(out["nfree"]) + int(out["nused"])
+    assert int(out["total"]) == physical  # cuMemGetInfo too

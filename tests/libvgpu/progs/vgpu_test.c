@@ -36,6 +36,10 @@ CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
 CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
 CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
 CUresult cuArrayDestroy(CUarray);
@@ -69,7 +73,7 @@ CUresult cuGraphDestroy(CUgraph);
     X(cuMemPoolDestroy) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)                       \
     X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuModuleLoadData) X(cuModuleGetFunction)              \
     X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch)                    \
-    X(cuGraphExecDestroy) X(cuGraphDestroy)
+    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap)
 
 /* name as passed to cuGetProcAddress (unversioned) */
 static const char *base_name(const char *n, char *buf, size_t len)
@@ -320,6 +324,54 @@ static int sc_paths(void)
     return 0;
 }
 
+/* ---- VMM: the CUDA samples' pattern (create, reserve, map, release while mapped), limit 1 GiB */
+static int sc_vmm(void)
+{
+    init_ctx(0);
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = 1;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUdeviceptr va[8];
+    CUmemGenericAllocationHandle h;
+    int mapped = 0;
+    for (int i = 0; i < 8; i++) {
+        p_cuMemAddressReserve(&va[i], 512 * MIB, 0, 0, 0);
+        CUresult rc = p_cuMemCreate(&h, 512 * MIB, &prop, 0);
+        if (rc == CUDA_SUCCESS && p_cuMemMap(va[i], 512 * MIB, 0, h, 0) == CUDA_SUCCESS) {
+            mapped++;
+            p_cuMemRelease(h); /* still mapped: the memory stays allocated */
+        }
+        char label[32];
+        snprintf(label, sizeof label, "loop%d", i);
+        printf("%s=%d:%llu\n", label, rc, usage(0));
+    }
+    printf("mapped_mib=%d\n", mapped * 512);
+    SHOW("unmap0", p_cuMemUnmap(va[0], 512 * MIB));
+    SHOW("again", p_cuMemCreate(&h, 512 * MIB, &prop, 0));
+    SHOW("map_again", p_cuMemMap(va[0], 512 * MIB, 0, h, 0));
+    SHOW("unmap_again", p_cuMemUnmap(va[0], 512 * MIB)); /* handle not released yet: stays charged */
+    SHOW("release_again", p_cuMemRelease(h));
+    SHOW("unmap1", p_cuMemUnmap(va[1], 512 * MIB));
+    /* two handles mapped side by side, released, then unmapped in one call */
+    CUdeviceptr big;
+    CUmemGenericAllocationHandle a, b;
+    p_cuMemAddressReserve(&big, GIB, 0, 0, 0);
+    SHOW("a", p_cuMemCreate(&a, 512 * MIB, &prop, 0));
+    SHOW("b", p_cuMemCreate(&b, 512 * MIB, &prop, 0));
+    p_cuMemMap(big, 512 * MIB, 0, a, 0);
+    p_cuMemMap(big + 512 * MIB, 512 * MIB, 0, b, 0);
+    p_cuMemRelease(a);
+    SHOW("released_both", p_cuMemRelease(b));
+    SHOW("unmap_both", p_cuMemUnmap(big, GIB));
+    SHOW("double_release", p_cuMemRelease(a));
+    p_cuMemAddressFree(big, GIB);
+    size_t fr = 0, tot = 0;
+    p_cuMemGetInfo_v2(&fr, &tot);
+    printf("meminfo free=%zu total=%zu\n", fr, tot);
+    return 0;
+}
+
 /* ---- multi-threaded stress */
 static unsigned long long g_limit;
 static int g_iters;
@@ -553,6 +605,8 @@ int main(int argc, char **argv)
     const char *sc = argv[2];
     if (!strcmp(sc, "basic"))
         return sc_basic();
+    if (!strcmp(sc, "vmm"))
+        return sc_vmm();
     if (!strcmp(sc, "kf20"))
         return sc_kf20();
     if (!strcmp(sc, "kf22"))
