@@ -10,12 +10,14 @@ not pass silently. Example (all defaults)::
                     gpucores: nvidia.com/gpucores, priority: nvidia.com/priority}
     defaults: {gpuCount: 1, memoryMiB: 0, memoryPercentage: 100, cores: 0, bareGpuExclusive: true}
     scheduling: {nodePolicy: binpack, gpuPolicy: spread, inventoryStaleSeconds: 120,
-                 bindHandoverSeconds: 30}
+                 bindHandoverSeconds: 30, adoptUnsignedBefore: ""}
     devices: {splitCount: 10, memoryScaling: 1.0, coreScaling: 1.0}
     nodes: []          # [{name, splitCount, memoryScaling, coreScaling, excludeGPUs: [uuid|index]}]
     webhook: {forceOverwriteDefaultScheduler: true, mutateBareGpu: true, privileged: deny,
               allowUserVisibleDevices: false, nonGpuVisibleDevicesNone: false,
-              shmSizeLimit: "", foreignSchedulers: leave}
+              shmSizeLimit: "", foreignSchedulers: leave, systemUsers: [],
+              allowDisableControlNamespaces: [], allowedRuntimeClasses: [nvidia],
+              allowEnvFrom: false, protectedHostPaths: []}
 
 Errors: :class:`kube_vgpu.errors.ConfigError` with the dotted key (``scheduling.nodePolicy``).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,8 @@ from .quantity import parse_quantity
 from .resources import DEFAULT_SCHEDULER_NAME, ResourceNames
 
 API_VERSION = "kube-vgpu.io/v1"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 NODE_POLICIES = ("binpack", "spread", "fgd", "fgd-bestfit", "bestfit", "dotprod")
@@ -67,12 +72,17 @@ class Scheduling:
     less than this many seconds ago still has a pending GPU container of the same GPU count
     (bind-phase ``allocating``); 0 disables the hand-over. The device plugin's
     ``--pending-stale-seconds`` should be the same value.
+    adopt_unsigned_before: upgrade from unsigned allocation records (RFC 3339 time, "" = off): the
+    extender also books the unsigned record of a pod that is bound, names this scheduler and was
+    created before this time (checked against the pod's request), and signs it; see
+    docs/upgrading-signed-allocations.md. :func:`rfc3339_seconds` reads it.
     """
 
     node_policy: str = "binpack"
     gpu_policy: str = "spread"
     inventory_stale_seconds: float = 120.0
     bind_handover_seconds: float = 30.0
+    adopt_unsigned_before: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +112,19 @@ class WebhookConfig:
 
     force_overwrite_default_scheduler: route pods of ``default-scheduler`` to ours.
     mutate_bare_gpu: treat a bare ``nvidia.com/gpu`` as a vGPU request.
-    privileged: ``deny`` or ``allow`` privileged GPU containers.
+    privileged: ``deny`` or ``allow`` privileged GPU containers (and ``SYS_ADMIN`` / ``ALL`` capabilities).
     allow_user_visible_devices: allow a container to set NVIDIA_VISIBLE_DEVICES itself.
     non_gpu_visible_devices_none: give non-GPU containers ``NVIDIA_VISIBLE_DEVICES=none``.
     shm_size_limit: sizeLimit of the injected /dev/shm emptyDir (quantity, "" = none).
     foreign_schedulers: ``leave`` pods of other schedulers alone, or ``deny`` them.
+    system_users: user names (``request.userInfo.username``, e.g.
+    ``system:serviceaccount:kube-vgpu:kube-vgpu-extender``) allowed to add, change or remove the
+    system-owned ``kube-vgpu.io/`` annotations and labels of a pod; empty = nobody.
+    allow_disable_control_namespaces: namespaces whose GPU containers may set ``CUDA_DISABLE_CONTROL``.
+    allowed_runtime_classes: ``spec.runtimeClassName`` values a vGPU pod may name (unset is always allowed).
+    allow_env_from: allow ``envFrom`` without a safe prefix in GPU containers.
+    protected_host_paths: absolute host paths (a trailing ``*`` matches any name with that prefix)
+    that a vGPU pod's hostPath volumes may not reach, in addition to the built-in list.
     """
 
     force_overwrite_default_scheduler: bool = True
@@ -116,6 +134,11 @@ class WebhookConfig:
     non_gpu_visible_devices_none: bool = False
     shm_size_limit: str = ""
     foreign_schedulers: str = "leave"
+    system_users: tuple[str, ...] = ()
+    allow_disable_control_namespaces: tuple[str, ...] = ()
+    allowed_runtime_classes: tuple[str, ...] = ("nvidia",)
+    allow_env_from: bool = False
+    protected_host_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +171,8 @@ _KEYMAP: dict[type, dict[str, str]] = {
                "cores": "cores", "bareGpuExclusive": "bare_gpu_exclusive"},
     Scheduling: {"nodePolicy": "node_policy", "gpuPolicy": "gpu_policy",
                  "inventoryStaleSeconds": "inventory_stale_seconds",
-                 "bindHandoverSeconds": "bind_handover_seconds"},
+                 "bindHandoverSeconds": "bind_handover_seconds",
+                 "adoptUnsignedBefore": "adopt_unsigned_before"},
     DeviceDefaults: {"splitCount": "split_count", "memoryScaling": "memory_scaling",
                      "coreScaling": "core_scaling"},
     NodeOverride: {"name": "name", "splitCount": "split_count", "memoryScaling": "memory_scaling",
@@ -157,7 +181,11 @@ _KEYMAP: dict[type, dict[str, str]] = {
                     "mutateBareGpu": "mutate_bare_gpu", "privileged": "privileged",
                     "allowUserVisibleDevices": "allow_user_visible_devices",
                     "nonGpuVisibleDevicesNone": "non_gpu_visible_devices_none",
-                    "shmSizeLimit": "shm_size_limit", "foreignSchedulers": "foreign_schedulers"},
+                    "shmSizeLimit": "shm_size_limit", "foreignSchedulers": "foreign_schedulers",
+                    "systemUsers": "system_users",
+                    "allowDisableControlNamespaces": "allow_disable_control_namespaces",
+                    "allowedRuntimeClasses": "allowed_runtime_classes", "allowEnvFrom": "allow_env_from",
+                    "protectedHostPaths": "protected_host_paths"},
 }
 
 
@@ -203,6 +231,16 @@ def _section(cls: type, raw: Any, prefix: str) -> Any:
                 raise ConfigError(key, "must be a list of GPU UUIDs or indexes")
             kwargs[name] = tuple(str(x) for x in v)
             continue
+        if "tuple[str" in t:
+            if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                raise ConfigError(key, f"{v!r} is not a list of non-empty strings")
+            kwargs[name] = tuple(v)
+            continue
+        if name == "adopt_unsigned_before" and not isinstance(v, str) and v is not None:
+            # YAML reads an unquoted time as a datetime (with its zone) or a date
+            if not isinstance(v, datetime) or v.tzinfo is None:
+                raise ConfigError(key, f"{str(v)!r} is not an RFC 3339 time with a zone (e.g. 2026-03-01T00:00:00Z)")
+            v = v.isoformat()
         base = int if "int" in t else float if "float" in t else bool if "bool" in t else str
         if v is None and "None" in t:
             continue
@@ -233,6 +271,11 @@ def _check(cfg: Config) -> None:
         raise ConfigError("scheduling.inventoryStaleSeconds", "must be > 0")
     if not 0 <= s.bind_handover_seconds <= 3600:
         raise ConfigError("scheduling.bindHandoverSeconds", "must be 0..3600 (0 disables the bind hand-over)")
+    if s.adopt_unsigned_before:
+        try:
+            rfc3339_seconds(s.adopt_unsigned_before)
+        except ValueError as e:
+            raise ConfigError("scheduling.adoptUnsignedBefore", str(e)) from None
     for prefix, dev in [("devices", cfg.devices)] + [(f"nodes[{i}]", n) for i, n in enumerate(cfg.nodes)]:
         split = getattr(dev, "split_count", None)
         if split is not None and not 1 <= split <= 1024:
@@ -255,12 +298,38 @@ def _check(cfg: Config) -> None:
                 raise ConfigError("webhook.shmSizeLimit", f"{w.shm_size_limit!r} must be > 0")
         except QuantityError as e:
             raise ConfigError("webhook.shmSizeLimit", str(e)) from e
+    for ns in w.allow_disable_control_namespaces:
+        if not _DNS_LABEL.match(ns):
+            raise ConfigError("webhook.allowDisableControlNamespaces",
+                              f"{ns!r} is not a namespace name; allowed: a DNS label (lowercase letters, digits, "
+                              "'-', at most 63)")
+    for rc in w.allowed_runtime_classes:
+        if not _DNS_SUBDOMAIN.match(rc) or len(rc) > 253:
+            raise ConfigError("webhook.allowedRuntimeClasses",
+                              f"{rc!r} is not a RuntimeClass name; allowed: a DNS subdomain")
+    for hp in w.protected_host_paths:
+        if not hp.startswith("/") or "*" in hp[:-1]:
+            raise ConfigError("webhook.protectedHostPaths",
+                              f"{hp!r} is not allowed; allowed: an absolute path, optionally ending in '*'")
     names = cfg.resource_names.all()
     if len(set(names)) != len(names) or not all(names):
         raise ConfigError("resourceNames", "names must be non-empty and distinct")
     if not _DNS_SUBDOMAIN.match(cfg.scheduler_name) or len(cfg.scheduler_name) > 253:
         raise ConfigError("schedulerName", f"{cfg.scheduler_name!r} is not a valid scheduler name; allowed: a DNS "
                                            "subdomain (lowercase letters, digits, '-' and '.', at most 253)")
+
+
+def rfc3339_seconds(text: str) -> float:
+    """Unix seconds of an RFC 3339 time with a zone (``2026-03-01T00:00:00Z``,
+    ``2026-03-01T01:00:00+01:00``, fractions allowed). Raises ValueError naming the value."""
+    bad = ValueError(f"{text!r} is not an RFC 3339 time with a zone (e.g. 2026-03-01T00:00:00Z)")
+    if not isinstance(text, str) or not _RFC3339.match(text):
+        raise bad
+    try:
+        t = datetime.fromisoformat(text.replace("z", "Z").replace("t", "T"))
+    except ValueError:
+        raise bad from None
+    return t.timestamp()
 
 
 _TOP = {"apiVersion", "kind", "schedulerName", "resourceNames", "defaults", "scheduling", "devices",
@@ -360,4 +429,4 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 __all__ = ["API_VERSION", "Config", "Defaults", "DeviceDefaults", "NodeOverride", "Scheduling",
            "WebhookConfig", "config_from_dict", "config_to_dict", "load_config", "load_config_text",
-           "replace", "NODE_POLICIES", "GPU_POLICIES"]
+           "replace", "rfc3339_seconds", "NODE_POLICIES", "GPU_POLICIES"]

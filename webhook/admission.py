@@ -7,6 +7,11 @@ AdmissionReview`` and ``response.uid`` = ``request.uid``; a patch is RFC 6902 JS
 ``response.patch`` with ``patchType: JSONPatch``; a denial sets ``allowed: false`` and
 ``status: {code, reason, message}`` (a ``meta/v1 Status``).
 
+Reviewed: ``CREATE`` of ``pods`` (strip, isolate, route, mutate: :func:`webhook.mutate.review_pod`),
+``UPDATE`` of ``pods`` and of the ``pods/ephemeralcontainers`` subresource (guard the system-owned
+keys, deny new isolation violations: :func:`webhook.mutate.review_update`). Anything else is allowed
+unchanged (outcome ``not-pod``).
+
 Malformed envelopes (not JSON, not an object, wrong ``apiVersion``/``kind``, no ``request`` or
 ``uid``) raise :class:`BadReview`; the server answers those with HTTP 400. A well-formed envelope
 whose pod is structurally broken gets an AdmissionReview denial with code 400.
@@ -22,7 +27,7 @@ from typing import Any
 
 from kube_vgpu.config import Config
 
-from .mutate import ALLOWED, DENIED, Decision, review_pod
+from .mutate import ALLOWED, DENIED, Decision, review_pod, review_update
 from .shape import ShapeError, check_pod
 
 log = logging.getLogger("kube_vgpu.webhook")
@@ -31,6 +36,8 @@ API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 KIND = "AdmissionReview"
 INVALID = "invalid"  #: outcome of a malformed pod inside a valid envelope
 NOT_POD = "not-pod"  #: outcome of a review for another resource or operation
+#: the subresource through which ephemeral containers are added (``kubectl debug``)
+EPHEMERAL_SUBRESOURCE = "ephemeralcontainers"
 
 
 #: Python's JSON decoder gives up (RecursionError) at about this nesting depth
@@ -82,10 +89,36 @@ def _response(review: dict[str, Any], d: Decision) -> dict[str, Any]:
     return {"apiVersion": review["apiVersion"], "kind": KIND, "response": resp}
 
 
+def _invalid(message: str) -> Decision:
+    return Decision(allowed=False, outcome=INVALID, code=400, reason="BadRequest", message=message)
+
+
+def _decide(req: dict[str, Any], config: Config) -> Decision:
+    """The Decision for a pod request; raises ShapeError / TypeError & co. for broken pods."""
+    op = req.get("operation", "CREATE")
+    sub = req.get("subResource") or ""
+    pod = req.get("object")
+    if not isinstance(pod, dict):
+        return _invalid("request.object is missing or not a Pod object")
+    ns = req.get("namespace")
+    namespace = ns if isinstance(ns, str) else ""
+    check_pod(pod)
+    if op == "CREATE" and not sub:
+        return review_pod(pod, config, namespace)
+    old = req.get("oldObject")
+    if not isinstance(old, dict):
+        return _invalid("request.oldObject is missing or not a Pod object (required on UPDATE)")
+    check_pod(old, "request.oldObject")
+    user = req.get("userInfo")
+    username = user.get("username") if isinstance(user, dict) else None
+    return review_update(pod, old, config, username if isinstance(username, str) else "", namespace, sub)
+
+
 def answer(review: dict[str, Any], config: Config) -> tuple[dict[str, Any], Decision]:
     """Answer a decoded review. Returns (AdmissionReview response dict, the Decision).
 
-    Only ``CREATE`` of ``pods`` (core/v1) is reviewed; anything else is allowed unchanged (outcome
+    ``CREATE`` of ``pods`` (core/v1), ``UPDATE`` of ``pods`` and ``UPDATE`` of
+    ``pods/ephemeralcontainers`` are reviewed; anything else is allowed unchanged (outcome
     ``not-pod``). Never raises for pod content: a structurally broken pod is denied with code 400.
     """
     req = review["request"]
@@ -97,26 +130,22 @@ def answer(review: dict[str, Any], config: Config) -> tuple[dict[str, Any], Deci
     else:
         is_pod = (isinstance(kind, dict) and kind.get("kind") == "Pod" and kind.get("group", "") == "") or (
             isinstance(resource, dict) and resource.get("resource") == "pods" and resource.get("group", "") == "")
-    if not is_pod or req.get("operation", "CREATE") != "CREATE" or req.get("subResource"):
+    op = req.get("operation", "CREATE")
+    sub = req.get("subResource") or ""
+    reviewed = (op == "CREATE" and not sub) or (op == "UPDATE" and sub in ("", EPHEMERAL_SUBRESOURCE))
+    if not is_pod or not reviewed:
         d = Decision(allowed=True, outcome=NOT_POD)
         return _response(review, d), d
-    pod = obj
-    if not isinstance(pod, dict):
-        d = Decision(allowed=False, outcome=INVALID, code=400, reason="BadRequest",
-                     message="request.object is missing or not a Pod object")
-        return _response(review, d), d
     try:
-        check_pod(pod)
-        d = review_pod(pod, config)
+        d = _decide(req, config)
     except ShapeError as e:
-        d = Decision(allowed=False, outcome=INVALID, code=400, reason="BadRequest", message=str(e))
+        d = _invalid(str(e))
     except (TypeError, AttributeError, KeyError, IndexError, ValueError, RecursionError):
         # a shape check_pod does not know about: say so without leaking Python's wording
         log.warning("malformed pod not caught by the shape check", exc_info=True)
-        d = Decision(allowed=False, outcome=INVALID, code=400, reason="BadRequest",
-                     message="request.object is not a valid core/v1 Pod (a field has the wrong type)")
+        d = _invalid("request.object is not a valid core/v1 Pod (a field has the wrong type)")
     return _response(review, d), d
 
 
-__all__ = ["API_VERSIONS", "ALLOWED", "BadReview", "DENIED", "INVALID", "KIND", "NOT_POD", "answer",
-           "decode_review"]
+__all__ = ["API_VERSIONS", "ALLOWED", "BadReview", "DENIED", "EPHEMERAL_SUBRESOURCE", "INVALID", "KIND", "NOT_POD",
+           "answer", "decode_review"]

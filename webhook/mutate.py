@@ -1,26 +1,31 @@
-"""The admission decision for one Pod: route, default, validate and prepare vGPU pods.
+"""The admission decision for one Pod: strip, guard, isolate, route, default and prepare vGPU pods.
 
-Pure functions, no I/O. The input is the ``request.object`` of an ``admission.k8s.io/v1`` (or
-``v1beta1``) AdmissionReview, i.e. a ``core/v1 Pod`` as a JSON dict; the output is a
-:class:`Decision` (allowed or denied, plus RFC 6902 JSONPatch operations built with ``jsonpatch``).
+Pure functions, no I/O. The input is the ``request.object`` (and on UPDATE ``request.oldObject``)
+of an ``admission.k8s.io/v1`` (or ``v1beta1``) AdmissionReview, i.e. a ``core/v1 Pod`` as a JSON
+dict; the output is a :class:`Decision` (allowed or denied, plus RFC 6902 JSONPatch operations).
 
 Every resource rule comes from the domain package: names from :mod:`kube_vgpu.resources` via the
 config, values and defaults from :func:`kube_vgpu.podspec.parse_pod` / ``parse_container`` (which
-raise :class:`kube_vgpu.errors.RequestError`), policy knobs from :class:`kube_vgpu.config.WebhookConfig`.
+raise :class:`kube_vgpu.errors.RequestError`), policy knobs from :class:`kube_vgpu.config.WebhookConfig`,
+isolation rules from :mod:`webhook.isolation`, the system-owned keys from
+:func:`kube_vgpu.resources.system_owned`.
 
-Order of the decision (first match wins):
+CREATE (:func:`review_pod`), in this order:
 
-1. pod label ``kube-vgpu.io/webhook=ignore`` -> allowed, no patch (``ignored``);
-2. no container asks for a vGPU -> allowed, no patch (``skipped``). A container asks when it names
-   ``gpumem``, ``gpumem-percentage`` or ``gpucores`` (limits or requests), or a bare ``gpu`` when
-   ``webhook.mutateBareGpu`` is true;
-3. ``spec.schedulerName`` set to another scheduler (not ours; not ``default-scheduler`` while
-   ``webhook.forceOverwriteDefaultScheduler``) -> ``webhook.foreignSchedulers``: ``leave`` = allowed,
-   no patch, nothing validated (``foreign``); ``deny`` = denied;
-4. denials (``denied``): invalid quantities (``RequestError``), preset ``spec.nodeName``, privileged GPU
-   containers (``webhook.privileged: deny``), ``NVIDIA_VISIBLE_DEVICES`` set by a container
-   (unless ``webhook.allowUserVisibleDevices``; ``none``/``void`` in a non-GPU container is fine);
-5. mutation (``patched``, or ``allowed`` when the pod is already in shape):
+1. every system-owned ``kube-vgpu.io/`` annotation and label is removed (JSONPatch ``remove``, one
+   admission warning per key), on every pod that reaches the webhook: a tenant cannot create a pod
+   that carries a forged allocation, node label or bind phase;
+2. a pod that is not ours (:func:`webhook.isolation.pod_is_ours`: no container names any of our
+   resource names) -> allowed with only those removals (``stripped``, or ``skipped`` when none);
+3. isolation (:func:`webhook.isolation.check_pod`) -> denied (403) naming container, field, value
+   and what is allowed. Pod labels never opt out, and foreign schedulers are checked too;
+4. ``spec.schedulerName`` set to another scheduler (not ours; not ``default-scheduler`` while
+   ``webhook.forceOverwriteDefaultScheduler``) -> ``webhook.foreignSchedulers``: ``leave`` = allowed
+   with only the removals (``foreign``); ``deny`` = denied;
+5. no container asks for a vGPU (only ``nvidia.com/priority``, a bare ``gpu`` while
+   ``webhook.mutateBareGpu`` is false, ``gpu: 0``) -> allowed with only the removals (``skipped``);
+6. invalid quantities (``RequestError``, 400) and a preset ``spec.nodeName`` (403) -> denied;
+7. mutation (``patched``, or ``allowed`` when the pod is already in shape):
    ``schedulerName``; every GPU container's ``resources.limits`` carry its whole resolved request
    (vGPU values given only in ``requests`` are copied to ``limits``; missing ``gpu`` count, memory
    and ``gpucores`` are written from the parsed request, so a bare ``nvidia.com/gpu: 1`` becomes
@@ -28,6 +33,11 @@ Order of the decision (first match wins):
    ``emptyDir`` (``medium: Memory``, ``sizeLimit`` = ``webhook.shmSizeLimit``) mounted in every GPU
    container unless some container already mounts ``/dev/shm``; ``NVIDIA_VISIBLE_DEVICES=none`` in
    non-GPU containers when ``webhook.nonGpuVisibleDevicesNone``.
+
+UPDATE (:func:`review_update`; never patched): a change that adds, changes or removes a system-owned
+annotation or label is denied unless ``request.userInfo.username`` is in ``webhook.systemUsers``;
+isolation violations the update introduces (an ephemeral container through the
+``pods/ephemeralcontainers`` subresource, the only way to add containers to a pod) are denied.
 
 The mutation is a fixed point: re-parsing the mutated pod gives the same requests and writes
 nothing, so a second review yields an empty patch (safe with ``reinvocationPolicy: IfNeeded``).
@@ -47,19 +57,23 @@ from kube_vgpu.envcontract import VISIBLE_DEVICES
 from kube_vgpu.errors import RequestError
 from kube_vgpu.model import ContainerRequest
 from kube_vgpu.podspec import container_asks, parse_pod, resource_value
-from kube_vgpu.resources import LABEL_WEBHOOK, LABEL_WEBHOOK_IGNORE, ResourceNames
+from kube_vgpu.resources import ResourceNames, system_owned
+
+from . import isolation
 
 DEFAULT_SCHEDULER = "default-scheduler"
 SHM_PATH = "/dev/shm"
 SHM_VOLUME = "kube-vgpu-shm"
-#: values of NVIDIA_VISIBLE_DEVICES that expose no GPU (allowed in non-GPU containers)
-HIDDEN_VALUES = ("none", "void", "")
+#: most removed keys named one by one in admission warnings (the rest are counted)
+MAX_KEY_WARNINGS = 8
+#: longest key or value quoted in a warning or message
+_QUOTE = 80
 
 # Outcomes (the ``outcome`` label of the requests metric).
 PATCHED = "patched"
 ALLOWED = "allowed"
 SKIPPED = "skipped"
-IGNORED = "ignored"
+STRIPPED = "stripped"
 FOREIGN = "foreign"
 DENIED = "denied"
 
@@ -70,7 +84,7 @@ class Decision:
 
     allowed: admit or reject. patch: JSONPatch operations (RFC 6902, paths into the Pod); empty
     when nothing changes. code/reason/message: the ``status`` of a denial (HTTP-like code, e.g. 400
-    for invalid values, 403 for policy). outcome: one of PATCHED, ALLOWED, SKIPPED, IGNORED,
+    for invalid values, 403 for policy). outcome: one of PATCHED, ALLOWED, SKIPPED, STRIPPED,
     FOREIGN, DENIED. warnings: admission warnings shown by kubectl.
     """
 
@@ -123,10 +137,6 @@ def is_foreign_scheduler(scheduler_name: Any, config: Config) -> bool:
     if scheduler_name == DEFAULT_SCHEDULER:
         return not config.webhook.force_overwrite_default_scheduler
     return True
-
-
-def _kind(init: bool) -> str:
-    return "init container" if init else "container"
 
 
 def _resolved_limits(req: ContainerRequest, names: ResourceNames) -> dict[str, str]:
@@ -197,23 +207,105 @@ def _visible_devices_entry(container: Mapping[str, Any]) -> dict[str, Any] | Non
     return None
 
 
-def review_pod(pod: Mapping[str, Any], config: Config) -> Decision:
-    """Decide on one Pod (``core/v1 Pod`` JSON dict). See the module docstring for the rules.
+def _clip(text: str) -> str:
+    return text if len(text) <= _QUOTE else text[:_QUOTE] + "..."
 
+
+def _string_map(meta: Mapping[str, Any], key: str) -> Mapping[str, str]:
+    m = meta.get(key)
+    return m if isinstance(m, dict) else {}
+
+
+def system_keys(pod: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    """The pod's system-owned annotations and labels: ``{("annotations"|"labels", key): value}``."""
+    meta = pod.get("metadata") or {}
+    return {(where, k): v for where in ("annotations", "labels") for k, v in _string_map(meta, where).items()
+            if system_owned(k)}
+
+
+def strip_system_keys(pod: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """JSONPatch ``remove`` ops for every system-owned annotation and label, and the warnings."""
+    ops: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    found = sorted(system_keys(pod))
+    for where, key in found:
+        ops.append({"op": "remove", "path": f"/metadata/{where}/{escape(key)}"})
+    for where, key in found[:MAX_KEY_WARNINGS]:
+        kind = "annotation" if where == "annotations" else "label"
+        warnings.append(f"removed {kind} {_clip(key)!r}: kube-vgpu.io/ keys are written only by the vGPU system")
+    if len(found) > MAX_KEY_WARNINGS:
+        warnings.append(f"removed {len(found) - MAX_KEY_WARNINGS} more system-owned kube-vgpu.io/ keys")
+    return ops, warnings
+
+
+def system_key_changes(new: Mapping[str, Any], old: Mapping[str, Any]) -> list[str]:
+    """The system-owned keys an UPDATE adds, changes or removes, as ``metadata.<where>["key"] (<what>)``."""
+    before, after = system_keys(old), system_keys(new)
+    out = []
+    for where, key in sorted(set(before) | set(after)):
+        if before.get((where, key)) == after.get((where, key)):
+            continue
+        what = "added" if (where, key) not in before else "removed" if (where, key) not in after else "changed"
+        out.append(f"metadata.{where}[{_clip(key)!r}] ({what})")
+    return out
+
+
+def _with(base: Decision, ops: list[dict[str, Any]], warnings: list[str]) -> Decision:
+    """``base`` with the removal ops and warnings put first (a denial is returned as it is)."""
+    if not base.allowed:
+        return base
+    base.patch = ops + base.patch
+    base.warnings = warnings + base.warnings
+    if base.allowed and ops and base.outcome in (SKIPPED, ALLOWED):
+        base.outcome = STRIPPED if base.outcome == SKIPPED else PATCHED
+    return base
+
+
+def review_pod(pod: Mapping[str, Any], config: Config, namespace: str = "") -> Decision:
+    """Decide on the CREATE of one Pod (``core/v1 Pod`` JSON dict). See the module docstring.
+
+    namespace: the request's namespace (``request.namespace``; default ``metadata.namespace``).
     Expects a pod that passed :func:`webhook.shape.check_pod` (the caller, ``admission.answer``,
     checks first and denies a wrong shape with a message naming the field path). Returns: a Decision.
     """
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    if labels.get(LABEL_WEBHOOK) == LABEL_WEBHOOK_IGNORE:
-        return Decision(allowed=True, outcome=IGNORED)
     spec = pod.get("spec") or {}
     if not isinstance(spec, dict):
         raise TypeError("spec is not an object")
-    containers = _containers(spec)
-    if not any(asks_vgpu(c, config) for _, c in containers):
-        return Decision(allowed=True, outcome=SKIPPED)
+    strip_ops, strip_warnings = strip_system_keys(pod)
+    if not isolation.pod_is_ours(pod, config):
+        return _with(Decision(allowed=True, outcome=SKIPPED), strip_ops, strip_warnings)
+    violations = isolation.check_pod(pod, config, namespace)
+    if violations:
+        return _deny(403, "Forbidden", isolation.denial_message(violations))
+    return _with(_route_and_mutate(pod, spec, config), strip_ops, strip_warnings)
 
+
+def review_update(new: Mapping[str, Any], old: Mapping[str, Any], config: Config, username: str,
+                  namespace: str = "", subresource: str = "") -> Decision:
+    """Decide on an UPDATE of a Pod (``subresource`` ``""`` or ``ephemeralcontainers``). Never patches.
+
+    username: ``request.userInfo.username``. Returns a Decision: denied (403) when a user outside
+    ``webhook.systemUsers`` adds, changes or removes a system-owned annotation or label (checked on
+    the pod itself; the ephemeralcontainers subresource cannot change metadata), or when the update
+    introduces an isolation violation (:func:`webhook.isolation.new_violations`); allowed otherwise.
+    """
+    if not subresource:
+        changed = system_key_changes(new, old)
+        if changed and username not in config.webhook.system_users:
+            users = ", ".join(repr(u) for u in config.webhook.system_users) or "none configured"
+            return _deny(403, "Forbidden",
+                         f"user {_clip(username)!r}: {', '.join(changed)} is not allowed: kube-vgpu.io/ "
+                         f"annotations and labels are written only by the vGPU system; allowed: leave them as "
+                         f"they are (webhook.systemUsers: {users})")
+    violations = isolation.new_violations(new, old, config, namespace)
+    if violations:
+        return _deny(403, "Forbidden", isolation.denial_message(violations))
+    return Decision(allowed=True, outcome=ALLOWED)
+
+
+def _route_and_mutate(pod: Mapping[str, Any], spec: Mapping[str, Any], config: Config) -> Decision:
+    """Steps 4-7 of the module docstring for a pod that is ours and passed the isolation rules."""
+    containers = _containers(spec)
     wh = config.webhook
     sched = spec.get("schedulerName")
     if is_foreign_scheduler(sched, config):
@@ -223,6 +315,8 @@ def review_pod(pod: Mapping[str, Any], config: Config) -> Decision:
                          f"allowed: empty, {DEFAULT_SCHEDULER!r} or {config.scheduler_name!r} "
                          f"(webhook.foreignSchedulers=deny)")
         return Decision(allowed=True, outcome=FOREIGN)
+    if not any(asks_vgpu(c, config) for _, c in containers):
+        return Decision(allowed=True, outcome=SKIPPED)
 
     try:
         parsed = parse_pod(pod, config)
@@ -239,29 +333,6 @@ def review_pod(pod: Mapping[str, Any], config: Config) -> Decision:
         return _deny(403, "Forbidden",
                      f"spec.nodeName={node!r} is preset; allowed: empty, so that {config.scheduler_name!r} "
                      f"places the vGPU pod")
-
-    for init, c, req in reqs:
-        name = c.get("name", "?")
-        if req is not None and wh.privileged == "deny":
-            sc = c.get("securityContext") or {}
-            if sc.get("privileged") is True:
-                return _deny(403, "Forbidden",
-                             f"{_kind(init)} {name!r}: securityContext.privileged=true is not allowed for a "
-                             f"vGPU container (a privileged container sees every GPU of the node and "
-                             f"bypasses isolation); allowed: false or unset (webhook.privileged=deny)")
-        if wh.allow_user_visible_devices:
-            continue
-        entry = _visible_devices_entry(c)
-        if entry is None:
-            continue
-        value = entry.get("value", "") if "valueFrom" not in entry else entry.get("valueFrom")
-        if req is None and isinstance(value, str) and value.strip().lower() in HIDDEN_VALUES:
-            continue
-        allowed = ("unset (the device plugin sets it from the scheduler's allocation)" if req is not None
-                   else "unset, 'none' or 'void' in a container without a vGPU request")
-        return _deny(403, "Forbidden",
-                     f"{_kind(init)} {name!r}: env {VISIBLE_DEVICES}={value!r} bypasses the vGPU scheduler; "
-                     f"allowed: {allowed} (webhook.allowUserVisibleDevices=false)")
 
     # Build the JSONPatch directly (RFC 6902 paths into the Pod); jsonpatch checks it below.
     names = config.resource_names

@@ -4,7 +4,8 @@
   schema, when installed; plus the podspec parser);
 * the mutation keeps what the pod books (parse before == parse after);
 * a second review of the mutated pod is allowed with an empty patch (idempotent);
-* pods that ask for no vGPU are never patched.
+* pods that ask for no vGPU are never patched, except that system-owned ``kube-vgpu.io/`` labels
+  and annotations are removed from every pod (the opt-out label among them: it opts out of nothing).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from wh_helpers import Client, base_pod, decode_patch, review_of
 
 from kube_vgpu.config import Config, Defaults, WebhookConfig, replace
 from kube_vgpu.podspec import parse_container, parse_pod
+from kube_vgpu.resources import system_owned
+from webhook.isolation import pod_is_ours
 from webhook.mutate import asks_vgpu
 
 try:
@@ -176,20 +179,29 @@ def test_random_pods_over_tls(clients: Any, pod: dict[str, Any], cfg: Config, v1
     patch = decode_patch(resp)
     spec = pod["spec"]
     all_containers = spec.get("initContainers", []) + spec["containers"]
-    ignored = pod["metadata"].get("labels", {}).get("kube-vgpu.io/webhook") == "ignore"
-    if ignored or not any(asks_vgpu(c, cfg) for c in all_containers):
-        assert r["allowed"] is True and patch == [], "pods without vGPU requests are never patched"
-        event("no vGPU / ignored")
+    removals = [op for op in patch if op["path"].startswith("/metadata/")]
+    assert all(op["op"] == "remove" for op in removals)
+    if r["allowed"]:
+        assert sorted(op["path"] for op in removals) == sorted(
+            f"/metadata/labels/{k.replace('/', '~1')}" for k in pod["metadata"].get("labels", {}) if system_owned(k))
+    if not pod_is_ours(pod, cfg):
+        assert r["allowed"] is True and patch == removals, "pods without vGPU requests are never patched"
+        event("not ours")
         return
     if not r["allowed"]:
         assert patch == [] and r["status"]["message"]
         event("denied")
         return
+    if not any(asks_vgpu(c, cfg) for c in all_containers) or spec.get("schedulerName") == "volcano":
+        assert patch == removals
     mutated = jsonpatch.apply_patch(pod, patch)
     assert pod == original  # apply_patch did not touch the input
-    assert mutated["metadata"] == pod["metadata"]
-    event("patched" if patch else "allowed unchanged")
-    if patch:
+    labels = {k: v for k, v in pod["metadata"].get("labels", {}).items() if not system_owned(k)}
+    assert mutated["metadata"] == {**pod["metadata"], **({"labels": labels} if "labels" in pod["metadata"] else {})}
+    event("patched" if patch != removals else "removals only" if patch else "allowed unchanged")
+    if patch == removals:
+        assert mutated["spec"] == pod["spec"]
+    else:
         _valid_pod(mutated, cfg)
         assert mutated["spec"]["schedulerName"] == "kube-vgpu-scheduler"
         assert _requests(mutated, cfg) == _requests(pod, cfg), "the mutation must not change what is booked"
@@ -200,14 +212,16 @@ def test_random_pods_over_tls(clients: Any, pod: dict[str, Any], cfg: Config, v1
 @settings(max_examples=60, deadline=None)
 @given(pod=pods(allow_bad=False), cfg=configs())
 def test_no_vgpu_never_patched(pod: dict[str, Any], cfg: Config) -> None:
-    """Strip every vGPU resource: the answer must be an unpatched allow, whatever else the pod has."""
+    """Strip every one of our resources: the answer must be an allow that at most removes system-owned
+    labels, whatever else the pod has."""
     from webhook.mutate import review_pod
     for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
         for lst in (c.get("resources") or {}).values():
-            for k in [k for k in lst if k.startswith("nvidia.com/") and k != PRIO]:
+            for k in [k for k in lst if k.startswith("nvidia.com/")]:
                 del lst[k]
     d = review_pod(pod, cfg)
-    assert d.allowed and d.patch == []
+    assert d.allowed
+    assert all(op == {"op": "remove", "path": "/metadata/labels/kube-vgpu.io~1webhook"} for op in d.patch)
 
 
 def test_config_swap_used_by_property_test_reaches_app(clients: Any) -> None:

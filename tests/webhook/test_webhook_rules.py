@@ -285,11 +285,18 @@ def test_bare_gpu_skipped_when_not_mutated() -> None:
     assert d.outcome == mutate.SKIPPED and d.patch == []
 
 
-def test_opt_out_label() -> None:
+def test_pod_label_does_not_opt_out() -> None:
+    """The old opt-out label is a system-owned key now: removed on CREATE, and the rules still apply."""
     pod = base_pod(limits(gpu="1", pct="0"))
-    pod["metadata"]["labels"] = {"kube-vgpu.io/webhook": "ignore"}
+    pod["metadata"]["labels"] = {"kube-vgpu.io/webhook": "ignore", "app": "x"}
     d, _ = run(pod)
-    assert d.allowed and d.outcome == mutate.IGNORED and d.patch == []
+    assert not d.allowed and "gpumem-percentage='0'" in d.message
+    pod = base_pod(limits(gpu="1"))
+    pod["metadata"]["labels"] = {"kube-vgpu.io/webhook": "ignore", "app": "x"}
+    d, out = run(pod)
+    assert d.allowed and d.outcome == mutate.PATCHED
+    assert {"op": "remove", "path": "/metadata/labels/kube-vgpu.io~1webhook"} in d.patch
+    assert out["metadata"]["labels"] == {"app": "x"} and out["spec"]["schedulerName"] == "kube-vgpu-scheduler"
 
 
 # --- envelope ----------------------------------------------------------------------------------
@@ -328,16 +335,28 @@ def test_structurally_broken_pod_denied_400(mangle: Any) -> None:
     assert resp["response"]["allowed"] is False and resp["response"]["status"]["code"] == 400
 
 
-def test_non_pod_or_update_is_passed() -> None:
+def test_non_pod_or_unchanged_update_is_passed() -> None:
     rev = review_of(base_pod(limits(gpumem="1000")))
     rev["request"]["operation"] = "UPDATE"
-    resp, _ = answer(rev, CFG)
-    assert resp["response"]["allowed"] is True and "patch" not in resp["response"]
+    rev["request"]["oldObject"] = copy.deepcopy(rev["request"]["object"])
+    resp, d = answer(rev, CFG)
+    assert resp["response"]["allowed"] is True and "patch" not in resp["response"] and d.outcome == mutate.ALLOWED
+    rev["request"]["operation"] = "DELETE"
+    resp, d = answer(rev, CFG)
+    assert resp["response"]["allowed"] is True and d.outcome == "not-pod"
     rev = review_of({"kind": "ConfigMap"})
     rev["request"]["kind"] = {"group": "", "version": "v1", "kind": "ConfigMap"}
     rev["request"]["resource"] = {"group": "", "version": "v1", "resource": "configmaps"}
     resp, _ = answer(rev, CFG)
     assert resp["response"]["allowed"] is True
+
+
+def test_update_without_old_object_is_400() -> None:
+    rev = review_of(base_pod(limits(gpumem="1000")))
+    rev["request"]["operation"] = "UPDATE"
+    resp, _ = answer(rev, CFG)
+    assert resp["response"]["allowed"] is False and resp["response"]["status"]["code"] == 400
+    assert "request.oldObject" in resp["response"]["status"]["message"]
 
 
 def test_review_without_kind_and_resource_uses_object_kind() -> None:
