@@ -711,22 +711,26 @@ void *dlsym(void *handle, const char *symbol)
 #pragma GCC diagnostic pop
 
 /* ------------------------------------------------------------------ cuGetProcAddress */
-static void *proc_hook(const char *symbol, void *real, int ver, cuuint64_t flags)
+/* The hook for the entry point the driver returned. The driver's own table picks the versioned symbol
+ * for (name, cudaVersion, flags) and returns its exported address, so the hook is found by that
+ * address: exactly the ABI the caller asked for (cuCtxCreate at 11040 is cuCtxCreate_v3, never the
+ * _v2 hook). An address that is not one of the resolved exports is named with dladdr(); one that
+ * cannot be named is passed through unhooked (never guessed by name: a wrong ABI corrupts the call). */
+static void *proc_hook(const char *symbol, void *real)
 {
     void *h = hook_by_real(real);
-    if (h || !symbol || ver < 11000)
+    if (h)
         return h;
-    /* the driver handed out an address that is not one of its exported symbols: pick by name */
-    char buf[128];
-    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
-        snprintf(buf, sizeof buf, "%s_ptsz", symbol);
-        if ((h = hook_by_name(buf)))
-            return h;
+    Dl_info di;
+    if (dladdr(real, &di) && di.dli_sname && di.dli_saddr == real)
+        return hooked_symbol(di.dli_sname);
+    static int warned;
+    if (!warned) {
+        warned = 1;
+        LOG_WARN("cuGetProcAddress(\"%s\") returned an address that is not an exported entry point; passed through "
+                 "unhooked", symbol ? symbol : "");
     }
-    snprintf(buf, sizeof buf, "%s_v2", symbol);
-    if ((h = hook_by_name(buf)))
-        return h;
-    return hook_by_name(symbol);
+    return NULL;
 }
 
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
@@ -736,7 +740,7 @@ EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion
         return CUDA_ERROR_NOT_FOUND;
     CUresult rc = real_cuGetProcAddress(symbol, pfn, cudaVersion, flags);
     if (rc == CUDA_SUCCESS && pfn && *pfn) {
-        void *h = proc_hook(symbol, *pfn, cudaVersion, flags);
+        void *h = proc_hook(symbol, *pfn);
         if (h)
             *pfn = h;
     }
@@ -751,7 +755,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
         return CUDA_ERROR_NOT_FOUND;
     CUresult rc = real_cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, status);
     if (rc == CUDA_SUCCESS && pfn && *pfn) {
-        void *h = proc_hook(symbol, *pfn, cudaVersion, flags);
+        void *h = proc_hook(symbol, *pfn);
         if (h)
             *pfn = h;
     }

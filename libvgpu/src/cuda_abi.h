@@ -44,6 +44,7 @@ typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef int CUdriverProcAddressQueryResult;
 #define CU_GET_PROC_ADDRESS_SUCCESS 0
 #define CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND 1
+#define CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT 2
 
 #define CU_STREAM_CAPTURE_STATUS_NONE 0
 #define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
@@ -57,6 +58,22 @@ typedef int CUdriverProcAddressQueryResult;
 typedef struct {
     unsigned char bytes[16];
 } CUuuid;
+
+/* cuCtxCreate_v3 (CUDA 11.4) and _v4 (CUDA 12.5) arguments */
+typedef struct {
+    int type; /* CUexecAffinityType */
+    union {
+        struct {
+            unsigned int val;
+        } smCount;
+    } param;
+} CUexecAffinityParam;
+
+typedef struct {
+    CUexecAffinityParam *execAffinityParams;
+    int numExecAffinityParams;
+    void *cigParams;
+} CUctxCreateParams;
 
 typedef struct {
     int id;

@@ -11,6 +11,11 @@ HOOK(cuDeviceTotalMem_v2, CUresult, (size_t *bytes, CUdevice dev), (bytes, dev))
 HOOK(cuMemGetInfo_v2, CUresult, (size_t *free_b, size_t *total_b), (free_b, total_b))
 HOOK(cuCtxCreate, CUresult, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))
 HOOK(cuCtxCreate_v2, CUresult, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))
+HOOK(cuCtxCreate_v3, CUresult,
+     (CUcontext *pctx, CUexecAffinityParam *params, int nparams, unsigned int flags, CUdevice dev),
+     (pctx, params, nparams, flags, dev))
+HOOK(cuCtxCreate_v4, CUresult, (CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev),
+     (pctx, params, flags, dev))
 HOOK(cuCtxDestroy, CUresult, (CUcontext ctx), (ctx))
 HOOK(cuCtxDestroy_v2, CUresult, (CUcontext ctx), (ctx))
 HOOK(cuDevicePrimaryCtxRetain, CUresult, (CUcontext *pctx, CUdevice dev), (pctx, dev))

@@ -320,10 +320,8 @@ static void ctx_gone(int dev, CUcontext ctx)
         region_release(dev, charge);
 }
 
-static CUresult ctx_create(cuCtxCreate_v2_fn fn, CUcontext *pctx, unsigned int flags, CUdevice dev)
+static CUresult ctx_after(CUresult rc, CUcontext *pctx, CUdevice dev, int64_t before)
 {
-    int64_t before = ctx_before(dev);
-    CUresult rc = fn(pctx, flags, dev);
     if (rc == CUDA_SUCCESS && g_cfg.enabled && pctx) {
         track_put(TK_CTX, (uint64_t)(uintptr_t)*pctx, 0, dev, *pctx);
         ctx_created(dev, before);
@@ -331,18 +329,39 @@ static CUresult ctx_create(cuCtxCreate_v2_fn fn, CUcontext *pctx, unsigned int f
     return rc;
 }
 
+/* Every versioned cuCtxCreate has its own hook with its own ABI (cuGetProcAddress hands out the one
+ * the driver's table names for the requested version). */
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuCtxCreate_v2);
-    return ctx_create(real_cuCtxCreate_v2, pctx, flags, dev);
+    int64_t before = ctx_before(dev);
+    return ctx_after(real_cuCtxCreate_v2(pctx, flags, dev), pctx, dev, before);
 }
 
 EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuCtxCreate);
-    return ctx_create(real_cuCtxCreate, pctx, flags, dev);
+    int64_t before = ctx_before(dev);
+    return ctx_after(real_cuCtxCreate(pctx, flags, dev), pctx, dev, before);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int nparams, unsigned int flags,
+                               CUdevice dev)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuCtxCreate_v3);
+    int64_t before = ctx_before(dev);
+    return ctx_after(real_cuCtxCreate_v3(pctx, params, nparams, flags, dev), pctx, dev, before);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuCtxCreate_v4);
+    int64_t before = ctx_before(dev);
+    return ctx_after(real_cuCtxCreate_v4(pctx, params, flags, dev), pctx, dev, before);
 }
 
 static CUresult ctx_destroy(cuCtxDestroy_v2_fn fn, CUcontext ctx)

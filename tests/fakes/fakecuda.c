@@ -529,6 +529,23 @@ EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice d)
     return cuCtxCreate_v2(pctx, flags, d);
 }
 
+/* CUDA 11.4: execution-affinity parameters before the flags */
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int nparams, unsigned int flags,
+                               CUdevice d)
+{
+    if (nparams < 0 || (nparams > 0 && !params))
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuCtxCreate_v2(pctx, flags, d);
+}
+
+/* CUDA 12.5: a parameter struct before the flags */
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice d)
+{
+    if (params && params->numExecAffinityParams < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuCtxCreate_v2(pctx, flags, d);
+}
+
 static struct fctx *ctx_of(CUcontext c)
 {
     struct fctx *f = (struct fctx *)c;
@@ -1519,74 +1536,109 @@ EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
     return cuGraphLaunch(e, s);
 }
 
-/* ------------------------------------------------------------------ cuGetProcAddress */
-struct sym {
+/* ------------------------------------------------------------------ cuGetProcAddress
+ * Like the real driver: a table maps (name as requested, CUDA version it appeared in) to the
+ * exported, versioned entry point, e.g. ("cuCtxCreate", 3020) -> cuCtxCreate_v2, ("cuCtxCreate",
+ * 11040) -> cuCtxCreate_v3, ("cuCtxCreate", 12050) -> cuCtxCreate_v4. A request picks the entry with the
+ * highest version <= cudaVersion (CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT below the lowest);
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM picks the entry's _ptsz symbol where it has one. The
+ * addresses handed out are the exported symbols' own (-Bsymbolic). */
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags);
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *st);
+struct procent {
     const char *name;
+    int ver;
+    const char *sym;
     void *fn;
+    void *ptsz;
 };
-#define S(n) {#n, (void *)n}
-static const struct sym g_syms[] = {
-    S(cuInit), S(cuDriverGetVersion), S(cuDeviceGetCount), S(cuDeviceGet), S(cuDeviceGetName),
-    S(cuDeviceGetUuid), S(cuDeviceGetUuid_v2), S(cuDeviceTotalMem), S(cuDeviceTotalMem_v2), S(cuDeviceGetAttribute),
-    S(cuGetErrorString), S(cuGetErrorName), S(cuCtxCreate), S(cuCtxCreate_v2), S(cuCtxDestroy), S(cuCtxDestroy_v2),
-    S(cuCtxGetCurrent), S(cuCtxSetCurrent), S(cuCtxPushCurrent_v2), S(cuCtxPopCurrent_v2), S(cuCtxGetDevice),
-    S(cuCtxSynchronize), S(cuDevicePrimaryCtxRetain), S(cuDevicePrimaryCtxRelease_v2), S(cuDevicePrimaryCtxReset_v2),
-    S(cuMemAlloc_v2), S(cuMemAllocManaged), S(cuMemAllocPitch_v2), S(cuMemFree_v2), S(cuMemGetInfo_v2),
-    S(cuDeviceGetDefaultMemPool), S(cuDeviceGetMemPool), S(cuMemPoolCreate), S(cuMemPoolDestroy), S(cuMemPoolTrimTo),
-    S(cuMemAllocAsync), S(cuMemAllocAsync_ptsz), S(cuMemAllocFromPoolAsync), S(cuMemAllocFromPoolAsync_ptsz),
-    S(cuMemFreeAsync), S(cuMemFreeAsync_ptsz), S(cuMemCreate), S(cuMemRelease), S(cuMemGetAllocationGranularity),
-    S(cuMemAddressReserve), S(cuMemAddressFree), S(cuMemMap), S(cuMemUnmap), S(cuMemSetAccess), S(cuArrayCreate_v2),
-    S(cuArray3DCreate_v2), S(cuArrayDestroy), S(cuMipmappedArrayCreate), S(cuMipmappedArrayDestroy),
-    S(cuStreamCreate), S(cuStreamDestroy_v2), S(cuStreamSynchronize), S(cuStreamSynchronize_ptsz),
-    S(cuStreamBeginCapture), S(cuStreamBeginCapture_v2), S(cuStreamEndCapture), S(cuStreamIsCapturing),
-    S(cuStreamIsCapturing_ptsz), S(cuModuleLoad), S(cuModuleLoadData), S(cuModuleUnload), S(cuModuleGetFunction),
-    S(cuLaunchKernel), S(cuLaunchKernel_ptsz), S(cuLaunchKernelEx), S(cuLaunchKernelEx_ptsz),
-    S(cuLaunchCooperativeKernel), S(cuLaunchCooperativeKernel_ptsz), S(cuGraphCreate), S(cuGraphDestroy),
-    S(cuGraphAddKernelNode), S(cuGraphAddKernelNode_v2), S(cuGraphGetNodes), S(cuGraphNodeGetType),
-    S(cuGraphKernelNodeGetParams), S(cuGraphKernelNodeGetParams_v2), S(cuGraphInstantiateWithFlags),
-    S(cuGraphInstantiate_v2), S(cuGraphExecDestroy), S(cuGraphLaunch), S(cuGraphLaunch_ptsz),
-    {NULL, NULL},
+#define PE(n, v, s) {#n, v, #s, (void *)s, NULL}
+#define PT(n, v, s) {#n, v, #s, (void *)s, (void *)s##_ptsz}
+static const struct procent g_proc[] = {
+    PE(cuInit, 2000, cuInit), PE(cuDriverGetVersion, 2020, cuDriverGetVersion),
+    PE(cuDeviceGetCount, 2000, cuDeviceGetCount), PE(cuDeviceGet, 2000, cuDeviceGet),
+    PE(cuDeviceGetName, 2000, cuDeviceGetName), PE(cuDeviceGetUuid, 9020, cuDeviceGetUuid),
+    PE(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2), PE(cuDeviceTotalMem, 2000, cuDeviceTotalMem),
+    PE(cuDeviceTotalMem, 3020, cuDeviceTotalMem_v2), PE(cuDeviceGetAttribute, 2000, cuDeviceGetAttribute),
+    PE(cuGetErrorString, 6000, cuGetErrorString), PE(cuGetErrorName, 6000, cuGetErrorName),
+    PE(cuCtxCreate, 2000, cuCtxCreate), PE(cuCtxCreate, 3020, cuCtxCreate_v2), PE(cuCtxCreate, 11040, cuCtxCreate_v3),
+    PE(cuCtxCreate, 12050, cuCtxCreate_v4), PE(cuCtxDestroy, 2000, cuCtxDestroy), PE(cuCtxDestroy, 4000, cuCtxDestroy_v2),
+    PE(cuCtxGetCurrent, 4000, cuCtxGetCurrent), PE(cuCtxSetCurrent, 4000, cuCtxSetCurrent),
+    PE(cuCtxPushCurrent, 4000, cuCtxPushCurrent_v2), PE(cuCtxPopCurrent, 4000, cuCtxPopCurrent_v2),
+    PE(cuCtxGetDevice, 2000, cuCtxGetDevice), PE(cuCtxSynchronize, 2000, cuCtxSynchronize),
+    PE(cuDevicePrimaryCtxRetain, 7000, cuDevicePrimaryCtxRetain),
+    PE(cuDevicePrimaryCtxRelease, 11000, cuDevicePrimaryCtxRelease_v2),
+    PE(cuDevicePrimaryCtxReset, 11000, cuDevicePrimaryCtxReset_v2),
+    PE(cuMemAlloc, 3020, cuMemAlloc_v2), PE(cuMemAllocManaged, 6000, cuMemAllocManaged),
+    PE(cuMemAllocPitch, 3020, cuMemAllocPitch_v2), PE(cuMemFree, 3020, cuMemFree_v2),
+    PE(cuMemGetInfo, 3020, cuMemGetInfo_v2), PE(cuDeviceGetDefaultMemPool, 11020, cuDeviceGetDefaultMemPool),
+    PE(cuDeviceGetMemPool, 11020, cuDeviceGetMemPool), PE(cuMemPoolCreate, 11020, cuMemPoolCreate),
+    PE(cuMemPoolDestroy, 11020, cuMemPoolDestroy), PE(cuMemPoolTrimTo, 11020, cuMemPoolTrimTo),
+    PT(cuMemAllocAsync, 11020, cuMemAllocAsync), PT(cuMemAllocFromPoolAsync, 11020, cuMemAllocFromPoolAsync),
+    PT(cuMemFreeAsync, 11020, cuMemFreeAsync), PE(cuMemCreate, 10020, cuMemCreate),
+    PE(cuMemRelease, 10020, cuMemRelease), PE(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity),
+    PE(cuMemAddressReserve, 10020, cuMemAddressReserve), PE(cuMemAddressFree, 10020, cuMemAddressFree),
+    PE(cuMemMap, 10020, cuMemMap), PE(cuMemUnmap, 10020, cuMemUnmap), PE(cuMemSetAccess, 10020, cuMemSetAccess),
+    PE(cuArrayCreate, 3020, cuArrayCreate_v2), PE(cuArray3DCreate, 3020, cuArray3DCreate_v2),
+    PE(cuArrayDestroy, 2000, cuArrayDestroy), PE(cuMipmappedArrayCreate, 5000, cuMipmappedArrayCreate),
+    PE(cuMipmappedArrayDestroy, 5000, cuMipmappedArrayDestroy), PE(cuStreamCreate, 2000, cuStreamCreate),
+    PE(cuStreamDestroy, 4000, cuStreamDestroy_v2), PT(cuStreamSynchronize, 2000, cuStreamSynchronize),
+    PE(cuStreamBeginCapture, 10000, cuStreamBeginCapture), PE(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2),
+    PE(cuStreamEndCapture, 10000, cuStreamEndCapture), PT(cuStreamIsCapturing, 10000, cuStreamIsCapturing),
+    PE(cuModuleLoad, 2000, cuModuleLoad), PE(cuModuleLoadData, 2000, cuModuleLoadData),
+    PE(cuModuleUnload, 2000, cuModuleUnload), PE(cuModuleGetFunction, 2000, cuModuleGetFunction),
+    PT(cuLaunchKernel, 4000, cuLaunchKernel), PT(cuLaunchKernelEx, 11060, cuLaunchKernelEx),
+    PT(cuLaunchCooperativeKernel, 9000, cuLaunchCooperativeKernel), PE(cuGraphCreate, 10000, cuGraphCreate),
+    PE(cuGraphDestroy, 10000, cuGraphDestroy), PE(cuGraphAddKernelNode, 10000, cuGraphAddKernelNode),
+    PE(cuGraphAddKernelNode, 12000, cuGraphAddKernelNode_v2), PE(cuGraphGetNodes, 10000, cuGraphGetNodes),
+    PE(cuGraphNodeGetType, 10000, cuGraphNodeGetType),
+    PE(cuGraphKernelNodeGetParams, 10000, cuGraphKernelNodeGetParams),
+    PE(cuGraphKernelNodeGetParams, 12000, cuGraphKernelNodeGetParams_v2),
+    PE(cuGraphInstantiate, 11000, cuGraphInstantiate_v2), PE(cuGraphInstantiate, 12000, cuGraphInstantiateWithFlags),
+    PE(cuGraphInstantiateWithFlags, 11040, cuGraphInstantiateWithFlags), PE(cuGraphExecDestroy, 10000, cuGraphExecDestroy),
+    PT(cuGraphLaunch, 10000, cuGraphLaunch), PE(cuGetProcAddress, 11030, cuGetProcAddress),
+    PE(cuGetProcAddress, 12000, cuGetProcAddress_v2),
 };
+#define NPROC (sizeof g_proc / sizeof g_proc[0])
 
-static void *find_sym(const char *name)
+/* Test access to the table: entry i (name requested, version, symbol, has a _ptsz form). 0, or -1 past the end. */
+EXPORT int fake_cuda_proc_table(int i, const char **name, int *ver, const char **sym, int *has_ptsz)
 {
-    for (const struct sym *s = g_syms; s->name; s++)
-        if (!strcmp(s->name, name))
-            return s->fn;
-    return NULL;
+    if (i < 0 || (size_t)i >= NPROC)
+        return -1;
+    *name = g_proc[i].name;
+    *ver = g_proc[i].ver;
+    *sym = g_proc[i].sym;
+    *has_ptsz = g_proc[i].ptsz != NULL;
+    return 0;
 }
 
-CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st);
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *st)
+{
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct procent *best = NULL;
+    int known = 0;
+    for (size_t i = 0; i < NPROC; i++) {
+        if (strcmp(g_proc[i].name, symbol))
+            continue;
+        known = 1;
+        if (g_proc[i].ver <= ver && (!best || g_proc[i].ver > best->ver))
+            best = &g_proc[i];
+    }
+    void *fn = NULL;
+    if (best)
+        fn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
+    *pfn = fn;
+    if (st)
+        *st = fn ? CU_GET_PROC_ADDRESS_SUCCESS
+                 : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return fn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
 
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags)
 {
     return cuGetProcAddress_v2(symbol, pfn, ver, flags, NULL);
-}
-
-/* Picks the newest variant: <sym>_ptsz (per-thread default stream), <sym>_v3, <sym>_v2, <sym>. */
-EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags,
-                                    CUdriverProcAddressQueryResult *st)
-{
-    (void)ver;
-    if (!symbol || !pfn)
-        return CUDA_ERROR_INVALID_VALUE;
-    char buf[160];
-    void *fn = NULL;
-    if (!strcmp(symbol, "cuGetProcAddress")) {
-        fn = (void *)cuGetProcAddress_v2;
-    } else {
-        if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
-            snprintf(buf, sizeof buf, "%s_ptsz", symbol);
-            fn = find_sym(buf);
-        }
-        static const char *suffix[] = {"_v3", "_v2", ""};
-        for (int i = 0; !fn && i < 3; i++) {
-            snprintf(buf, sizeof buf, "%s%s", symbol, suffix[i]);
-            fn = find_sym(buf);
-        }
-    }
-    *pfn = fn;
-    if (st)
-        *st = fn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    return fn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
