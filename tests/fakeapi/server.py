@@ -93,6 +93,21 @@ def _resource_matches(pattern: str, resource: str) -> bool:
 
 
 @dataclass
+class _AfterCommit:
+    """A fault injected after a request was applied (see `FakeKubeAPI.fail_after_commit`)."""
+
+    verb: str
+    resource: str
+    action: int | str  # an HTTP status, "timeout" or "reset"
+    count: int | None
+    namespace: str | None
+    name: str | None
+
+    def matches(self, info: RequestInfo) -> bool:
+        return _Failure(self.verb, self.resource, 0, None, None, None, self.namespace, self.name).matches(info)
+
+
+@dataclass
 class _Latency:
     seconds: float
     verb: str | None
@@ -140,6 +155,10 @@ class FakeKubeAPI:
         self.request_log: list[RequestInfo] = []
         self.errors: list[str] = []  # unexpected exceptions inside the fake (should stay empty)
         self._failures: list[_Failure] = []
+        self._after_commit: list[_AfterCommit] = []
+        self._hung: asyncio.Event | None = None  # set on stop(): releases "timeout" answers
+        self.hung_requests = 0  # requests held without an answer by fail_after_commit("timeout")
+        self.connections: set[tuple[Any, ...]] = set()  # peer (host, port) of every connection seen
         self._latencies: list[_Latency] = []
         self._hooks: list[Callable[[RequestInfo], Any]] = []
         self._hooks_lock = threading.Lock()
@@ -170,6 +189,7 @@ class FakeKubeAPI:
         failure: list[BaseException] = []
 
         async def startup() -> None:
+            self._hung = asyncio.Event()
             app = web.Application(client_max_size=16 * 1024 * 1024)
             app.router.add_route("*", "/{tail:.*}", self._handle)
             runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
@@ -204,6 +224,8 @@ class FakeKubeAPI:
             return
         self.store.close_watches()
         loop = self._loop
+        if self._hung is not None:
+            loop.call_soon_threadsafe(self._hung.set)
 
         async def shutdown() -> None:
             if self._runner is not None:
@@ -349,8 +371,40 @@ class FakeKubeAPI:
             )
 
     def clear_failures(self) -> None:
+        """Drop every pending `fail_next` and `fail_after_commit` fault."""
         with self._hooks_lock:
             self._failures.clear()
+            self._after_commit.clear()
+
+    def fail_after_commit(
+        self,
+        verb: str = "*",
+        resource: str = "*",
+        action: int | str = 504,
+        count: int | None = 1,
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Apply the next `count` matching requests (None: all of them) for real, then fail to
+        answer them: the write is committed (and its watch events sent) but the client does not
+        learn it. `action`: an HTTP status (e.g. 504, answered with a `Status` like the real
+        server's timeout), `"timeout"` (no answer at all until the fake stops: the client's read
+        timeout fires) or `"reset"` (the connection is closed without an answer). A request that
+        fails on its own (404, 409, ...) is answered normally and does not use up the count.
+        Not for watches."""
+        if verb != "*" and verb not in VERBS:
+            raise ValueError(f"unknown verb {verb!r}; use one of {VERBS}")
+        if not isinstance(action, int) and action not in ("timeout", "reset"):
+            raise ValueError(f"action {action!r}: an HTTP status, 'timeout' or 'reset'")
+        with self._hooks_lock:
+            self._after_commit.append(_AfterCommit(verb, resource, action, count, namespace, name))
+
+    @property
+    def connection_count(self) -> int:
+        """How many distinct client connections the fake has served requests on (a client that
+        reuses its pooled connections adds none per request)."""
+        return len(self.connections)
 
     def add_latency(self, seconds: float, verb: str | None = None, resource: str | None = None) -> None:
         """Delay every matching request by `seconds` (before it is processed)."""
@@ -466,8 +520,13 @@ class FakeKubeAPI:
                            content_type=request.headers.get("Content-Type", ""))
         self.requests.append((request.method, request.path))
         self.request_log.append(info)
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        if peer is not None:
+            self.connections.add(tuple(peer))
         try:
             resp = await self._dispatch(request, info)
+            if info.verb != "watch":
+                resp = await self._after_commit_fault(request, info, resp)
         except ApiError as err:
             resp = self._status_response(err)
         except (ConnectionResetError, asyncio.CancelledError):
@@ -479,6 +538,36 @@ class FakeKubeAPI:
         if info.status is None:
             info.status = resp.status
         return resp
+
+    async def _after_commit_fault(self, request: web.Request, info: RequestInfo,
+                                  resp: web.StreamResponse) -> web.StreamResponse:
+        """The request was applied; answer it as a `fail_after_commit` fault says, if one matches."""
+        with self._hooks_lock:
+            fault = None
+            for f in self._after_commit:
+                if f.matches(info):
+                    fault = f
+                    if f.count is not None:
+                        f.count -= 1
+                        if f.count <= 0:
+                            self._after_commit.remove(f)
+                    break
+        if fault is None:
+            return resp
+        if fault.action == "reset":
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response(status=500)  # never reaches the client: the connection is gone
+        if fault.action == "timeout":
+            self.hung_requests += 1
+            assert self._hung is not None
+            await self._hung.wait()  # until stop(): the client has long given up
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response(status=500)
+        assert isinstance(fault.action, int)
+        raise ApiError(fault.action, self._default_message(fault.action, info),
+                       reason="Timeout" if fault.action == 504 else None)
 
     def _check_auth(self, request: web.Request) -> None:
         if not self.token:

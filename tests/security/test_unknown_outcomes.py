@@ -1,0 +1,355 @@
+"""No booking is released on an unknown outcome, and a relist releases every booking whose pod is
+gone. Fault injection against the fake kube-apiserver (real HTTP, the official client): a Binding
+or an annotation patch that commits on the server and then times out, answers 504 or loses its
+connection; a read-back that fails too and recovers; a watch that expires (410 Gone) while pods
+are deleted. Each test ends with 0 overcommitted GPUs and 0 leaked bookings (``check_books``:
+booked MiB per GPU equal to what the live, bound pods' records say)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from bind_support import bind, check_books, create_nodes, create_pod, extender, node_obj, pod_obj, writes
+from vgpu_sched_util import run, wait_until
+
+from kube_vgpu.cluster import ClusterCache, compare_resource_versions
+from kube_vgpu.config import Config
+from kube_vgpu.podspec import parse_pod
+from kube_vgpu.resources import ANN_ALLOCATION, LABEL_NODE
+from tests.fakeapi import FakeKubeAPI
+
+GPU_MIB = 24576
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKubeAPI]:
+    api = FakeKubeAPI(bookmark_interval=0.5)
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def pod(fake: FakeKubeAPI, name: str, mib: int = 20000) -> dict:
+    """A pod asking for ``mib`` of one GPU: two of them never fit one 24576 MiB GPU."""
+    return create_pod(fake, pod_obj(name, limits={"nvidia.com/gpumem": mib}))
+
+
+def bound_to(fake: FakeKubeAPI, name: str) -> str | None:
+    p = fake.get_object("pods", name, "default")
+    return None if p is None else p["spec"].get("nodeName")
+
+
+def record(fake: FakeKubeAPI, name: str) -> str | None:
+    p = fake.get_object("pods", name, "default")
+    return None if p is None else (p["metadata"].get("annotations") or {}).get(ANN_ALLOCATION)
+
+
+def watch_down(fake: FakeKubeAPI) -> None:
+    """Take the extender's pod watch down: the open one is closed, new ones fail (500)."""
+    fake.fail_next("watch", "pods", 500, count=None)
+    fake.close_watches("pods")
+
+
+# -- the ambiguous Binding ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("fault", ["timeout", 504, "reset"])
+def test_binding_that_commits_but_is_not_answered_keeps_its_booking(fake: FakeKubeAPI, fault: object) -> None:
+    """The Binding commits, then times out / answers 504 / loses its connection: the bind reads
+    the pod back, finds it bound to its node with its record, and keeps the booking (the attack:
+    release it, place a second 20000 MiB pod on the same 24576 MiB GPU)."""
+    create_nodes(fake, 1)
+    a, b = pod(fake, "a"), pod(fake, "b")
+
+    async def go() -> None:
+        async with extender(fake, timeout=1.0) as ext:
+            svc = ext.svc
+            fake.fail_after_commit("create", "pods/binding", fault)  # type: ignore[arg-type]
+            assert await bind(ext, a) == ""
+            assert bound_to(fake, "a") == "node-0"
+            assert "default/a" in svc.cache.state.bookings
+            err = await bind(ext, b)
+            assert "cannot place default/b on node-0" in err and bound_to(fake, "b") is None
+            await wait_until(lambda: "default/a" in svc.cache.pods)
+            assert check_books(fake, svc) == {"GPU-node-0-00": 20000}
+    run(go)
+
+
+def test_binding_that_does_not_commit_and_answers_504_releases(fake: FakeKubeAPI) -> None:
+    """The Binding answers 504 without committing: the read-back shows the pod unbound, so the
+    record comes off the pod, the booking is released and the error names the 504; the GPU is free
+    for the next pod."""
+    create_nodes(fake, 1)
+    a, b = pod(fake, "a"), pod(fake, "b")
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            fake.fail_next("create", "pods/binding", 504)
+            err = await bind(ext, a)
+            assert "binding default/a to node-0: API 504" in err
+            assert bound_to(fake, "a") is None and record(fake, "a") is None
+            labels = fake.get_object("pods", "a", "default")["metadata"].get("labels") or {}  # type: ignore[index]
+            assert LABEL_NODE not in labels
+            assert svc.cache.state.bookings == {}
+            assert await bind(ext, b) == ""
+            await wait_until(lambda: "default/b" in svc.cache.pods)
+            assert check_books(fake, svc) == {"GPU-node-0-00": 20000}
+    run(go)
+
+
+class GetOutage:
+    """While ``on``, every GET of the named pods answers 503 once a Binding (or, with
+    ``after="pods"``, a patch) of one of them has been requested: the bind's own first read
+    works, the read-backs fail."""
+
+    def __init__(self, fake: FakeKubeAPI, names: set[str], after: str = "pods/binding"):
+        self.names, self.after = names, after
+        self.on = True
+        self.armed = False
+        fake.add_hook(self)
+
+    def __call__(self, info: object) -> int | None:
+        verb, res, name = info.verb, info.resource, info.name  # type: ignore[attr-defined]
+        if name in self.names and res == self.after and verb in ("create", "patch"):
+            self.armed = True
+        if self.on and self.armed and verb == "get" and res == "pods" and name in self.names:
+            return 503
+        return None
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_read_back_failing_too_keeps_the_booking_until_it_recovers(fake: FakeKubeAPI, committed: bool) -> None:
+    """The Binding answers 504 (committed or not) and the read-back fails too (503; the watch is
+    down): the outcome is unknown, so the booking is kept (the next pod does not fit) and the bind
+    says so. Read back in the background with backoff; once the API answers: committed -> the pod
+    is bound and stays booked; not committed -> the record comes off the pod and the GPUs are
+    released, and the next pod binds."""
+    create_nodes(fake, 1)
+    a, b = pod(fake, "a"), pod(fake, "b")
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            watch_down(fake)
+            outage = GetOutage(fake, {"a"})
+            if committed:
+                fake.fail_after_commit("create", "pods/binding", 504)
+            else:
+                fake.fail_next("create", "pods/binding", 504)
+            err = await bind(ext, a)
+            assert "API 504" in err and "outcome is unknown" in err, err
+            assert svc.cache.unresolved == {"default/a": a["metadata"]["uid"]}
+            assert "cannot place default/b on node-0" in await bind(ext, b)  # still booked
+            await wait_until(lambda: svc.unknown_retries >= 2)  # the read-back goes on failing
+            assert "default/a" in svc.cache.state.bookings
+            outage.on = False
+            fake.clear_failures()  # the watch comes back too
+            await wait_until(lambda: not svc.cache.unresolved, timeout=10)
+            if committed:
+                assert bound_to(fake, "a") == "node-0" and record(fake, "a")
+                await wait_until(lambda: "default/a" in svc.cache.pods, timeout=10)
+            else:
+                assert bound_to(fake, "a") is None and record(fake, "a") is None
+                await wait_until(lambda: not svc.cache.state.bookings, timeout=10)
+                assert await bind(ext, b) == ""
+                await wait_until(lambda: "default/b" in svc.cache.pods, timeout=10)
+            assert check_books(fake, svc) == {"GPU-node-0-00": 20000}
+    run(go)
+
+
+def test_unknown_outcome_settled_by_the_watch_when_the_pod_is_deleted(fake: FakeKubeAPI) -> None:
+    """While the read-back keeps failing, the pod is deleted: the watch's DELETED releases the
+    booking and ends the read-back (the watch resolving it counts)."""
+    create_nodes(fake, 1)
+    a = pod(fake, "a")
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            GetOutage(fake, {"a"})
+            fake.fail_after_commit("create", "pods/binding", 504)
+            assert "outcome is unknown" in await bind(ext, a)
+            assert "default/a" in svc.cache.state.bookings
+            fake.delete_object("pods", "a", "default")
+            await wait_until(lambda: not svc.cache.unresolved and not svc.cache.state.bookings, timeout=10)
+            assert check_books(fake, svc) == {}
+    run(go)
+
+
+# -- the ambiguous annotation patch -------------------------------------------------------------
+
+@pytest.mark.parametrize("fault", [504, "reset"])
+def test_patch_that_commits_but_is_not_answered_goes_on_to_bind(fake: FakeKubeAPI, fault: object) -> None:
+    """The allocation patch commits, then answers 504 or loses its connection: the read-back
+    shows our record on the pod, so the bind posts the Binding (with the resourceVersion it read)
+    and succeeds; the booking matches the record."""
+    create_nodes(fake, 1)
+    a, b = pod(fake, "a"), pod(fake, "b")
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            fake.fail_after_commit("patch", "pods", fault, name="a")  # type: ignore[arg-type]
+            assert await bind(ext, a) == ""
+            assert bound_to(fake, "a") == "node-0" and record(fake, "a")
+            assert "cannot place default/b" in await bind(ext, b)
+            await wait_until(lambda: "default/a" in svc.cache.pods)
+            assert check_books(fake, svc) == {"GPU-node-0-00": 20000}
+    run(go)
+
+
+def test_patch_that_does_not_commit_releases(fake: FakeKubeAPI) -> None:
+    """The patch answers 503 without committing: the read-back shows no record, the booking is
+    released and no Binding is sent."""
+    create_nodes(fake, 1)
+    a = pod(fake, "a")
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            fake.fail_next("patch", "pods", 503, name="a")
+            fake.clear_requests()
+            err = await bind(ext, a)
+            assert "writing the allocation of default/a: API 503" in err
+            assert not any(path.endswith("/binding") for _, path in writes(fake))
+            assert record(fake, "a") is None and svc.cache.state.bookings == {}
+            assert check_books(fake, svc) == {}
+    run(go)
+
+
+def test_patch_unknown_and_read_back_failing_takes_the_record_off_later(fake: FakeKubeAPI) -> None:
+    """The patch commits and its connection drops, and the read-back fails too: the outcome is
+    unknown (the booking is kept, no Binding is sent). Once the API answers, the read-back finds
+    our record on the still unbound pod: it is taken off (kube-scheduler was already told the bind
+    failed) and the booking released: no record that books nothing, no booking without a record."""
+    create_nodes(fake, 1)
+    a = pod(fake, "a")
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            outage = GetOutage(fake, {"a"}, after="pods")
+            fake.fail_after_commit("patch", "pods", "reset", name="a")
+            fake.clear_requests()
+            err = await bind(ext, a)
+            assert "writing the allocation of default/a" in err and "outcome is unknown" in err, err
+            assert not any(path.endswith("/binding") for _, path in writes(fake))
+            assert bound_to(fake, "a") is None and record(fake, "a")  # it did land
+            assert "default/a" in svc.cache.state.bookings
+            await wait_until(lambda: svc.unknown_retries >= 1)
+            outage.on = False
+            await wait_until(lambda: not svc.cache.unresolved, timeout=10)
+            assert record(fake, "a") is None and bound_to(fake, "a") is None
+            await wait_until(lambda: not svc.cache.state.bookings)
+            assert check_books(fake, svc) == {}
+    run(go)
+
+
+# -- relists ------------------------------------------------------------------------------------
+
+def test_relist_after_410_releases_pods_deleted_while_the_watch_was_down(fake: FakeKubeAPI) -> None:
+    """The pod watch is down; meanwhile pods are deleted, one of them bound by this extender a
+    moment ago (its patch answered at resourceVersion R; the cache never saw it come back). The
+    watch then answers 410 Gone: the relist (at a resourceVersion >= R) releases every booking
+    whose pod is absent, our own recent bind included; a pod still there keeps its booking."""
+    create_nodes(fake, 3)
+    old, keep, new = pod(fake, "old"), pod(fake, "keep"), pod(fake, "new")
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            assert await bind(ext, old, "node-0") == ""
+            assert await bind(ext, keep, "node-1") == ""
+            await wait_until(lambda: {"default/old", "default/keep"} <= set(svc.cache.pods))
+            watch_down(fake)
+            assert await bind(ext, new, "node-2") == ""  # our own bind; the watch never shows it
+            assert "default/new" in svc.cache.own_binds
+            fake.delete_object("pods", "old", "default")
+            fake.delete_object("pods", "new", "default")
+            pods = svc._reflectors[1]
+            relists = pods.relists
+            fake.expire_watches()  # every resourceVersion issued so far is too old now: 410
+            fake.clear_failures()
+            await wait_until(lambda: pods.relists > relists, timeout=30)
+            assert set(svc.cache.state.bookings) == {"default/keep"}
+            assert check_books(fake, svc) == {"GPU-node-1-00": 20000}
+    run(go, timeout=60)
+
+
+def _cache_with_own_bind(rv: str) -> tuple[ClusterCache, list[float]]:
+    now = [100.0]
+    c = ClusterCache(Config(), clock=lambda: now[0])
+    c.on_node("ADDED", node_obj("n1", 1, heartbeat=100.0))
+    req = parse_pod(pod_obj("p", limits={"nvidia.com/gpumem": 1000}))
+    r = c.reserve(req, "uid-p", "n1")
+    assert not isinstance(r, str)
+    c.record_bound("default/p", "uid-p", r[0], req, rv)
+    return c, now
+
+
+def test_relist_tells_a_deleted_own_bind_from_a_not_yet_visible_one() -> None:
+    """Our bind's write was seen at resourceVersion 50. A list at 49 predates it (the pod is not
+    visible yet): kept. A list at 50 or later lacks it: it was deleted, released at once (no grace
+    period)."""
+    c, _ = _cache_with_own_bind("50")
+    c.replace_pods([], "49")
+    assert "default/p" in c.state.bookings
+    c.replace_pods([], "50")
+    assert c.state.bookings == {} and c.own_binds == {}
+    c, _ = _cache_with_own_bind("50")
+    c.replace_pods([], "1000")
+    assert c.state.bookings == {}
+
+
+def test_relist_with_opaque_resource_versions_keeps_an_own_bind_for_the_grace_period() -> None:
+    """resourceVersions that are not integers cannot be ordered: an own bind absent from the list
+    is kept for ``own_bind_grace`` seconds, then released."""
+    c, now = _cache_with_own_bind("abc")
+    c.replace_pods([], "xyz")
+    assert "default/p" in c.state.bookings
+    now[0] += c.own_bind_grace + 1
+    c.replace_pods([], "xyz")
+    assert c.state.bookings == {}
+
+
+def test_relist_keeps_unresolved_binds() -> None:
+    """A bind whose outcome is unknown is not released by a relist: its pod may exist without our
+    label (the patch's outcome is unknown). The read-back settles it."""
+    c, _ = _cache_with_own_bind("")
+    c.own_binds.clear()
+    c.unresolved["default/p"] = "uid-p"
+    c.replace_pods([], "100")
+    assert "default/p" in c.state.bookings
+
+
+def test_compare_resource_versions() -> None:
+    assert compare_resource_versions("9", "10") == -1  # as integers, not as strings
+    assert compare_resource_versions("10", "10") == 0
+    assert compare_resource_versions("11", "10") == 1
+    for a, b in [("", "1"), ("1", ""), ("a1", "2"), ("1.5", "2"), ("-1", "2"), ("\u0661", "2")]:
+        assert compare_resource_versions(a, b) is None, (a, b)
+
+
+# -- connections --------------------------------------------------------------------------------
+
+def test_binds_reuse_their_api_connections(fake: FakeKubeAPI) -> None:
+    """Every response is read and its connection returned to the pool: after the first binds,
+    further binds open no new connection to the API server (a Binding response left unread costs
+    one new connection, a TLS handshake on a real cluster, per bind)."""
+    create_nodes(fake, 1, gpus=8)
+    pods = [pod(fake, f"p{i}", 1000) for i in range(8)]
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            for p in pods[:2]:
+                assert await bind(ext, p) == ""
+            before = fake.connection_count
+            for p in pods[2:]:
+                assert await bind(ext, p) == ""
+            assert fake.connection_count == before, "binds opened new API connections"
+            await wait_until(lambda: len(ext.svc.cache.pods) == 8)
+            check_books(fake, ext.svc)
+    run(go)
