@@ -127,7 +127,8 @@ def test_certs_hook_jobs(renderer: Renderer) -> None:
 
 def test_cert_manager_mode(renderer: Renderer) -> None:
     docs = renderer.render(option_values("cert-manager"))
-    assert not find_all(docs, "Job")
+    # no certificate Jobs; the signing keys Job runs in both modes
+    assert [j["metadata"]["name"] for j in find_all(docs, "Job")] == [f"{FULL}-signing-keys"]
     cert = find(docs, "Certificate", f"{FULL}-webhook")
     assert cert["spec"]["secretName"] == f"{FULL}-webhook-tls"
     assert f"{FULL}-webhook.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
@@ -254,25 +255,22 @@ def test_ha_leader_election_and_pdbs(renderer: Renderer) -> None:
     assert aff["preferredDuringSchedulingIgnoredDuringExecution"]
 
 
-def test_scheduler_rbac_exact(renderer: Renderer) -> None:
+def test_kube_scheduler_rbac_exact(renderer: Renderer) -> None:
+    """kube-scheduler keeps the control-plane scheduler's roles; the extender's rules (compared
+    with the calls its code makes) are in test_rbac.py."""
     docs = renderer.render()
-    assert rules(find(docs, "ClusterRole", f"{FULL}-scheduler")) == {
-        ("", "nodes", ("get", "list", "watch"), ()),
-        ("", "pods", ("get", "list", "patch", "update", "watch"), ()),
-        ("", "pods/binding", ("create",), ()),
-        ("", "events", ("create", "patch"), ()),
-        ("events.k8s.io", "events", ("create", "patch"), ()),
-    }
-    assert rules(find(docs, "Role", f"{FULL}-scheduler")) == {
-        ("coordination.k8s.io", "leases", ("create", "get", "update"), ()),
-        ("", "configmaps", ("get", "list", "watch"), ()),
-    }
+    assert rules(find(docs, "Role", f"{FULL}-kube-scheduler")) == {("", "configmaps", ("get", "list", "watch"), ())}
     bound = {(b["roleRef"]["kind"], b["roleRef"]["name"])
              for b in find_all(docs, "ClusterRoleBinding") + find_all(docs, "RoleBinding")
              if any(s["name"] == f"{FULL}-scheduler" for s in b["subjects"])}
-    assert bound == {("ClusterRole", f"{FULL}-scheduler"), ("ClusterRole", "system:kube-scheduler"),
-                     ("ClusterRole", "system:volume-scheduler"), ("Role", f"{FULL}-scheduler"),
-                     ("Role", "extension-apiserver-authentication-reader")}
+    assert bound == {("ClusterRole", "system:kube-scheduler"), ("ClusterRole", "system:volume-scheduler"),
+                     ("Role", f"{FULL}-kube-scheduler"), ("Role", "extension-apiserver-authentication-reader")}
+    # with leader election, its own Lease (and creating it) on top
+    docs = renderer.render(option_values("ha"))
+    assert rules(find(docs, "Role", f"{FULL}-kube-scheduler")) == {
+        ("coordination.k8s.io", "leases", ("get", "update"), (f"{FULL}-kube-scheduler",)),
+        ("coordination.k8s.io", "leases", ("create",), ()),
+        ("", "configmaps", ("get", "list", "watch"), ())}
 
 
 def test_custom_resource_names(renderer: Renderer) -> None:
@@ -332,14 +330,6 @@ def test_device_plugin_custom_paths(renderer: Renderer) -> None:
         assert mounts[name] == path  # the same path inside as on the host
 
 
-def test_device_plugin_rbac_exact(renderer: Renderer) -> None:
-    docs = renderer.render()
-    assert rules(find(docs, "ClusterRole", f"{FULL}-device-plugin")) == {
-        ("", "nodes", ("get", "patch"), ()),
-        ("", "pods", ("get", "list", "patch", "watch"), ()),
-    }
-
-
 def test_no_role_grants_wildcards_or_secrets_cluster_wide(renderer: Renderer) -> None:
     for name in ("default", "ha", "cert-manager", "monitoring"):
         docs = renderer.render(option_values(name))
@@ -353,14 +343,21 @@ def test_no_role_grants_wildcards_or_secrets_cluster_wide(renderer: Renderer) ->
 # -- every pod ------------------------------------------------------------------------------------
 
 def _pods(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] in ("Deployment", "DaemonSet", "Job")]
+    """The workloads, a CronJob as its Job template."""
+    return [d for d in docs if d["kind"] in ("Deployment", "DaemonSet", "Job")] + [
+        d["spec"]["jobTemplate"] | {"kind": "Job", "metadata": d["metadata"]} for d in docs if d["kind"] == "CronJob"]
 
 
 @pytest.mark.parametrize("name", ["default", "ha", "cert-manager"])
-def test_pods_opt_out_of_webhook_and_are_restricted(renderer: Renderer, name: str) -> None:
+def test_pods_carry_no_system_owned_labels_and_are_restricted(renderer: Renderer, name: str) -> None:
+    from kube_vgpu.resources import system_owned
     for w in _pods(renderer.render(option_values(name))):
         tpl = w["spec"]["template"]
-        assert tpl["metadata"]["labels"]["kube-vgpu.io/webhook"] == "ignore", w["metadata"]["name"]
+        # the chart's ValidatingAdmissionPolicy refuses pods created with them (the webhook skips
+        # the release namespace through its namespaceSelector instead)
+        meta = tpl["metadata"]
+        assert not [k for k in {**meta.get("labels", {}), **meta.get("annotations", {})} if system_owned(k)], \
+            w["metadata"]["name"]
         for c in tpl["spec"]["containers"] + tpl["spec"].get("initContainers", []):
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
@@ -576,7 +573,8 @@ def test_chart_files_exist() -> None:
 # -- the rendered args are accepted by the real command-line parsers ------------------------------
 
 PARSERS = {"scheduler": ("scheduler.server", "build_parser"), "webhook": ("webhook.server", "build_parser"),
-           "certs": ("certs.main", "build_parser"), "device-plugin": ("deviceplugin.main", "parser")}
+           "certs": ("certs.main", "build_parser"), "device-plugin": ("deviceplugin.main", "parser"),
+           "signing-keys": ("certs.signing_keys", "build_parser")}
 
 
 @pytest.mark.parametrize("name", ["default", "ha", "custom-paths"])
@@ -588,6 +586,8 @@ def test_rendered_args_parse_with_component_parsers(renderer: Renderer, name: st
             args = c.get("args")
             if not args or args[0] not in PARSERS:
                 continue
+            if args[:2] == ["certs", "signing-keys"]:  # `kube-vgpu certs signing-keys ...`
+                args = ["signing-keys", *args[2:]]
             mod_name, fn = PARSERS[args[0]]
             try:
                 parser = getattr(importlib.import_module(mod_name), fn)()
@@ -597,7 +597,7 @@ def test_rendered_args_parse_with_component_parsers(renderer: Renderer, name: st
             ns = parser.parse_args([a.replace("$(NODE_NAME)", "node-1") for a in args[1:]])
             assert ns is not None
             seen.add(args[0])
-    assert {"scheduler", "webhook", "device-plugin"} <= seen
+    assert {"scheduler", "webhook", "device-plugin", "signing-keys"} <= seen
 
 
 @pytest.mark.parametrize(("handover", "flag"), [(None, "--pending-stale-seconds=30"), (45, "--pending-stale-seconds=45"),

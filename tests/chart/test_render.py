@@ -63,7 +63,8 @@ def test_chart_requires_scheduler_config_v1(renderer: Renderer) -> None:
 
 
 def test_every_object_is_namespaced_to_the_release_or_cluster_scoped(renderer: Renderer) -> None:
-    cluster_kinds = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+    cluster_kinds = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for d in renderer.render():
         ns = d["metadata"].get("namespace")
         if d["kind"] in cluster_kinds:

@@ -100,10 +100,16 @@ false
 {{- printf "%s-webhook" (include "kube-vgpu.fullname" .) -}}
 {{- end -}}
 
-{{/* The policy file: the domain config (kube-vgpu.io/v1) exactly as the components read it. */}}
+{{/* The policy file: the domain config (kube-vgpu.io/v1) exactly as the components read it, with
+     webhook.systemUsers completed by the extender's and device plugin's ServiceAccount user names. */}}
 {{- define "kube-vgpu.configYaml" -}}
+{{- $cfg := deepCopy .Values.config -}}
+{{- $webhook := default dict $cfg.webhook -}}
+{{- $users := concat (include "kube-vgpu.systemUsers" . | fromJsonArray) (default list $webhook.systemUsers) | uniq -}}
+{{- $_ := set $webhook "systemUsers" $users -}}
+{{- $_ := set $cfg "webhook" $webhook -}}
 apiVersion: kube-vgpu.io/v1
-{{ toYaml .Values.config }}
+{{ toYaml $cfg }}
 {{- end -}}
 
 {{/* The default preferred anti-affinity for a component; call with (dict "root" $ "component" "x"). */}}
