@@ -638,6 +638,7 @@ static void nvml_load(void)
     g_nvml.handle_by_index = (nvmlDeviceGetHandleByIndex_v2_fn)real_dlsym(g_libnvml, "nvmlDeviceGetHandleByIndex_v2");
     g_nvml.get_index = (nvmlDeviceGetIndex_fn)real_dlsym(g_libnvml, "nvmlDeviceGetIndex");
     g_nvml.get_uuid = (nvmlDeviceGetUUID_fn)real_dlsym(g_libnvml, "nvmlDeviceGetUUID");
+    g_nvml.by_uuid = (nvmlDeviceGetHandleByUUID_fn)real_dlsym(g_libnvml, "nvmlDeviceGetHandleByUUID");
     g_nvml.mem_info = (nvmlDeviceGetMemoryInfo_fn)real_dlsym(g_libnvml, "nvmlDeviceGetMemoryInfo");
     g_nvml.mem_info_v2 = (nvmlDeviceGetMemoryInfo_v2_fn)real_dlsym(g_libnvml, "nvmlDeviceGetMemoryInfo_v2");
     g_nvml.util = (nvmlDeviceGetUtilizationRates_fn)real_dlsym(g_libnvml, "nvmlDeviceGetUtilizationRates");
@@ -770,34 +771,83 @@ EXPORT CUresult cuInit(unsigned int flags)
     return real_cuInit(flags);
 }
 
-/* ------------------------------------------------------------------ NVML <-> CUDA index */
-/* Maps an NVML device to the CUDA ordinal the limits are indexed by (CUDA_VISIBLE_DEVICES
- * order when set, else the NVML index). Returns -1 when the device is not visible. */
-int nvml_to_cuda_index(nvmlDevice_t d)
+/* ------------------------------------------------------------------ device mapping (see vgpu.h) */
+static int g_ord_dev[VGPU_MAX_DEV]; /* container GPU index + 1 per CUDA ordinal, 0 = not known yet */
+
+static int dev_of_uuid(const char *uuid)
 {
-    unsigned idx = 0;
-    if (!g_nvml.get_index || g_nvml.get_index(d, &idx) != NVML_SUCCESS)
-        return -1;
-    if (g_cfg.nvisible < 0)
-        return idx < VGPU_MAX_DEV ? (int)idx : -1;
-    char uuid[96] = "";
-    int have_uuid = 0;
-    for (int i = 0; i < g_cfg.nvisible; i++) {
-        const char *v = g_cfg.visible[i];
-        if (isdigit((unsigned char)v[0])) {
-            if ((unsigned)atoi(v) == idx)
+    if (g_cfg.nuuid > 0) {
+        for (int i = 0; i < g_cfg.nuuid; i++)
+            if (!strcasecmp(g_cfg.uuid[i], uuid))
                 return i;
-        } else {
-            if (!have_uuid) {
-                if (!g_nvml.get_uuid || g_nvml.get_uuid(d, uuid, sizeof uuid) != NVML_SUCCESS)
-                    return -1;
-                have_uuid = 1;
-            }
-            if (!strncmp(uuid, v, strlen(v)))
-                return i;
-        }
+        return VGPU_FOREIGN;
     }
+    nvmlDevice_t h;
+    unsigned idx;
+    if (vgpu_nvml_load() && g_nvml.by_uuid && g_nvml.get_index && g_nvml.by_uuid(uuid, &h) == NVML_SUCCESS &&
+        g_nvml.get_index(h, &idx) == NVML_SUCCESS && idx < VGPU_MAX_DEV)
+        return (int)idx;
     return -1;
+}
+
+int vgpu_dev_of_cuda(CUdevice ord)
+{
+    if (ord < 0 || ord >= VGPU_MAX_DEV)
+        return g_cfg.nuuid > 0 ? VGPU_FOREIGN : -1;
+    int c = __atomic_load_n(&g_ord_dev[ord], __ATOMIC_RELAXED);
+    if (LIKELY(c))
+        return c - 1;
+    CUuuid u;
+    int d = -1, known = 0;
+    if (real_cuDeviceGetUuid && real_cuDeviceGetUuid(&u, ord) == CUDA_SUCCESS) {
+        char uuid[48];
+        const unsigned char *b = u.bytes;
+        snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        d = dev_of_uuid(uuid);
+        known = d >= 0;
+    }
+    if (d < 0) {
+        if (g_cfg.nuuid > 0)
+            return VGPU_FOREIGN; /* the container's GPUs are known and this one cannot be named: nothing */
+        /* no UUID and no list (no NVML): the process's numbering, through a numeric CUDA_VISIBLE_DEVICES */
+        d = ord;
+        if (g_cfg.nvisible > 0 && ord < g_cfg.nvisible && isdigit((unsigned char)g_cfg.visible[ord][0]) &&
+            atoi(g_cfg.visible[ord]) < VGPU_MAX_DEV)
+            d = atoi(g_cfg.visible[ord]);
+    }
+    if (known)
+        __atomic_store_n(&g_ord_dev[ord], d + 1, __ATOMIC_RELAXED);
+    return d;
+}
+
+int vgpu_dev_of_nvml(nvmlDevice_t h)
+{
+    char uuid[96] = "";
+    if (g_nvml.get_uuid && g_nvml.get_uuid(h, uuid, sizeof uuid) == NVML_SUCCESS)
+        return dev_of_uuid(uuid);
+    return -1;
+}
+
+int vgpu_nvml_of_dev(int dev, nvmlDevice_t *out)
+{
+    if (dev < 0 || dev >= VGPU_MAX_DEV || !vgpu_nvml_load())
+        return -1;
+    if (g_cfg.nuuid > 0)
+        return dev < g_cfg.nuuid && g_nvml.by_uuid && g_nvml.by_uuid(g_cfg.uuid[dev], out) == NVML_SUCCESS ? 0 : -1;
+    return g_nvml.handle_by_index((unsigned)dev, out) == NVML_SUCCESS ? 0 : -1;
+}
+
+int vgpu_mem_limit(int dev, uint64_t *limit)
+{
+    if (dev == VGPU_FOREIGN) {
+        *limit = 0;
+        return 1;
+    }
+    if (dev < 0 || dev >= VGPU_MAX_DEV || !g_cfg.mem_set[dev])
+        return 0;
+    *limit = g_cfg.mem_limit[dev];
+    return 1;
 }
 
 /* ------------------------------------------------------------------ test/diagnostic API */

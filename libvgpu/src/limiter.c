@@ -72,7 +72,7 @@ static void refill_locked(struct smdev *d, uint64_t now)
 void limiter_throttle(uint64_t blocks, CUstream s)
 {
     CUdevice dev;
-    if (current_device(&dev, NULL))
+    if (current_device(&dev, NULL) || dev >= VGPU_MAX_DEV)
         return;
     struct smdev *d = &g_sm[dev];
     if (!d->limit)
@@ -107,29 +107,7 @@ void limiter_throttle(uint64_t blocks, CUstream s)
 /* ------------------------------------------------------------------ sampling */
 static int nvml_handle(int dev, nvmlDevice_t *out)
 {
-    unsigned idx = (unsigned)dev;
-    if (g_cfg.nvisible >= 0) {
-        if (dev >= g_cfg.nvisible)
-            return -1;
-        const char *v = g_cfg.visible[dev];
-        if (v[0] >= '0' && v[0] <= '9') {
-            idx = (unsigned)atoi(v);
-        } else {
-            for (unsigned i = 0; i < 64; i++) {
-                nvmlDevice_t h;
-                char uuid[96];
-                if (g_nvml.handle_by_index(i, &h) != NVML_SUCCESS)
-                    break;
-                if (g_nvml.get_uuid && g_nvml.get_uuid(h, uuid, sizeof uuid) == NVML_SUCCESS &&
-                    !strncmp(uuid, v, strlen(v))) {
-                    *out = h;
-                    return 0;
-                }
-            }
-            return -1;
-        }
-    }
-    return g_nvml.handle_by_index(idx, out) == NVML_SUCCESS ? 0 : -1;
+    return vgpu_nvml_of_dev(dev, out);
 }
 
 /* Busy fractions over [since_us, now]: of this process and of the whole container.

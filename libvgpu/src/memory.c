@@ -188,13 +188,17 @@ __attribute__((constructor)) static void memory_atfork(void)
 }
 
 /* ------------------------------------------------------------------ helpers */
+/* The container GPU (vgpu.h) of the current context: 0, or -1 without a context (the driver refuses
+ * the call itself). A GPU outside the container's list yields VGPU_FOREIGN, whose limit is 0. */
 int current_device(CUdevice *dev, CUcontext *ctx)
 {
-    if (!real_cuCtxGetDevice || real_cuCtxGetDevice(dev) != CUDA_SUCCESS)
+    CUdevice ord;
+    if (!real_cuCtxGetDevice || real_cuCtxGetDevice(&ord) != CUDA_SUCCESS)
         return -1;
     if (ctx && (!real_cuCtxGetCurrent || real_cuCtxGetCurrent(ctx) != CUDA_SUCCESS))
         *ctx = NULL;
-    return (*dev >= 0 && *dev < VGPU_MAX_DEV) ? 0 : -1;
+    *dev = vgpu_dev_of_cuda(ord);
+    return *dev >= 0 && *dev <= VGPU_FOREIGN ? 0 : -1;
 }
 
 static CUresult reserve(int dev, uint64_t bytes, const char *api)
@@ -248,17 +252,13 @@ static int g_ctx_count[VGPU_MAX_DEV];
 static uint64_t g_ctx_charge[VGPU_MAX_DEV];
 static pthread_mutex_t g_cmu = PTHREAD_MUTEX_INITIALIZER;
 
-static int64_t nvml_used(int dev)
+/* NVML used memory of container GPU cdev. */
+static int64_t nvml_used(int cdev)
 {
-    if (!vgpu_nvml_load() || !g_nvml.mem_info)
-        return -1;
-    /* CUDA ordinal -> NVML index: CUDA_VISIBLE_DEVICES entry when numeric, else the ordinal */
-    unsigned idx = (unsigned)dev;
-    if (g_cfg.nvisible > 0 && dev < g_cfg.nvisible && g_cfg.visible[dev][0] >= '0' && g_cfg.visible[dev][0] <= '9')
-        idx = (unsigned)atoi(g_cfg.visible[dev]);
     nvmlDevice_t h;
     nvmlMemory_t m;
-    if (g_nvml.handle_by_index(idx, &h) != NVML_SUCCESS || g_nvml.mem_info(h, &m) != NVML_SUCCESS)
+    if (!vgpu_nvml_load() || !g_nvml.mem_info || vgpu_nvml_of_dev(cdev, &h) != 0 ||
+        g_nvml.mem_info(h, &m) != NVML_SUCCESS)
         return -1;
     return (int64_t)m.used;
 }
@@ -273,7 +273,7 @@ static int64_t ctx_before(int dev)
     pthread_mutex_unlock(&g_cmu);
     if (!first || g_cfg.context_cost >= 0)
         return -1;
-    return nvml_used(dev);
+    return nvml_used(vgpu_dev_of_cuda(dev));
 }
 
 static void ctx_created(int dev, int64_t before)
@@ -286,17 +286,18 @@ static void ctx_created(int dev, int64_t before)
     if (!first)
         return;
     uint64_t cost = 0;
+    int cdev = vgpu_dev_of_cuda(dev);
     if (g_cfg.context_cost >= 0) {
         cost = (uint64_t)g_cfg.context_cost;
     } else if (before >= 0) {
-        int64_t after = nvml_used(dev);
+        int64_t after = nvml_used(cdev);
         if (after > before)
             cost = (uint64_t)(after - before);
         if (cost > (2ull << 30)) /* other tenants moved: do not trust the delta */
             cost = 0;
     }
     if (cost) {
-        region_reserve(dev, cost, 1, NULL, NULL); /* never fails: a context always succeeds */
+        region_reserve(cdev, cost, 1, NULL, NULL); /* never fails: a context always succeeds */
         pthread_mutex_lock(&g_cmu);
         g_ctx_charge[dev] = cost;
         pthread_mutex_unlock(&g_cmu);
@@ -317,7 +318,7 @@ static void ctx_gone(int dev, CUcontext ctx)
     }
     pthread_mutex_unlock(&g_cmu);
     if (charge)
-        region_release(dev, charge);
+        region_release(vgpu_dev_of_cuda(dev), charge);
 }
 
 static CUresult ctx_after(CUresult rc, CUcontext *pctx, CUdevice dev, int64_t before)
@@ -597,7 +598,7 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     REAL_OR_FAIL(cuMemPoolCreate);
     CUresult rc = real_cuMemPoolCreate(pool, props);
     if (rc == CUDA_SUCCESS && g_cfg.enabled && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        track_put(TK_POOL, (uint64_t)(uintptr_t)*pool, 0, props->location.id, NULL);
+        track_put(TK_POOL, (uint64_t)(uintptr_t)*pool, 0, vgpu_dev_of_cuda(props->location.id), NULL);
     return rc;
 }
 
@@ -622,7 +623,9 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
     if (!g_cfg.enabled || !handle || !size || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
         prop->location.id < 0 || prop->location.id >= VGPU_MAX_DEV)
         return real_cuMemCreate(handle, size, prop, flags); /* host-located memory is not counted */
-    int dev = prop->location.id;
+    int dev = vgpu_dev_of_cuda(prop->location.id);
+    if (dev < 0)
+        return real_cuMemCreate(handle, size, prop, flags);
     CUcontext ctx = NULL;
     if (real_cuCtxGetCurrent)
         real_cuCtxGetCurrent(&ctx);
@@ -864,9 +867,9 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
     CUdevice dev;
     if (rc != CUDA_SUCCESS || !g_cfg.enabled || !free_b || !total_b || current_device(&dev, NULL))
         return rc;
-    if (!g_cfg.mem_set[dev])
+    uint64_t lim;
+    if (!vgpu_mem_limit(dev, &lim))
         return rc;
-    uint64_t lim = g_cfg.mem_limit[dev];
     uint64_t total = lim < *total_b ? lim : *total_b;
     uint64_t used = region_used(dev);
     uint64_t avail = used >= total ? 0 : total - used;
@@ -882,9 +885,9 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     ensure_cuda();
     REAL_OR_FAIL(cuDeviceTotalMem_v2);
     CUresult rc = real_cuDeviceTotalMem_v2(bytes, dev);
-    if (rc == CUDA_SUCCESS && g_cfg.enabled && bytes && dev >= 0 && dev < VGPU_MAX_DEV && g_cfg.mem_set[dev] &&
-        g_cfg.mem_limit[dev] < *bytes)
-        *bytes = (size_t)g_cfg.mem_limit[dev];
+    uint64_t lim;
+    if (rc == CUDA_SUCCESS && g_cfg.enabled && bytes && vgpu_mem_limit(vgpu_dev_of_cuda(dev), &lim) && lim < *bytes)
+        *bytes = (size_t)lim;
     return rc;
 }
 
@@ -903,10 +906,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
     nvmlReturn_t rc = fn(d, m);
     if (rc != NVML_SUCCESS || !g_cfg.enabled || !m)
         return rc;
-    int dev = nvml_to_cuda_index(d);
-    if (dev < 0 || !g_cfg.mem_set[dev])
+    int dev = vgpu_dev_of_nvml(d);
+    uint64_t lim;
+    if (!vgpu_mem_limit(dev, &lim))
         return rc;
-    uint64_t lim = g_cfg.mem_limit[dev], used = region_used(dev);
+    uint64_t used = region_used(dev);
     if (lim > m->total)
         lim = m->total; /* never more than the GPU has */
     m->total = lim;
@@ -923,10 +927,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     nvmlReturn_t rc = g_nvml.mem_info_v2(d, m);
     if (rc != NVML_SUCCESS || !g_cfg.enabled || !m)
         return rc;
-    int dev = nvml_to_cuda_index(d);
-    if (dev < 0 || !g_cfg.mem_set[dev])
+    int dev = vgpu_dev_of_nvml(d);
+    uint64_t lim;
+    if (!vgpu_mem_limit(dev, &lim))
         return rc;
-    uint64_t lim = g_cfg.mem_limit[dev], used = region_used(dev);
+    uint64_t used = region_used(dev);
     if (lim > m->total)
         lim = m->total;
     m->total = lim;

@@ -476,6 +476,13 @@ static void ensure_slot_locked(void)
  * rewritten file can make accounting private, but it can never lift the limit. */
 int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint64_t *limit_out)
 {
+    if (dev == VGPU_FOREIGN && !force) { /* not one of the container's GPUs: nothing */
+        if (used_out)
+            *used_out = 0;
+        if (limit_out)
+            *limit_out = 0;
+        return -1;
+    }
     if (!g_reg || dev < 0 || dev >= VGPU_REGION_DEVS)
         return 0;
     int limited = dev < VGPU_MAX_DEV && g_cfg.mem_set[dev];

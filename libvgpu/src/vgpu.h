@@ -30,6 +30,7 @@ typedef nvmlReturn_t (*nvmlInit_v2_fn)(void);
 typedef nvmlReturn_t (*nvmlDeviceGetHandleByIndex_v2_fn)(unsigned int, nvmlDevice_t *);
 typedef nvmlReturn_t (*nvmlDeviceGetIndex_fn)(nvmlDevice_t, unsigned int *);
 typedef nvmlReturn_t (*nvmlDeviceGetUUID_fn)(nvmlDevice_t, char *, unsigned int);
+typedef nvmlReturn_t (*nvmlDeviceGetHandleByUUID_fn)(const char *, nvmlDevice_t *);
 typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfo_fn)(nvmlDevice_t, nvmlMemory_t *);
 typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfo_v2_fn)(nvmlDevice_t, nvmlMemory_v2_t *);
 typedef nvmlReturn_t (*nvmlDeviceGetUtilizationRates_fn)(nvmlDevice_t, nvmlUtilization_t *);
@@ -41,6 +42,7 @@ struct nvml_api {
     nvmlDeviceGetHandleByIndex_v2_fn handle_by_index;
     nvmlDeviceGetIndex_fn get_index;
     nvmlDeviceGetUUID_fn get_uuid;
+    nvmlDeviceGetHandleByUUID_fn by_uuid;
     nvmlDeviceGetMemoryInfo_fn mem_info;
     nvmlDeviceGetMemoryInfo_v2_fn mem_info_v2;
     nvmlDeviceGetUtilizationRates_fn util;
@@ -117,8 +119,19 @@ int track_take(int kind, uint64_t key, uint64_t *size, int *dev);
 void limiter_start(void);
 void limiter_throttle(uint64_t blocks, CUstream s);
 
-/* ------------------------------------------------------------------ lookup (core.c) */
-int nvml_to_cuda_index(nvmlDevice_t d);
+/* ------------------------------------------------------------------ device mapping (core.c)
+ * One mapping, by GPU UUID: a CUDA ordinal (this process's numbering, after its own
+ * CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER) -> the GPU's UUID (the driver's cuDeviceGetUuid) -> the
+ * container GPU index: its position in the container's list (limits file, else NVIDIA_VISIBLE_DEVICES),
+ * else its NVML index. Limits and shared accounting are indexed by the container GPU index, so every
+ * process charges a physical GPU to the same slot. VGPU_FOREIGN: a GPU that is not in the container's
+ * list; its limit is 0 (fail closed). */
+#define VGPU_FOREIGN VGPU_MAX_DEV
+int vgpu_dev_of_cuda(CUdevice ordinal);            /* -1: unknown (no driver answer, no list) */
+int vgpu_dev_of_nvml(nvmlDevice_t d);              /* -1: not determinable */
+int vgpu_nvml_of_dev(int dev, nvmlDevice_t *out);  /* 0 on success */
+/* 1 and the limit in bytes when a memory limit applies to container GPU dev (VGPU_FOREIGN: 0 bytes) */
+int vgpu_mem_limit(int dev, uint64_t *limit);
 uint64_t now_ns(void);
 
 #endif

@@ -176,9 +176,68 @@ static uint64_t env_u64(const char *name, uint64_t dflt)
             return CUDA_ERROR_NOT_INITIALIZED; \
     } while (0)
 
+/* CUDA ordinals, like the driver's: the devices in CUDA_DEVICE_ORDER (FASTEST_FIRST, the default:
+ * more SMs first, ties in PCI bus order; PCI_BUS_ID: bus order), then filtered and reordered by
+ * CUDA_VISIBLE_DEVICES (indices into that order, or GPU UUIDs / unique UUID prefixes; the list ends
+ * at the first entry that matches nothing). g_phys[ordinal] = position in the config = NVML index. */
+static int g_phys[FG_MAX_DEV];
+static int g_nvis;
+#define PH(d) (g_phys[(d)])
+
+static void map_devices(void)
+{
+    int order[FG_MAX_DEV], n = g_cfg.count;
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    const char *ord = getenv("CUDA_DEVICE_ORDER");
+    int fastest = !ord || strcmp(ord, "PCI_BUS_ID");
+    for (int i = 1; i < n; i++) { /* insertion sort, stable */
+        for (int j = i; j > 0; j--) {
+            const struct fg_gpu *a = &g_cfg.gpu[order[j - 1]], *b = &g_cfg.gpu[order[j]];
+            int cmp = fastest && a->sm_count != b->sm_count ? (a->sm_count < b->sm_count) : strcmp(a->pci, b->pci) > 0;
+            if (!cmp)
+                break;
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    }
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    if (!vis) {
+        memcpy(g_phys, order, sizeof(int) * (size_t)n);
+        g_nvis = n;
+        return;
+    }
+    g_nvis = 0;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", vis);
+    for (char *tok = strtok(buf, ","); tok && g_nvis < FG_MAX_DEV; tok = strtok(NULL, ",")) {
+        int found = -1;
+        if (isdigit((unsigned char)tok[0])) {
+            int k = atoi(tok);
+            found = k >= 0 && k < n ? order[k] : -1;
+        } else {
+            for (int i = 0; i < n; i++)
+                if (!strncasecmp(g_cfg.gpu[order[i]].uuid, tok, strlen(tok)))
+                    found = found < 0 ? order[i] : -2; /* ambiguous prefix */
+        }
+        if (found < 0)
+            break;
+        g_phys[g_nvis++] = found;
+    }
+}
+
 static int dev_ok(CUdevice d)
 {
-    return d >= 0 && d < g_cfg.count;
+    return d >= 0 && d < g_nvis;
+}
+
+static int ordinal_of(int phys)
+{
+    for (int i = 0; i < g_nvis; i++)
+        if (g_phys[i] == phys)
+            return i;
+    return -1;
 }
 
 static uint64_t dev_total(int dev)
@@ -354,6 +413,11 @@ EXPORT CUresult cuInit(unsigned int flags)
             pthread_mutex_unlock(&g_mu);
             return CUDA_ERROR_NOT_INITIALIZED;
         }
+        map_devices();
+        if (g_nvis == 0) {
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_ERROR_NO_DEVICE;
+        }
         g_ns_per_block = env_u64("FAKE_CUDA_NS_PER_BLOCK", 1000);
         g_ctx_bytes = env_u64("FAKE_CUDA_CTX_MIB", 300) * MIB;
         g_max_queue_ns = env_u64("FAKE_CUDA_MAX_QUEUE_US", 5000) * 1000;
@@ -376,7 +440,7 @@ EXPORT CUresult cuDeviceGetCount(int *n)
     CHECK_INIT();
     if (!n)
         return CUDA_ERROR_INVALID_VALUE;
-    *n = g_cfg.count;
+    *n = g_nvis;
     return CUDA_SUCCESS;
 }
 
@@ -398,7 +462,7 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d)
         return CUDA_ERROR_INVALID_VALUE;
     if (!dev_ok(d))
         return CUDA_ERROR_INVALID_DEVICE;
-    snprintf(name, (size_t)len, "%s", g_cfg.gpu[d].name);
+    snprintf(name, (size_t)len, "%s", g_cfg.gpu[PH(d)].name);
     return CUDA_SUCCESS;
 }
 
@@ -410,7 +474,7 @@ EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
     if (!dev_ok(d))
         return CUDA_ERROR_INVALID_DEVICE;
     memset(u, 0, sizeof(*u));
-    const char *p = g_cfg.gpu[d].uuid;
+    const char *p = g_cfg.gpu[PH(d)].uuid;
     if (!strncmp(p, "GPU-", 4))
         p += 4;
     int n = 0;
@@ -441,7 +505,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d)
         return CUDA_ERROR_INVALID_VALUE;
     if (!dev_ok(d))
         return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = dev_total(d);
+    *bytes = dev_total(PH(d));
     return CUDA_SUCCESS;
 }
 
@@ -463,16 +527,16 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
         return CUDA_ERROR_INVALID_DEVICE;
     switch (attr) {
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
-        *v = g_cfg.gpu[d].sm_count;
+        *v = g_cfg.gpu[PH(d)].sm_count;
         break;
     case 39: /* MAX_THREADS_PER_MULTIPROCESSOR */
         *v = 2048;
         break;
     case 75: /* COMPUTE_CAPABILITY_MAJOR */
-        *v = g_cfg.gpu[d].cc_major;
+        *v = g_cfg.gpu[PH(d)].cc_major;
         break;
     case 76:
-        *v = g_cfg.gpu[d].cc_minor;
+        *v = g_cfg.gpu[PH(d)].cc_minor;
         break;
     default:
         *v = 0;
@@ -514,7 +578,7 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice d)
         return CUDA_ERROR_INVALID_VALUE;
     if (!dev_ok(d))
         return CUDA_ERROR_INVALID_DEVICE;
-    struct fctx *c = ctx_new(d, 0);
+    struct fctx *c = ctx_new(PH(d), 0);
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (t_cur && t_depth < 32)
@@ -624,7 +688,7 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d)
         return CUDA_ERROR_INVALID_VALUE;
     if (!t_cur || !t_cur->used)
         return CUDA_ERROR_INVALID_CONTEXT;
-    *d = t_cur->dev;
+    *d = ordinal_of(t_cur->dev);
     return CUDA_SUCCESS;
 }
 
@@ -645,7 +709,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
     if (!dev_ok(d))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
-    struct fctx *c = g_primary[d];
+    struct fctx *c = g_primary[PH(d)];
     if (c && c->used) {
         c->refs++;
         pthread_mutex_unlock(&g_mu);
@@ -653,11 +717,11 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
         return CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_mu);
-    c = ctx_new(d, 1);
+    c = ctx_new(PH(d), 1);
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&g_mu);
-    g_primary[d] = c;
+    g_primary[PH(d)] = c;
     pthread_mutex_unlock(&g_mu);
     *pctx = (CUcontext)c;
     return CUDA_SUCCESS;
@@ -669,14 +733,14 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
     if (!dev_ok(d))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
-    struct fctx *c = g_primary[d];
+    struct fctx *c = g_primary[PH(d)];
     if (!c || !c->used) {
         pthread_mutex_unlock(&g_mu);
         return CUDA_ERROR_INVALID_CONTEXT;
     }
     int last = --c->refs == 0;
     if (last)
-        g_primary[d] = NULL;
+        g_primary[PH(d)] = NULL;
     pthread_mutex_unlock(&g_mu);
     if (last) {
         if (t_cur == c)
@@ -692,8 +756,8 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d)
     if (!dev_ok(d))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
-    struct fctx *c = g_primary[d];
-    g_primary[d] = NULL;
+    struct fctx *c = g_primary[PH(d)];
+    g_primary[PH(d)] = NULL;
     pthread_mutex_unlock(&g_mu);
     if (c) {
         if (t_cur == c)
@@ -775,7 +839,7 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d)
     if (!dev_ok(d))
         return CUDA_ERROR_INVALID_DEVICE;
     g_pool[d].used = 1;
-    g_pool[d].dev = d;
+    g_pool[d].dev = PH(d);
     *pool = (CUmemoryPool)&g_pool[d];
     return CUDA_SUCCESS;
 }
@@ -794,7 +858,7 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     for (int i = FG_MAX_DEV; i < MAX_POOL; i++) {
         if (!g_pool[i].used) {
             g_pool[i].used = 1;
-            g_pool[i].dev = props->location.id;
+            g_pool[i].dev = PH(props->location.id);
             pthread_mutex_unlock(&g_mu);
             *pool = (CUmemoryPool)&g_pool[i];
             return CUDA_SUCCESS;
@@ -900,7 +964,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
     if (!h || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !dev_ok(prop->location.id) ||
         size % VMM_GRAN)
         return CUDA_ERROR_INVALID_VALUE;
-    return new_alloc(h, size, prop->location.id, t_cur, K_HANDLE);
+    return new_alloc(h, size, PH(prop->location.id), t_cur, K_HANDLE);
 }
 
 /* Caller holds g_mu. Frees a released handle's physical memory once unmapped; returns bytes to uncharge. */

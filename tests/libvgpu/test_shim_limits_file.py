@@ -206,3 +206,52 @@ def test_device_plugin_mounts_the_file_read_only_outside_the_cache_dir(tmp_path:
     assert "memory_mib_0=1000" in text and "cores_0=20" in text and f"uuid_0={UUID0}" in text
     # the same bookings as the env
     assert spec.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m" and spec.envs["CUDA_DEVICE_SM_LIMIT"] == "20"
+
+
+# ------------------------------------------------------------------ one device mapping (by UUID)
+@pytest.mark.parametrize("order", ["FASTEST_FIRST", "PCI_BUS_ID"])
+def test_cuda_visible_devices_worker_is_charged_to_its_physical_gpu(tc_limits: Toolchain, tmp_path: Path,
+                                                                   order: str) -> None:
+    """2-GPU container, 1 GiB each. A worker with CUDA_VISIBLE_DEVICES=1 (its ordinal 0) is charged to GPU 1,
+    so 800 MiB still fits on the idle GPU 0 (was: charged to GPU 0, the 800 MiB refused). The GPUs differ
+    in SM count, so FASTEST_FIRST numbers them the other way round from the PCI bus order."""
+    cfg = tmp_path / "nvml.conf"
+    cfg.write_text(f"gpu uuid={UUID0} sm_count=100\ngpu uuid={UUID1} sm_count=132\n")
+    path = limits_path(tc_limits)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(envcontract.limits_file([DeviceBooking(UUID0, 1024, 0), DeviceBooking(UUID1, 1024, 0)],
+                                            str(tmp_path / "vgpu.cache")))
+    try:
+        env = {"FAKE_NVML_CONFIG": str(cfg), "CUDA_DEVICE_ORDER": order}
+        gpu1_ordinal = "0" if order == "FASTEST_FIRST" else "1"  # GPU 1 has more SMs
+        worker = subprocess.Popen([str(tc_limits.prog), "direct", "hold_on", "0", "800", "60"],
+                                  env=tc_limits.env(CUDA_VISIBLE_DEVICES=gpu1_ordinal, **env),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert worker.stdout is not None
+            w = parse(worker.stdout.readline())
+            assert (int(w["hold"]), int(w["used0"]), int(w["used1"])) == (0, 0, 800 * MIB), w
+            gpu0_ordinal = "1" if order == "FASTEST_FIRST" else "0"
+            out = parse(run(tc_limits, "direct", "hold_on", gpu0_ordinal, "800", "0", **env).stdout)
+            assert (int(out["hold"]), int(out["used0"]), int(out["used1"])) == (0, 800 * MIB, 800 * MIB)
+            out = parse(run(tc_limits, "direct", "hold_on", gpu1_ordinal, "400", "0", **env).stdout)
+            assert int(out["hold"]) == 2  # GPU 1 is full, whichever numbering reaches it
+            region = read_region(tmp_path / "vgpu.cache")
+            assert region.used[:2] == [0, 800 * MIB]
+        finally:
+            _stop(worker)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_gpu_outside_the_container_gets_nothing(tc_limits: Toolchain, tmp_path: Path) -> None:
+    cfg = tmp_path / "nvml.conf"
+    cfg.write_text(f"gpu uuid={UUID0}\ngpu uuid={UUID1}\n")
+    path = limits_path(tc_limits)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(envcontract.limits_file([DeviceBooking(UUID0, 1024, 0)], str(tmp_path / "c")))
+    try:
+        out = parse(run(tc_limits, "direct", "hold_on", "1", "1", "0", FAKE_NVML_CONFIG=str(cfg)).stdout)
+        assert int(out["hold"]) == 2
+    finally:
+        path.unlink(missing_ok=True)

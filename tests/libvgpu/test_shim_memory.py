@@ -168,9 +168,13 @@ def test_nvml_follows_cuda_visible_devices(tc: Toolchain, tmp_path) -> None:
     cfg = tmp_path / "nvml.conf"
     cfg.write_text("gpu index=0\ngpu index=1\n")
     code = PY_CTYPES.replace("nvmlDeviceGetHandleByIndex_v2(0,", "nvmlDeviceGetHandleByIndex_v2(1,")
-    # CUDA ordinal 0 is NVML GPU 1: the limit of ordinal 0 shows on NVML index 1
-    out = parse(run_python(tc, code, CUDA_DEVICE_MEMORY_LIMIT_0="1g", LIBVGPU_CONTEXT_COST="0",
+    # the process's CUDA ordinal 0 is the container's GPU 1 (NVML index 1): its limit and usage are GPU 1's,
+    # wherever the process's own CUDA_VISIBLE_DEVICES puts it
+    out = parse(run_python(tc, code.replace("shim.vgpu_get_usage(0,", "shim.vgpu_get_usage(1,"),
+                           CUDA_DEVICE_MEMORY_LIMIT_0="8g", CUDA_DEVICE_MEMORY_LIMIT_1="1g", LIBVGPU_CONTEXT_COST="0",
                            CUDA_VISIBLE_DEVICES="1", FAKE_NVML_CONFIG=str(cfg)).stdout)
+    assert (int(out["r1"]), int(out["u1"]), int(out["r2"])) == (0, 600 * MIB, 2)
+    assert int(out["total"]) == GIB
     assert int(out["ntotal"]) == GIB and int(out["nused"]) == 600 * MIB
 
 

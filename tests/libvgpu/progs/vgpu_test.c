@@ -553,6 +553,19 @@ static int sc_hold(unsigned long long mib, double seconds)
     return 0;
 }
 
+/* ---- hold an allocation on CUDA ordinal `ord` (this process's numbering); usage of container GPUs 0 and 1 */
+static int sc_hold_on(int ord, unsigned long long mib, double seconds)
+{
+    init_ctx(ord);
+    CUdeviceptr p;
+    CUresult r = p_cuMemAlloc_v2(&p, mib * MIB);
+    printf("hold=%d used0=%llu used1=%llu\n", r, usage(0), usage(1));
+    fflush(stdout);
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    nanosleep(&ts, NULL);
+    return 0;
+}
+
 /* ---- allocate, wait for a line on stdin (the test damages the shared file meanwhile), then go on:
  * "step" allocations of the given sizes (MiB) print rc:usage; then cuMemGetInfo and a free. */
 static int sc_hold_then(unsigned long long first, int n, char **sizes)
@@ -627,6 +640,8 @@ int main(int argc, char **argv)
         return sc_graph(atof(argv[3]), (unsigned)atoi(argv[4]), (unsigned)atoi(argv[5]));
     if (!strcmp(sc, "tiny"))
         return sc_tiny();
+    if (!strcmp(sc, "hold_on") && argc >= 6)
+        return sc_hold_on(atoi(argv[3]), strtoull(argv[4], NULL, 10), atof(argv[5]));
     if (!strcmp(sc, "hold") && argc >= 5)
         return sc_hold(strtoull(argv[3], NULL, 10), atof(argv[4]));
     if (!strcmp(sc, "hold_then") && argc >= 4)
