@@ -15,6 +15,22 @@ Endpoints (docs/CONTRACTS.md):
 
 The certificate is reloaded when its files change (:mod:`webhook.tlsreload`). Logs are JSON lines
 on stderr.
+
+**Bounded** (:class:`Limits`, one flag each): the server accepts connections itself and refuses
+(closes at once, with a TCP reset) any beyond ``--max-connections``, counting every connection from
+accept to close, TLS handshake included; a TLS handshake must finish within
+``--tls-handshake-timeout``; a fresh connection must start a request within ``--idle-timeout``; a
+request's headers must be complete within ``--header-timeout`` of its first byte; its body within
+``--body-timeout`` (HTTP 408 and close otherwise); an idle keep-alive connection is closed after
+``--keepalive-timeout``. Every timeout closes the connection (no graceful TLS shutdown is waited
+for longer than 2 s). Closed and refused connections are counted in
+``kube_vgpu_webhook_connections_closed_total{reason}``; open ones in ``kube_vgpu_webhook_connections``.
+
+Python's asyncio TLS keeps a 256 KiB read buffer per connection (``asyncio.sslproto``), and a
+connection reset during the handshake leaves its protocol in a reference cycle (an exception's
+traceback) that only a full garbage collection frees. So the connection cap bounds the buffers of
+live connections, and after every ``--gc-every-closed`` connections that ended without a completed
+exchange the server runs ``gc.collect()``; see docs/limits.md for the measured figures.
 """
 
 from __future__ import annotations
@@ -25,8 +41,13 @@ import gc
 import json
 import logging
 import signal
+import socket
+import ssl
+import struct
 import threading
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from aiohttp import web
@@ -35,6 +56,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from kube_vgpu import jsonlog
 from kube_vgpu.config import Config, load_config
+from kube_vgpu.config import replace as config_replace
 from kube_vgpu.errors import ConfigError
 
 from .admission import BadReview, answer, decode_review
@@ -45,6 +67,48 @@ log = logging.getLogger("kube_vgpu.webhook")
 DEFAULT_MAX_BODY = 3 * 1024 * 1024
 BAD_REQUEST = "bad-request"
 ERROR = "error"
+#: seconds a closing TLS connection waits for the peer's close_notify
+TLS_SHUTDOWN_TIMEOUT = 2.0
+
+# ``reason`` label of kube_vgpu_webhook_connections_closed_total
+REFUSED = "refused"  #: over --max-connections, closed at accept
+HANDSHAKE_FAILED = "handshake-failed"  #: reset, bad TLS, or over --tls-handshake-timeout
+IDLE_TIMEOUT = "idle-timeout"
+HEADER_TIMEOUT = "header-timeout"
+BODY_TIMEOUT = "body-timeout"
+KEEPALIVE_TIMEOUT = "keepalive-timeout"
+CLOSED = "closed"  #: any other end (client closed, server answered with Connection: close, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Connection limits of the listener (seconds, counts). Each maps to a flag of the same name.
+
+    max_connections: open connections (from accept to close, TLS handshake included); more are
+    refused. tls_handshake_timeout: accept to finished handshake. idle_timeout: finished handshake
+    to a request's first byte. header_timeout: a request's first byte to its complete headers.
+    body_timeout: complete headers to complete body (POST /mutate). keepalive_timeout: a response to
+    the next request's first byte. gc_every_closed: run a full garbage collection after this many
+    connections ended without completing a request (0 = never).
+    """
+
+    max_connections: int = 256
+    tls_handshake_timeout: float = 5.0
+    idle_timeout: float = 10.0
+    header_timeout: float = 10.0
+    body_timeout: float = 10.0
+    keepalive_timeout: float = 60.0
+    gc_every_closed: int = 64
+
+    def check(self) -> None:
+        """Raise ValueError naming the limit that is out of range."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "gc_every_closed":
+                if v < 0:
+                    raise ValueError(f"--gc-every-closed={v}: must be >= 0 (0 = never)")
+            elif not v > 0:
+                raise ValueError(f"--{f.name.replace('_', '-')}={v}: must be > 0")
 _BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -67,6 +131,10 @@ class Metrics:
                                ["result"], registry=self.registry)
         self.expiry = Gauge("kube_vgpu_webhook_cert_expiry_timestamp_seconds",
                             "notAfter of the serving certificate, unix seconds", registry=self.registry)
+        self.connections = Gauge("kube_vgpu_webhook_connections",
+                                 "Open connections (TLS handshake included)", registry=self.registry)
+        self.closed = Counter("kube_vgpu_webhook_connections_closed",
+                              "Connections closed or refused, by reason", ["reason"], registry=self.registry)
 
     def on_reload(self, result: str, not_after: float) -> None:
         self.reloads.labels(result).inc()
@@ -85,8 +153,10 @@ def _timing(arrived: float, started: float) -> dict[str, str]:
 
 
 def make_app(config: Config, metrics: Metrics, max_body_bytes: int = DEFAULT_MAX_BODY,
-             ready: Any = None) -> web.Application:
-    """The aiohttp application (routes above). ``ready()`` -> bool decides /readyz (default: True)."""
+             ready: Any = None, body_timeout: float | None = None,
+             middlewares: tuple[Any, ...] = ()) -> web.Application:
+    """The aiohttp application (routes above). ``ready()`` -> bool decides /readyz (default: True).
+    body_timeout: seconds to receive a /mutate body (None = no limit; then HTTP 408 and close)."""
 
     async def mutate(request: web.Request) -> web.Response:
         arrived = time.perf_counter()
@@ -98,10 +168,17 @@ def make_app(config: Config, metrics: Metrics, max_body_bytes: int = DEFAULT_MAX
                 return _plain(400, f"body of {request.content_length} bytes exceeds --max-body-bytes="
                                    f"{max_body_bytes}", arrived, started)
             try:
-                body = await request.read()
+                async with asyncio.timeout(body_timeout):
+                    body = await request.read()
             except web.HTTPRequestEntityTooLarge:
                 outcome = BAD_REQUEST
                 return _plain(400, f"body exceeds --max-body-bytes={max_body_bytes}", arrived, started)
+            except TimeoutError:
+                outcome = BAD_REQUEST
+                metrics.closed.labels(BODY_TIMEOUT).inc()
+                late = _plain(408, f"body not received within --body-timeout={body_timeout}s", arrived, started)
+                late.force_close()
+                return late
             started = time.perf_counter()
             cpu0 = time.thread_time()
             try:
@@ -143,7 +220,7 @@ def make_app(config: Config, metrics: Metrics, max_body_bytes: int = DEFAULT_MAX
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     # client_max_size bounds request.read(); the Content-Length check above answers early.
-    app = web.Application(client_max_size=max_body_bytes)
+    app = web.Application(client_max_size=max_body_bytes, middlewares=list(middlewares))
     app.router.add_post("/mutate", mutate)
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
@@ -151,40 +228,267 @@ def make_app(config: Config, metrics: Metrics, max_body_bytes: int = DEFAULT_MAX
     return app
 
 
+class _Guard(asyncio.Protocol):
+    """Wraps aiohttp's per-connection protocol and enforces the idle, header and keep-alive timeouts.
+
+    States: ``idle`` (handshake done, no byte yet), ``headers`` (a request's first byte seen),
+    ``request`` (aiohttp handed the request to the app: the handler bounds the body), ``keepalive``
+    (response done). A timer per state; when it fires the transport is aborted.
+    """
+
+    def __init__(self, owner: _Listener, inner: asyncio.Protocol):
+        self.owner = owner
+        self.inner = inner
+        self.transport: asyncio.Transport | None = None
+        self.state = "idle"
+        self._timer: asyncio.TimerHandle | None = None
+        self.slot: _Slot | None = None
+
+    def _arm(self, seconds: float, reason: str) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.owner.loop.call_later(seconds, self._expire, reason)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self, reason: str) -> None:
+        self._timer = None
+        if self.slot is not None:
+            self.slot.reason = reason
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.owner.guards[transport] = self
+        self._arm(self.owner.limits.idle_timeout, IDLE_TIMEOUT)
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state in ("idle", "keepalive"):
+            self.state = "headers"
+            self._arm(self.owner.limits.header_timeout, HEADER_TIMEOUT)
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self.transport is not None:
+            self.owner.guards.pop(self.transport, None)
+        if self.slot is not None:
+            self.slot.release()
+        self.inner.connection_lost(exc)
+
+    def request_started(self) -> None:
+        self.state = "request"
+        self._disarm()
+        if self.slot is not None:
+            self.slot.served = True
+
+    def request_finished(self) -> None:
+        self.state = "keepalive"
+        self._arm(self.owner.limits.keepalive_timeout, KEEPALIVE_TIMEOUT)
+
+
+class _Slot:
+    """One accepted connection's place under the cap; released exactly once."""
+
+    __slots__ = ("owner", "released", "reason", "served")
+
+    def __init__(self, owner: _Listener):
+        self.owner = owner
+        self.released = False
+        self.reason = CLOSED
+        self.served = False
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.owner.release(self)
+
+
+class _Listener:
+    """Accepts TCP connections on ``sock`` itself: refuses those over the cap, runs the TLS handshake
+    under its timeout, and hands finished ones to aiohttp through a :class:`_Guard`."""
+
+    def __init__(self, sock: socket.socket, ssl_ctx: ssl.SSLContext, factory: Callable[[], asyncio.Protocol],
+                 limits: Limits, metrics: Metrics):
+        self.sock = sock
+        self.ssl_ctx = ssl_ctx
+        self.factory = factory
+        self.limits = limits
+        self.metrics = metrics
+        self.loop = asyncio.get_running_loop()
+        self.open = 0
+        self.guards: dict[asyncio.BaseTransport, _Guard] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._unserved_since_gc = 0
+        self._gc_pending = False
+        self.gc_runs = 0
+
+    def start(self) -> None:
+        self.sock.setblocking(False)
+        self.loop.add_reader(self.sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        for _ in range(128):  # like asyncio's own accept loop: a batch per wake-up
+            try:
+                conn, _addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE & co.: keep listening
+                log.warning("accept failed", extra={"error": str(e)})
+                return
+            if self.open >= self.limits.max_connections:
+                # refused: a reset at once, nothing allocated for it
+                try:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                except OSError:
+                    pass
+                conn.close()
+                self.metrics.closed.labels(REFUSED).inc()
+                continue
+            conn.setblocking(False)
+            slot = _Slot(self)
+            self.open += 1
+            self.metrics.connections.set(self.open)
+            task = self.loop.create_task(self._handshake(conn, slot))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _handshake(self, conn: socket.socket, slot: _Slot) -> None:
+        guard: _Guard | None = None
+
+        def make() -> asyncio.Protocol:
+            nonlocal guard
+            guard = _Guard(self, self.factory())
+            guard.slot = slot
+            return guard
+
+        try:
+            await self.loop.connect_accepted_socket(
+                make, conn, ssl=self.ssl_ctx, ssl_handshake_timeout=self.limits.tls_handshake_timeout,
+                ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT)
+        except asyncio.CancelledError:
+            conn.close()
+            slot.release()
+            raise
+        except Exception:  # reset, TLS alert, handshake timeout: the connection is gone
+            if guard is None or guard.transport is None:
+                slot.reason = HANDSHAKE_FAILED
+                conn.close()
+                slot.release()
+
+    def release(self, slot: _Slot) -> None:
+        self.open -= 1
+        self.metrics.connections.set(self.open)
+        self.metrics.closed.labels(slot.reason).inc()
+        if slot.served or not self.limits.gc_every_closed:
+            return
+        self._unserved_since_gc += 1
+        if self._unserved_since_gc >= self.limits.gc_every_closed and not self._gc_pending:
+            self._gc_pending = True
+            self.loop.call_soon(self._collect)
+
+    def _collect(self) -> None:
+        """Free the TLS buffers that aborted handshakes leave in reference cycles."""
+        self._gc_pending = False
+        self._unserved_since_gc = 0
+        gc.collect()
+        self.gc_runs += 1
+
+    def middleware(self) -> Any:
+        """aiohttp middleware telling the connection's guard when a request starts and ends."""
+
+        @web.middleware
+        async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                        ) -> web.StreamResponse:
+            g = self.guards.get(request.transport) if request.transport is not None else None
+            if g is not None:
+                g.request_started()
+            try:
+                return await handler(request)
+            finally:
+                if g is not None:
+                    g.request_finished()
+
+        return guard
+
+    async def close(self) -> None:
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+
+
 class WebhookServer:
     """One running webhook: app + HTTPS listener + certificate watcher.
 
     port 0 picks a free port (see ``port`` after :meth:`start`). reload_interval: seconds between
-    certificate file checks. Raises (start): OSError if the address is taken; ssl.SSLError/OSError
-    if the certificate pair cannot be loaded.
+    certificate file checks. limits: connection limits (:class:`Limits`). Raises (start): OSError if
+    the address is taken; ssl.SSLError/OSError if the certificate pair cannot be loaded.
     """
 
     def __init__(self, config: Config, cert_file: str, key_file: str, host: str = "0.0.0.0",
-                 port: int = 8443, max_body_bytes: int = DEFAULT_MAX_BODY, reload_interval: float = 2.0):
+                 port: int = 8443, max_body_bytes: int = DEFAULT_MAX_BODY, reload_interval: float = 2.0,
+                 limits: Limits | None = None):
         self.config = config
         self.cert_file, self.key_file = cert_file, key_file
         self.host, self.port = host, port
         self.max_body_bytes = max_body_bytes
         self.reload_interval = reload_interval
+        self.limits = limits or Limits()
+        self.limits.check()
         self.metrics = Metrics()
         self.tls: ReloadingTLS | None = None
+        self.listener: _Listener | None = None
         self._runner: web.AppRunner | None = None
         self._watch: asyncio.Task[None] | None = None
         self._ready = False
 
     async def start(self) -> None:
         self.tls = ReloadingTLS(self.cert_file, self.key_file, self.reload_interval, self.metrics.on_reload)
-        app = make_app(self.config, self.metrics, self.max_body_bytes, ready=lambda: self._ready)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.create_server((self.host, self.port), family=family, backlog=1024)
+        self.port = int(sock.getsockname()[1])
+
+        def protocol() -> asyncio.Protocol:
+            server = self._runner.server if self._runner is not None else None
+            assert server is not None, "runner not set up"
+            return server()
+
+        self.listener = _Listener(sock, self.tls.base, protocol, self.limits, self.metrics)
+        app = make_app(self.config, self.metrics, self.max_body_bytes, ready=lambda: self._ready,
+                       body_timeout=self.limits.body_timeout, middlewares=(self.listener.middleware(),))
+        # aiohttp's own keep-alive timer backs ours up; lingering (reading a body nobody asked for)
+        # is bounded by the body timeout
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0,
+                                     keepalive_timeout=self.limits.keepalive_timeout,
+                                     lingering_time=self.limits.body_timeout)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.tls.base, backlog=1024)
-        await site.start()
-        addrs = self._runner.addresses
-        if addrs:
-            self.port = int(addrs[0][1])
+        self.listener.start()
         self._watch = asyncio.get_running_loop().create_task(self.tls.watch())
         self._ready = True
-        log.info("webhook listening", extra={"host": self.host, "port": self.port})
+        log.info("webhook listening", extra={"host": self.host, "port": self.port,
+                                             "max_connections": self.limits.max_connections})
 
     async def stop(self) -> None:
         self._ready = False
@@ -194,6 +498,8 @@ class WebhookServer:
                 await self._watch
             except asyncio.CancelledError:
                 pass
+        if self.listener is not None:
+            await self.listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -237,7 +543,50 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest accepted request body in bytes; larger ones get HTTP 400")
     p.add_argument("--cert-check-seconds", type=float, default=2.0,
                    help="how often the certificate files are checked for changes")
+    d = Limits()
+    p.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help="open connections (TLS handshakes included); more are refused at accept")
+    p.add_argument("--tls-handshake-timeout", type=float, default=d.tls_handshake_timeout,
+                   help="seconds from accept to a finished TLS handshake")
+    p.add_argument("--idle-timeout", type=float, default=d.idle_timeout,
+                   help="seconds from the handshake to a request's first byte")
+    p.add_argument("--header-timeout", type=float, default=d.header_timeout,
+                   help="seconds from a request's first byte to its complete headers")
+    p.add_argument("--body-timeout", type=float, default=d.body_timeout,
+                   help="seconds from complete headers to the complete body (then HTTP 408)")
+    p.add_argument("--keepalive-timeout", type=float, default=d.keepalive_timeout,
+                   help="seconds an idle keep-alive connection is kept after a response")
+    p.add_argument("--gc-every-closed", type=int, default=d.gc_every_closed,
+                   help="full garbage collection after this many connections ended without a request "
+                        "(frees the TLS buffers of aborted handshakes; 0 = never)")
+    p.add_argument("--system-user", action="append", default=[],
+                   help="a user name allowed to change system-owned pod annotations/labels, added to "
+                        "webhook.systemUsers (repeat)")
+    p.add_argument("--protected-host-path", action="append", default=[],
+                   help="a host path vGPU pods may not mount, added to webhook.protectedHostPaths (repeat)")
     return p
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    """The :class:`Limits` given on the command line. Raises ValueError for a value out of range."""
+    lim = Limits(max_connections=args.max_connections, tls_handshake_timeout=args.tls_handshake_timeout,
+                 idle_timeout=args.idle_timeout, header_timeout=args.header_timeout,
+                 body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
+                 gc_every_closed=args.gc_every_closed)
+    lim.check()
+    return lim
+
+
+def with_cli_lists(config: Config, args: argparse.Namespace) -> Config:
+    """``config`` with ``--system-user`` and ``--protected-host-path`` added to the webhook lists.
+    Raises ValueError for a protected path that is not absolute."""
+    for hp in args.protected_host_path:
+        if not hp.startswith("/"):
+            raise ValueError(f"--protected-host-path={hp!r}: must be an absolute path")
+    wh = config.webhook
+    users = wh.system_users + tuple(u for u in args.system_user if u and u not in wh.system_users)
+    paths = wh.protected_host_paths + tuple(p for p in args.protected_host_path if p not in wh.protected_host_paths)
+    return config_replace(config, webhook=replace(wh, system_users=users, protected_host_paths=paths))
 
 
 async def _serve(server: WebhookServer) -> None:
@@ -270,8 +619,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_body_bytes <= 0:
         log.error("--max-body-bytes must be > 0")
         return 1
+    try:
+        limits = limits_from_args(args)
+        config = with_cli_lists(config, args)
+    except ValueError as e:
+        log.error("bad flag", extra={"error": str(e)})
+        return 1
     server = WebhookServer(config, args.tls_cert_file, args.tls_key_file, args.bind_address, args.port,
-                           args.max_body_bytes, args.cert_check_seconds)
+                           args.max_body_bytes, args.cert_check_seconds, limits)
     try:
         asyncio.run(_serve(server))
     except OSError as e:  # includes ssl.SSLError
