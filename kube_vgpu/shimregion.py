@@ -1,4 +1,4 @@
-"""Read the shim's shared accounting file (``CUDA_DEVICE_MEMORY_SHARED_CACHE``), layout version 1.
+"""Read the shim's shared accounting file (``CUDA_DEVICE_MEMORY_SHARED_CACHE``), layout version 2.
 
 The layout is defined in ``libvgpu/src/region.h``; this reader is for monitors and tests. It
 reads without taking the lock, so figures are a consistent-enough snapshot, not a transaction.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MAGIC = 0x55504756
-VERSION = 1
+VERSION = 2
 NDEV = 16
 NSLOTS = 1024
 _HEADER = struct.Struct("<IIQII16Q16I16Q")  # magic .. used[16]
@@ -24,7 +24,7 @@ SIZE = _SLOTS_OFFSET + NSLOTS * _SLOT.size
 
 
 class RegionError(ValueError):
-    """The file is not a version-1 libvgpu region (wrong magic, version or size)."""
+    """The file is not a version-2 libvgpu region (wrong magic, version or size)."""
 
 
 @dataclass
@@ -50,7 +50,7 @@ def read_region(path: str | os.PathLike[str]) -> Region:
 
     Raises:
         OSError: the file cannot be read.
-        RegionError: the content is not a version-1 region.
+        RegionError: the content is not a version-2 region.
     """
     data = Path(path).read_bytes()
     if len(data) < SIZE:

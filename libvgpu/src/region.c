@@ -44,7 +44,23 @@ static volatile sig_atomic_t g_map_lost;
 static struct sigaction g_prev_bus;
 static int g_guard_installed;
 
-static uint64_t proc_start_time(int pid)
+/* ------------------------------------------------------------------ liveness
+ * A slot is keyed by (pid as seen through this container's /proc, process start time, the /proc
+ * mount's device) and backed by an open-file-description lock on one byte of the cache file that the
+ * process holds while it lives (the kernel drops it at exit, before the process becomes a zombie).
+ * The pid is the first NSpid entry of /proc/self/status, i.e. the pid in the namespace of the /proc
+ * mount, so a process in a nested PID namespace (`unshare --pid --fork`) is recorded with the pid the
+ * container's other processes see. Verdicts, never releasing what is not surely free:
+ *   same /proc: dead if /proc/<pid> is gone, its start time differs (pid reused), or it is a zombie
+ *               (state Z or X: the driver has freed its memory already);
+ *   another /proc (a process that mounted its own): dead only if nobody holds the slot's lock. */
+#define SLOT_LOCK_BASE (1ull << 32) /* lock offsets, beyond the file's data */
+static int g_self_pid;
+static uint64_t g_proc_dev;
+static int g_lock_fd = -1;
+
+/* Reads /proc/<pid>/stat: returns 1 and the state/start time, 0 when there is no such process. */
+static int proc_stat(int pid, char *state, uint64_t *start)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
@@ -57,34 +73,112 @@ static uint64_t proc_start_time(int pid)
         return 0;
     buf[n] = 0;
     char *p = strrchr(buf, ')');
-    if (!p)
+    if (!p || p[1] != ' ')
         return 0;
+    *state = p[2];
     /* fields after ")": state(3) ... starttime(22) */
     int field = 2;
     for (; *p && field < 22; p++)
         if (*p == ' ')
             field++;
-    return strtoull(p, NULL, 10);
+    *start = strtoull(p, NULL, 10);
+    return 1;
+}
+
+static uint64_t proc_start_time(int pid)
+{
+    char st;
+    uint64_t t = 0;
+    return proc_stat(pid, &st, &t) ? t : 0;
+}
+
+/* This process's pid in the namespace of the /proc mount (NSpid's first entry), else getpid(). */
+static int self_pid(void)
+{
+    int pid = (int)getpid();
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return pid;
+    char buf[4096];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return pid;
+    buf[n] = 0;
+    char *l = strstr(buf, "\nNSpid:");
+    if (l) {
+        long v = strtol(l + 7, NULL, 10);
+        if (v > 0)
+            pid = (int)v;
+    }
+    return pid;
+}
+
+static void ident_init(void)
+{
+    g_self_pid = self_pid();
+    struct stat st;
+    g_proc_dev = stat("/proc/self", &st) == 0 ? (uint64_t)st.st_dev + 1 : 0; /* 0 = unknown */
+}
+
+int vgpu_self_pid(void)
+{
+    return g_self_pid ? g_self_pid : (int)getpid();
+}
+
+static int slot_lock_held(int i)
+{
+    if (g_lock_fd < 0)
+        return 1; /* cannot tell: alive */
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(SLOT_LOCK_BASE + (uint64_t)i);
+    fl.l_len = 1;
+    if (fcntl(g_lock_fd, F_OFD_GETLK, &fl) != 0)
+        return 1;
+    return fl.l_type != F_UNLCK;
+}
+
+static int slot_take_lock(int i)
+{
+    if (g_lock_fd < 0)
+        return -1;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(SLOT_LOCK_BASE + (uint64_t)i);
+    fl.l_len = 1;
+    return fcntl(g_lock_fd, F_OFD_SETLK, &fl);
 }
 
 static int slot_dead(const struct vgpu_slot *s)
 {
     if (s->pid <= 0)
         return 0;
-    if (kill(s->pid, 0) != 0 && errno == ESRCH)
+    int i = (int)(s - g_reg->slots);
+    if (!g_proc_dev || s->reserved[0] != g_proc_dev)
+        return s->reserved[0] && !slot_lock_held(i); /* pids of another /proc: only the lock tells */
+    char st;
+    uint64_t start;
+    if (!proc_stat(s->pid, &st, &start))
         return 1;
-    uint64_t st = proc_start_time(s->pid);
-    return st && s->start_time && st != s->start_time;
+    if (st == 'Z' || st == 'X')
+        return 1;
+    return s->start_time && start != s->start_time;
 }
 
-/* Strict: the pid exists and its start time is exactly the recorded one (garbage never matches). */
+/* Strict: the process exists, is not a zombie, and its start time is exactly the recorded one
+ * (garbage never matches). */
 static int slot_live(const struct vgpu_slot *s)
 {
-    if (s->pid <= 0 || !s->start_time)
+    if (s->pid <= 0 || !s->start_time || !g_proc_dev || s->reserved[0] != g_proc_dev)
         return 0;
-    if (kill(s->pid, 0) != 0 && errno != EPERM)
-        return 0;
-    return proc_start_time(s->pid) == s->start_time;
+    char st;
+    uint64_t start;
+    return proc_stat(s->pid, &st, &start) && st != 'Z' && st != 'X' && start == s->start_time;
 }
 
 /* Caller holds the lock. Frees dead processes' slots and their usage. */
@@ -92,7 +186,7 @@ static void reap_locked(void)
 {
     for (int i = 0; i < VGPU_REGION_SLOTS; i++) {
         struct vgpu_slot *s = &g_reg->slots[i];
-        if (s->pid && s->pid != (int32_t)getpid() && slot_dead(s)) {
+        if (s->pid && i != g_slot && slot_dead(s)) {
             LOG_INFO("reclaiming slot of dead process %d", s->pid);
             for (int d = 0; d < VGPU_REGION_DEVS; d++)
                 g_reg->used[d] = g_reg->used[d] > s->used[d] ? g_reg->used[d] - s->used[d] : 0;
@@ -269,8 +363,9 @@ static void fall_private(const char *why)
     }
     struct vgpu_region *p = new_private();
     struct vgpu_slot *s = &p->slots[0];
-    s->pid = (int32_t)getpid();
+    s->pid = (int32_t)vgpu_self_pid();
     s->start_time = proc_start_time(s->pid);
+    s->reserved[0] = g_proc_dev;
     for (int d = 0; d < VGPU_REGION_DEVS; d++)
         s->used[d] = p->used[d] = g_own[d];
     g_slot = 0;
@@ -361,6 +456,7 @@ static void runlock(void)
 
 int region_open(void)
 {
+    ident_init();
     const char *path = g_cfg.cache_path;
     if (!path || !*path) {
         open_private();
@@ -437,7 +533,7 @@ int region_open(void)
     g_reg = r;
     g_shared = 1;
     flock(fd, LOCK_UN);
-    close(fd);
+    g_lock_fd = fd; /* kept open: this description holds the slot's liveness lock */
     return 0;
 }
 
@@ -447,11 +543,11 @@ static void ensure_slot_locked(void)
     if (LIKELY(!g_need_slot))
         return;
     g_need_slot = 0;
-    int pid = (int)getpid();
+    int pid = vgpu_self_pid();
     reap_locked();
     int free_i = -1;
     for (int i = 0; i < VGPU_REGION_SLOTS; i++) {
-        if (g_reg->slots[i].pid == pid) {
+        if (g_reg->slots[i].pid == pid && g_reg->slots[i].reserved[0] == g_proc_dev) {
             /* a previous process with our pid (container restart): its usage is gone */
             for (int d = 0; d < VGPU_REGION_DEVS; d++)
                 g_reg->used[d] -= g_reg->slots[i].used[d] < g_reg->used[d] ? g_reg->slots[i].used[d] : g_reg->used[d];
@@ -468,8 +564,11 @@ static void ensure_slot_locked(void)
     struct vgpu_slot *s = &g_reg->slots[free_i];
     memset(s, 0, sizeof(*s));
     s->start_time = proc_start_time(pid);
+    s->reserved[0] = g_proc_dev;
     s->pid = pid;
     g_slot = free_i;
+    if (g_shared && slot_take_lock(free_i) != 0)
+        LOG_DEBUG("cannot lock slot %d: %s", free_i, strerror(errno));
 }
 
 /* The limit is always this process's own (from its environment), never the file's: a damaged or
@@ -579,7 +678,7 @@ void region_pids(int *pids, int *n, int max)
         }
     }
     if (*n == 0 && max > 0)
-        pids[(*n)++] = (int)getpid();
+        pids[(*n)++] = vgpu_self_pid();
 }
 
 void region_release_self(void)
@@ -590,7 +689,7 @@ void region_release_self(void)
     rlock();
     if (g_slot >= 0) {
         struct vgpu_slot *s = &g_reg->slots[g_slot];
-        if (s->pid == (int32_t)getpid()) {
+        if (s->pid == (int32_t)vgpu_self_pid()) {
             for (int d = 0; d < VGPU_REGION_DEVS; d++)
                 g_reg->used[d] = g_reg->used[d] > s->used[d] ? g_reg->used[d] - s->used[d] : 0;
             memset(s, 0, sizeof(*s));
@@ -607,6 +706,11 @@ void region_after_fork_child(void)
     memset(g_own, 0, sizeof g_own);
     g_slot = -1;
     g_need_slot = 1;
+    ident_init();
+    if (g_lock_fd >= 0) { /* the inherited description is the parent's lock holder: get our own */
+        close(g_lock_fd);
+        g_lock_fd = g_cfg.cache_path[0] ? open(g_cfg.cache_path, O_RDWR | O_CLOEXEC) : -1;
+    }
 }
 
 /* Test hook (KF-29): take the shared lock and keep it; the caller is expected to be killed. */

@@ -1,5 +1,6 @@
 /*
- * Layout of the shared accounting file at $CUDA_DEVICE_MEMORY_SHARED_CACHE (version 1).
+ * Layout of the shared accounting file (the limits file's shared_cache, else
+ * $CUDA_DEVICE_MEMORY_SHARED_CACHE), version 2.
  * All processes of one container map it. Native byte order (little-endian on x86-64/arm64).
  * libvgpu/region.py reads the same layout; keep both in step (bump VGPU_REGION_VERSION).
  */
@@ -10,17 +11,19 @@
 #include <pthread.h>
 
 #define VGPU_REGION_MAGIC 0x55504756u /* "VGPU" */
-#define VGPU_REGION_VERSION 1u
+#define VGPU_REGION_VERSION 2u
 #define VGPU_REGION_DEVS 16
 #define VGPU_REGION_SLOTS 1024
 
 struct vgpu_slot {
-    int32_t pid;                      /* 0 = free */
+    int32_t pid;                      /* 0 = free; the pid in the namespace of the /proc mount (NSpid[0]) */
     int32_t flags;
     uint64_t start_time;              /* /proc/<pid>/stat starttime, detects pid reuse */
-    uint64_t used[VGPU_REGION_DEVS];  /* bytes accounted to this process */
-    uint64_t reserved[4];
+    uint64_t used[VGPU_REGION_DEVS];  /* bytes accounted to this process, per container GPU */
+    uint64_t reserved[4];             /* [0]: st_dev of /proc/self + 1 (which /proc the pid is valid in) */
 };
+/* Version 2: pid is NSpid[0] (was getpid()), reserved[0] names the /proc, and a live process holds an
+ * open-file-description lock (F_OFD_SETLK) on byte 2^32 + slot index of the file. */
 
 struct vgpu_region {
     uint32_t magic;                      /* 0   */

@@ -105,6 +105,7 @@ uint64_t region_used(int dev);
 void region_pids(int *pids, int *n, int max);
 void region_release_self(void);
 void region_after_fork_child(void);
+int vgpu_self_pid(void); /* this process's pid as the container's /proc shows it (NSpid[0]) */
 
 /* ------------------------------------------------------------------ memory / contexts (memory.c) */
 int current_device(CUdevice *dev, CUcontext *ctx);

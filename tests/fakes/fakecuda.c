@@ -254,7 +254,7 @@ static CUresult charge(int dev, uint64_t size)
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         g_st->dev[dev].used += size;
-        fg_proc_add_locked(g_st, getpid(), dev, (int64_t)size);
+        fg_proc_add_locked(g_st, fg_host_pid(), dev, (int64_t)size);
     }
     fg_unlock(g_st);
     return rc;
@@ -264,7 +264,7 @@ static void uncharge(int dev, uint64_t size)
 {
     fg_lock(g_st);
     g_st->dev[dev].used = g_st->dev[dev].used > size ? g_st->dev[dev].used - size : 0;
-    fg_proc_add_locked(g_st, getpid(), dev, -(int64_t)size);
+    fg_proc_add_locked(g_st, fg_host_pid(), dev, -(int64_t)size);
     fg_unlock(g_st);
 }
 
@@ -382,7 +382,7 @@ static void schedule(struct fctx *ctx, struct fstream *fs, uint64_t dur)
     d->tail_ns = end;
     if (dur) {
         struct fg_interval *iv = &d->ring[d->head % FG_RING];
-        iv->pid = getpid();
+        iv->pid = fg_host_pid();
         iv->start_ns = start;
         iv->end_ns = end;
         d->head++;

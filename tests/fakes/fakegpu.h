@@ -245,9 +245,50 @@ static inline void fg_sleep_until(uint64_t t_ns)
     }
 }
 
+/* Like the driver: a process that exited has no GPU memory, zombie or not (its device files are
+ * closed before it becomes a zombie). pid: as /proc shows it. */
 static inline int fg_pid_alive(int pid)
 {
-    return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH);
+    if (pid <= 0)
+        return 0;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kill(pid, 0) == 0 || errno != ESRCH;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
+
+/* The pid the driver reports for this process: the host's (outermost) pid, NSpid[0] of /proc/self/status
+ * (on a test machine /proc is the host's). NVML reports host pids even inside a PID namespace. */
+static inline int fg_host_pid(void)
+{
+    static __thread int cached, cached_for;
+    int me = (int)getpid();
+    if (cached && cached_for == me)
+        return cached;
+    int pid = me;
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[4096];
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n > 0) {
+            buf[n] = 0;
+            const char *l = strstr(buf, "\nNSpid:");
+            if (l && atoi(l + 7) > 0)
+                pid = atoi(l + 7);
+        }
+    }
+    cached = pid;
+    cached_for = me;
+    return pid;
 }
 
 static inline void fg_lock(struct fg_state *s)

@@ -139,7 +139,7 @@ def test_admin_core_policy_disable_in_file(tc_limits: Toolchain, tmp_path: Path)
         proc = subprocess.run([str(tc_limits.prog), "direct", "sm", "1.2", "100", "1.0"], env=env,
                               capture_output=True, text=True, timeout=60)
         windows = [float(m) for m in re.findall(r"window util=([0-9.]+)", proc.stdout)]
-        assert windows and windows[0] >= 95, windows
+        assert windows and windows[0] >= 80, windows  # unthrottled (a limit would hold it near 10-30); margin for a loaded machine
     finally:
         path.unlink(missing_ok=True)
 

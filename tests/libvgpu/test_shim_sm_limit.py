@@ -79,11 +79,11 @@ def test_no_sm_limit_is_not_throttled(tc: Toolchain, tmp_path: Path, value: str)
     p = _spawn(tc, "dlsym", ["sm", "1.2", "100", "1.0"], CUDA_DEVICE_SM_LIMIT=value,
                FAKE_GPU_STATE=str(tmp_path / "gpu.state"))
     windows = _windows(_finish(p))
-    assert windows and windows[0] >= 95, windows
+    assert windows and windows[0] >= 80, windows  # unthrottled (a limit would hold it near 10-30); margin for a loaded machine
 
 
 def test_core_policy_disable_turns_sm_limit_off(tc: Toolchain, tmp_path: Path) -> None:
     p = _spawn(tc, "direct", ["sm", "1.2", "100", "1.0"], CUDA_DEVICE_SM_LIMIT="10",
                GPU_CORE_UTILIZATION_POLICY="disable", FAKE_GPU_STATE=str(tmp_path / "gpu.state"))
     windows = _windows(_finish(p))
-    assert windows and windows[0] >= 95, windows
+    assert windows and windows[0] >= 80, windows  # unthrottled (a limit would hold it near 10-30); margin for a loaded machine
