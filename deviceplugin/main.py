@@ -15,6 +15,7 @@ import threading
 from kube_vgpu import jsonlog
 from kube_vgpu.config import load_config
 from kube_vgpu.errors import ConfigError
+from kube_vgpu.signing import KeyDir, SigningKeyError
 
 from .metrics import HealthServer
 from .nvml import NVMLError
@@ -44,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
                    help="a pod still waiting for Allocate this long after it was bound stops being the "
                         "target of GetPreferredAllocation while newer pods wait (0: never)")
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--signing-keys-dir", required=True,
+                   help="directory of the allocation signing keys (the scheduler's): 'active' and 'key.<kid>' "
+                        "files; only pods whose allocation record verifies are served; reloaded when it changes")
     return p
 
 
@@ -68,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         log.error("config: %s", e)
         return 2
     try:
+        keys = KeyDir(args.signing_keys_dir)
+    except SigningKeyError as e:
+        log.error("signing keys (--signing-keys-dir): %s", e)
+        return 2
+    try:
         from .kube import ApiKubeClient
 
         kube = ApiKubeClient(args.kubeconfig)
@@ -77,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(node_name=args.node_name, device_plugin_dir=args.device_plugin_dir,
                    shim_host_path=args.shim_host_path, cache_host_dir=args.cache_host_dir,
                    heartbeat_seconds=args.heartbeat_seconds, pending_stale_seconds=args.pending_stale_seconds)
-    plugin = DevicePlugin(cfg, opts, kube)
+    plugin = DevicePlugin(cfg, opts, kube, keys=keys)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -41,6 +41,19 @@ Within a tier, candidates that would get the same thing (same GPUs, memory, core
 are interchangeable and the first in admission order is taken; candidates that would get different
 limits make the Allocate fail with :class:`MatchError` instead of guessing.
 
+Trust. Pod annotations can be written by the pod's owner, so nothing in them is taken on its word
+(:func:`trusted_view`): a pod's allocation record counts only when its
+``kube-vgpu.io/allocation-signature`` verifies for the pod's uid, this node, its bind-time and the
+exact record (the scheduler extender wrote it), and its progress (``kube-vgpu.io/bind-phase``,
+``kube-vgpu.io/allocated-containers``) only when the ``kube-vgpu.io/progress-signature`` this plugin
+wrote verifies; otherwise the plugin's own in-memory record of what it answered, else "just bound,
+nothing allocated". A pod kubelet has already admitted (it has container statuses) has nothing
+pending. A GPU pod on this node without a verified record (no record, forged, edited, copied from
+another pod, or bound by another scheduler or a preset ``spec.nodeName``) is *refused*: it still
+takes part in the admission order below, so that kubelet's request for it is never matched to
+another pod's booking, and an Allocate that lands on it fails with a message naming the pod and the
+reason.
+
 Pod objects are Kubernetes API JSON (``dict``, camelCase keys) as returned by ``GET /api/v1/pods``.
 """
 
@@ -58,11 +71,16 @@ from kube_vgpu.model import DeviceBooking
 from kube_vgpu.resources import (
     ANN_ALLOCATED_CONTAINERS,
     ANN_ALLOCATION,
+    ANN_ALLOCATION_SIGNATURE,
     ANN_BIND_PHASE,
     ANN_BIND_TIME,
+    ANN_PROGRESS_SIGNATURE,
     BIND_ALLOCATING,
+    BIND_SUCCESS,
     ResourceNames,
+    system_owned,
 )
+from kube_vgpu.signing import KeyRing, verify_allocation, verify_progress
 
 __all__ = ["ANN_ALLOCATED_CONTAINERS"]
 
@@ -114,6 +132,11 @@ class PendingContainer:
     #: the container requests the gpu resource but the allocation record books no GPU for it
     #: (``devices`` is empty); kubelet will ask for it, and it must be refused, never matched elsewhere
     unbooked: bool = False
+    #: why the pod has no trusted allocation record ("" = it has one): kubelet may be asking for
+    #: this container, and it must be refused, never matched to another pod's booking
+    refused: str = ""
+    #: GPUs the container asks for (its gpu resource), for refused containers (None: unreadable)
+    want: int | None = None
 
     @property
     def key(self) -> str:
@@ -126,10 +149,20 @@ class PendingContainer:
 
     def outcome(self) -> tuple[Any, ...]:
         """What the container would get; two candidates with equal outcomes are interchangeable."""
+        if self.refused:
+            return ("refused", self.uid, self.container)
         return (tuple((d.uuid, d.memory_mib, d.cores) for d in self.devices), self.disable_control,
                 self.priority)
 
+    def fits(self, n: int) -> bool:
+        """Whether a kubelet request for ``n`` devices may be for this container."""
+        if self.refused:
+            return self.want is None or self.want == n
+        return self.unbooked or len(self.devices) == n
+
     def describe(self) -> str:
+        if self.refused:
+            return f"{self.key} [refused: {self.refused}]"
         if self.unbooked:
             return f"{self.key} [no GPU booked]"
         devs = ", ".join(f"{d.uuid} {d.memory_mib}MiB {d.cores}%" for d in self.devices)
@@ -189,6 +222,18 @@ def _disable_control(ctr: Mapping[str, Any]) -> bool:
     return False
 
 
+def _gpu_count(ctr: Mapping[str, Any], gpu: str) -> int | None:
+    res = ctr.get("resources") or {}
+    for part in ("limits", "requests"):
+        v = (res.get(part) or {}).get(gpu)
+        if v is not None:
+            try:
+                return int(str(v))
+            except ValueError:
+                return None
+    return None
+
+
 def _float(v: Any, default: float) -> float:
     try:
         f = float(v)
@@ -246,10 +291,99 @@ def arrival_key(pod: Mapping[str, Any], arrivals: Mapping[str, Arrival] | None) 
     return (1, a.seq, *fallback)
 
 
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What this plugin wrote on a pod: for the record with ``allocation_signature``, the bind
+    phase and the containers it answered Allocate for (kept in memory: a tenant cannot edit it)."""
+
+    allocation_signature: str
+    phase: str
+    containers: tuple[str, ...]
+
+
+def _admitted(pod: Mapping[str, Any]) -> bool:
+    """kubelet has admitted the pod (every Allocate of it is done): it reports container statuses,
+    which only kubelet writes (the status subresource) and only after admission."""
+    st = pod.get("status") or {}
+    return bool(st.get("containerStatuses") or st.get("initContainerStatuses"))
+
+
+def trusted_view(pods: Iterable[Mapping[str, Any]], node: str, ring: KeyRing,
+                 written: Mapping[str, Progress] | None = None) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The pods bound to ``node`` as far as their annotations can be trusted (pure, no I/O).
+
+    Returns (views, refused). Each view is a shallow copy of a pod whose system-owned annotations
+    (``kube-vgpu.io/...``, see :func:`kube_vgpu.resources.system_owned`) are replaced by trusted
+    values: for a pod whose allocation signature verifies (uid, ``node``, bind-time, the exact
+    record) the record, its signature and bind-time, and as progress the annotations' bind-phase
+    and allocated-containers if the progress signature verifies, else ``allocating`` with nothing
+    allocated; joined with ``written`` (this plugin's own record per uid, for the same allocation
+    signature). A pod kubelet has admitted (container statuses) shows every container allocated.
+    refused: uid -> reason, for pods without a trusted record (their views carry no record).
+    ``ring``: the current key ring; ``written``: uid -> :class:`Progress`.
+    """
+    written = written or {}
+    views: list[dict[str, Any]] = []
+    refused: dict[str, str] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        if spec.get("nodeName") != node:
+            continue
+        uid = str(meta.get("uid") or "")
+        raw = meta.get("annotations") or {}
+        ann: dict[str, str] = {k: v for k, v in raw.items() if not system_owned(k)}
+        text = raw.get(ANN_ALLOCATION)
+        sig = raw.get(ANN_ALLOCATION_SIGNATURE)
+        v = verify_allocation(ring, sig, uid, node, raw.get(ANN_BIND_TIME), text)
+        why = "" if v.ok else v.reason
+        if v.ok:
+            try:
+                rec_node = decode_allocation(str(text)).node
+            except CodecError as e:
+                why = f"allocation record undecodable: {e}"
+            else:
+                if rec_node != node:
+                    why = f"allocation record is for node {rec_node!r}, the pod is bound to {node!r}"
+        mine = written.get(uid)
+        done: tuple[str, ...] = ()
+        phase = BIND_ALLOCATING
+        if why:
+            refused[uid] = why
+            if mine is not None:  # allocated by us, then its record was edited: what we answered stays done
+                done = mine.containers
+        else:
+            assert isinstance(text, str) and isinstance(sig, str)
+            ann.update({ANN_ALLOCATION: text, ANN_ALLOCATION_SIGNATURE: sig})
+            if ANN_BIND_TIME in raw:
+                ann[ANN_BIND_TIME] = str(raw[ANN_BIND_TIME])
+            p_phase, p_done = raw.get(ANN_BIND_PHASE), raw.get(ANN_ALLOCATED_CONTAINERS)
+            if verify_progress(ring, raw.get(ANN_PROGRESS_SIGNATURE), uid, sig, p_phase, p_done):
+                phase = str(p_phase or BIND_ALLOCATING)
+                done = tuple(n for n in (x.strip() for x in str(p_done or "").split(",")) if n)
+            if mine is not None and mine.allocation_signature == sig:
+                done = done + tuple(n for n in mine.containers if n not in done)
+                if mine.phase == BIND_SUCCESS:
+                    phase = BIND_SUCCESS
+        if _admitted(pod):
+            names = [str(c.get("name", "")) for c in (spec.get("initContainers") or ()) + (spec.get("containers") or ())]
+            done = done + tuple(n for n in names if n and n not in done)
+            phase = BIND_SUCCESS
+        if not why:
+            ann[ANN_BIND_PHASE] = phase
+        if done:
+            ann[ANN_ALLOCATED_CONTAINERS] = ",".join(done)
+        view = dict(pod)
+        view["metadata"] = {**meta, "annotations": ann}
+        views.append(view)
+    return views, refused
+
+
 def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
                        names: ResourceNames | None = None, *,
                        arrivals: Mapping[str, Arrival] | None = None,
-                       now: float | None = None, stale_after: float | None = None) -> list[PendingContainer]:
+                       now: float | None = None, stale_after: float | None = None,
+                       refused: Mapping[str, str] | None = None) -> list[PendingContainer]:
     """The next pending GPU container of every pod waiting for Allocate on ``node``, in admission order.
 
     A pod counts when it is not being deleted, its phase is not Succeeded/Failed, its bind phase is
@@ -264,7 +398,12 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
     initial-list fallback only, and no staleness). A pod not part-way through is demoted when a pod
     with a later arrival key already has a container allocated, or when ``now - seen`` exceeds
     ``stale_after`` (both given, and the pod has an arrival).
+
+    refused: uid -> reason for pods without a trusted record (from :func:`trusted_view`, whose views
+    ``pods`` should be): their next GPU container not yet allocated is listed too, with no devices,
+    ``refused`` set and ``want`` its GPU count, so that it takes its place in the admission order.
     """
+    refused = refused or {}
     names = names or ResourceNames()
     pods = list(pods)
     # the latest arrival among pods kubelet already admitted (a container allocated by us)
@@ -279,23 +418,29 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
         ann = _ann(pod)
         if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
             continue
-        if ann.get(ANN_BIND_PHASE) != BIND_ALLOCATING or ANN_ALLOCATION not in ann:
-            continue
-        if spec.get("nodeName") not in (None, "", node):
-            continue
-        try:
-            alloc = decode_allocation(ann[ANN_ALLOCATION])
-        except CodecError:
-            continue
-        if alloc.node != node:
-            continue
+        why = refused.get(meta.get("uid", ""), "")
+        if why:
+            if spec.get("nodeName") != node:
+                continue
+            alloc = None
+        else:
+            if ann.get(ANN_BIND_PHASE) != BIND_ALLOCATING or ANN_ALLOCATION not in ann:
+                continue
+            if spec.get("nodeName") not in (None, "", node):
+                continue
+            try:
+                alloc = decode_allocation(ann[ANN_ALLOCATION])
+            except CodecError:
+                continue
+            if alloc.node != node:
+                continue
         done = allocated_names(pod)
         spec_ctrs = [(c, True) for c in spec.get("initContainers") or ()] + \
                     [(c, False) for c in spec.get("containers") or ()]
         pending: list[tuple[Mapping[str, Any], bool, tuple[DeviceBooking, ...]]] = []
         for ctr, init in spec_ctrs:
             name = ctr.get("name", "")
-            rec = alloc.container(name, init)
+            rec = alloc.container(name, init) if alloc is not None else None
             if name in done or not _requests_gpu(ctr, names.gpu):
                 continue
             # a GPU container without a booking stays pending (devices empty): kubelet allocates it in
@@ -319,7 +464,7 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
             disable_control=_disable_control(ctr), priority=_priority(ctr, names.priority),
             in_progress=in_progress, allocated=done, remaining=tuple(p[0].get("name", "") for p in pending),
             order=(0 if in_progress else 1, 1 if demoted else 0, *akey), demoted=demoted,
-            unbooked=not devices))
+            unbooked=not devices and not why, refused=why, want=_gpu_count(ctr, names.gpu) if why else None))
     out.sort(key=lambda p: p.order)
     return out
 
@@ -345,9 +490,15 @@ def match(device_ids: Sequence[str], candidates: Sequence[PendingContainer],
     or our fill-up picked other GPUs) the other tiers decide, so a candidate booked on exactly the
     requested GPUs wins over the preference.
     Raises MatchError when no candidate has ``len(device_ids)`` GPUs, when the deciding tier holds
-    candidates with different outcomes, or when the match is a container without a booking.
+    candidates with different outcomes, or when the match is a container without a booking or of a
+    refused pod (no trusted allocation record; the message names the pod and the reason).
     """
     pc = _match(device_ids, candidates, preferred)
+    if pc.refused:
+        raise MatchError(f"pod {pc.namespace}/{pc.pod} container {pc.container}: {pc.refused}; refusing to "
+                         f"allocate GPUs ({','.join(sorted({slot_uuid(i) for i in device_ids}))}) to a pod the "
+                         f"kube-vgpu scheduler did not place on this node (only a pod it bound here, with a "
+                         f"verified {ANN_ALLOCATION_SIGNATURE}, is served)")
     if pc.unbooked:
         raise MatchError(f"pod {pc.namespace}/{pc.pod} container {pc.container}: requests the GPU resource but "
                          f"no GPU is booked for it in {ANN_ALLOCATION} (GPUs requested: "
@@ -365,8 +516,9 @@ def _match(device_ids: Sequence[str], candidates: Sequence[PendingContainer],
            preferred: PendingContainer | None) -> PendingContainer:
     n = len(device_ids)
     # an unbooked container may be the one kubelet asks for, whatever the count: it takes part in every
-    # tier (so it is never silently passed over) and, when it decides, the request is refused
-    fit = [c for c in candidates if len(c.devices) == n or c.unbooked]
+    # tier (so it is never silently passed over) and, when it decides, the request is refused; so does
+    # a refused pod's container of that count
+    fit = [c for c in candidates if c.fits(n)]
     if not fit:
         waiting = ", ".join(f"{c.key} ({len(c.devices)} GPU(s))" for c in candidates) or "none"
         raise MatchError(f"no pod bound to this node is waiting for a container with {n} GPU(s) "
@@ -374,13 +526,18 @@ def _match(device_ids: Sequence[str], candidates: Sequence[PendingContainer],
     want = frozenset(slot_uuid(i) for i in device_ids)
     if preferred is not None:
         for c in fit:
-            if c.key == preferred.key and c.uid == preferred.uid and c.uuids == want:
+            if c.key == preferred.key and c.uid == preferred.uid and (c.uuids == want or c.refused):
                 return c
     busy = [c for c in fit if c.in_progress]
     if busy:
         return _decide(busy, "pods part-way through their containers", n)
-    exact = [c for c in fit if c.uuids == want]
+    exact = [c for c in fit if c.uuids == want and not c.refused]
     if exact:
+        # a refused pod ahead in admission order is more likely the one kubelet admits: never hand
+        # it the booking of a pod that merely happens to sit on the same GPUs
+        first = next((c for c in fit if c.refused), None)
+        if first is not None and first.order < exact[0].order:
+            return first
         return _decide(exact, f"booked on the requested GPUs {','.join(sorted(want))}", n)
     return _decide(fit, "none booked on the requested GPUs", n)
 
@@ -395,7 +552,8 @@ def preferred_allocation(available: Sequence[str], must_include: Sequence[str], 
     GPU not yet covered, then other available IDs (one per GPU not yet covered first). Returns (ids, the candidate the answer was made for, or None).
     """
     chosen: list[str] = [i for i in must_include if i in available][:size]
-    target = next((c for c in candidates if len(c.devices) == size), None)
+    target = next((c for c in candidates if (c.refused and c.fits(size)) or (c.devices and len(c.devices) == size)),
+                  None)
     if target is not None:
         covered = {slot_uuid(i) for i in chosen}
         for d in target.devices:

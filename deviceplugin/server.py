@@ -12,6 +12,12 @@ Threads (all daemon threads, stopped by :meth:`DevicePlugin.stop`):
   list used by the metrics;
 * pod watch (:class:`deviceplugin.podwatch.PodWatcher`): numbers pods in the order they become bound
   to this node, the order GetPreferredAllocation/Allocate assume kubelet admits them in.
+
+Trust: Allocate serves only pods whose allocation record the scheduler extender signed for this node
+(:func:`deviceplugin.podmatch.trusted_view`); what the plugin writes back (allocated-containers,
+bind-phase) carries its own ``kube-vgpu.io/progress-signature`` and is also kept in memory. The
+signing keys (``--signing-keys-dir``) are reloaded when their files change (checked at every
+Allocate, GetPreferredAllocation and heartbeat).
 """
 
 from __future__ import annotations
@@ -32,7 +38,16 @@ from kube_vgpu.codec import decode_allocation, encode_inventory
 from kube_vgpu.config import Config
 from kube_vgpu.errors import CodecError
 from kube_vgpu.model import GPUDevice
-from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_NODE_INVENTORY, BIND_SUCCESS
+from kube_vgpu.resources import (
+    ANN_ALLOCATION,
+    ANN_ALLOCATION_SIGNATURE,
+    ANN_BIND_PHASE,
+    ANN_NODE_INVENTORY,
+    ANN_PROGRESS_SIGNATURE,
+    BIND_ALLOCATING,
+    BIND_SUCCESS,
+)
+from kube_vgpu.signing import KeyDir, KeyRing, KeySource, sign_progress
 
 from . import inventory as inv
 from .api import api_pb2, api_pb2_grpc
@@ -43,10 +58,12 @@ from .podmatch import (
     Arrival,
     MatchError,
     PendingContainer,
+    Progress,
     match,
     pending_containers,
     preferred_allocation,
     slot_uuid,
+    trusted_view,
 )
 from .podwatch import ArrivalBook, PodWatcher
 from .response import (
@@ -108,14 +125,20 @@ class DevicePlugin:
     """One plugin instance for one node. Construct, :meth:`start`, later :meth:`stop`.
 
     nvml: an initialised-or-not :class:`deviceplugin.nvml.NVML`; kube: a
-    :class:`deviceplugin.kube.KubeClient`. Raises NVMLError from :meth:`start` when NVML cannot be
-    initialised.
+    :class:`deviceplugin.kube.KubeClient`; keys: the signing key ring records must verify with (a
+    :class:`~kube_vgpu.signing.KeyDir` is reloaded when its files change; None: a fresh random
+    key, so no record verifies and no pod is served). Raises NVMLError from :meth:`start` when NVML
+    cannot be initialised.
     """
 
-    def __init__(self, cfg: Config, opts: Options, kube: KubeClient, nvml: NVML | None = None) -> None:
+    def __init__(self, cfg: Config, opts: Options, kube: KubeClient, nvml: NVML | None = None,
+                 keys: KeySource | None = None) -> None:
         self.cfg = cfg
         self.opts = opts
         self.kube = kube
+        self.keys: KeySource = keys if keys is not None else KeyRing.generate()
+        #: pod uid -> what this plugin wrote on it (trusted over the pod's annotations)
+        self._written: dict[str, Progress] = {}
         self.nvml = nvml or NVML()
         self.names = cfg.resource_names
         self.settings = inv.settings_for(cfg, opts.node_name)
@@ -301,8 +324,12 @@ class DevicePlugin:
                 # under the Allocate lock: a cache directory created by an Allocate before this listing
                 # belongs to a pod the listing holds (unless it was deleted), none is created during it
                 with self._alloc_lock:
+                    self._refresh_keys()
                     self._pods = self.kube.list_node_pods(self.opts.node_name)
                     self.clean_cache_dirs(self._pods)
+                    live = {(p.get("metadata") or {}).get("uid") for p in self._pods}
+                    for uid in [u for u in self._written if u not in live]:
+                        del self._written[uid]
             except Exception as e:  # noqa: BLE001
                 log.warning("listing pods (metrics, cache cleanup) failed: %s", e)
             self._inventory_due.wait(self.opts.heartbeat_seconds)
@@ -345,9 +372,11 @@ class DevicePlugin:
         return removed
 
     def allocated_by_gpu(self) -> dict[str, tuple[int, int, int]]:
-        """Per GPU uuid: (MiB, cores percent, containers) booked by live pods on this node (last listing)."""
+        """Per GPU uuid: (MiB, cores percent, containers) booked by live pods on this node (last
+        listing; verified records only)."""
         out: dict[str, list[int]] = {}
-        for pod in self._pods:
+        views, _ = trusted_view(self._pods, self.opts.node_name, self.keys.current())
+        for pod in views:
             meta = pod.get("metadata") or {}
             if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
@@ -456,13 +485,20 @@ class DevicePlugin:
             raise ValueError(f"several slots of one GPU requested for one container: {'; '.join(same)}; "
                              f"a container gets distinct physical GPUs")
 
+    def _refresh_keys(self) -> None:
+        if isinstance(self.keys, KeyDir):
+            self.keys.refresh()
+
     def _candidates(self, pods: list[dict[str, Any]]) -> list[PendingContainer]:
-        """Pending containers in admission order (arrival order from the pod watch, demotions applied)."""
+        """Pending containers in admission order (arrival order from the pod watch, demotions applied),
+        from what can be trusted of ``pods`` (refused pods included, see :func:`trusted_view`)."""
         self.arrivals.saw(pods)  # a listing can be ahead of the watch
         arrivals: dict[str, Arrival] = self.arrivals.snapshot()
         stale = self.opts.pending_stale_seconds
-        return pending_containers(pods, self.opts.node_name, self.names, arrivals=arrivals,
-                                  now=self.arrivals.clock(), stale_after=stale if stale > 0 else None)
+        views, refused = trusted_view(pods, self.opts.node_name, self.keys.current(), self._written)
+        return pending_containers(views, self.opts.node_name, self.names, arrivals=arrivals,
+                                  now=self.arrivals.clock(), stale_after=stale if stale > 0 else None,
+                                  refused=refused)
 
     def preferred(self, req: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
         """GetPreferredAllocation: slots on the GPUs booked for the first pending container of that size
@@ -471,6 +507,7 @@ class DevicePlugin:
             return self._preferred_locked(req)
 
     def _preferred_locked(self, req: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
+        self._refresh_keys()
         pods = self.kube.list_node_pods(self.opts.node_name)
         cands = self._candidates(pods)
         resp = api_pb2.PreferredAllocationResponse()
@@ -490,11 +527,12 @@ class DevicePlugin:
     def allocate(self, req: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         """Allocate: match each container request to a pending container, record it, answer env + mounts.
 
-        Raises MatchError (no or ambiguous match, no booking or 0 MiB booked), ValueError (device IDs
-        not advertised, repeated, or two on one GPU) or the API
-        client's error (listing or patching pods).
+        Raises MatchError (no or ambiguous match, no booking or 0 MiB booked, a pod without a trusted
+        allocation record), ValueError (device IDs not advertised, repeated, or two on one GPU) or the
+        API client's error (listing or patching pods).
         """
         with self._alloc_lock:
+            self._refresh_keys()
             pods = self.kube.list_node_pods(self.opts.node_name)
             resp = api_pb2.AllocateResponse()
             for creq in req.container_requests:
@@ -521,15 +559,26 @@ class DevicePlugin:
             return resp
 
     def _record(self, pods: list[dict[str, Any]], pc: PendingContainer) -> None:
+        """Write (and remember) that ``pc`` was answered: allocated-containers, bind-phase and the
+        progress signature over both, tied to the pod's verified allocation signature."""
+        sig = ""
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            if meta.get("uid") == pc.uid:
+                sig = str((meta.get("annotations") or {}).get(ANN_ALLOCATION_SIGNATURE) or "")
         done = list(pc.allocated) + [pc.container]
-        ann: dict[str, str | None] = {ANN_ALLOCATED_CONTAINERS: ",".join(done)}
-        if len(pc.remaining) <= 1:
-            ann[ANN_BIND_PHASE] = BIND_SUCCESS
+        phase = BIND_SUCCESS if len(pc.remaining) <= 1 else BIND_ALLOCATING
+        text = ",".join(done)
+        ann: dict[str, str | None] = {
+            ANN_ALLOCATED_CONTAINERS: text, ANN_BIND_PHASE: phase,
+            ANN_PROGRESS_SIGNATURE: sign_progress(self.keys.current(), pc.uid, sig, phase, text)}
         self.kube.patch_pod_annotations(pc.namespace, pc.pod, ann)
+        self._written[pc.uid] = Progress(sig, phase, tuple(done))
         for pod in pods:  # keep the in-memory list in step for further requests in the same call
             meta = pod.get("metadata") or {}
             if meta.get("uid") == pc.uid and meta.get("name") == pc.pod:
-                meta.setdefault("annotations", {}).update({k: v for k, v in ann.items() if v is not None})
+                meta["annotations"] = {**(meta.get("annotations") or {}),
+                                       **{k: v for k, v in ann.items() if v is not None}}
 
     def _prepare_mounts(self, spec: ContainerSpec) -> None:
         for m in spec.mounts:

@@ -18,25 +18,35 @@ Rules:
   the reason shown to kube-scheduler. An unavailable node keeps its bookings.
 * A pod's booking comes from its ``kube-vgpu.io/allocation`` annotation (restart recovery, other
   replicas' binds: booked with ``check=False``) or from :meth:`ClusterCache.reserve` (our bind).
-* The annotation is not trusted: a pod's owner can edit it after binding. It is checked against the
-  pod's own (immutable) request on the node's GPUs (number of devices, ``memory_on``/``cores_on``
-  per device, the bound node); on a mismatch a warning is logged and the request is booked on the
-  annotated GPUs, never less than either says (missing or unknown GPUs are completed with other
-  GPUs of the node). An annotation the codec refuses keeps the pod's current booking, or (restart)
-  is read leniently (uuids, values clamped to >= 0) and checked the same way. A request that cannot
-  be parsed keeps the annotation's values. So editing the annotation can never free capacity.
+* Only records the vGPU system wrote are booked: the ``kube-vgpu.io/allocation-signature`` must
+  verify (:mod:`kube_vgpu.signing`) for the pod's uid, its ``spec.nodeName`` (the record's node
+  while unbound), its bind-time and the exact allocation text. An unsigned, badly signed or
+  replayed record books nothing and is logged once per pod uid (``on_reject`` counts it). A pod
+  booked from a verified record keeps that booking whatever later happens to its annotations
+  (edited, removed, replaced) until it is deleted or finishes: tenant edits can neither free
+  capacity nor reserve any. Without keys (``keys=None``: an offline snapshot view such as
+  ``kubectl vgpu simulate``, never the extender) a record that decodes is taken as written.
+* Upgrade from unsigned records (``scheduling.adoptUnsignedBefore``): an unsigned record of a pod
+  bound, naming this scheduler and created before that time is booked too, and ``on_resign`` asks
+  the service to sign it; so is a record signed with a key that is no longer the active one.
+* A signed record is still checked against the pod's own (immutable) request on the node's GPUs
+  (number of devices, ``memory_on``/``cores_on`` per device); on a mismatch a warning is logged and
+  the request is booked on the recorded GPUs, never less than either says (missing or unknown GPUs
+  are completed with other GPUs of the node). A request that cannot be parsed keeps the record's
+  values (never below zero).
 * Pods deleted, or in phase Succeeded/Failed, release their booking at once; terminating pods
   (``deletionTimestamp`` set) keep it until the DELETED event.
 * Bind hand-over (``scheduling.bindHandoverSeconds``): :attr:`ClusterCache.allocating` holds, per
   node, the pods bound there whose device allocation is still pending (bind-phase ``allocating``,
-  GPU containers not yet in ``kube-vgpu.io/allocated-containers``), with their bind time and the
+  GPU containers not yet in ``kube-vgpu.io/allocated-containers``; both values count only when the
+  device plugin's ``kube-vgpu.io/progress-signature`` verifies, else the pod is taken as just
+  bound), with their verified bind time and the
   GPU counts of those containers; :meth:`ClusterCache.handover_blocker` answers which one a new bind
   of the same GPU count must wait for. ``on_handover_change`` is called whenever that set changes.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -45,8 +55,8 @@ from typing import Any
 
 import numpy as np
 
-from .codec import MAX_CORES, MAX_MIB, decode_allocation, decode_inventory
-from .config import Config
+from .codec import decode_allocation, decode_inventory
+from .config import Config, rfc3339_seconds
 from .errors import CodecError, QuantityError
 from .model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
 from .placement import Booking, ClusterState, OvercommitError
@@ -58,11 +68,14 @@ from .quantity import parse_quantity
 from .resources import (
     ANN_ALLOCATED_CONTAINERS,
     ANN_ALLOCATION,
+    ANN_ALLOCATION_SIGNATURE,
     ANN_BIND_PHASE,
     ANN_BIND_TIME,
     ANN_NODE_INVENTORY,
+    ANN_PROGRESS_SIGNATURE,
     BIND_ALLOCATING,
 )
+from .signing import MISSING, KeySource, verify_allocation, verify_progress
 
 log = logging.getLogger("kube_vgpu.cluster")
 
@@ -98,6 +111,26 @@ class Allocating:
     counts: frozenset[int]
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A pod's allocation record the vGPU system wrote: decoded, its text, the signature and the
+    key id that verified it (both None without keys)."""
+
+    allocation: PodAllocation
+    text: str
+    signature: str | None
+    kid: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """Why a pod's allocation record is not booked: ``code`` (a :mod:`kube_vgpu.signing` code,
+    ``undecodable`` or ``other-node``) and a human-readable ``reason``."""
+
+    code: str
+    reason: str
+
+
 def _meta(obj: dict[str, Any]) -> dict[str, Any]:
     return obj.get("metadata") or {}
 
@@ -111,12 +144,23 @@ def pod_key(pod: dict[str, Any]) -> str:
 class ClusterCache:
     """Nodes, vGPU pods and bookings, kept from watch events; the engine on top.
 
-    config: the domain config (resource names, stale threshold, policies); clock: unix seconds.
+    config: the domain config (resource names, stale threshold, policies); clock: unix seconds;
+    keys: the signing key ring that records must verify with (None: records are not verified, for
+    offline snapshot views only; see the module docstring).
     """
 
-    def __init__(self, config: Config, clock: Callable[[], float] = time.time):
+    def __init__(self, config: Config, clock: Callable[[], float] = time.time, keys: KeySource | None = None):
         self.config = config
         self.clock = clock
+        self.keys = keys
+        #: uid -> rejection code of pods whose record was refused (logged once per uid)
+        self._rejected: dict[str, str] = {}
+        #: called with the rejection code once per pod uid whose record is refused (metrics)
+        self.on_reject: Callable[[str], None] | None = None
+        #: called with the pod (API JSON) whose booked record the service should sign again with the
+        #: active key: adopted unsigned records, records signed with a key no longer active
+        self.on_resign: Callable[[dict[str, Any]], None] | None = None
+        self._adopt_before = self._cutoff(config)
         self.state = ClusterState()
         self.engine = ExtenderEngine(self.state, config.scheduling.node_policy, config.scheduling.gpu_policy,
                              shapes=default_shapes())
@@ -150,6 +194,7 @@ class ClusterCache:
         if (s.node_policy, s.gpu_policy) != (self.engine.node_policy, self.engine.gpu_policy):
             self.engine.configure(s.node_policy, s.gpu_policy)
         self.config = config
+        self._adopt_before = self._cutoff(config)
         self.refresh_availability()
 
     # -- nodes --------------------------------------------------------------------------------
@@ -327,47 +372,6 @@ class ClusterCache:
                         extra={"pod": key, "error": str(e)[:500]})
             return None
 
-    @staticmethod
-    def _lenient_allocation(text: str, node: str) -> PodAllocation | None:
-        """An annotation the codec refused, read as far as it goes: containers (name, init),
-        device uuids, mem/cores clamped to 0..max (anything else 0). ``node``: the pod's
-        spec.nodeName ("" = take the annotation's). None when no node is known."""
-        try:
-            obj = json.loads(text)
-        except (ValueError, RecursionError):
-            obj = None
-        conts: list[ContainerAllocation] = []
-        t = 0.0
-        if isinstance(obj, dict):
-            if not node and isinstance(obj.get("node"), str):
-                node = obj["node"]
-            if isinstance(obj.get("t"), (int, float)) and not isinstance(obj.get("t"), bool):
-                t = float(obj["t"])
-            names: set[tuple[str, bool]] = set()
-            raw = obj.get("containers")
-            for c in raw if isinstance(raw, list) else ():
-                if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"]:
-                    continue
-                ck = (c["name"], c.get("init") is True)
-                if ck in names:
-                    continue
-                names.add(ck)
-                devs: list[DeviceBooking] = []
-                uuids: set[str] = set()
-                rawd = c.get("devices")
-                for d in rawd if isinstance(rawd, list) else ():
-                    if not isinstance(d, dict) or not isinstance(d.get("uuid"), str) or d["uuid"] in uuids:
-                        continue
-                    uuids.add(d["uuid"])
-
-                    def num(v: Any, hi: int) -> int:
-                        return max(0, min(hi, v)) if isinstance(v, int) and not isinstance(v, bool) else 0
-                    devs.append(DeviceBooking(d["uuid"], num(d.get("mem"), MAX_MIB), num(d.get("cores"), MAX_CORES)))
-                conts.append(ContainerAllocation(ck[0], ck[1], tuple(devs)))
-        if not node:
-            return None
-        return PodAllocation(node, tuple(conts), t)
-
     def _release(self, key: str) -> Booking | None:
         b = self.state.release(key)
         self.booked_uid.pop(key, None)
@@ -393,26 +397,154 @@ class ClusterCache:
         if key in self.state.bookings and (uid is None or self.booked_uid.get(key) == uid):
             self._release(key)
 
+    # -- allocation records -------------------------------------------------------------------
+    @staticmethod
+    def _cutoff(config: Config) -> float | None:
+        t = config.scheduling.adopt_unsigned_before
+        return rfc3339_seconds(t) if t else None  # validated by the config loader
+
+    def read_record(self, pod: dict[str, Any]) -> Record | Rejected | None:
+        """The pod's allocation record if the vGPU system wrote it (signature verified for the pod's
+        uid, ``spec.nodeName`` or, unbound, the record's node, its bind-time and the exact text),
+        else why not; None when the pod carries no record. Pure (reads the current key ring)."""
+        m = _meta(pod)
+        ann = m.get("annotations") or {}
+        text = ann.get(ANN_ALLOCATION)
+        if not text:
+            return None
+        if not isinstance(text, str):
+            return Rejected("undecodable", "allocation record is not a string")
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        alloc: PodAllocation | None = None
+        if self.keys is None or not node:
+            try:
+                alloc = decode_allocation(text)
+            except CodecError as e:
+                return Rejected("undecodable", f"allocation record undecodable: {e}")
+            if self.keys is None:
+                return Record(alloc, text, None, None)
+        assert self.keys is not None
+        sig = ann.get(ANN_ALLOCATION_SIGNATURE)
+        v = verify_allocation(self.keys.current(), sig, str(m.get("uid") or ""),
+                              node or (alloc.node if alloc is not None else ""), ann.get(ANN_BIND_TIME), text)
+        if not v.ok:
+            return Rejected(v.code, v.reason)
+        if alloc is None:
+            try:
+                alloc = decode_allocation(text)
+            except CodecError as e:  # a record this build cannot read (version skew)
+                return Rejected("undecodable", f"signed allocation record undecodable: {e}")
+        if node and alloc.node != node:
+            return Rejected("other-node", f"signed allocation record names node {alloc.node!r}, the pod is "
+                                          f"bound to {node!r}")
+        assert isinstance(sig, str)
+        return Record(alloc, text, sig, v.kid)
+
+    def progress(self, pod: dict[str, Any], rec: Record) -> tuple[str, str]:
+        """(bind-phase, allocated-containers) of a pod with the verified record ``rec``: the
+        annotations' values when the device plugin's progress signature verifies (or without keys);
+        otherwise the state the extender's bind left (``allocating``, none allocated)."""
+        m = _meta(pod)
+        ann = m.get("annotations") or {}
+        phase, done = ann.get(ANN_BIND_PHASE), ann.get(ANN_ALLOCATED_CONTAINERS)
+        if self.keys is not None and not verify_progress(self.keys.current(), ann.get(ANN_PROGRESS_SIGNATURE),
+                                                         str(m.get("uid") or ""), rec.signature, phase, done):
+            return BIND_ALLOCATING, ""
+        return str(phase or ""), str(done or "")
+
+    def _adopt(self, key: str, pod: dict[str, Any], rec: Rejected) -> tuple[PodAllocation | None, str]:
+        """Book an unsigned record under ``scheduling.adoptUnsignedBefore``? (allocation, "") or
+        (None, why not; "" when the option is off or the record is not unsigned)."""
+        cutoff = self._adopt_before
+        if cutoff is None or rec.code != MISSING:
+            return None, ""
+        m = _meta(pod)
+        spec = pod.get("spec") or {}
+        node = str(spec.get("nodeName") or "")
+        if not node:
+            return None, "not adopted: the pod is not bound"
+        if spec.get("schedulerName") != self.config.scheduler_name:
+            return None, f"not adopted: the pod names scheduler {spec.get('schedulerName')!r}"
+        created = m.get("creationTimestamp")
+        try:
+            t = rfc3339_seconds(str(created))
+        except ValueError:
+            return None, f"not adopted: creationTimestamp {created!r} unreadable"
+        if t >= cutoff:
+            return None, (f"not adopted: created {created}, not before scheduling.adoptUnsignedBefore "
+                          f"{self.config.scheduling.adopt_unsigned_before}")
+        try:
+            alloc = decode_allocation(str((m.get("annotations") or {}).get(ANN_ALLOCATION)))
+        except CodecError as e:
+            return None, f"not adopted: allocation record undecodable: {e}"
+        log.info("adopting an unsigned allocation record (scheduling.adoptUnsignedBefore); it will be signed",
+                 extra={"pod": key, "node": node})
+        if self.on_resign is not None:
+            self.on_resign(pod)
+        return alloc, ""
+
+    def _running(self, pod: dict[str, Any], node: str) -> PodAllocation | None:
+        """For a pod bound to ``node`` that kubelet has admitted (container statuses, written only by
+        kubelet) and that asks for the gpu resource, but carries no verifiable record: the device
+        plugin served it, so it had a signed record then, and its owner has edited or removed it
+        since. An empty allocation on ``node`` (booking completes the pod's own request on the
+        node's first GPUs: capacity is never freed by the edit, and nothing beyond the request is
+        reserved). None otherwise (an unverified pod that is not running never gets a GPU)."""
+        if self.keys is None or not node:
+            return None
+        st = pod.get("status") or {}
+        if not (st.get("containerStatuses") or st.get("initContainerStatuses")):
+            return None
+        gpu = self.config.resource_names.gpu
+        spec = pod.get("spec") or {}
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            res = (c or {}).get("resources") or {}
+            if any(str((res.get(part) or {}).get(gpu, "0")).strip() not in ("", "0") for part in ("limits", "requests")):
+                return PodAllocation(node, (), 0.0)
+        return None
+
+    def _reject(self, key: str, uid: str, node: str, rec: Rejected, booked: bool, extra: str) -> None:
+        """Log (once per pod uid) and count a record that books nothing."""
+        if uid in self._rejected:
+            return
+        if len(self._rejected) >= 100_000:  # bounded; forgetting one only means logging it again
+            self._rejected.pop(next(iter(self._rejected)))
+        self._rejected[uid] = rec.code
+        why = f"{rec.reason}; {extra}" if extra else rec.reason
+        if extra.startswith("the pod runs"):
+            log.warning("pod allocation record not written by the vGPU system; booking the pod's own request",
+                        extra={"pod": key, "node": node or None, "error": why})
+        elif booked:
+            log.warning("pod allocation record not written by the vGPU system; keeping the booking of its "
+                        "verified record", extra={"pod": key, "node": node or None, "error": why})
+        else:
+            log.warning("pod allocation record not written by the vGPU system; nothing booked",
+                        extra={"pod": key, "node": node or None, "error": why})
+        if self.on_reject is not None:
+            self.on_reject(rec.code)
+
     def on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         """Apply a Pod watch event (ADDED | MODIFIED | DELETED) or a list item (ADDED)."""
         m = _meta(pod)
         key = pod_key(pod)
         uid = str(m.get("uid") or "")
-        self._track_allocating(kind, key, uid, pod)
+        rec = None if kind == "DELETED" else self.read_record(pod)
+        self._track_allocating(kind, key, uid, pod, rec if isinstance(rec, Record) else None)
         if kind == "DELETED":
+            self._rejected.pop(uid, None)
             self._forget(key, uid)
             return
         phase = (pod.get("status") or {}).get("phase")
         if phase in ("Succeeded", "Failed"):
+            self._rejected.pop(uid, None)
             self._forget(key, uid)
             return
         old_uid = self.booked_uid.get(key)
         if old_uid is not None and old_uid != uid and key not in self.inflight:
             # Same name, new pod: the old one is gone even if we missed its DELETED event.
             self._forget(key, old_uid)
-        text = (m.get("annotations") or {}).get(ANN_ALLOCATION)
-        if not text or key in self.inflight:
-            return
+        if key in self.inflight:
+            return  # our own bind is writing the record
         bound = bool((pod.get("spec") or {}).get("nodeName"))
         if not bound and uid in self.failed_binds:
             return  # the annotation of a bind that failed; the pod will be re-bound
@@ -421,20 +553,32 @@ class ClusterCache:
         node_name = str((pod.get("spec") or {}).get("nodeName") or "")
         prev = self.pods.get(key)
         b = self.state.bookings.get(key)
-        try:
-            alloc = decode_allocation(text)
-        except CodecError as e:
-            if prev is not None and prev.uid == uid and b is not None and self.booked_uid.get(key) == uid:
-                log.warning("pod allocation annotation invalid; keeping its booking",
-                            extra={"pod": key, "node": b.node, "error": str(e)})
-                prev.bound = prev.bound or bound
+        booked = prev is not None and prev.uid == uid and b is not None and self.booked_uid.get(key) == uid
+        if rec is None or isinstance(rec, Rejected):
+            adopted: PodAllocation | None = None
+            why = ""
+            if rec is not None and not booked:
+                adopted, why = self._adopt(key, pod, rec)
+            if adopted is None and not booked:
+                adopted = self._running(pod, node_name)
+                if adopted is not None:
+                    why = (f"the pod runs on {node_name} (kubelet admitted it): booking its own request on the "
+                           f"node's first GPUs, the GPUs it uses are unknown")
+            if rec is not None:
+                self._reject(key, uid, node_name, rec, booked, why)
+            elif adopted is not None:
+                self._reject(key, uid, node_name, Rejected(MISSING, "allocation record missing"), booked, why)
+            if adopted is None:
+                if booked:  # a removed or edited record keeps the booking of the verified one
+                    assert prev is not None
+                    prev.bound = prev.bound or bound
                 return
-            lenient = self._lenient_allocation(text, node_name)
-            log.warning("pod allocation annotation invalid; booking the pod's request on what it names",
-                        extra={"pod": key, "node": node_name or None, "error": str(e)})
-            if lenient is None:
-                return
-            alloc = lenient
+            alloc = adopted
+        else:
+            alloc = rec.allocation
+            if (bound and rec.kid is not None and self.keys is not None and rec.kid != self.keys.current().active
+                    and self.on_resign is not None):
+                self.on_resign(pod)  # key rotation: sign again with the active key
         if bound and alloc.node != node_name:
             log.warning("pod allocation annotation names another node than the pod is bound to; "
                         "booking the pod's request on its node",
@@ -516,28 +660,25 @@ class ClusterCache:
         if self.on_handover_change is not None:
             self.on_handover_change()
 
-    def _track_allocating(self, kind: str, key: str, uid: str, pod: dict[str, Any]) -> None:
+    def _track_allocating(self, kind: str, key: str, uid: str, pod: dict[str, Any], rec: Record | None) -> None:
         """Keep :attr:`allocating` in step with a pod event: an entry while the pod is bound, live,
-        bind-phase ``allocating`` and has GPU containers not yet allocated; none otherwise."""
+        has a verified record ``rec``, bind-phase ``allocating`` and GPU containers not yet
+        allocated (progress values only as far as :meth:`progress` trusts them); none otherwise."""
         m = _meta(pod)
         ann = m.get("annotations") or {}
         node = str((pod.get("spec") or {}).get("nodeName") or "")
-        text = ann.get(ANN_ALLOCATION)
         entry: Allocating | None = None
         if kind == "DELETED":
             if self._bound_seen.get(key) == uid:
                 del self._bound_seen[key]
         elif node:
             self._bound_seen[key] = uid
-        if (kind != "DELETED" and node and text and ann.get(ANN_BIND_PHASE) == BIND_ALLOCATING
-                and not m.get("deletionTimestamp")
+        if (kind != "DELETED" and node and rec is not None and not m.get("deletionTimestamp")
                 and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")):
-            try:
-                alloc: PodAllocation | None = decode_allocation(text)
-            except CodecError:
-                alloc = None
+            phase, done_text = self.progress(pod, rec)
+            alloc = rec.allocation if phase == BIND_ALLOCATING else None
             if alloc is not None:
-                done = {n.strip() for n in str(ann.get(ANN_ALLOCATED_CONTAINERS) or "").split(",")}
+                done = {n.strip() for n in done_text.split(",")}
                 counts = frozenset(len(c.devices) for c in alloc.containers if c.devices and c.name not in done)
                 if counts:
                     try:

@@ -10,6 +10,8 @@ Names (all prefixed ``kube_vgpu_scheduler_``):
   (:data:`scheduler.reasons.CATEGORIES`).
 * ``binds_total{outcome}`` - outcome in success | unschedulable | api_error | conflict | not_leader
   | invalid | not_found.
+* ``allocation_records_rejected_total{reason}`` - pods whose allocation record was refused (once
+  per pod): reason missing | malformed | unknown-key | mismatch | undecodable | other-node.
 * ``config_reload_errors_total{key}``, ``config_last_reload_success`` (1/0), ``is_leader``,
   ``cache_synced``, ``nodes`` / ``unavailable_nodes`` / ``bookings`` gauges.
 """
@@ -118,5 +120,8 @@ class Metrics:
         self.unavailable = Gauge(p + "unavailable_nodes", "Nodes that are not candidates", registry=r)
         self.bookings = Gauge(p + "bookings", "Pods holding GPUs", registry=r)
         self.events_dropped = Counter(p + "events_dropped", "Pod events not sent (queue full)", registry=r)
+        self.records_rejected = Counter(p + "allocation_records_rejected",
+                                        "Pods whose allocation record books nothing (not written by the vGPU "
+                                        "system), once per pod, by reason", ["reason"], registry=r)
         self.config_ok.set(1)
 

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from kube_vgpu.config import load_config
 from kube_vgpu.errors import ConfigError
+from kube_vgpu.signing import KeyDir, SigningKeyError
 
 from . import jsonlog
 from .kube import KubeAPI, load_api_client
@@ -48,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-name", default="kube-vgpu-scheduler")
     p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "kube-system")
     p.add_argument("--resync-seconds", type=float, default=300.0, help="full relist period of nodes and pods")
+    p.add_argument("--signing-keys-dir", required=True,
+                   help="directory of the allocation signing keys: 'active' (the key id that signs) and one "
+                        "'key.<kid>' file per key (>= 32 random bytes); reloaded when its files change")
     return p
 
 
@@ -87,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     jsonlog.setup(args.log_level)
     try:
         cfg = load_config(args.config)
+        keys = KeyDir(args.signing_keys_dir)
+    except SigningKeyError as e:
+        log.error("cannot load the signing keys (--signing-keys-dir)", extra={"key": e.path, "error": str(e)})
+        return 2
     except (ConfigError, OSError) as e:
         log.error("cannot load config", extra={"key": getattr(e, "key", "(file)"), "error": str(e)})
         return 2
@@ -111,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    freeze_gc=True)
 
     async def make_app() -> web.Application:
-        svc = SchedulerService(cfg, api, opts)
+        svc = SchedulerService(cfg, api, opts, keys=keys)
         app = svc.app(serve_metrics=not args.metrics_port)
         if args.metrics_port:
             add_metrics_listener(app, svc, args.metrics_bind_address, args.metrics_port)

@@ -61,10 +61,21 @@ from kube_vgpu.cluster import ClusterCache, pod_key
 from kube_vgpu.codec import encode_allocation
 from kube_vgpu.config import Config, load_config_text
 from kube_vgpu.errors import ConfigError, RequestError
+from kube_vgpu.model import PodAllocation
 from kube_vgpu.placement.fastpath import names_key, normalise_array
 from kube_vgpu.placement.liveshapes import shapes_from_state
 from kube_vgpu.podspec import parse_pod, pod_asks
-from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_BIND_TIME, BIND_ALLOCATING, LABEL_NODE
+from kube_vgpu.resources import (
+    ANN_ALLOCATED_CONTAINERS,
+    ANN_ALLOCATION,
+    ANN_ALLOCATION_SIGNATURE,
+    ANN_BIND_PHASE,
+    ANN_BIND_TIME,
+    ANN_PROGRESS_SIGNATURE,
+    BIND_ALLOCATING,
+    LABEL_NODE,
+)
+from kube_vgpu.signing import KeyDir, KeyRing, KeySource, sign_allocation, sign_progress, verify_progress
 
 from .hostpriority import HostPriorityEncoder
 from .kube import KubeAPI, Reflector, api_error_text, is_conflict, is_not_found
@@ -172,15 +183,19 @@ def filter_result(names: Sequence[str], nodelist: Obj | None, ok: Sequence[str],
 
 class SchedulerService:
     """The extender. ``api`` None runs without a cluster (tests feed the cache directly and call
-    :meth:`mark_synced`)."""
+    :meth:`mark_synced`). ``keys``: the signing key ring (a :class:`~kube_vgpu.signing.KeyDir` is
+    reloaded every ``config_poll`` s); None: a fresh random key, so only records this process signs
+    verify (``kube-vgpu scheduler`` always passes ``--signing-keys-dir``)."""
 
     def __init__(self, config: Config, api: KubeAPI | None, options: Options | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, keys: KeySource | None = None):
         self.config = config
         self.api = api
         self.opts = options or Options()
         self.clock = clock
-        self.cache = ClusterCache(config, clock)
+        self.keys: KeySource = keys if keys is not None else KeyRing.generate()
+        self.cache = ClusterCache(config, clock, keys=self.keys)
+        self._resigning: dict[str, asyncio.Task[None]] = {}  #: pod uid -> its re-sign in progress
         self._priorities = HostPriorityEncoder()
         self.metrics = Metrics()
         self._gpu_seen: dict[str, tuple[Any, int, tuple[GpuRow, ...]]] = {}
@@ -202,6 +217,8 @@ class SchedulerService:
         self.handover_waits = 0  #: binds that had to wait for a hand-over (tests, debugging)
         self._handover_wake = asyncio.Event()
         self.cache.on_handover_change = self._wake_handover
+        self.cache.on_reject = lambda code: self.metrics.records_rejected.labels(reason=code).inc()
+        self.cache.on_resign = self._resign_soon
 
     # -- plumbing -----------------------------------------------------------------------------
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
@@ -295,6 +312,8 @@ class SchedulerService:
             self._config_sig = self._file_sig(self.opts.config_path)
             self._tasks.append(asyncio.create_task(self._every(self.opts.config_poll, self.reload_config)))
         self._tasks.append(asyncio.create_task(self._every(self.opts.shapes_interval, self.refresh_shapes)))
+        if isinstance(self.keys, KeyDir):
+            self._tasks.append(asyncio.create_task(self._every(self.opts.config_poll, self.keys.refresh)))
 
     async def stop(self) -> None:
         """Stop the background work (reflector threads are joined in a worker thread)."""
@@ -614,8 +633,7 @@ class SchedulerService:
         self._active_binds.setdefault(node, {})[key] = (seq, counts)
         try:
             await self._handover(key, node, counts, seq)
-            annotations = {ANN_ALLOCATION: encode_allocation(alloc), ANN_BIND_PHASE: BIND_ALLOCATING,
-                           ANN_BIND_TIME: str(int(self.clock()))}
+            annotations = self.bind_annotations(uid, node, alloc)
             labels = {LABEL_NODE: node}
             rv = str(meta.get("resourceVersion") or "")
             await self.run_blocking(write_bind, api, ns, name, uid, rv, annotations, labels, node)
@@ -635,6 +653,52 @@ class SchedulerService:
             self._wake_handover()  # waiters run after record_bound below (no await in between)
         self.cache.record_bound(key, uid, booking, req)
         return gpus
+
+    # -- signed records -----------------------------------------------------------------------
+    def bind_annotations(self, uid: str, node: str, alloc: PodAllocation) -> dict[str, str]:
+        """The annotations a bind writes: the allocation record, bind-phase ``allocating``, the
+        bind time (whole unix seconds) and the allocation signature over uid, node, bind time and
+        the record's exact text (active key)."""
+        text = encode_allocation(alloc)
+        bind_time = str(int(self.clock()))
+        return {ANN_ALLOCATION: text, ANN_BIND_PHASE: BIND_ALLOCATING, ANN_BIND_TIME: bind_time,
+                ANN_ALLOCATION_SIGNATURE: sign_allocation(self.keys.current(), uid, node, bind_time, text)}
+
+    def _resign_soon(self, pod: Obj) -> None:
+        """The cache asks to sign a booked record again (adopted unsigned record, or signed with a
+        key no longer active): one patch per pod at a time, by the leader only."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if self.api is None or not self.is_leader or not uid or uid in self._resigning or self.loop is None:
+            return
+        t = asyncio.ensure_future(self._resign(pod), loop=self.loop)
+        self._resigning[uid] = t
+        t.add_done_callback(lambda _t: self._resigning.pop(uid, None))
+
+    async def _resign(self, pod: Obj) -> None:
+        """Patch the active key's allocation signature onto ``pod`` (and a fresh progress signature
+        when the old one verifies), guarded by the pod's resourceVersion: what is signed is exactly
+        what the cache booked. A conflict or error is logged; the pod's next event asks again."""
+        assert self.api is not None
+        m = pod.get("metadata") or {}
+        ann = m.get("annotations") or {}
+        ns, name, uid = str(m.get("namespace") or "default"), str(m.get("name") or ""), str(m.get("uid") or "")
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        ring = self.keys.current()
+        sig = sign_allocation(ring, uid, node, str(ann.get(ANN_BIND_TIME) or ""), str(ann.get(ANN_ALLOCATION) or ""))
+        patch = {ANN_ALLOCATION_SIGNATURE: sig}
+        old = ann.get(ANN_ALLOCATION_SIGNATURE)
+        phase, done = ann.get(ANN_BIND_PHASE), ann.get(ANN_ALLOCATED_CONTAINERS)
+        if old and verify_progress(ring, ann.get(ANN_PROGRESS_SIGNATURE), uid, old, phase, done):
+            patch[ANN_PROGRESS_SIGNATURE] = sign_progress(ring, uid, sig, str(phase or ""), str(done or ""))
+        try:
+            await self.run_blocking(self.api.patch_pod_metadata, ns, name, str(m.get("resourceVersion") or ""),
+                                    patch, {})
+        except Exception as e:  # noqa: BLE001 - changed meanwhile (409) or API trouble: next event retries
+            log.warning("signing a booked allocation record failed; retried on the pod's next event",
+                        extra={"pod": f"{ns}/{name}", "node": node, "error": api_error_text(e)})
+            return
+        log.info("allocation record signed with the active key", extra={"pod": f"{ns}/{name}", "node": node,
+                                                                         "key": ring.active})
 
     # -- bind hand-over -----------------------------------------------------------------------
     def _wake_handover(self) -> None:

@@ -16,9 +16,19 @@ import grpc
 import pytest
 
 from deviceplugin.api import api_pb2, api_pb2_grpc
-from kube_vgpu.codec import encode_allocation
+from kube_vgpu.codec import decode_allocation, encode_allocation
 from kube_vgpu.model import ContainerAllocation, DeviceBooking, PodAllocation
-from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_BIND_TIME, BIND_ALLOCATING, LABEL_NODE
+from kube_vgpu.resources import (
+    ANN_ALLOCATED_CONTAINERS,
+    ANN_ALLOCATION,
+    ANN_ALLOCATION_SIGNATURE,
+    ANN_BIND_PHASE,
+    ANN_BIND_TIME,
+    ANN_PROGRESS_SIGNATURE,
+    BIND_ALLOCATING,
+    LABEL_NODE,
+)
+from kube_vgpu.signing import KeyRing, sign_allocation, sign_progress
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES = ROOT / "tests" / "fakes"
@@ -189,6 +199,45 @@ class FakeKubelet:
 
 
 NODE = "gpu-node-1"
+
+#: the signing keys the device plugin tests run with (the plugin verifies what the scheduler signed)
+KEYS = KeyRing("test-1", {"test-1": b"kube-vgpu device plugin test key 0001"})
+
+
+def signed_annotations(pod: dict[str, Any], keys: KeyRing = KEYS) -> dict[str, str]:
+    """What the scheduler extender (allocation signature) and, for a pod whose bind-phase or
+    allocated-containers is set beyond the bind's, the device plugin (progress signature) would have
+    signed on ``pod`` (its uid, its node or, unbound, its record's node)."""
+    m = pod["metadata"]
+    ann = m.get("annotations") or {}
+    text = ann[ANN_ALLOCATION]
+    node = (pod.get("spec") or {}).get("nodeName") or decode_allocation(text).node
+    sig = sign_allocation(keys, m["uid"], node, ann.get(ANN_BIND_TIME, ""), text)
+    out = {ANN_ALLOCATION_SIGNATURE: sig}
+    if ann.get(ANN_BIND_PHASE) != BIND_ALLOCATING or ANN_ALLOCATED_CONTAINERS in ann:
+        out[ANN_PROGRESS_SIGNATURE] = sign_progress(keys, m["uid"], sig, ann.get(ANN_BIND_PHASE, ""),
+                                                    ann.get(ANN_ALLOCATED_CONTAINERS, ""))
+    return out
+
+
+def write_keys(d: Path, keys: KeyRing = KEYS) -> Path:
+    """Write ``keys`` as a signing key directory (``active`` + ``key.<kid>``) for --signing-keys-dir."""
+    d.mkdir(parents=True, exist_ok=True)
+    for kid, key in keys.keys.items():
+        (d / f"key.{kid}").write_bytes(key)
+    (d / "active").write_text(keys.active + "\n")
+    return d
+
+
+def create_signed(api: Any, pod: dict[str, Any], keys: KeyRing = KEYS) -> dict[str, Any]:
+    """Create ``pod`` in the fake API server, then sign its allocation record for the uid the
+    server gave it (as the scheduler extender does at bind). Returns the stored pod."""
+    created: dict[str, Any] = api.create_object("pods", pod)
+    if ANN_ALLOCATION not in (created["metadata"].get("annotations") or {}):
+        return created
+    m = created["metadata"]
+    return dict(api.patch_object("pods", m["name"], {"metadata": {"annotations": signed_annotations(created, keys)}},
+                                 m["namespace"], patch_type="merge"))
 
 
 def make_node(api: Any, name: str = NODE) -> None:

@@ -17,7 +17,17 @@ from typing import Any
 
 import grpc
 import pytest
-from dp_helpers import NODE, FakeGPUs, FakeKubelet, bound_pod, make_node, write_region
+from dp_helpers import (
+    KEYS,
+    NODE,
+    FakeGPUs,
+    FakeKubelet,
+    bound_pod,
+    create_signed,
+    make_node,
+    write_keys,
+    write_region,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from deviceplugin.api import api_pb2
@@ -56,7 +66,7 @@ def start_plugin(gpus: FakeGPUs, kubelet: FakeKubelet, kube_api: Any, sockdir: s
         opts = Options(node_name=NODE, device_plugin_dir=sockdir, shim_host_path=str(shim),
                        cache_host_dir=str(tmp_path / "containers"), **{**timings, **overrides})
         p = DevicePlugin(cfg or config_from_dict({"devices": {"splitCount": 4}}), opts,
-                         ApiKubeClient(api_client=kube_api.api_client()))
+                         ApiKubeClient(api_client=kube_api.api_client()), keys=KEYS)
         p.start()
         plugins.append(p)
         kubelet.wait(lambda k: k.updates > 0, what="first ListAndWatch list")
@@ -153,9 +163,9 @@ def test_two_pods_bound_at_once_get_their_own_limits(start_plugin: Callable[...,
                                                      kubelet: FakeKubelet, kube_api: Any, tmp_path: Path) -> None:
     start_plugin()
     # p1 and p2 share GPU 0 with different limits (binpack); p3 spans both GPUs
-    kube_api.create_object("pods", bound_pod("p1", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
-    kube_api.create_object("pods", bound_pod("p2", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101))
-    kube_api.create_object("pods", bound_pod("p3", [("c", False, [(U[1], 1000, 10), (U[0], 2000, 10)], {})],
+    create_signed(kube_api, bound_pod("p1", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
+    create_signed(kube_api, bound_pod("p2", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101))
+    create_signed(kube_api, bound_pod("p3", [("c", False, [(U[1], 1000, 10), (U[0], 2000, 10)], {})],
                                              bind_time=102))
     (r1,) = kubelet.admit([1])
     (r2,) = kubelet.admit([1])
@@ -180,8 +190,8 @@ def test_two_pods_bound_at_once_get_their_own_limits(start_plugin: Callable[...,
 def test_ambiguous_allocate_fails_with_clear_error(start_plugin: Callable[..., DevicePlugin],
                                                    kubelet: FakeKubelet, kube_api: Any) -> None:
     start_plugin()
-    kube_api.create_object("pods", bound_pod("p1", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
-    kube_api.create_object("pods", bound_pod("p2", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101))
+    create_signed(kube_api, bound_pod("p1", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
+    create_signed(kube_api, bound_pod("p2", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101))
     kubelet.use_preferred = False  # kubelet without GetPreferredAllocation: nothing tells the two apart
     with pytest.raises(grpc.RpcError) as e:
         kubelet.admit([1])
@@ -195,8 +205,8 @@ def test_ambiguous_allocate_fails_with_clear_error(start_plugin: Callable[..., D
 def test_pod_deleted_before_allocate_does_not_hold_up_the_next(start_plugin: Callable[..., DevicePlugin],
                                                                kubelet: FakeKubelet, kube_api: Any) -> None:
     start_plugin()
-    kube_api.create_object("pods", bound_pod("gone", [("c", False, [(U[0], 7000, 70)], {})], bind_time=50))
-    kube_api.create_object("pods", bound_pod("next", [("c", False, [(U[0], 2000, 20)], {})], bind_time=60))
+    create_signed(kube_api, bound_pod("gone", [("c", False, [(U[0], 7000, 70)], {})], bind_time=50))
+    create_signed(kube_api, bound_pod("next", [("c", False, [(U[0], 2000, 20)], {})], bind_time=60))
     kube_api.delete_object("pods", "gone", "default")
     (r,) = kubelet.admit([1])
     assert envs(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
@@ -206,7 +216,7 @@ def test_pod_deleted_before_allocate_does_not_hold_up_the_next(start_plugin: Cal
 def test_kf06_init_container_without_gpu(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
                                          kube_api: Any) -> None:
     start_plugin()
-    kube_api.create_object("pods", bound_pod("kf06", [("setup", True, None, {}),
+    create_signed(kube_api, bound_pod("kf06", [("setup", True, None, {}),
                                                       ("app", False, [(U[1], 4000, 0)], {})]))
     (r,) = kubelet.admit([1])  # kubelet calls Allocate only for the app container
     e = envs(r)
@@ -218,9 +228,9 @@ def test_kf06_init_container_without_gpu(start_plugin: Callable[..., DevicePlugi
 def test_gpu_init_and_app_containers_in_order(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
                                               kube_api: Any) -> None:
     start_plugin()
-    kube_api.create_object("pods", bound_pod("multi", [("init", True, [(U[0], 1000, 0)], {}),
+    create_signed(kube_api, bound_pod("multi", [("init", True, [(U[0], 1000, 0)], {}),
                                                        ("app", False, [(U[1], 6000, 60)], {})]))
-    kube_api.create_object("pods", bound_pod("other", [("c", False, [(U[0], 9000, 0)], {})], bind_time=2000))
+    create_signed(kube_api, bound_pod("other", [("c", False, [(U[0], 9000, 0)], {})], bind_time=2000))
     ri, ra = kubelet.admit([1, 1])
     assert envs(ri)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m" and envs(ra)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "6000m"
     ann = kube_api.get_object("pods", "multi", "default")["metadata"]["annotations"]
@@ -233,7 +243,7 @@ def test_disable_control_opt_out(start_plugin: Callable[..., DevicePlugin], kube
                                  kube_api: Any) -> None:
     start_plugin()
     env = {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]}
-    kube_api.create_object("pods", bound_pod("free", [("c", False, [(U[0], 3000, 30)], env)]))
+    create_signed(kube_api, bound_pod("free", [("c", False, [(U[0], 3000, 30)], env)]))
     (r,) = kubelet.admit([1])
     assert envs(r)["NVIDIA_VISIBLE_DEVICES"] == U[0]
     assert "CUDA_DEVICE_MEMORY_LIMIT_0" not in envs(r) and not r.mounts
@@ -247,7 +257,7 @@ def test_kubelet_restart_registers_again(start_plugin: Callable[..., DevicePlugi
     kubelet.wait(lambda k: len(k.registrations) >= 2, what="re-registration after kubelet restart")
     assert os.path.exists(plugin.socket_path)
     kubelet.wait(lambda k: k.updates >= 2, what="ListAndWatch on the new connection")
-    kube_api.create_object("pods", bound_pod("after", [("c", False, [(U[1], 1234, 0)], {})]))
+    create_signed(kube_api, bound_pod("after", [("c", False, [(U[1], 1234, 0)], {})]))
     (r,) = kubelet.admit([1])
     assert envs(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1234m"
     assert plugin.status.registrations >= 2
@@ -282,8 +292,8 @@ def test_concurrent_binds_allocate_in_binding_order_not_bind_time(start_plugin: 
     """(a) The extender wrote a's annotations (bind-time 100) before b's (101), but b's Binding
     committed first: kubelet sees b first and admits it first; b must get b's limits."""
     plugin = start_plugin()
-    kube_api.create_object("pods", _unbound(bound_pod("a", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100)))
-    kube_api.create_object("pods", _unbound(bound_pod("b", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101)))
+    create_signed(kube_api, _unbound(bound_pod("a", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100)))
+    create_signed(kube_api, _unbound(bound_pod("b", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101)))
     _bind(kube_api, "b")
     _wait_seen(plugin, kube_api, "b")
     _bind(kube_api, "a")
@@ -305,8 +315,8 @@ def test_pod_watch_recovers_from_expired_watch(start_plugin: Callable[..., Devic
     plugin = start_plugin()
     kube_api.wait_for_watch("pods")
     kube_api.expire_watches()
-    kube_api.create_object("pods", _unbound(bound_pod("a", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100)))
-    kube_api.create_object("pods", _unbound(bound_pod("b", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101)))
+    create_signed(kube_api, _unbound(bound_pod("a", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100)))
+    create_signed(kube_api, _unbound(bound_pod("b", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101)))
     kube_api.wait_for_watch("pods")
     _bind(kube_api, "b")
     _wait_seen(plugin, kube_api, "b")
@@ -327,14 +337,14 @@ def test_pod_kubelet_skipped_does_not_steal_the_preference(start_plugin: Callabl
     phase not Failed yet); 'two' bound after it was admitted, so 'stuck' no longer gets the preference
     over 'one', bound later still."""
     plugin = start_plugin()
-    kube_api.create_object("pods", bound_pod("stuck", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
+    create_signed(kube_api, bound_pod("stuck", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
     _wait_seen(plugin, kube_api, "stuck")
-    kube_api.create_object("pods", bound_pod("two", [("c", False, [(U[0], 1000, 10), (U[1], 1000, 10)], {})],
+    create_signed(kube_api, bound_pod("two", [("c", False, [(U[0], 1000, 10), (U[1], 1000, 10)], {})],
                                              bind_time=101))
     _wait_seen(plugin, kube_api, "two")
     (r2,) = kubelet.admit([2])
     assert envs(r2)["NVIDIA_VISIBLE_DEVICES"] == f"{U[0]},{U[1]}"
-    kube_api.create_object("pods", bound_pod("one", [("c", False, [(U[0], 5000, 50)], {})], bind_time=102))
+    create_signed(kube_api, bound_pod("one", [("c", False, [(U[0], 5000, 50)], {})], bind_time=102))
     _wait_seen(plugin, kube_api, "one")
     (r1,) = kubelet.admit([1])
     assert envs(r1)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m" and envs(r1)["CUDA_DEVICE_SM_LIMIT"] == "50"
@@ -346,10 +356,10 @@ def test_pod_pending_past_the_staleness_period_does_not_steal_the_preference(
         start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet, kube_api: Any) -> None:
     """(b) with nothing admitted since: a pod pending longer than pending_stale_seconds is demoted."""
     plugin = start_plugin(pending_stale_seconds=0.3)
-    kube_api.create_object("pods", bound_pod("stuck", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
+    create_signed(kube_api, bound_pod("stuck", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
     _wait_seen(plugin, kube_api, "stuck")
     time.sleep(0.5)
-    kube_api.create_object("pods", bound_pod("fresh", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101))
+    create_signed(kube_api, bound_pod("fresh", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101))
     _wait_seen(plugin, kube_api, "fresh")
     (r,) = kubelet.admit([1])
     assert envs(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m"
@@ -376,7 +386,7 @@ def test_health_endpoints_and_metrics(start_plugin: Callable[..., DevicePlugin],
         while _get(base + "/readyz")[0] != 200:
             assert time.time() < deadline, _get(base + "/readyz")
             time.sleep(0.05)
-        kube_api.create_object("pods", bound_pod("m", [("c", False, [(U[0], 3000, 30)], {})]))
+        create_signed(kube_api, bound_pod("m", [("c", False, [(U[0], 3000, 30)], {})]))
         kubelet.admit([1])
         code, text = _get(base + "/metrics")
         assert code == 200
@@ -424,7 +434,8 @@ def test_cli_runs_against_fake_kubelet_and_stops_on_sigterm(gpus: FakeGPUs, fake
         [sys.executable, "-m", "kube_vgpu.cli", "device-plugin", "--kubeconfig", kubeconfig,
          "--device-plugin-dir", sockdir, "--shim-host-path", str(tmp_path / "vgpu" / "libvgpu.so"),
          "--cache-host-dir", str(tmp_path / "containers"), "--metrics-port", str(port),
-         "--metrics-bind-address", "127.0.0.1", "--heartbeat-seconds", "1", "--log-level", "debug"],
+         "--metrics-bind-address", "127.0.0.1", "--heartbeat-seconds", "1", "--log-level", "debug",
+         "--signing-keys-dir", str(write_keys(tmp_path / "keys"))],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         kubelet.wait(lambda k: k.updates > 0, timeout=20, what="registration by the CLI process")
@@ -454,7 +465,7 @@ def test_zero_mib_booking_is_refused_over_grpc(start_plugin: Callable[..., Devic
                                                kube_api: Any) -> None:
     """KF-17: 0 MiB would become CUDA_DEVICE_MEMORY_LIMIT_0=0m, which the shim reads as no limit."""
     plugin = start_plugin()
-    kube_api.create_object("pods", bound_pod("zero", [("c", False, [(U[0], 0, 30)], {})]))
+    create_signed(kube_api, bound_pod("zero", [("c", False, [(U[0], 0, 30)], {})]))
     err = _refused(kubelet, f"{U[0]}::0")
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     details = err.details() or ""
@@ -469,7 +480,7 @@ def test_gpu_container_without_booking_is_refused_over_grpc(start_plugin: Callab
                                                             kubelet: FakeKubelet, kube_api: Any) -> None:
     start_plugin()
     gpu1 = {"resources": {"limits": {"nvidia.com/gpu": "1"}}}
-    kube_api.create_object("pods", bound_pod("nobook", [("first", False, None, gpu1),
+    create_signed(kube_api, bound_pod("nobook", [("first", False, None, gpu1),
                                                         ("second", False, [(U[1], 3000, 30)], {})]))
     err = _refused(kubelet, f"{U[1]}::0")  # kubelet asks for "first" (spec order)
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -482,7 +493,7 @@ def test_gpu_container_without_booking_is_refused_over_grpc(start_plugin: Callab
 def test_allocate_rejects_ids_never_advertised(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
                                                kube_api: Any) -> None:
     start_plugin()  # split 4: U0::0..3 and U1::0..3
-    kube_api.create_object("pods", bound_pod("p", [("c", False, [(U[0], 3000, 30)], {})]))
+    create_signed(kube_api, bound_pod("p", [("c", False, [(U[0], 3000, 30)], {})]))
     for bad in ("{u}::999", "{u}", "{u}::4", "GPU-nope::0", "{u}::0 ", "{u}::00"):
         dev = bad.format(u=U[0])
         err = _refused(kubelet, dev)
@@ -497,7 +508,7 @@ def test_allocate_rejects_ids_never_advertised(start_plugin: Callable[..., Devic
 def test_allocate_rejects_duplicate_ids_and_two_slots_of_one_gpu(start_plugin: Callable[..., DevicePlugin],
                                                                  kubelet: FakeKubelet, kube_api: Any) -> None:
     start_plugin()
-    kube_api.create_object("pods", bound_pod("p", [("c", False, [(U[0], 1000, 10), (U[1], 1000, 10)], {})]))
+    create_signed(kube_api, bound_pod("p", [("c", False, [(U[0], 1000, 10), (U[1], 1000, 10)], {})]))
     err = _refused(kubelet, f"{U[0]}::0", f"{U[0]}::0")
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "more than once" in (err.details() or "") and f"{U[0]}::0" in (err.details() or "")
@@ -515,7 +526,7 @@ def test_disable_control_accepts_1_and_any_case(start_plugin: Callable[..., Devi
     start_plugin()
     for i, value in enumerate(("1", "TRUE", "True")):
         env = {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": value}]}
-        kube_api.create_object("pods", bound_pod(f"free{i}", [("c", False, [(U[0], 3000, 30)], env)],
+        create_signed(kube_api, bound_pod(f"free{i}", [("c", False, [(U[0], 3000, 30)], env)],
                                                  bind_time=100 + i))
         (r,) = kubelet.admit([1])
         assert envs(r) == {"NVIDIA_VISIBLE_DEVICES": U[0], "CUDA_DISABLE_CONTROL": "true"} and not r.mounts, value
@@ -532,8 +543,8 @@ def test_cache_dirs_of_gone_pods_are_removed(start_plugin: Callable[..., DeviceP
                                              kube_api: Any, tmp_path: Path) -> None:
     plugin = start_plugin()  # heartbeat 0.5 s
     root = tmp_path / "containers"
-    kube_api.create_object("pods", bound_pod("keep", [("c", False, [(U[0], 1000, 10)], {})], bind_time=1))
-    kube_api.create_object("pods", bound_pod("gone", [("c", False, [(U[1], 1000, 10)], {})], bind_time=2))
+    create_signed(kube_api, bound_pod("keep", [("c", False, [(U[0], 1000, 10)], {})], bind_time=1))
+    create_signed(kube_api, bound_pod("gone", [("c", False, [(U[1], 1000, 10)], {})], bind_time=2))
     kubelet.admit([1])
     kubelet.admit([1])
     uid = {n: kube_api.get_object("pods", n, "default")["metadata"]["uid"] for n in ("keep", "gone")}
@@ -564,7 +575,7 @@ def test_cache_cleanup_tolerates_errors_and_never_removes_live_pods(start_plugin
 
     plugin = start_plugin(heartbeat_seconds=3600)
     root = tmp_path / "containers"
-    kube_api.create_object("pods", bound_pod("live", [("c", False, [(U[0], 1000, 10)], {})]))
+    create_signed(kube_api, bound_pod("live", [("c", False, [(U[0], 1000, 10)], {})]))
     live_uid = kube_api.get_object("pods", "live", "default")["metadata"]["uid"]
     pods = plugin.kube.list_node_pods(NODE)
     a, b, live = root / "aaaa_c", root / "bbbb_c", root / f"{live_uid}_c"

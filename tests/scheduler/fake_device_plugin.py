@@ -10,28 +10,35 @@ import threading
 import time
 from typing import Any
 
+from vgpu_sched_util import KEYS
+
 from kube_vgpu.codec import decode_allocation
 from kube_vgpu.resources import (
     ANN_ALLOCATED_CONTAINERS,
     ANN_ALLOCATION,
+    ANN_ALLOCATION_SIGNATURE,
     ANN_BIND_PHASE,
+    ANN_PROGRESS_SIGNATURE,
     BIND_ALLOCATING,
     BIND_SUCCESS,
 )
+from kube_vgpu.signing import KeyRing, sign_progress
 from tests.fakeapi import FakeKubeAPI
 
 
-def mark_allocated(fake: FakeKubeAPI, name: str, namespace: str = "default") -> bool:
-    """Play the device plugin for one pod now: True if it was bound and ``allocating``."""
+def mark_allocated(fake: FakeKubeAPI, name: str, namespace: str = "default", keys: KeyRing = KEYS) -> bool:
+    """Play the device plugin for one pod now: True if it was bound and ``allocating``. The
+    progress is signed with ``keys`` (the extender trusts only signed progress)."""
     p = fake.get_object("pods", name, namespace)
     if p is None or not (p.get("spec") or {}).get("nodeName"):
         return False
     ann = p["metadata"].get("annotations") or {}
     if ann.get(ANN_BIND_PHASE) != BIND_ALLOCATING or ANN_ALLOCATION not in ann:
         return False
-    names = [c.name for c in decode_allocation(ann[ANN_ALLOCATION]).containers if c.devices]
+    names = ",".join(c.name for c in decode_allocation(ann[ANN_ALLOCATION]).containers if c.devices)
+    sig = sign_progress(keys, p["metadata"]["uid"], ann.get(ANN_ALLOCATION_SIGNATURE, ""), BIND_SUCCESS, names)
     fake.patch_object("pods", name, {"metadata": {"annotations": {
-        ANN_BIND_PHASE: BIND_SUCCESS, ANN_ALLOCATED_CONTAINERS: ",".join(names)}}}, namespace)
+        ANN_BIND_PHASE: BIND_SUCCESS, ANN_ALLOCATED_CONTAINERS: names, ANN_PROGRESS_SIGNATURE: sig}}}, namespace)
     return True
 
 

@@ -13,7 +13,17 @@ from typing import Any
 
 import pytest
 from fake_device_plugin import FakeDevicePlugin
-from vgpu_sched_util import Extender, bind_args, filter_args, node_obj, pod_obj, run, wait_until
+from vgpu_sched_util import (
+    KEYS,
+    Extender,
+    bind_args,
+    filter_args,
+    node_obj,
+    pod_obj,
+    run,
+    wait_until,
+    write_keys,
+)
 
 from kube_vgpu.codec import decode_allocation
 from kube_vgpu.config import Config
@@ -35,12 +45,13 @@ def fake() -> Any:
 
 
 @asynccontextmanager
-async def extender(fake: FakeKubeAPI, device_plugin: bool = False, **opts: Any) -> AsyncIterator[Extender]:
+async def extender(fake: FakeKubeAPI, device_plugin: bool = False, keys: Any = None,
+                   **opts: Any) -> AsyncIterator[Extender]:
     """A service against ``fake``; ``device_plugin``: a FakeDevicePlugin marks each bound pod
     allocated shortly after its Binding (else same-size binds to one node wait for the hand-over)."""
     cfg = opts.pop("config", None) or Config()
     o = Options(sync_wait=5.0, resync_seconds=opts.pop("resync_seconds", 300.0), **opts)
-    svc = SchedulerService(cfg, KubeAPI(fake.api_client()), o)
+    svc = SchedulerService(cfg, KubeAPI(fake.api_client()), o, keys=keys or KEYS)
     with contextlib.ExitStack() as stack:
         dp = stack.enter_context(FakeDevicePlugin(fake)) if device_plugin else None
         async with Extender(svc) as ext:
@@ -379,7 +390,8 @@ def test_cli_serves_against_a_kubeconfig(fake: FakeKubeAPI, tmp_path: Any) -> No
     s.close()
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen([sys.executable, "-m", "kube_vgpu.cli", "scheduler", "--kubeconfig", kc, "--port", str(port),
-                             "--bind-address", "127.0.0.1", "--config", str(cfg), "--log-level", "info"],
+                             "--bind-address", "127.0.0.1", "--config", str(cfg), "--log-level", "info",
+                             "--signing-keys-dir", str(write_keys(tmp_path / "keys"))],
                             cwd=root, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(root)})
     try:
         deadline = time.monotonic() + 20
@@ -508,13 +520,15 @@ def test_bind_plans_from_the_api_servers_pod_not_a_forged_filter_body(fake: Fake
 
 def test_tampered_allocation_annotation_never_frees_capacity(fake: FakeKubeAPI, caplog: Any) -> None:
     """The pod's owner may edit kube-vgpu.io/allocation after binding (mem 1, negative, another
-    GPU, another node): the cache books what the pod's own request says, live and after a
-    restart, so a pod that would overcommit the card is still refused."""
+    GPU, another node): the edit does not verify, the cache keeps the booking of the signed record
+    live, and after a restart books the running pod's own request, so a pod that would overcommit
+    the card is still refused."""
     import logging
 
     caplog.set_level(logging.WARNING, logger="kube_vgpu.cluster")
     nodes = create_nodes(fake, 1, gpus=1)  # one 24576 MiB card
-    a = create_pod(fake, pod_obj("a", limits={"nvidia.com/gpumem": 20000, "nvidia.com/gpucores": 30}))
+    a = create_pod(fake, pod_obj("a", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000,
+                                              "nvidia.com/gpucores": 30}))
     b = create_pod(fake, pod_obj("b", limits={"nvidia.com/gpumem": 10000}))
 
     def tamper(node: str, uuid: str, mem: Any, cores: Any = 30) -> None:
@@ -546,9 +560,13 @@ def test_tampered_allocation_annotation_never_frees_capacity(fake: FakeKubeAPI, 
                 await asyncio.sleep(0.3)  # the watch delivers the edit
                 assert annotation() == before
                 await refused(ext)
-            assert any("does not match" in r.getMessage() and getattr(r, "pod", "") == "default/a"
+            assert any("not written by the vGPU system" in r.getMessage() and getattr(r, "pod", "") == "default/a"
                        and getattr(r, "node", "") == "node-0" for r in caplog.records)
-        # restart with a tampered annotation: rebuilt from the request, not the annotation
+        # restart with a tampered annotation while the pod runs (kubelet reports its containers):
+        # rebuilt from the request, not the annotation
+        fake.patch_object("pods", "a", {"status": {"phase": "Running", "containerStatuses": [
+            {"name": "c", "ready": True, "restartCount": 0, "image": "busybox", "imageID": "",
+             "state": {"running": {}}}]}}, "default", subresource="status")
         for mem in (1, -50000):
             tamper("node-0", "GPU-node-0-00", mem)
             async with extender(fake) as ext:
@@ -571,7 +589,8 @@ def test_cli_port_in_use_logs_one_clear_json_line(fake: FakeKubeAPI, tmp_path: A
     root = Path(__file__).resolve().parents[2]
     try:
         proc = subprocess.run([sys.executable, "-m", "kube_vgpu.cli", "scheduler", "--kubeconfig", kc, "--port",
-                               str(port), "--bind-address", "127.0.0.1"], cwd=root, capture_output=True,
+                               str(port), "--bind-address", "127.0.0.1",
+                               "--signing-keys-dir", str(write_keys(tmp_path / "keys"))], cwd=root, capture_output=True,
                               timeout=30, env={**os.environ, "PYTHONPATH": str(root)})
     finally:
         s.close()

@@ -4,12 +4,13 @@ API, so the chart can expose it while filter/prioritize/bind stay on loopback.""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
-from vgpu_sched_util import bind_args, node_obj, offline_service, pod_obj, run
+from vgpu_sched_util import bind_args, node_obj, offline_service, pod_obj, run, write_keys
 
 from scheduler.server import MetricsListenError, add_metrics_listener, build_parser, main
 
@@ -21,16 +22,16 @@ def free_port() -> int:
 
 
 def test_flags_and_defaults() -> None:
-    ns = build_parser().parse_args([])
+    ns = build_parser().parse_args(["--signing-keys-dir=/etc/kube-vgpu/signing"])
     assert (ns.bind_address, ns.port, ns.metrics_bind_address, ns.metrics_port) == ("0.0.0.0", 8888, "0.0.0.0", 0)
-    ns = build_parser().parse_args(["--bind-address=127.0.0.1", "--metrics-port=8889",
+    ns = build_parser().parse_args(["--signing-keys-dir=/k", "--bind-address=127.0.0.1", "--metrics-port=8889",
                                     "--metrics-bind-address=10.0.0.1"])
     assert (ns.bind_address, ns.metrics_bind_address, ns.metrics_port) == ("127.0.0.1", "10.0.0.1", 8889)
 
 
 @pytest.mark.parametrize("argv", [["--port=9000", "--metrics-port=9000"], ["--metrics-port=70000"]])
-def test_bad_metrics_port_is_a_usage_error(argv: list[str]) -> None:
-    assert main(argv) == 2
+def test_bad_metrics_port_is_a_usage_error(argv: list[str], tmp_path: Path) -> None:
+    assert main([*argv, "--signing-keys-dir", str(write_keys(tmp_path / "keys"))]) == 2
 
 
 async def _status(session: aiohttp.ClientSession, method: str, url: str, **kw: Any) -> tuple[int, str]:

@@ -18,10 +18,22 @@ from kube_vgpu.codec import encode_inventory
 from kube_vgpu.config import Config
 from kube_vgpu.model import GPUDevice, NodeInventory
 from kube_vgpu.resources import ANN_NODE_INVENTORY
+from kube_vgpu.signing import KeyRing
 from scheduler.service import Options, SchedulerService
 
 CAPTURES = Path("/work/shared/reference/captures")
+#: the signing keys the scheduler tests run with (shared by a restarted extender and the fake device plugin)
+KEYS = KeyRing("test-1", {"test-1": b"kube-vgpu scheduler test key 000001"})
 T = TypeVar("T")
+
+
+def write_keys(d: Path, keys: KeyRing = KEYS) -> Path:
+    """Write ``keys`` as a signing key directory (``active`` + ``key.<kid>``) for --signing-keys-dir."""
+    d.mkdir(parents=True, exist_ok=True)
+    for kid, key in keys.keys.items():
+        (d / f"key.{kid}").write_bytes(key)
+    (d / "active").write_text(keys.active + "\n")
+    return d
 
 
 def capture(name: str) -> dict[str, Any]:
