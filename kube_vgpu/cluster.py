@@ -75,7 +75,7 @@ from .resources import (
     ANN_PROGRESS_SIGNATURE,
     BIND_ALLOCATING,
 )
-from .signing import MISSING, KeySource, verify_allocation, verify_progress
+from .signing import MISSING, VERSION, KeySource, verify_allocation, verify_progress
 
 log = logging.getLogger("kube_vgpu.cluster")
 
@@ -452,6 +452,22 @@ class ClusterCache:
             return BIND_ALLOCATING, ""
         return str(phase or ""), str(done or "")
 
+    def _stale_key(self, pod: dict[str, Any], rec: Record) -> bool:
+        """True if the verified record ``rec``, or its verified progress, is signed with a key that is
+        no longer the active one (signing it again lets the retired key be removed)."""
+        if self.keys is None or rec.kid is None:
+            return False
+        ring = self.keys.current()
+        if rec.kid != ring.active:
+            return True
+        m = _meta(pod)
+        ann = m.get("annotations") or {}
+        psig = ann.get(ANN_PROGRESS_SIGNATURE)
+        if not isinstance(psig, str) or psig.startswith(f"{VERSION}:{ring.active}:"):
+            return False
+        return verify_progress(ring, psig, str(m.get("uid") or ""), rec.signature, ann.get(ANN_BIND_PHASE),
+                               ann.get(ANN_ALLOCATED_CONTAINERS)).ok
+
     def _adopt(self, key: str, pod: dict[str, Any], rec: Rejected) -> tuple[PodAllocation | None, str]:
         """Book an unsigned record under ``scheduling.adoptUnsignedBefore``? (allocation, "") or
         (None, why not; "" when the option is off or the record is not unsigned)."""
@@ -576,8 +592,7 @@ class ClusterCache:
             alloc = adopted
         else:
             alloc = rec.allocation
-            if (bound and rec.kid is not None and self.keys is not None and rec.kid != self.keys.current().active
-                    and self.on_resign is not None):
+            if bound and self.on_resign is not None and self._stale_key(pod, rec):
                 self.on_resign(pod)  # key rotation: sign again with the active key
         if bound and alloc.node != node_name:
             log.warning("pod allocation annotation names another node than the pod is bound to; "

@@ -268,6 +268,16 @@ class Components:
         self.webhook_port = free_port()
         self.extender_port = free_port()
         self.ca_pem = b""
+        self.signing_keys = self._signing_keys(workdir / "signing-keys")
+
+    @staticmethod
+    def _signing_keys(d: Path) -> Path:
+        """A signing key directory (``active`` + one ``key.<kid>``) shared by the extender and the
+        device plugin, as the chart's Secret is."""
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "key.e2e").write_bytes(os.urandom(32))
+        (d / "active").write_text("e2e\n")
+        return d
 
     def start_webhook(self) -> None:
         out = self.dir / "webhook-certs"
@@ -300,7 +310,8 @@ class Components:
         assert self.cp.kubeconfig is not None
         self.procs["extender"] = Proc("extender", kube_vgpu(
             "scheduler", "--config", str(self.policy), "--bind-address", "127.0.0.1", "--port",
-            str(self.extender_port), "--kubeconfig", str(self.cp.kubeconfig), "--log-level", "info"), self.dir)
+            str(self.extender_port), "--kubeconfig", str(self.cp.kubeconfig), "--log-level", "info",
+            "--signing-keys-dir", str(self.signing_keys)), self.dir)
         wait_for(lambda: self.procs["extender"].check() or _https_ok(f"http://127.0.0.1:{self.extender_port}/readyz"),
                  60, "extender /readyz")
 
@@ -327,7 +338,7 @@ class Components:
             "--node-name", node, "--device-plugin-dir", sockdir,
             "--shim-host-path", str(self.dir / "vgpu" / "libvgpu.so"), "--cache-host-dir",
             str(self.dir / "containers"), "--metrics-port", str(free_port()), "--metrics-bind-address", "127.0.0.1",
-            "--heartbeat-seconds", "5"), self.dir, env=env)
+            "--heartbeat-seconds", "5", "--signing-keys-dir", str(self.signing_keys)), self.dir, env=env)
 
     def stop(self) -> None:
         for p in reversed(list(self.procs.values())):
