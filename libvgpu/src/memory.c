@@ -206,8 +206,24 @@ static CUresult reserve(int dev, uint64_t bytes, const char *api)
     uint64_t used = 0, limit = 0;
     if (region_reserve(dev, bytes, 0, &used, &limit) == 0)
         return CUDA_SUCCESS;
-    LOG_WARN("%s: out of memory on device %d: request %llu bytes, used %llu of limit %llu", api, dev,
-             (unsigned long long)bytes, (unsigned long long)used, (unsigned long long)limit);
+    /* one line per second at most: programs probe memory by allocating in a loop */
+    static uint64_t last_ns, suppressed;
+    uint64_t now = now_ns(), skipped = 0;
+    int log = 0;
+    pthread_mutex_lock(&g_tmu);
+    if (!last_ns || now - last_ns >= 1000000000ull) {
+        last_ns = now;
+        skipped = suppressed;
+        suppressed = 0;
+        log = 1;
+    } else {
+        suppressed++;
+    }
+    pthread_mutex_unlock(&g_tmu);
+    if (log)
+        LOG_WARN("%s: out of memory on device %d: request %llu bytes, used %llu of limit %llu (%llu similar "
+                 "refusals not logged in the last second)", api, dev, (unsigned long long)bytes,
+                 (unsigned long long)used, (unsigned long long)limit, (unsigned long long)skipped);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 

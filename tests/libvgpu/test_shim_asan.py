@@ -110,3 +110,23 @@ def test_asan_damaged_cache_file(tc_asan: Toolchain, tmp_path: Path, damage: str
     assert rc_usage(res["step0"]) == (2, 600 * MIB)
     assert rc_usage(res["step1"]) == (0, 900 * MIB)
     assert rc_usage(res["free0"]) == (0, 0)
+
+
+def test_asan_vmm_devices_and_liveness_paths(tc_asan: Toolchain, tmp_path: Path) -> None:
+    """The VMM bookkeeping, the UUID device mapping (2 GPUs, CUDA_VISIBLE_DEVICES), the rate-limited OOM
+    log and the liveness checks (shared file, slot locks) run clean under ASan."""
+    p = run(tc_asan, "procaddr", "vmm", CUDA_DEVICE_MEMORY_LIMIT_0="1g", LIBVGPU_CONTEXT_COST="0",
+            LIBVGPU_LOG_LEVEL="1")
+    _clean(p)
+    assert rc_usage(parse(p.stdout)["unmap_both"]) == (0, 0)
+    cfg = tmp_path / "nvml.conf"
+    cfg.write_text("gpu index=0\ngpu index=1\n")
+    cache = tmp_path / "vgpu.cache"
+    p = run(tc_asan, "direct", "hold_on", "0", "300", "0", CUDA_VISIBLE_DEVICES="1", FAKE_NVML_CONFIG=str(cfg),
+            CUDA_DEVICE_MEMORY_LIMIT_1="1g", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(cache), LIBVGPU_CONTEXT_COST="0")
+    _clean(p)
+    assert parse(p.stdout)["used1"] == str(300 * MIB)
+    p = run(tc_asan, "direct", "oomloop", "2000", CUDA_DEVICE_MEMORY_LIMIT_0="1g",
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(cache), LIBVGPU_CONTEXT_COST="0")
+    _clean(p)
+    assert parse(p.stdout)["ooms"] == "2000"

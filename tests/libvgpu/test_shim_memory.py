@@ -233,3 +233,13 @@ def test_nvml_total_never_above_physical(tc: Toolchain) -> None:
     assert int(out["ntotal"]) == physical and int(out["n2total"]) == physical
     assert int(out["ntotal"]) == int(out["nfree"]) + int(out["nused"])
     assert int(out["total"]) == physical  # cuMemGetInfo too
+
+
+def test_oom_logging_is_rate_limited(tc: Toolchain) -> None:
+    """100,000 refusals in a tight loop (a program probing memory) log one line per second at most,
+    not one each (was: 429k lines in 6 s)."""
+    proc = run(tc, "direct", "oomloop", "100000", CUDA_DEVICE_MEMORY_LIMIT_0="1g", LIBVGPU_CONTEXT_COST="0")
+    assert parse(proc.stdout)["ooms"] == "100000"
+    lines = [ln for ln in proc.stderr.splitlines() if "out of memory" in ln]
+    assert 1 <= len(lines) <= 100, len(lines)  # the loop takes well under 100 s
+    assert "similar refusals not logged" in lines[0]

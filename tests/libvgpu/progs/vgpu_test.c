@@ -594,6 +594,20 @@ static int sc_hold_then(unsigned long long first, int n, char **sizes)
     return 0;
 }
 
+/* ---- n refused allocations in a row (log volume) */
+static int sc_oomloop(int n)
+{
+    init_ctx(0);
+    int ooms = 0;
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p;
+        if (p_cuMemAlloc_v2(&p, 4 * GIB) == CUDA_ERROR_OUT_OF_MEMORY)
+            ooms++;
+    }
+    printf("ooms=%d\n", ooms);
+    return 0;
+}
+
 /* ---- one allocation of the given size in bytes (SIZE_MAX: "max") */
 static int sc_alloc_bytes(const char *arg)
 {
@@ -646,6 +660,8 @@ int main(int argc, char **argv)
         return sc_hold(strtoull(argv[3], NULL, 10), atof(argv[4]));
     if (!strcmp(sc, "hold_then") && argc >= 4)
         return sc_hold_then(strtoull(argv[3], NULL, 10), argc - 4, argv + 4);
+    if (!strcmp(sc, "oomloop") && argc >= 4)
+        return sc_oomloop(atoi(argv[3]));
     if (!strcmp(sc, "alloc_bytes") && argc >= 4)
         return sc_alloc_bytes(argv[3]);
     fprintf(stderr, "unknown scenario %s\n", sc);
