@@ -76,6 +76,7 @@ from .resources import (
     BIND_ALLOCATING,
 )
 from .signing import MISSING, VERSION, KeySource, verify_allocation, verify_progress
+from .taints import Taint, node_taints
 
 log = logging.getLogger("kube_vgpu.cluster")
 
@@ -87,6 +88,8 @@ class NodeInfo:
     allocatable: int = 0
     inventory_error: str | None = None
     has_inventory: bool = False
+    #: taints that keep pods off the node (NoSchedule, NoExecute; ``spec.unschedulable`` as one)
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(slots=True)
@@ -98,6 +101,9 @@ class PodInfo:
     bound: bool
     allocation: PodAllocation  #: as the annotation says (what is booked may be more, see module doc)
     request: PodRequest | None = None  #: the pod's parsed request; None: unparseable or unknown
+    #: key id that signed the record it was booked from (None: our own bind, not seen back yet, or
+    #: booked without a signed record: adopted, running pod's request, no keys)
+    kid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +115,26 @@ class Allocating:
     node: str
     bind_time: float
     counts: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class OwnBind:
+    """A bind this process completed: ``resource_version`` is the pod's resourceVersion once our
+    write was on it (the patch's answer or a read-back; "" if unknown), ``at`` the clock() then."""
+
+    uid: str
+    resource_version: str
+    at: float
+
+
+def compare_resource_versions(a: str, b: str) -> int | None:
+    """-1, 0 or 1 as resourceVersion ``a`` is older than, equal to or newer than ``b``; None when
+    they cannot be compared. resourceVersions are opaque in general; etcd-backed API servers issue
+    integers (etcd revisions), which order changes, so two decimal integers are compared as such."""
+    if not (a.isdigit() and b.isdigit() and a.isascii() and b.isascii()):
+        return None
+    x, y = int(a), int(b)
+    return (x > y) - (x < y)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,10 +201,14 @@ class ClusterCache:
         self.inflight: set[str] = set()
         #: uids whose bind failed: their (unbound) annotation is ignored until bound or re-bound
         self.failed_binds: set[str] = set()
-        #: pod key -> clock() of our own successful bind: a relist whose snapshot predates the
-        #: patch must not drop that booking (the watch delivers the patch right after)
-        self.own_binds: dict[str, float] = {}
+        #: pod key -> our own successful bind (with the pod's resourceVersion once our write was on
+        #: it): a relist whose list predates that write must not drop the booking, a later one must
+        self.own_binds: dict[str, OwnBind] = {}
+        #: seconds an own bind is kept by relists when resourceVersions cannot be compared (not integers)
         self.own_bind_grace = 30.0
+        #: pod key -> uid of a bind whose outcome is unknown (the API did not answer): its booking is
+        #: kept, relists included, until the pod has been read back (the service does that)
+        self.unresolved: dict[str, str] = {}
         self.on_change: Callable[[], None] | None = None
         #: node -> pod key -> pod bound there with GPU containers still pending device allocation
         self.allocating: dict[str, dict[str, Allocating]] = {}
@@ -234,6 +264,7 @@ class ClusterCache:
             self.remove_node(name)
             return
         info = self.nodes.get(name) or NodeInfo()
+        info.taints = node_taints(node)
         alloc_raw = ((node.get("status") or {}).get("allocatable") or {}).get(self.config.resource_names.gpu)
         try:
             info.allocatable = int(parse_quantity(alloc_raw)) if alloc_raw is not None else 0
@@ -452,7 +483,7 @@ class ClusterCache:
             return BIND_ALLOCATING, ""
         return str(phase or ""), str(done or "")
 
-    def _stale_key(self, pod: dict[str, Any], rec: Record) -> bool:
+    def stale_key(self, pod: dict[str, Any], rec: Record) -> bool:
         """True if the verified record ``rec``, or its verified progress, is signed with a key that is
         no longer the active one (signing it again lets the retired key be removed)."""
         if self.keys is None or rec.kid is None:
@@ -467,6 +498,14 @@ class ClusterCache:
             return False
         return verify_progress(ring, psig, str(m.get("uid") or ""), rec.signature, ann.get(ANN_BIND_PHASE),
                                ann.get(ANN_ALLOCATED_CONTAINERS)).ok
+
+    def stale_keys(self) -> list[str]:
+        """Keys of bound pods booked from a record signed with a key that is no longer the active
+        one (after a key rotation: the service reads them back and signs them again)."""
+        if self.keys is None:
+            return []
+        active = self.keys.current().active
+        return [k for k, info in self.pods.items() if info.bound and info.kid is not None and info.kid != active]
 
     def _adopt(self, key: str, pod: dict[str, Any], rec: Rejected) -> tuple[PodAllocation | None, str]:
         """Book an unsigned record under ``scheduling.adoptUnsignedBefore``? (allocation, "") or
@@ -592,22 +631,25 @@ class ClusterCache:
             alloc = adopted
         else:
             alloc = rec.allocation
-            if bound and self.on_resign is not None and self._stale_key(pod, rec):
+            if bound and self.on_resign is not None and self.stale_key(pod, rec):
                 self.on_resign(pod)  # key rotation: sign again with the active key
         if bound and alloc.node != node_name:
             log.warning("pod allocation annotation names another node than the pod is bound to; "
                         "booking the pod's request on its node",
                         extra={"pod": key, "node": node_name, "error": f"annotation node {alloc.node!r}"})
             alloc = PodAllocation(node_name, alloc.containers, alloc.time)
+        kid = rec.kid if isinstance(rec, Record) else None
         if (prev is not None and prev.uid == uid and prev.allocation == alloc and b is not None
                 and self.booked_uid.get(key) == uid):
             prev.bound = prev.bound or bound
+            if kid is not None:
+                prev.kid = kid
             return  # unchanged (e.g. our own bind's patch coming back)
         if prev is not None and prev.node != alloc.node:
             s = self.pods_by_node.get(prev.node)
             if s is not None:
                 s.discard(key)
-        info = PodInfo(uid, alloc.node, bound, alloc, self._request(key, pod))
+        info = PodInfo(uid, alloc.node, bound, alloc, self._request(key, pod), kid)
         self.pods[key] = info
         self.pods_by_node.setdefault(alloc.node, set()).add(key)
         if b is not None:
@@ -616,18 +658,27 @@ class ClusterCache:
             self._release(key)
         self._book_record(key, info)
 
-    def replace_pods(self, items: Iterable[dict[str, Any]]) -> None:
-        """A relist: make the pod set equal to ``items``. In-flight binds, and our own binds of the
-        last ``own_bind_grace`` seconds (the list may predate their patch), are kept."""
+    def replace_pods(self, items: Iterable[dict[str, Any]], resource_version: str = "") -> None:
+        """A relist: make the pod set equal to ``items``, the list taken at ``resource_version``
+        (the list's ``metadata.resourceVersion``; "" if unknown). Every booking whose pod is absent
+        is released, except: binds in flight, binds whose outcome is unknown (:attr:`unresolved`),
+        and our own binds whose write the list predates (list resourceVersion older than the one
+        our write was seen at: the pod is not visible yet). An own bind absent from a list at or
+        after its write was deleted and is released. When the versions cannot be compared (not
+        integers), an own bind is kept for ``own_bind_grace`` seconds instead."""
         seen = set()
         for p in items:
             seen.add(pod_key(p))
             self.on_pod("ADDED", p)
         now = self.clock()
-        for key, t in list(self.own_binds.items()):
-            if now - t > self.own_bind_grace:
-                del self.own_binds[key]
-        keep = self.inflight | set(self.own_binds)
+        keep = self.inflight | set(self.unresolved)
+        for key, ob in list(self.own_binds.items()):
+            c = compare_resource_versions(resource_version, ob.resource_version)
+            predates = now - ob.at <= self.own_bind_grace if c is None else c < 0
+            if not predates:
+                del self.own_binds[key]  # this list speaks for the pod from now on
+            elif key not in seen:
+                keep.add(key)
         for key in list(self.pods):
             if key not in seen and key not in keep:
                 self._forget(key, None)
@@ -635,13 +686,17 @@ class ClusterCache:
             if key not in seen and key not in keep:
                 self._forget(key, None)
 
-    def record_bound(self, key: str, uid: str, booking: Booking, request: PodRequest | None = None) -> None:
-        """After a successful bind: remember the pod as bound (if its booking is still this one)."""
+    def record_bound(self, key: str, uid: str, booking: Booking, request: PodRequest | None = None,
+                     resource_version: str = "") -> None:
+        """After a successful bind: remember the pod as bound (if its booking is still this one).
+        ``resource_version``: the pod's resourceVersion once our write was on it (see
+        :meth:`replace_pods`)."""
         if self.state.bookings.get(key) is not booking:
             return
         self.pods[key] = PodInfo(uid, booking.node, True, booking.allocation, request)
         self.pods_by_node.setdefault(booking.node, set()).add(key)
-        self.own_binds[key] = now = self.clock()
+        now = self.clock()
+        self.own_binds[key] = OwnBind(uid, resource_version, now)
         counts = frozenset(len(c.devices) for c in booking.allocation.containers if c.devices)
         if counts and self._bound_seen.get(key) != uid:
             # we just wrote bind-phase allocating; unless the watch already showed the bound pod

@@ -48,8 +48,32 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
 
 
 def _json(resp: Any) -> Obj:
-    data = resp.data
+    """Read the whole body of a ``_preload_content=False`` response, hand its connection back to
+    the pool (a response left unread keeps its connection, and the next call dials a new one) and
+    decode it. Raises ValueError for a body that is not JSON."""
+    try:
+        data = resp.data
+    finally:
+        _release(resp)
     return json.loads(data) if data else {}
+
+
+def _release(resp: Any) -> None:
+    """Return the connection of a urllib3 response to its pool (idempotent, never raises)."""
+    try:
+        resp.release_conn()
+    except Exception:  # noqa: BLE001 - a connection that broke meanwhile is simply dropped
+        pass
+
+
+def outcome_unknown(e: BaseException) -> bool:
+    """True when a failed write may still have been applied by the API server: a 5xx (including
+    504 Timeout, which the server may answer after committing), a 429, or no HTTP answer at all
+    (timeout, connection reset, TLS error; the client raises those as urllib3 errors or as
+    ApiException with status 0). Any other HTTP error is a definite refusal."""
+    if isinstance(e, ApiException):
+        return not e.status or e.status == 429 or e.status >= 500
+    return isinstance(e, Exception)
 
 
 def is_conflict(e: BaseException) -> bool:
@@ -99,13 +123,34 @@ class KubeAPI:
             name, namespace, body, _content_type="application/merge-patch+json", _preload_content=False,
             _request_timeout=self.timeout))
 
-    def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST pods/NAME/binding (what kube-scheduler's default binder does)."""
+    def remove_pod_metadata(self, namespace: str, name: str, resource_version: str,
+                            annotations: list[str], labels: list[str]) -> Obj:
+        """Merge-patch the given annotation and label keys away (null), guarded by
+        ``resource_version`` (409 Conflict if the pod changed since). Returns the pod."""
+        body: Obj = {"metadata": {"annotations": dict.fromkeys(annotations),
+                                  "labels": dict.fromkeys(labels)}}
+        if resource_version:
+            body["metadata"]["resourceVersion"] = resource_version
+        return _json(self.core.patch_namespaced_pod(
+            name, namespace, body, _content_type="application/merge-patch+json", _preload_content=False,
+            _request_timeout=self.timeout))
+
+    def create_binding(self, namespace: str, name: str, uid: str, node: str, resource_version: str = "") -> None:
+        """POST pods/NAME/binding (what kube-scheduler's default binder does), with the pod's uid
+        and, when given, its ``resource_version`` as preconditions: the API server answers 409
+        Conflict instead of binding a pod that changed since (or a new pod of that name). The
+        answer (a Status) is read and its connection returned to the pool. Raises ApiException
+        or a urllib3 error."""
         body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None,
+                                         resource_version=resource_version or None),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
-        self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
-                                                _request_timeout=self.timeout)
+        resp: Any = self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
+                                                            _request_timeout=self.timeout)
+        try:
+            resp.data  # noqa: B018 - read the Status to the end, so the connection can be reused
+        finally:
+            _release(resp)
 
     def create_event(self, namespace: str, body: Obj) -> None:
         """POST a core/v1 Event (``body`` as a JSON dict)."""
@@ -152,7 +197,10 @@ class KubeAPI:
             method=method, resource_path=path, path_params=params, body=body,
             header_params={"Content-Type": "application/json", "Accept": "application/json"},
             auth_settings=["BearerToken"]), _request_timeout=self.timeout)
-        data = resp.read()
+        try:
+            data = resp.read()
+        finally:
+            _release(resp.response)
         if resp.status >= 400:
             e = ApiException(status=resp.status, reason=resp.reason)
             e.body = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
@@ -177,12 +225,13 @@ class Gone(Exception):
 class Reflector:
     """List + watch one kind in a daemon thread.
 
-    kind: ``nodes`` or ``pods``; on_replace(items): called after every (re)list with the full set;
+    kind: ``nodes`` or ``pods``; on_replace(items, resource_version): called after every (re)list
+    with the full set and the list's resourceVersion;
     on_event(type, obj): ADDED/MODIFIED/DELETED; both are called from the reflector thread, so
     the caller marshals them (``loop.call_soon_threadsafe``). on_synced(): after the first list.
     """
 
-    def __init__(self, api: KubeAPI, kind: str, on_replace: Callable[[list[Obj]], None],
+    def __init__(self, api: KubeAPI, kind: str, on_replace: Callable[[list[Obj], str], None],
                  on_event: Callable[[str, Obj], None], on_synced: Callable[[], None] | None = None,
                  label_selector: str | None = None, resync_seconds: float = 300.0,
                  watch_timeout: int = 300, backoff: tuple[float, float] = (0.2, 10.0)):
@@ -227,7 +276,7 @@ class Reflector:
             return
         self.resource_version = rv
         self.relists += 1
-        self.on_replace(items)
+        self.on_replace(items, rv)
 
     def _watch_once(self, deadline: float) -> None:
         timeout = max(1, min(self.watch_timeout, int(deadline - time.monotonic()) + 1))

@@ -24,15 +24,30 @@ from .service import Options, SchedulerService
 log = logging.getLogger("kube_vgpu.scheduler")
 
 
+#: default --lease-name per --leader-elect-mode (own must never write kube-scheduler's Lease)
+DEFAULT_LEASE = {"own": "kube-vgpu-extender", "follow": "kube-vgpu-scheduler"}
+
+
+def _bool_flag(value: str) -> bool:
+    """``true``/``false`` (also 1/0, yes/no; any case) for a boolean flag given a value.
+    Raises argparse.ArgumentTypeError naming the value and what is allowed."""
+    v = value.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{value!r} is not a boolean; allowed: true or false")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kube-vgpu scheduler``."""
     p = argparse.ArgumentParser(prog="kube-vgpu scheduler",
                                 description="kube-scheduler HTTP extender: filter, prioritize and bind vGPU pods")
     p.add_argument("--config", help="policy config file (kube-vgpu.io/v1); reloaded live when it changes")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--bind-address", default="0.0.0.0",
-                   help="address of the extender API (filter, prioritize, bind; unauthenticated: bind it to "
-                        "127.0.0.1 when kube-scheduler runs in the same pod)")
+    p.add_argument("--bind-address", default="127.0.0.1",
+                   help="address of the extender API (filter, prioritize, bind). It has no authentication: keep "
+                        "it on loopback, where kube-scheduler in the same pod calls it (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8888)
     p.add_argument("--metrics-bind-address", default="0.0.0.0",
                    help="address of the --metrics-port listener")
@@ -42,11 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key-file", help="private key of --tls-cert-file (PEM)")
     p.add_argument("--kubeconfig", help="default: in-cluster, then ~/.kube/config")
-    p.add_argument("--leader-elect", action="store_true", help="only the leader binds (see --leader-elect-mode)")
-    p.add_argument("--leader-elect-mode", choices=["follow", "own"], default="follow",
-                   help="follow: lead while the kube-scheduler in this pod holds its Lease --lease-name "
-                        "(the sidecar deployment); own: compete for our own Lease --lease-name")
-    p.add_argument("--lease-name", default="kube-vgpu-scheduler")
+    p.add_argument("--leader-elect", type=_bool_flag, nargs="?", const=True, default=True, metavar="true|false",
+                   help="only the leader binds (default true; see --leader-elect-mode). A single replica may turn it "
+                        "off with --leader-elect=false; two replicas that both bind can overcommit GPUs")
+    p.add_argument("--leader-elect-mode", choices=["follow", "own"], default="own",
+                   help="own (default): compete for our own Lease --lease-name; follow: lead while the kube-scheduler "
+                        "in this pod holds its Lease --lease-name (the sidecar deployment)")
+    p.add_argument("--lease-name", default=None,
+                   help=f"default: {DEFAULT_LEASE['own']} with --leader-elect-mode=own, {DEFAULT_LEASE['follow']} "
+                        "(kube-scheduler's) with follow")
     p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "kube-system")
     p.add_argument("--resync-seconds", type=float, default=300.0, help="full relist period of nodes and pods")
     p.add_argument("--signing-keys-dir", required=True,
@@ -84,6 +103,16 @@ def add_metrics_listener(app: web.Application, svc: SchedulerService, address: s
     app.on_cleanup.append(stop)
 
 
+def options_from_args(args: argparse.Namespace) -> Options:
+    """The service Options the parsed flags ask for (identity: ``$POD_NAME`` or the hostname plus a
+    random suffix; the Lease name per mode unless ``--lease-name`` is given)."""
+    identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    return Options(config_path=args.config, leader_elect=args.leader_elect, leader_mode=args.leader_elect_mode,
+                   hostname=socket.gethostname(), lease_name=args.lease_name or DEFAULT_LEASE[args.leader_elect_mode],
+                   lease_namespace=args.lease_namespace, identity=identity, resync_seconds=args.resync_seconds,
+                   freeze_gc=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the service until SIGINT/SIGTERM. Returns 2 on a bad config or flags, 1 on API setup
     errors, a TLS file that cannot be loaded, or an address it cannot listen on (in use)."""
@@ -112,11 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - no kubeconfig, bad file
         log.error("cannot configure the Kubernetes client", extra={"error": str(e)})
         return 1
-    identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    opts = Options(config_path=args.config, leader_elect=args.leader_elect, leader_mode=args.leader_elect_mode,
-                   hostname=socket.gethostname(), lease_name=args.lease_name,
-                   lease_namespace=args.lease_namespace, identity=identity, resync_seconds=args.resync_seconds,
-                   freeze_gc=True)
+    opts = options_from_args(args)
 
     async def make_app() -> web.Application:
         svc = SchedulerService(cfg, api, opts, keys=keys)

@@ -23,10 +23,11 @@ def free_port() -> int:
 
 def test_flags_and_defaults() -> None:
     ns = build_parser().parse_args(["--signing-keys-dir=/etc/kube-vgpu/signing"])
-    assert (ns.bind_address, ns.port, ns.metrics_bind_address, ns.metrics_port) == ("0.0.0.0", 8888, "0.0.0.0", 0)
-    ns = build_parser().parse_args(["--signing-keys-dir=/k", "--bind-address=127.0.0.1", "--metrics-port=8889",
+    # the unauthenticated extender API listens on loopback unless told otherwise
+    assert (ns.bind_address, ns.port, ns.metrics_bind_address, ns.metrics_port) == ("127.0.0.1", 8888, "0.0.0.0", 0)
+    ns = build_parser().parse_args(["--signing-keys-dir=/k", "--bind-address=0.0.0.0", "--metrics-port=8889",
                                     "--metrics-bind-address=10.0.0.1"])
-    assert (ns.bind_address, ns.metrics_bind_address, ns.metrics_port) == ("127.0.0.1", "10.0.0.1", 8889)
+    assert (ns.bind_address, ns.metrics_bind_address, ns.metrics_port) == ("0.0.0.0", "10.0.0.1", 8889)
 
 
 @pytest.mark.parametrize("argv", [["--port=9000", "--metrics-port=9000"], ["--metrics-port=70000"]])

@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestServer
 from kube_vgpu.codec import encode_inventory
 from kube_vgpu.config import Config
 from kube_vgpu.model import GPUDevice, NodeInventory
-from kube_vgpu.resources import ANN_NODE_INVENTORY
+from kube_vgpu.resources import ANN_NODE_INVENTORY, DEFAULT_SCHEDULER_NAME
 from kube_vgpu.signing import KeyRing
 from scheduler.service import Options, SchedulerService
 
@@ -69,9 +69,11 @@ def node_obj(name: str, n_gpus: int = 2, mem: int = 24576, split: int = 10, hear
 
 def pod_obj(name: str, containers: list[dict[str, Any]] | None = None, init: list[dict[str, Any]] | None = None,
             ns: str = "default", uid: str | None = None, annotations: dict[str, str] | None = None,
-            limits: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A core/v1 Pod shaped like the capture's; ``limits`` gives a single container ``c``."""
+            limits: dict[str, Any] | None = None, scheduler: str = DEFAULT_SCHEDULER_NAME) -> dict[str, Any]:
+    """A core/v1 Pod shaped like the capture's, for ``scheduler`` (ours by default, as the webhook
+    routes vGPU pods); ``limits`` gives a single container ``c``."""
     p = copy.deepcopy(capture("scheduler_filter")["Pod"])
+    p["spec"]["schedulerName"] = scheduler
     p["metadata"]["name"] = name
     p["metadata"]["namespace"] = ns
     p["metadata"]["uid"] = uid or f"uid-{ns}-{name}"
