@@ -201,7 +201,7 @@ def test_scheduler_deployment(renderer: Renderer) -> None:
     assert "--port=8888" in ext["args"] and "--bind-address=127.0.0.1" in ext["args"]
     assert "--metrics-port=8889" in ext["args"] and "--metrics-bind-address=0.0.0.0" in ext["args"]
     assert not any(a.startswith("--bind-address=") and a != "--bind-address=127.0.0.1" for a in ext["args"])
-    assert "--leader-elect" not in ext["args"]
+    assert "--leader-elect=false" in ext["args"]  # one replica; the binary elects a leader by default
     assert ext["ports"] == [{"name": "http-metrics", "containerPort": 8889, "protocol": "TCP"}]
     assert ext["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http-metrics"}
     assert ext["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-metrics"}
