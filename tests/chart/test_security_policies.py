@@ -116,7 +116,7 @@ def req(vap: ModuleType, op: str, user: str, resource: str = "pods", sub: str = 
 def test_policies_and_bindings_installed(docs: list[dict[str, Any]]) -> None:
     pols = {p["metadata"]["name"]: p for p in find_all(docs, "ValidatingAdmissionPolicy")}
     binds = {b["metadata"]["name"]: b for b in find_all(docs, "ValidatingAdmissionPolicyBinding")}
-    assert set(pols) == {f"{FULL}-system-metadata", f"{FULL}-device-plugin-node"}
+    assert set(pols) == {f"{FULL}-system-metadata", f"{FULL}-device-plugin-node", f"{FULL}-device-plugin-pods"}
     assert set(binds) == set(pols)
     for name, b in binds.items():
         assert b["spec"] == {"policyName": name, "validationActions": ["Deny"]}
@@ -125,7 +125,7 @@ def test_policies_and_bindings_installed(docs: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.parametrize(("values", "kube", "want"), [
-    ({}, "1.30.0", 2), ({}, "1.29.9", 0), ({}, "v1.30.2-eks-7f9249a", 2),
+    ({}, "1.30.0", 3), ({}, "1.29.9", 0), ({}, "v1.30.2-eks-7f9249a", 3),
     ({"admissionPolicies": {"enabled": False}}, "1.31.0", 0),
     ({"admissionPolicies": {"devicePluginNodeRestriction": False}}, "1.31.0", 1),
     ({"devicePlugin": {"enabled": False}}, "1.31.0", 1),
@@ -156,14 +156,12 @@ def test_cel_names_exactly_the_python_keys(docs: list[dict[str, Any]], vap: Modu
     assert sorted(vap.evaluate(variables["tenantKeys"], {})) == sorted(TENANT_KEYS)
     # the prefix and the tenant keys are the only kube-vgpu.io/ strings of the system-metadata policy
     assert _literals(sysmeta["spec"]) == {SYSTEM_PREFIX, *TENANT_KEYS}
-    dp = policy(docs, "device-plugin-node")
-    allowed = next(v["expression"] for v in dp["spec"]["variables"] if v["name"] == "allowed")
-    on_node = vap.evaluate(allowed, {"variables": vap.json_to_cel({"onNode": True})})
-    on_pod = vap.evaluate(allowed, {"variables": vap.json_to_cel({"onNode": False})})
-    assert sorted(on_node) == [ANN_NODE_INVENTORY]
-    assert sorted(on_pod) == sorted([ANN_BIND_PHASE, ANN_ALLOCATED_CONTAINERS, ANN_PROGRESS_SIGNATURE])
-    assert _literals(dp["spec"]) == {ANN_NODE_INVENTORY, ANN_BIND_PHASE, ANN_ALLOCATED_CONTAINERS,
-                                     ANN_PROGRESS_SIGNATURE}
+    for name, keys in (("device-plugin-node", [ANN_NODE_INVENTORY]),
+                       ("device-plugin-pods", [ANN_BIND_PHASE, ANN_ALLOCATED_CONTAINERS, ANN_PROGRESS_SIGNATURE])):
+        dp = policy(docs, name)
+        allowed = next(v["expression"] for v in dp["spec"]["variables"] if v["name"] == "allowed")
+        assert sorted(vap.evaluate(allowed, {})) == sorted(keys)
+        assert _literals(dp["spec"]) == set(keys)
 
 
 def test_system_users_are_the_component_service_accounts(renderer: Renderer, docs: list[dict[str, Any]],
@@ -318,12 +316,12 @@ def test_device_plugin_may_write_its_node_inventory(docs: list[dict[str, Any]], 
      "the kube-vgpu device plugin of node n1 may change only its own Node, not node n2"),
     ("a node label", "n1", changed(INV, labels={"gpu": "on"}),
      "the kube-vgpu device plugin may change only annotations, not the spec, labels, finalizers or owner references "
-     "of nodes n1"),
+     "of node n1"),
     ("another annotation", "n1", changed(INV, annotations={"other": "y"}),
      f"the kube-vgpu device plugin may change only the annotations {ANN_NODE_INVENTORY} of a node, not other"),
     ("a taint", "n1", {**INV, "spec": {**INV["spec"], "taints": [{"key": "k", "effect": "NoSchedule"}]}},
      "the kube-vgpu device plugin may change only annotations, not the spec, labels, finalizers or owner references "
-     "of nodes n1"),
+     "of node n1"),
 ])
 def test_device_plugin_node_attacks(docs: list[dict[str, Any]], vap: ModuleType, attack: str, node_name: str,
                                     new: dict[str, Any], message: str) -> None:
@@ -336,7 +334,7 @@ def test_device_plugin_node_attacks(docs: list[dict[str, Any]], vap: ModuleType,
 def test_device_plugin_may_write_progress_of_pods_on_its_node(docs: list[dict[str, Any]], vap: ModuleType) -> None:
     new = changed(BOUND, annotations={ANN_BIND_PHASE: "success", ANN_ALLOCATED_CONTAINERS: "c",
                                       ANN_PROGRESS_SIGNATURE: "v1:k1:x"})
-    d = vap.decide(policy(docs, "device-plugin-node"), req(vap, "UPDATE", DEVICE_PLUGIN, node_name="n1"), new, BOUND)
+    d = vap.decide(policy(docs, "device-plugin-pods"), req(vap, "UPDATE", DEVICE_PLUGIN, node_name="n1"), new, BOUND)
     assert d.matched and d.allowed, d.denied
     # the system-metadata policy lets it too
     assert vap.decide(policy(docs, "system-metadata"), req(vap, "UPDATE", DEVICE_PLUGIN), new, BOUND).allowed
@@ -354,7 +352,7 @@ def test_device_plugin_may_write_progress_of_pods_on_its_node(docs: list[dict[st
      f"{ANN_PROGRESS_SIGNATURE} of a pod, not {ANN_ALLOCATION}"),
     ("a pod label", "UPDATE", "", changed(BOUND, labels={"app": "y"}), BOUND,
      "the kube-vgpu device plugin may change only annotations, not the spec, labels, finalizers or owner references "
-     "of pods p"),
+     "of pod p"),
     ("pods/status", "UPDATE", "status", changed(BOUND, annotations={ANN_BIND_PHASE: "success"}), BOUND,
      "the kube-vgpu device plugin may only update pods, not UPDATE status"),
     ("delete a pod", "DELETE", "", None, BOUND, "the kube-vgpu device plugin may only update pods, not DELETE"),
@@ -362,7 +360,7 @@ def test_device_plugin_may_write_progress_of_pods_on_its_node(docs: list[dict[st
 ])
 def test_device_plugin_pod_attacks(docs: list[dict[str, Any]], vap: ModuleType, attack: str, op: str, sub: str,
                                    new: dict[str, Any] | None, old: dict[str, Any] | None, message: str) -> None:
-    d = vap.decide(policy(docs, "device-plugin-node"), req(vap, op, DEVICE_PLUGIN, sub=sub, node_name="n1"), new, old)
+    d = vap.decide(policy(docs, "device-plugin-pods"), req(vap, op, DEVICE_PLUGIN, sub=sub, node_name="n1"), new, old)
     assert d.matched and message in d.denied, (attack, d.denied)
 
 
@@ -372,11 +370,17 @@ def test_device_plugin_token_without_node_is_refused(docs: list[dict[str, Any]],
     assert d.matched and any("needs a bound ServiceAccount token from Kubernetes >= 1.30" in m for m in d.denied)
 
 
-def test_device_plugin_policy_ignores_other_users(docs: list[dict[str, Any]], vap: ModuleType) -> None:
-    new = changed(INV, labels={"gpu": "on"})
+def test_device_plugin_policies_ignore_other_users_and_resources(docs: list[dict[str, Any]], vap: ModuleType) -> None:
+    new_node, new_pod = changed(INV, labels={"gpu": "on"}), changed(BOUND, labels={"app": "z"})
     for user in (TENANT, EXTENDER, KUBELET):
-        d = vap.decide(policy(docs, "device-plugin-node"), req(vap, "UPDATE", user, "nodes", name="n1"), new, INV)
-        assert not d.matched
+        assert not vap.decide(policy(docs, "device-plugin-node"), req(vap, "UPDATE", user, "nodes", name="n1"),
+                              new_node, INV).matched
+        assert not vap.decide(policy(docs, "device-plugin-pods"), req(vap, "UPDATE", user), new_pod, BOUND).matched
+    # each policy matches only its resource
+    assert not vap.decide(policy(docs, "device-plugin-node"), req(vap, "UPDATE", DEVICE_PLUGIN, node_name="n1"),
+                          new_pod, BOUND).matched
+    assert not vap.decide(policy(docs, "device-plugin-pods"), req(vap, "UPDATE", DEVICE_PLUGIN, "nodes", name="n1",
+                                                                  node_name="n1"), new_node, INV).matched
 
 
 # -- identities ---------------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def test_tenant_cannot_forge_or_edit_system_records(cluster: dict[str, Any]) -> 
     docs = [d for d in yaml.safe_load_all(r.stdout) if d]
     ours = {f"{FULL}-extender", f"{FULL}-device-plugin"}
     wanted = [d for d in docs if d["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
-    assert len(wanted) == 4
+    assert len(wanted) == 6
     wanted += [d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] in ours]
     wanted += [d for d in docs if d["kind"] in RBAC_KINDS and d["metadata"]["name"] in ours]
     for ns in (NS, TENANT_NS):
@@ -219,7 +219,7 @@ def test_tenant_cannot_forge_or_edit_system_records(cluster: dict[str, Any]) -> 
     # 5. the CEL type-checks against the real schemas (status written by kube-controller-manager)
     adm = client.AdmissionregistrationV1Api(admin)
     if cluster["cp"].has_controller_manager:
-        for name in (f"{FULL}-system-metadata", f"{FULL}-device-plugin-node"):
+        for name in (f"{FULL}-system-metadata", f"{FULL}-device-plugin-node", f"{FULL}-device-plugin-pods"):
             pol = wait_for(lambda name=name: _checked(adm, name), 60, f"{name} type-checked")
             warnings = pol.status.type_checking.expression_warnings if pol.status.type_checking else None
             assert not warnings, [(w.field_ref, w.warning) for w in warnings or []]
