@@ -24,7 +24,12 @@ a pod spec some /filter body carried: those bodies are not authenticated.
 Concurrency: every handler and every cache update runs on one asyncio loop; API calls run in a
 thread pool. A bind reserves its GPUs in memory (no ``await`` between choosing and booking) before
 writing anything, so concurrent binds never overcommit, and releases the reservation at once when
-a later step fails.
+a later step definitely fails. A write whose outcome is unknown (timeout, 5xx, 429, lost
+connection) is settled by reading the pod back; while that read fails too, the reservation is kept
+and the pod is read back in the background (``settle``, ``_resolve``).
+
+Bind refuses (``_check_bindable``) a pod that asks for no vGPU resource, names another
+``schedulerName``, is bound, terminating or finished, or does not tolerate the node's taints.
 
 Hand-over (``scheduling.bindHandoverSeconds``, 0 = off): kubelet's Allocate carries only device
 IDs, so the device plugin must tell which pending container kubelet is admitting. A bind of pod B
