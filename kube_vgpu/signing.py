@@ -20,10 +20,10 @@ a malformed value is a failed :class:`VerifyResult` with a reason.
 Keys: a directory (the chart mounts the Secret ``<release>-signing-keys`` at
 ``/etc/kube-vgpu/signing``) holding ``active`` (the key id that signs, ``[a-z0-9-]{1,32}``) and one
 ``key.<kid>`` per key (at least 32 raw bytes, at most 4096). Every key present verifies; only the
-active one signs. Names starting with ``.`` are ignored (a mounted Secret's ``..data`` links); any
-other file is an error. :class:`KeyDir` loads the directory and reloads it when its files change
-(:meth:`KeyDir.refresh` is a few ``stat`` calls, meant for a periodic loop); an invalid directory
-keeps the last good key ring.
+active one signs. Names starting with ``.`` are ignored (a mounted Secret's ``..data`` links), so
+are dangling links (a Secret update in progress); any other file is an error. :class:`KeyDir`
+loads the directory and reloads it when its files change (:meth:`KeyDir.refresh` is a few
+``stat`` calls, meant for a periodic loop); an invalid directory keeps the last good key ring.
 """
 
 from __future__ import annotations
@@ -162,6 +162,8 @@ def _verify(ring: KeyRing, value: object, domain: bytes, fields: tuple[str, ...]
         return VerifyResult(False, UNKNOWN_KEY, f"{what} invalid: unknown key id {kid!r} (keys present: "
                                                 f"{', '.join(ring.kids)})", kid)
     got = base64.urlsafe_b64decode(parts[2] + "=")
+    if base64.urlsafe_b64encode(got)[:43].decode("ascii") != parts[2]:  # spare low bits set: one form only
+        return VerifyResult(False, MALFORMED, f"{what} malformed: the MAC is not in canonical base64url form", kid)
     if not hmac.compare_digest(got, _mac(key, _message(domain, kid, fields))):
         return VerifyResult(False, MISMATCH, f"{what} invalid: does not match the record (edited, or copied "
                                              f"from another pod or node)", kid)
@@ -232,6 +234,8 @@ def load_key_dir(path: str | os.PathLike[str]) -> KeyRing:
         if name == ACTIVE_FILE:
             try:
                 raw = f.read_bytes()[: MAX_KEY_BYTES + 1]
+            except FileNotFoundError:  # a dangling link
+                continue
             except OSError as e:
                 raise SigningKeyError(f, f"cannot read: {e.strerror or e}") from None
             active = raw.decode("ascii", "replace").strip()
@@ -244,6 +248,8 @@ def load_key_dir(path: str | os.PathLike[str]) -> KeyRing:
         try:
             with open(f, "rb") as fh:
                 key = fh.read(MAX_KEY_BYTES + 1)
+        except FileNotFoundError:  # a dangling link: a mounted Secret update is removing this key
+            continue
         except IsADirectoryError:
             raise SigningKeyError(f, "is a directory, not a key file") from None
         except OSError as e:
