@@ -152,6 +152,8 @@ def test_unknown_key(text: str, key: str) -> None:
         ("scheduling: {inventoryStaleSeconds: 0}", "scheduling.inventoryStaleSeconds", "> 0"),
         ("scheduling: {inventoryStaleSeconds: soon}", "scheduling.inventoryStaleSeconds", "not a number"),
         ("scheduling: {bindHandoverSeconds: -1}", "scheduling.bindHandoverSeconds", "0..3600"),
+        ("scheduling: {adoptUnsignedBefore: yesterday}", "scheduling.adoptUnsignedBefore", "RFC 3339 time with a zone"),
+        ("scheduling: {adoptUnsignedBefore: 2026-03-01}", "scheduling.adoptUnsignedBefore", "RFC 3339 time with a zone"),
         ("devices: {splitCount: 0}", "devices.splitCount", "1..1024"),
         ("devices: {splitCount: 1025}", "devices.splitCount", "1..1024"),
         ("devices: {splitCount: 2.5}", "devices.splitCount", "not an integer"),
@@ -227,7 +229,7 @@ def test_config_to_dict_shape() -> None:
     assert d["defaults"] == {"gpuCount": 1, "memoryMiB": 0, "memoryPercentage": 100, "cores": 0,
                              "bareGpuExclusive": True}
     assert d["scheduling"] == {"nodePolicy": "binpack", "gpuPolicy": "spread", "inventoryStaleSeconds": 120.0,
-                               "bindHandoverSeconds": 30.0}
+                               "bindHandoverSeconds": 30.0, "adoptUnsignedBefore": ""}
     assert d["resourceNames"]["gpumemPercentage"] == "nvidia.com/gpumem-percentage"
     assert d["nodes"] == []
     full = config_to_dict(load_config_text(FULL))
