@@ -229,14 +229,18 @@ def good_review(port: int, ca: Path) -> bool:
     return False
 
 
-def start_server(tls: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+#: the malloc settings charts/kube-vgpu/templates/webhook.yaml gives the container
+CHART_MALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
+def start_server(tls: Path, extra: list[str], malloc_env: bool = True) -> tuple[subprocess.Popen[bytes], int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "kube_vgpu.cli", "webhook", "--bind-address", "127.0.0.1", "--port", str(port),
            "--tls-cert-file", str(tls / "tls.crt"), "--tls-key-file", str(tls / "tls.key"),
            "--log-level", "warning", *extra]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(CHART_MALLOC_ENV if malloc_env else {})}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
     return proc, port
 
@@ -250,6 +254,7 @@ def main() -> int:
     ap.add_argument("--slow-max", type=float, default=60.0, help="seconds a slow client keeps trying")
     ap.add_argument("--server-arg", action="append", default=None,
                     help="a flag for the webhook (repeat); default: the chart's limits from values.yaml")
+    ap.add_argument("--no-malloc-env", action="store_true", help="run without the chart's MALLOC_* settings")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     limit_text, limit = chart_memory_limit()
@@ -257,7 +262,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tls = Path(d)
         store.write_files(tls, pki.create_bundle(pki.service_dns_names("wh", "ns"), ["127.0.0.1"]))
-        proc, port = start_server(tls, server_args)
+        proc, port = start_server(tls, server_args, not args.no_malloc_env)
         try:
             if not good_review(port, tls / "ca.crt"):
                 print("webhook did not answer", file=sys.stderr)
@@ -275,7 +280,7 @@ def main() -> int:
             proc.terminate()
             proc.wait(timeout=30)
     out: dict[str, Any] = {
-        "server_args": server_args, "baseline_mib": round(base, 1),
+        "server_args": server_args, "malloc_env": not args.no_malloc_env, "baseline_mib": round(base, 1),
         "after_handshakes_mib": round(after_hs, 1), "peak_during_handshakes_mib": round(peak_hs, 1),
         "handshakes": args.handshakes, "stalled": args.stalled, "handshake_stats": hs,
         "max_during_slow_clients_mib": round(max(samples, default=after_slow), 1),
@@ -286,7 +291,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"webhook flags: {' '.join(server_args) or '(defaults)'}")
+        print(f"webhook flags: {' '.join(server_args) or '(defaults)'}; chart MALLOC_* env: {not args.no_malloc_env}")
         print(f"baseline RSS:                          {out['baseline_mib']:8.1f} MiB")
         print(f"after {args.handshakes} aborted + {args.stalled} stalled handshakes: {out['after_handshakes_mib']:8.1f} MiB "
               f"(peak {out['peak_during_handshakes_mib']:.1f}); {hs}")

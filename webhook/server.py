@@ -97,7 +97,7 @@ class Limits:
     idle_timeout: float = 10.0
     header_timeout: float = 10.0
     body_timeout: float = 10.0
-    keepalive_timeout: float = 60.0
+    keepalive_timeout: float = 100.0
     gc_every_closed: int = 64
 
     def check(self) -> None:
@@ -478,10 +478,10 @@ class WebhookServer:
         self.listener = _Listener(sock, self.tls.base, protocol, self.limits, self.metrics)
         app = make_app(self.config, self.metrics, self.max_body_bytes, ready=lambda: self._ready,
                        body_timeout=self.limits.body_timeout, middlewares=(self.listener.middleware(),))
-        # aiohttp's own keep-alive timer backs ours up; lingering (reading a body nobody asked for)
-        # is bounded by the body timeout
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0,
-                                     keepalive_timeout=self.limits.keepalive_timeout,
+        # aiohttp's own keep-alive timer (armed at connect and after each response) only backs ours
+        # up, so it fires later; lingering (reading a body nobody asked for) is bounded by the body timeout
+        backup = max(self.limits.keepalive_timeout, self.limits.idle_timeout) + 5.0
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, keepalive_timeout=backup,
                                      lingering_time=self.limits.body_timeout)
         await self._runner.setup()
         self.listener.start()

@@ -90,6 +90,15 @@ config = obj({
         "shmSizeLimit": {"type": "string", "pattern": r"^$|^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$",
                          "description": "sizeLimit of an injected /dev/shm (quantity, or empty)."},
         "foreignSchedulers": {"enum": ["leave", "deny"], "description": "Pods of other schedulers."},
+        "systemUsers": {"type": "array", "items": {"type": "string", "minLength": 1},
+                        "description": "User names allowed to change system-owned kube-vgpu.io/ pod keys."},
+        "allowDisableControlNamespaces": {"type": "array", "items": {**DNS, "maxLength": 63},
+                                          "description": "Namespaces whose GPU containers may set CUDA_DISABLE_CONTROL."},
+        "allowedRuntimeClasses": {"type": "array", "items": {**DNS, "minLength": 1},
+                                  "description": "runtimeClassName values a vGPU pod may name."},
+        "allowEnvFrom": b("Allow envFrom without a safe prefix in GPU containers."),
+        "protectedHostPaths": {"type": "array", "items": {"type": "string", "pattern": r"^/[^*]*\*?$"},
+                               "description": "Extra host paths vGPU pods may not mount (absolute; trailing * = prefix)."},
     }),
 }, desc="The policy file (kube-vgpu.io/v1 domain config).")
 
@@ -155,8 +164,20 @@ schema = {
             "reinvocationPolicy": {"enum": ["IfNeeded", "Never"]},
             "excludeNamespaces": {"type": "array", "items": DNS},
             "namespaceSelectorExpressions": {"type": "array", "items": EXPR},
-            "objectSelectorExpressions": {"type": "array", "items": EXPR},
             "maxBodyBytes": i("Request body limit.", minimum=1024),
+            "limits": obj({
+                "maxConnections": i("Open connections (TLS handshakes included).", minimum=1, maximum=100000),
+                "tlsHandshakeTimeoutSeconds": n("Accept to finished TLS handshake.", exclusiveMinimum=0),
+                "idleTimeoutSeconds": n("Handshake to a request's first byte.", exclusiveMinimum=0),
+                "headerTimeoutSeconds": n("First byte to complete headers.", exclusiveMinimum=0),
+                "bodyTimeoutSeconds": n("Complete headers to complete body.", exclusiveMinimum=0),
+                "keepAliveTimeoutSeconds": n("Idle keep-alive connection lifetime.", exclusiveMinimum=0),
+            }, desc="Connection limits of the HTTPS listener."),
+            "networkPolicy": obj({
+                "enabled": b("Create the webhook's NetworkPolicy."),
+                "from": {"type": "array", "items": {"type": "object"},
+                         "description": "NetworkPolicyPeers allowed to reach the webhook port (empty = any)."},
+            }),
             "tlsSecretName": {"type": "string"},
             "certs": obj({
                 "mode": {"enum": ["job", "certManager"], "description": "job or certManager."},

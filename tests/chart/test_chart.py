@@ -42,21 +42,20 @@ def rules(role: dict[str, Any]) -> set[tuple[str, str, tuple[str, ...], tuple[st
 def test_webhook_configuration(renderer: Renderer) -> None:
     mwc = find(renderer.render(), "MutatingWebhookConfiguration")
     (wh,) = mwc["webhooks"]
-    assert wh["failurePolicy"] == "Ignore"
+    assert wh["failurePolicy"] == "Fail"  # only the requests its matchConditions select reach it
     assert wh["sideEffects"] == "None"
     assert 1 <= wh["timeoutSeconds"] <= 5
     assert wh["admissionReviewVersions"] == ["v1", "v1beta1"]
     assert wh["reinvocationPolicy"] == "IfNeeded"
-    assert wh["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                            "resources": ["pods"], "scope": "Namespaced"}]
+    assert wh["rules"] == [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                            "resources": ["pods", "pods/ephemeralcontainers"], "scope": "Namespaced"}]
     svc = wh["clientConfig"]["service"]
     assert svc == {"name": f"{FULL}-webhook", "namespace": NAMESPACE, "path": "/mutate", "port": 443}
     ns = wh["namespaceSelector"]["matchExpressions"]
     assert {"key": "kube-vgpu.io/webhook", "operator": "NotIn", "values": ["ignore"]} in ns
     assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
             "values": ["kube-system", NAMESPACE]} in ns
-    assert wh["objectSelector"]["matchExpressions"] == [
-        {"key": "kube-vgpu.io/webhook", "operator": "NotIn", "values": ["ignore"]}]
+    assert "objectSelector" not in wh  # pod labels are the tenant's: they never opt out
     assert "caBundle" not in wh["clientConfig"]  # the certs Job patches it in
 
 
