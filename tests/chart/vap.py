@@ -49,12 +49,19 @@ class Request:
     groups: list[str] = field(default_factory=list)
 
     def as_cel(self) -> dict[str, Any]:
-        user: dict[str, Any] = {"username": self.user, "groups": self.groups}
+        """As kube-apiserver hands it to CEL: empty fields are absent (``has(request.subResource)``
+        is false for the pod itself, and reading it is a "no such key" error)."""
+        user: dict[str, Any] = {"username": self.user}
+        if self.groups:
+            user["groups"] = self.groups
         if self.extra:
             user["extra"] = self.extra
-        return {"operation": self.operation, "subResource": self.sub_resource, "name": self.name,
-                "namespace": self.namespace, "userInfo": user,
-                "resource": {"group": "", "version": "v1", "resource": self.resource}}
+        out: dict[str, Any] = {"operation": self.operation, "userInfo": user,
+                               "resource": {"group": "", "version": "v1", "resource": self.resource}}
+        for key, value in (("subResource", self.sub_resource), ("name", self.name), ("namespace", self.namespace)):
+            if value:
+                out[key] = value
+        return out
 
 
 @dataclass

@@ -223,8 +223,9 @@ def test_tenant_cannot_forge_or_edit_system_records(cluster: dict[str, Any]) -> 
             pol = wait_for(lambda name=name: _checked(adm, name), 60, f"{name} type-checked")
             warnings = pol.status.type_checking.expression_warnings if pol.status.type_checking else None
             assert not warnings, [(w.field_ref, w.warning) for w in warnings or []]
+    checked = "type-checked" if cluster["cp"].has_controller_manager else "not type-checked (no kube-controller-manager)"
     print(f"\nE2E policies: kube-apiserver {cluster['version']}: tenant refused (create with annotation/label, "
-          "edit/drop/move record, Binding annotations); extender allowed; device plugin held to node n1")
+          f"edit/drop/move record, Binding annotations); extender allowed; device plugin held to node n1; CEL {checked}")
 
 
 def _checked(adm: Any, name: str) -> Any:
