@@ -686,6 +686,15 @@ class ClusterCache:
             if key not in seen and key not in keep:
                 self._forget(key, None)
 
+    def own_bind_seen(self, key: str, resource_version: str) -> None:
+        """The watch showed pod ``key`` at ``resource_version``: once that is at or after our own
+        bind's write, every later list includes the pod while it exists, so the own-bind entry
+        (which only protects against lists that predate the write) is dropped."""
+        ob = self.own_binds.get(key)
+        c = None if ob is None else compare_resource_versions(resource_version, ob.resource_version)
+        if c is not None and c >= 0:
+            del self.own_binds[key]
+
     def record_bound(self, key: str, uid: str, booking: Booking, request: PodRequest | None = None,
                      resource_version: str = "") -> None:
         """After a successful bind: remember the pod as bound (if its booking is still this one).
@@ -696,7 +705,8 @@ class ClusterCache:
         self.pods[key] = PodInfo(uid, booking.node, True, booking.allocation, request)
         self.pods_by_node.setdefault(booking.node, set()).add(key)
         now = self.clock()
-        self.own_binds[key] = OwnBind(uid, resource_version, now)
+        if self._bound_seen.get(key) != uid:  # the watch has not shown it bound yet: lists may predate it
+            self.own_binds[key] = OwnBind(uid, resource_version, now)
         counts = frozenset(len(c.devices) for c in booking.allocation.containers if c.devices)
         if counts and self._bound_seen.get(key) != uid:
             # we just wrote bind-phase allocating; unless the watch already showed the bound pod

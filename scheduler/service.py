@@ -484,7 +484,7 @@ class SchedulerService:
                 Reflector(api, "nodes", marshal(lambda items, _rv: self.cache.replace_nodes(items)),
                           marshal(self.cache.on_node),
                           marshal(partial(self.mark_synced, "nodes")), resync_seconds=self.opts.resync_seconds),
-                Reflector(api, "pods", marshal(self.cache.replace_pods), marshal(self.cache.on_pod),
+                Reflector(api, "pods", marshal(self.cache.replace_pods), marshal(self._on_pod_event),
                           marshal(partial(self.mark_synced, "pods")), label_selector=self.opts.pod_selector,
                           resync_seconds=self.opts.resync_seconds),
             ]
@@ -508,6 +508,13 @@ class SchedulerService:
         self._tasks.append(asyncio.create_task(self._every(self.opts.shapes_interval, self.refresh_shapes)))
         if isinstance(self.keys, KeyDir):
             self._tasks.append(asyncio.create_task(self._every(self.opts.config_poll, self.refresh_keys)))
+
+    def _on_pod_event(self, kind: str, pod: Obj) -> None:
+        """A pod watch event: into the cache; then our own bind of that pod needs no relist
+        protection any more once the watch has shown it at or after our write."""
+        self.cache.on_pod(kind, pod)
+        meta = pod.get("metadata") or {}
+        self.cache.own_bind_seen(pod_key(pod), str(meta.get("resourceVersion") or ""))
 
     async def stop(self) -> None:
         """Stop the background work (reflector threads are joined in a worker thread)."""

@@ -264,6 +264,8 @@ def test_relist_after_410_releases_pods_deleted_while_the_watch_was_down(fake: F
             assert await bind(ext, old, "node-0") == ""
             assert await bind(ext, keep, "node-1") == ""
             await wait_until(lambda: {"default/old", "default/keep"} <= set(svc.cache.pods))
+            # the watch showed them after our writes: no relist protection needed any more
+            await wait_until(lambda: not svc.cache.own_binds)
             watch_down(fake)
             assert await bind(ext, new, "node-2") == ""  # our own bind; the watch never shows it
             assert "default/new" in svc.cache.own_binds
@@ -301,6 +303,18 @@ def test_relist_tells_a_deleted_own_bind_from_a_not_yet_visible_one() -> None:
     assert c.state.bookings == {} and c.own_binds == {}
     c, _ = _cache_with_own_bind("50")
     c.replace_pods([], "1000")
+    assert c.state.bookings == {}
+
+
+def test_own_bind_entry_goes_once_the_watch_shows_the_pod_at_or_after_the_write() -> None:
+    c, _ = _cache_with_own_bind("50")
+    c.own_bind_seen("default/p", "49")  # an older event (before our patch): still protected
+    assert "default/p" in c.own_binds
+    c.own_bind_seen("default/p", "x")  # not comparable: kept (the grace rule applies)
+    assert "default/p" in c.own_binds
+    c.own_bind_seen("default/p", "50")
+    assert c.own_binds == {}
+    c.replace_pods([], "10")  # absent from any list now: released
     assert c.state.bookings == {}
 
 
