@@ -206,7 +206,7 @@ def _lease_calls(docs: list[dict[str, Any]], fake: FakeKubeAPI) -> set[Call]:
     args = containers(find(docs, "Deployment", f"{FULL}-scheduler"))["extender"]["args"]
     opts = dict(a.removeprefix("--").split("=", 1) for a in args if a.startswith("--lease-") or
                 a.startswith("--leader-elect-mode="))
-    if "--leader-elect" not in args:
+    if "leader-elect-mode" not in opts:  # no election (--leader-elect=false): no Lease calls
         return set()
     k = KubeAPI(fake.api_client())
 
@@ -267,8 +267,8 @@ def _service_calls(fake: FakeKubeAPI) -> set[Call]:
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_extender_rbac_is_exactly_its_calls(renderer: Renderer, fake: FakeKubeAPI, mode: str) -> None:
     docs = renderer.render(MODES[mode])
-    assert ("--leader-elect" in containers(find(docs, "Deployment", f"{FULL}-scheduler"))["extender"]["args"]) == (
-        mode != "off")
+    args = containers(find(docs, "Deployment", f"{FULL}-scheduler"))["extender"]["args"]
+    assert any(a.startswith("--leader-elect-mode=") for a in args) == (mode != "off")
     api_calls = _extender_api_calls(fake)
     leases = {c for c in api_calls if c.resource == "leases"}
     base = api_calls - leases
