@@ -408,6 +408,7 @@ class SchedulerService:
         self.handover_waits = 0  #: binds that had to wait for a hand-over (tests, debugging)
         self.unknown_retries = 0  #: read-backs of unknown bind outcomes that could not tell yet
         self._resolvers: set[asyncio.Task[None]] = set()
+        self._unresolved_by: dict[str, _Pending] = {}  #: pod key -> the bind its unresolved mark is for
         self._handover_wake = asyncio.Event()
         self.cache.on_handover_change = self._wake_handover
         self.cache.on_reject = lambda code: self.metrics.records_rejected.labels(reason=code).inc()
@@ -885,7 +886,7 @@ class SchedulerService:
                 if writing.done():
                     self._writes_ended(pending, writing)
                 else:
-                    self.cache.unresolved[key] = uid
+                    self._mark(pending)
                     writing.add_done_callback(partial(self._writes_ended, pending))
                 raise
             self.cache.release_if(key, booking, failed_uid=uid)
@@ -920,7 +921,7 @@ class SchedulerService:
         if result.state == "unknown":
             if self.cache.state.bookings.get(p.key) is not p.booking:
                 return BindError(result.error, "unknown")  # released meanwhile (deleted): nothing to keep
-            self.cache.unresolved[p.key] = p.uid
+            self._mark(p)
             log.warning("bind outcome unknown; keeping the booking until the pod is read back",
                         extra={"pod": p.key, "node": p.node, "error": result.error, "outcome": "unknown"})
             task = asyncio.get_running_loop().create_task(self._resolve(p, result.binding_posted))
@@ -977,10 +978,17 @@ class SchedulerService:
                 await asyncio.wait_for(self._stop.wait(), delay)
             delay = min(cap, delay * 2)
 
+    def _mark(self, p: _Pending) -> None:
+        """Mark ``p``'s pod unresolved in the cache (relists keep its booking)."""
+        self.cache.unresolved[p.key] = p.uid
+        self._unresolved_by[p.key] = p
+
     def _unmark(self, p: _Pending) -> None:
-        """Drop ``p``'s pod from the cache's unresolved binds (if it is still this pod there)."""
-        if self.cache.unresolved.get(p.key) == p.uid:
-            del self.cache.unresolved[p.key]
+        """Drop the unresolved mark of ``p``'s pod, if it is ``p``'s (a newer bind of the same pod
+        may have marked it since)."""
+        if self._unresolved_by.get(p.key) is p:
+            del self._unresolved_by[p.key]
+            self.cache.unresolved.pop(p.key, None)
 
     # -- signed records -----------------------------------------------------------------------
     def bind_annotations(self, uid: str, node: str, alloc: PodAllocation) -> dict[str, str]:
