@@ -366,7 +366,7 @@ def trusted_view(pods: Iterable[Mapping[str, Any]], node: str, ring: KeyRing,
                 if mine.phase == BIND_SUCCESS:
                     phase = BIND_SUCCESS
         if _admitted(pod):
-            names = [str(c.get("name", "")) for c in (spec.get("initContainers") or ()) + (spec.get("containers") or ())]
+            names = [str(c.get("name", "")) for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]]
             done = done + tuple(n for n in names if n and n not in done)
             phase = BIND_SUCCESS
         if not why:
