@@ -80,6 +80,7 @@ class _StubAPI:
         pod["metadata"].update(name=name, namespace=namespace, uid=f"uid-bench-{k}", annotations={},
                                resourceVersion="1")
         pod["spec"]["containers"][0]["resources"] = {"limits": SHAPES[k % len(SHAPES)]}
+        pod["spec"]["schedulerName"] = "kube-vgpu-scheduler"  # bind binds only pods of our scheduler
         return pod
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
