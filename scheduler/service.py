@@ -108,7 +108,9 @@ class Options:
     sync_wait: how long /filter waits for the first list before answering an Error (s);
     shapes_interval: FGD shape refresh (s); event_dedupe: same message to the same pod at most
     once per this many seconds; api_workers: threads for blocking API calls; handover_wait: the
-    longest one bind call waits for the hand-over (s; also capped by bindHandoverSeconds).
+    longest one bind call waits for the hand-over (s; also capped by bindHandoverSeconds);
+    unknown_retry: first and longest wait (s) between read-backs of a pod whose bind outcome is
+    unknown (doubling). ``leader_elect`` defaults to False here; the command line's default is True.
     """
 
     config_path: str | None = None
