@@ -154,25 +154,25 @@ class Context:
 
 def names_resource(container: Any, names: ResourceNames) -> bool:
     """True if the container names any of ``names.all()`` in limits or requests (any value). Never raises."""
-    if not isinstance(container, Mapping):
+    if not isinstance(container, dict):  # JSON objects are dicts; plain type checks keep this cheap
         return False
     res = container.get("resources")
-    if not isinstance(res, Mapping):
+    if not isinstance(res, dict):
         return False
     wanted = names.all()
-    return any(isinstance(part, Mapping) and any(n in part for n in wanted)
+    return any(isinstance(part, dict) and any(n in part for n in wanted)
                for part in (res.get("limits"), res.get("requests")))
 
 
 def _list(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     items = spec.get(key)
-    return [c for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
+    return [c for c in items if isinstance(c, dict)] if isinstance(items, list) else []
 
 
 def pod_is_ours(pod: Mapping[str, Any], config: Config) -> bool:
     """True if any init, sidecar or app container names one of our resource names (see module doc)."""
     spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, dict):
         return False
     names = config.resource_names
     return any(names_resource(c, names) for key in ("initContainers", "containers") for c in _list(spec, key))
@@ -244,7 +244,7 @@ def _visible_devices(t: Target, ctx: Context) -> Iterator[Violation]:
     if ctx.config.webhook.allow_user_visible_devices:
         return
     for e in t.spec.get("env") or []:
-        if not isinstance(e, Mapping) or e.get("name") != envcontract.VISIBLE_DEVICES:
+        if not isinstance(e, dict) or e.get("name") != envcontract.VISIBLE_DEVICES:
             continue
         if "valueFrom" in e and e.get("valueFrom") is not None:
             value = "valueFrom"
@@ -261,7 +261,7 @@ def _visible_devices(t: Target, ctx: Context) -> Iterator[Violation]:
 
 def _env(t: Target, ctx: Context) -> Iterator[Violation]:
     for e in t.spec.get("env") or []:
-        if not isinstance(e, Mapping):
+        if not isinstance(e, dict):
             continue
         name = e.get("name")
         if not isinstance(name, str) or name == envcontract.VISIBLE_DEVICES:
@@ -277,14 +277,14 @@ def _env_from(t: Target, ctx: Context) -> Iterator[Violation]:
     if ctx.config.webhook.allow_env_from:
         return
     for i, src in enumerate(t.spec.get("envFrom") or []):
-        if not isinstance(src, Mapping):
+        if not isinstance(src, dict):
             continue
         prefix = src.get("prefix") or ""
         if _env_from_prefix_safe(prefix):
             continue
         ref = src.get("configMapRef") or src.get("secretRef") or {}
         kind = "configMapRef" if src.get("configMapRef") is not None else "secretRef"
-        source = f"{kind} {ref.get('name', '?')!r}" if isinstance(ref, Mapping) else kind
+        source = f"{kind} {ref.get('name', '?')!r}" if isinstance(ref, dict) else kind
         yield Violation("env-from", t.subject, f"envFrom[{i}]", f"{source} with prefix {prefix!r}",
                         "the webhook cannot see the names it sets, which may override the vGPU limits or "
                         "LD_PRELOAD",
@@ -294,7 +294,7 @@ def _env_from(t: Target, ctx: Context) -> Iterator[Violation]:
 
 def _mounts(t: Target, ctx: Context) -> Iterator[Violation]:
     for i, m in enumerate(t.spec.get("volumeMounts") or []):
-        if not isinstance(m, Mapping) or not isinstance(m.get("mountPath"), str):
+        if not isinstance(m, dict) or not isinstance(m.get("mountPath"), str):
             continue
         path = normalise_path(m["mountPath"])
         hit = next((p for p in PROTECTED_CONTAINER_PATHS if path_overlaps(path, p)), None)
@@ -309,7 +309,7 @@ def _privileged(t: Target, ctx: Context) -> Iterator[Violation]:
     if ctx.config.webhook.privileged != "deny":
         return
     sc = t.spec.get("securityContext") or {}
-    if isinstance(sc, Mapping) and sc.get("privileged") is True:
+    if isinstance(sc, dict) and sc.get("privileged") is True:
         yield Violation("privileged", t.subject, "securityContext.privileged", "true",
                         "a privileged container sees every GPU of the node and bypasses isolation",
                         "false or unset (webhook.privileged=deny)")
@@ -319,8 +319,8 @@ def _capabilities(t: Target, ctx: Context) -> Iterator[Violation]:
     if ctx.config.webhook.privileged != "deny":
         return
     sc = t.spec.get("securityContext") or {}
-    caps = sc.get("capabilities") if isinstance(sc, Mapping) else None
-    added = caps.get("add") if isinstance(caps, Mapping) else None
+    caps = sc.get("capabilities") if isinstance(sc, dict) else None
+    added = caps.get("add") if isinstance(caps, dict) else None
     for i, cap in enumerate(added or []):
         if not isinstance(cap, str):
             continue
@@ -344,10 +344,10 @@ def _host_namespaces(spec: Mapping[str, Any], ctx: Context) -> Iterator[Violatio
 def _host_path(spec: Mapping[str, Any], ctx: Context) -> Iterator[Violation]:
     protected = PROTECTED_HOST_PATHS + ctx.config.webhook.protected_host_paths
     for i, v in enumerate(spec.get("volumes") or []):
-        if not isinstance(v, Mapping):
+        if not isinstance(v, dict):
             continue
         hp = v.get("hostPath")
-        if not isinstance(hp, Mapping) or not isinstance(hp.get("path"), str):
+        if not isinstance(hp, dict) or not isinstance(hp.get("path"), str):
             continue
         path = normalise_path(hp["path"])
         hit = next((p for p in protected if path_overlaps(path, p)), None)
@@ -399,12 +399,14 @@ def check_pod(pod: Mapping[str, Any], config: Config, namespace: str = "") -> li
     namespace: the request's namespace (falls back to ``metadata.namespace``), for the per-namespace
     ``CUDA_DISABLE_CONTROL`` allowance. Expects a pod that passed :func:`webhook.shape.check_pod`.
     """
-    if not pod_is_ours(pod, config):
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
         return []
-    spec = pod.get("spec") or {}
+    all_targets = targets(spec, config.resource_names)
+    if not any(t.gpu and t.kind != EPHEMERAL for t in all_targets):  # not ours (see pod_is_ours)
+        return []
     meta = pod.get("metadata") or {}
     ctx = Context(config, namespace or str(meta.get("namespace") or ""))
-    all_targets = targets(spec, config.resource_names)
     out: list[Violation] = []
     for rule in RULES:
         if rule.scope == "pod":
