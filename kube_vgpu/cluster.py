@@ -500,12 +500,14 @@ class ClusterCache:
                                ann.get(ANN_ALLOCATED_CONTAINERS)).ok
 
     def stale_keys(self) -> list[str]:
-        """Keys of bound pods booked from a record signed with a key that is no longer the active
-        one (after a key rotation: the service reads them back and signs them again)."""
+        """Keys of bound pods that may be booked from a record signed with a key that is no longer
+        the active one: their record's key id differs, or is not known (our own bind whose watch
+        events came before it was recorded). After a key rotation the service reads them back and
+        signs again those that are stale (:meth:`stale_key`)."""
         if self.keys is None:
             return []
         active = self.keys.current().active
-        return [k for k, info in self.pods.items() if info.bound and info.kid is not None and info.kid != active]
+        return [k for k, info in self.pods.items() if info.bound and info.kid != active]
 
     def _adopt(self, key: str, pod: dict[str, Any], rec: Rejected) -> tuple[PodAllocation | None, str]:
         """Book an unsigned record under ``scheduling.adoptUnsignedBefore``? (allocation, "") or

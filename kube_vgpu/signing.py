@@ -22,8 +22,8 @@ Keys: a directory (the chart mounts the Secret ``<release>-signing-keys`` at
 ``key.<kid>`` per key (at least 32 raw bytes, at most 4096). Every key present verifies; only the
 active one signs. Names starting with ``.`` are ignored (a mounted Secret's ``..data`` links), so
 are dangling links (a Secret update in progress); any other file is an error. :class:`KeyDir`
-loads the directory and reloads it when its files change (:meth:`KeyDir.refresh` is a few
-``stat`` calls, meant for a periodic loop); an invalid directory keeps the last good key ring.
+loads the directory and reloads it when its files change (:meth:`KeyDir.refresh` reads the few
+small files, meant for a periodic loop); an invalid directory keeps the last good key ring.
 """
 
 from __future__ import annotations
@@ -266,9 +266,11 @@ def load_key_dir(path: str | os.PathLike[str]) -> KeyRing:
     return KeyRing(active, keys)
 
 
-def _dir_signature(path: Path) -> tuple[tuple[str, int, int, int], ...] | None:
-    """What changes when any file of the directory changes (names, inode, mtime, size; symlinks
-    followed, so a mounted Secret's atomic swap shows); None if the directory cannot be listed."""
+def _dir_signature(path: Path) -> tuple[tuple[str, int, int, str], ...] | None:
+    """What changes when any file of the directory changes: per name, inode, size and a digest of
+    the first MAX_KEY_BYTES + 1 bytes (symlinks followed, so a mounted Secret's atomic swap shows;
+    contents read, since a file rewritten in place within one timestamp tick keeps its mtime).
+    None if the directory cannot be listed. Reads a few small files: cheap enough to poll."""
     try:
         names = sorted(n for n in os.listdir(path) if not n.startswith("."))
     except OSError:
@@ -276,11 +278,13 @@ def _dir_signature(path: Path) -> tuple[tuple[str, int, int, int], ...] | None:
     out = []
     for n in names:
         try:
-            st = os.stat(path / n)
+            with open(path / n, "rb") as f:
+                st = os.fstat(f.fileno())
+                digest = hashlib.sha256(f.read(MAX_KEY_BYTES + 1)).hexdigest() if st.st_size <= (1 << 20) else ""
         except OSError:
-            out.append((n, -1, -1, -1))
+            out.append((n, -1, -1, ""))
             continue
-        out.append((n, st.st_ino, st.st_mtime_ns, st.st_size))
+        out.append((n, st.st_ino, st.st_size, digest))
     return tuple(out)
 
 

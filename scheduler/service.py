@@ -1029,6 +1029,9 @@ class SchedulerService:
                     continue
                 rec = self.cache.read_record(pod)
                 uid = str((pod.get("metadata") or {}).get("uid") or "")
+                info = self.cache.pods.get(key)
+                if isinstance(rec, Record) and info is not None and info.uid == uid:
+                    info.kid = rec.kid  # known now: not read again at the next rotation
                 if isinstance(rec, Record) and self.cache.stale_key(pod, rec) and uid not in self._resigning:
                     await self._resign(pod)
             if not self._sweep_again:

@@ -26,7 +26,8 @@ if _DP_TESTS not in sys.path:  # the device plugin tests' helpers and fixtures (
 
 from bind_support import bind, create_pod, extender  # noqa: E402
 from dp_helpers import KEYS, NODE, FakeKubelet, bound_pod  # noqa: E402
-from vgpu_sched_util import Extender, pod_obj, run, wait_until  # noqa: E402
+from vgpu_sched_util import Extender, pod_obj, run  # noqa: E402
+from vgpu_sched_util import wait_until as _wait_until  # noqa: E402
 
 from deviceplugin.podmatch import MatchError, Progress, match, pending_containers, trusted_view  # noqa: E402
 from deviceplugin.server import DevicePlugin  # noqa: E402
@@ -49,6 +50,12 @@ from tests.deviceplugin.conftest import fake_nvml_lib, gpus, kube_api, kubelet, 
 from tests.deviceplugin.test_dp_daemon import U, _wait_seen, start_plugin  # noqa: E402,F401
 from tests.fakeapi import FakeKubeAPI  # noqa: E402
 
+
+async def eventually(cond: Callable[[], bool]) -> None:
+    """Wait for ``cond`` (background work of the components; a generous bound for a loaded machine)."""
+    await _wait_until(cond, timeout=60)
+
+
 Start = Callable[..., DevicePlugin]
 
 
@@ -64,8 +71,7 @@ def cluster(start_plugin: Start, kube_api: FakeKubeAPI) -> Iterator[DevicePlugin
 
 
 async def _ready(ext: Extender) -> None:
-    await wait_until(lambda: NODE in ext.svc.cache.state.nodes and NODE not in ext.svc.cache.unavailable,
-                     timeout=15)
+    await eventually(lambda: NODE in ext.svc.cache.state.nodes and NODE not in ext.svc.cache.unavailable)
 
 
 def _pod(name: str, mem: int, cores: int = 0) -> dict[str, Any]:
@@ -244,15 +250,15 @@ def test_the_extender_trusts_the_plugins_signed_progress_and_stripped_progress_c
             assert "default/a" in cache.allocating.get(NODE, {})
             env = await _admit(kubelet)
             assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
-            await wait_until(lambda: "default/a" not in cache.allocating.get(NODE, {}))
+            await eventually(lambda: "default/a" not in cache.allocating.get(NODE, {}))
             fake.patch_object("pods", "a", {"metadata": {"annotations": {
                 ANN_BIND_PHASE: None, ANN_ALLOCATED_CONTAINERS: None, ANN_PROGRESS_SIGNATURE: None}}}, "default")
-            await wait_until(lambda: "default/a" in cache.allocating.get(NODE, {}))  # unsigned: just bound
+            await eventually(lambda: "default/a" in cache.allocating.get(NODE, {}))  # unsigned: just bound
             ann = _ann(fake, "a")
             fake.patch_object("pods", "a", {"metadata": {"annotations": {  # the plugin's record, put back
                 ANN_BIND_PHASE: BIND_SUCCESS, ANN_ALLOCATED_CONTAINERS: "c", ANN_PROGRESS_SIGNATURE: sign_progress(
                     KEYS, a["metadata"]["uid"], ann[ANN_ALLOCATION_SIGNATURE], BIND_SUCCESS, "c")}}}, "default")
-            await wait_until(lambda: "default/a" not in cache.allocating.get(NODE, {}))
+            await eventually(lambda: "default/a" not in cache.allocating.get(NODE, {}))
             fake.patch_object("pods", "a", {"metadata": {"annotations": {
                 ANN_BIND_PHASE: None, ANN_ALLOCATED_CONTAINERS: None, ANN_PROGRESS_SIGNATURE: None}}}, "default")
         async with extender(fake, keys=KEYS) as ext:  # hand-over off: b binds at once

@@ -11,6 +11,7 @@ import base64
 import itertools
 import logging
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from bind_support import bind, create_nodes, create_pod, extender
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes import client
-from vgpu_sched_util import KEYS, Extender, filter_args, node_obj, pod_obj, run, wait_until, write_keys
+from vgpu_sched_util import KEYS, Extender, filter_args, node_obj, pod_obj, run, write_keys
+from vgpu_sched_util import wait_until as _wait_until
 
 from kube_vgpu.codec import decode_allocation, encode_allocation
 from kube_vgpu.config import load_config_text
@@ -51,6 +53,12 @@ from kube_vgpu.signing import (
     verify_progress,
 )
 from tests.fakeapi import FakeKubeAPI
+
+
+async def eventually(cond: Callable[[], bool]) -> None:
+    """Wait for ``cond`` (background work of the components; a generous bound for a loaded machine)."""
+    await _wait_until(cond, timeout=60)
+
 
 K1 = KeyRing("k1", {"k1": b"1" * 32})
 TEXT = encode_allocation(PodAllocation("gpu-1", (ContainerAllocation("c", False, (
@@ -227,7 +235,7 @@ def test_key_dir_reloads_a_rotated_secret_mount_and_keeps_the_last_good_ring(tmp
     _secret_mount(d, "v1", {"old": b"o" * 32}, "old")
     kd = KeyDir(d)
     assert kd.current().active == "old" and kd.current().kids == ("old",)
-    assert kd.refresh() is False  # nothing changed: a few stat calls, nothing read
+    assert kd.refresh() is False  # nothing changed
     rec = sign_allocation(kd.current(), *FIELDS)
     # rotation step 1: the new key is staged, "old" still signs
     _secret_mount(d, "v2", {"old": b"o" * 32, "new": b"n" * 32}, "old")
@@ -247,6 +255,16 @@ def test_key_dir_reloads_a_rotated_secret_mount_and_keeps_the_last_good_ring(tmp
     _secret_mount(d, "v5", {"new": b"n" * 32}, "new")
     assert kd.refresh() and kd.error is None and kd.current().kids == ("new",)
     assert verify_allocation(kd.current(), rec, *FIELDS).code == UNKNOWN_KEY
+
+
+def test_key_dir_sees_a_same_size_rewrite_in_place(tmp_path: Path) -> None:
+    """A hand-kept directory edited in place: ``active`` switched between two ids of the same length
+    right after a reload (same inode, same size, possibly the same mtime tick) is still seen."""
+    d = _keydir(tmp_path / "keys", {"aa": b"a" * 32, "bb": b"b" * 32}, "aa")
+    kd = KeyDir(d)
+    for active in ("bb", "aa", "bb"):
+        (d / "active").write_text(active + "\n")
+        assert kd.refresh() and kd.current().active == active
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,7 +330,7 @@ async def caught_up(ext: Extender, fake: FakeKubeAPI) -> None:
     created now (labelled, with an unreadable record the cache logs) has been seen (watch order)."""
     m = create_pod(fake, _tenant_pod(f"marker-{next(_markers)}", {ANN_ALLOCATION: "{}"}, "node-0", gpus=1))
     uid = m["metadata"]["uid"]
-    await wait_until(lambda: uid in ext.svc.cache._rejected)
+    await eventually(lambda: uid in ext.svc.cache._rejected)
 
 
 def test_forged_allocation_on_a_pending_pod_books_nothing_across_a_restart(
@@ -343,7 +361,7 @@ def test_forged_allocation_on_a_pending_pod_books_nothing_across_a_restart(
     async def go() -> None:
         for _ in range(2):  # the first extender, then a restarted one
             async with extender(fake, keys=KEYS) as ext:
-                await wait_until(lambda: len(ext.svc.cache._rejected) == len(names))  # noqa: B023
+                await eventually(lambda: len(ext.svc.cache._rejected) == len(names))  # noqa: B023
                 assert ext.svc.cache.state.bookings == {} and _usage(ext) == {}
                 _, res = await ext.post("/filter", filter_args(legit, nodes))
                 assert sorted(res["NodeNames"]) == ["node-0", "node-1"] and not res["FailedNodes"]
@@ -386,7 +404,7 @@ def test_tenant_edits_or_removes_its_record_after_bind_and_the_booking_stays(fak
             await unchanged(ext)
             uid = a["metadata"]["uid"]
             fake.patch_object("pods", "a", {"metadata": {"annotations": {ANN_ALLOCATION: big}}}, "default")
-            await wait_until(_seen(ext, fake, "a"))
+            await eventually(_seen(ext, fake, "a"))
             await unchanged(ext)
             # the same edit re-signed with a guessed key, then the whole record removed
             for ann in ({ANN_ALLOCATION_SIGNATURE: sign_allocation(KeyRing("test-1", {"test-1": b"g" * 32}), uid,
@@ -418,8 +436,8 @@ def test_replaying_another_pods_signed_record_books_nothing(fake_kube_api: FakeK
             create_pod(fake, _tenant_pod("copy", copied, "node-0", gpus=1))
             create_pod(fake, _tenant_pod("copy-preset", copied, "node-0", gpus=1, node_name="node-0",
                                          scheduler="default-scheduler"))
-            await wait_until(_seen(ext, fake, "copy"))
-            await wait_until(_seen(ext, fake, "copy-preset"))
+            await eventually(_seen(ext, fake, "copy"))
+            await eventually(_seen(ext, fake, "copy-preset"))
             assert set(ext.svc.cache.state.bookings) == {"default/victim"}
             assert _usage(ext) == {"GPU-node-0-00": 8000}
             assert ext.svc.cache._rejected[fake.get_object("pods", "copy", "default")["metadata"]["uid"]] == MISMATCH
@@ -448,11 +466,11 @@ def test_key_rotation_keeps_bookings_and_signs_again_with_the_active_key(fake_ku
             assert await bind(ext, a) == ""
             assert sig("a").startswith("v1:old:")
             _keydir(d, {"old": b"o" * 32, "new": b"n" * 32}, "old")  # staged
-            await wait_until(lambda: keys.current().kids == ("new", "old"))
+            await eventually(lambda: keys.current().kids == ("new", "old"))
             _keydir(d, {"old": b"o" * 32, "new": b"n" * 32}, "new")  # activated
-            await wait_until(lambda: keys.current().active == "new")
+            await eventually(lambda: keys.current().active == "new")
             assert set(ext.svc.cache.state.bookings) == {"default/a"}
-            await wait_until(lambda: sig("a").startswith("v1:new:"))  # signed again, same record
+            await eventually(lambda: sig("a").startswith("v1:new:"))  # signed again, same record
             assert await bind(ext, b) == ""
             assert sig("b").startswith("v1:new:")
             usage = _usage(ext)
@@ -513,7 +531,7 @@ def test_unsigned_records_are_adopted_only_under_the_upgrade_cutoff(fake_kube_ap
         async with extender(fake, config=cfg, keys=KEYS) as ext:
             assert set(ext.svc.cache.state.bookings) == {"default/adopted", "default/adopted-edited"}
             assert _usage(ext) == {"GPU-node-0-00": 2000, "GPU-node-0-01": 2000}
-            await wait_until(lambda: signed("adopted") and signed("adopted-edited"))
+            await eventually(lambda: signed("adopted") and signed("adopted-edited"))
             assert not any(signed(n) for n in ("too-new", "unbound", "foreign"))
             why = {getattr(r, "pod", ""): getattr(r, "error", "") for r in caplog.records}
             assert "not adopted: created 2026-07-01T00:00:00Z" in why["default/too-new"]
@@ -538,7 +556,7 @@ def test_tenant_written_progress_does_not_end_the_hand_over(fake_kube_api: FakeK
         async with extender(fake, config=cfg, keys=KEYS) as ext:
             assert await bind(ext, a) == ""
             cache = ext.svc.cache
-            await wait_until(lambda: "default/a" in cache.allocating.get("node-0", {}))
+            await eventually(lambda: "default/a" in cache.allocating.get("node-0", {}))
             for forged in ({ANN_BIND_PHASE: BIND_SUCCESS, ANN_ALLOCATED_CONTAINERS: "c"},
                            {ANN_PROGRESS_SIGNATURE: sign_progress(KeyRing("test-1", {"test-1": b"g" * 32}),
                                                                   a["metadata"]["uid"], "x", BIND_SUCCESS, "c")}):
@@ -548,7 +566,7 @@ def test_tenant_written_progress_does_not_end_the_hand_over(fake_kube_api: FakeK
             ann = fake.get_object("pods", "a", "default")["metadata"]["annotations"]
             done = sign_progress(KEYS, a["metadata"]["uid"], ann[ANN_ALLOCATION_SIGNATURE], BIND_SUCCESS, "c")
             fake.patch_object("pods", "a", {"metadata": {"annotations": {ANN_PROGRESS_SIGNATURE: done}}}, "default")
-            await wait_until(lambda: "default/a" not in cache.allocating.get("node-0", {}))
+            await eventually(lambda: "default/a" not in cache.allocating.get("node-0", {}))
     run(go)
 
 
