@@ -87,7 +87,7 @@ class PluginCollector(Collector):
         fam = GaugeMetricFamily("kube_vgpu_container_memory_used_bytes",
                                 "GPU memory used by a container (shim shared cache)",
                                 labels=["namespace", "pod", "container", "vdevice_index", "device_uuid"])
-        for pod in self.p.pods_snapshot():
+        for pod in self.p.trusted_pods():  # a tenant's edited record never labels the metrics
             meta = pod.get("metadata") or {}
             raw = (meta.get("annotations") or {}).get(ANN_ALLOCATION)
             if not raw:

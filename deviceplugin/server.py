@@ -399,6 +399,11 @@ class DevicePlugin:
     def pods_snapshot(self) -> list[dict[str, Any]]:
         return list(self._pods)
 
+    def trusted_pods(self) -> list[dict[str, Any]]:
+        """The last listing as far as it can be trusted (:func:`deviceplugin.podmatch.trusted_view`):
+        only verified allocation records are left on the pods."""
+        return trusted_view(self._pods, self.opts.node_name, self.keys.current(), self._written)[0]
+
     # ------------------------------------------------------------------ gRPC serving + registration
 
     def _remove_socket(self) -> None:
