@@ -66,6 +66,7 @@ from .podmatch import (
     trusted_view,
 )
 from .podwatch import ArrivalBook, PodWatcher
+from .shimcache import write_host_files
 from .response import (
     ContainerSpec,
     cache_dir_name,
@@ -586,10 +587,13 @@ class DevicePlugin:
                                        **{k: v for k, v in ann.items() if v is not None}}
 
     def _prepare_mounts(self, spec: ContainerSpec) -> None:
+        """Create the container's shared-cache directory and write its read-only limits file.
+        Raises OSError (the Allocate fails: a container must not start without its limits file)."""
         for m in spec.mounts:
             if not m.read_only and m.host_path.startswith(self.opts.cache_host_dir):
                 os.makedirs(m.host_path, exist_ok=True)
                 os.chmod(m.host_path, 0o777)  # the container may run as any user
+        write_host_files(spec)
 
     def _write_preload_file(self) -> None:
         path = preload_host_path(self.opts.shim_host_path)

@@ -38,6 +38,8 @@ from deviceplugin.server import DevicePlugin, Options
 from deviceplugin.shimcache import cache_path
 from kube_vgpu.codec import decode_inventory
 from kube_vgpu.config import Config, config_from_dict
+from kube_vgpu.envcontract import limits_file
+from kube_vgpu.model import DeviceBooking
 from kube_vgpu.resources import ANN_BIND_PHASE, ANN_NODE_INVENTORY
 
 U = [f"GPU-0000000{i}-1111-4000-8000-00000000000{i}" for i in range(4)]
@@ -185,6 +187,14 @@ def test_two_pods_bound_at_once_get_their_own_limits(start_plugin: Callable[...,
     uid = kube_api.get_object("pods", "p1", "default")["metadata"]["uid"]
     assert not cache.read_only and cache.host_path == str(tmp_path / "containers" / f"{uid}_c")
     assert os.path.isdir(cache.host_path)
+    # the read-only limits file every process of the container obeys, written before Allocate answers
+    lim = mounts["/usr/local/vgpu/limits"]
+    assert lim.read_only and lim.host_path == str(tmp_path / "containers" / f"{uid}_c.limits")
+    path = os.path.join(lim.host_path, "vgpu.limits")
+    assert os.stat(path).st_mode & 0o777 == 0o444
+    with open(path) as f:
+        text = f.read()
+    assert text == limits_file([DeviceBooking(U[0], 3000, 30)], envs(r1)["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
 
 
 def test_ambiguous_allocate_fails_with_clear_error(start_plugin: Callable[..., DevicePlugin],
