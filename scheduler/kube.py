@@ -157,23 +157,28 @@ class KubeAPI:
         self._raw_call("POST", "/api/v1/namespaces/{namespace}/events", {"namespace": namespace}, body)
 
     # -- list / watch -------------------------------------------------------------------------
-    def list_objects(self, kind: str, label_selector: str | None = None) -> tuple[list[Obj], str]:
+    def list_objects(self, kind: str, label_selector: str | None = None,
+                     field_selector: str | None = None) -> tuple[list[Obj], str]:
         """List ``nodes`` or ``pods`` (all namespaces): (items, list resourceVersion)."""
         kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": 120}
         if label_selector:
             kw["label_selector"] = label_selector
+        if field_selector:
+            kw["field_selector"] = field_selector
         resp: Any = self.core.list_node(**kw) if kind == "nodes" else self.core.list_pod_for_all_namespaces(**kw)
         obj = _json(resp)
         return list(obj.get("items") or []), str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
     def watch_objects(self, kind: str, resource_version: str, timeout_seconds: int,
-                      label_selector: str | None = None) -> Any:
+                      label_selector: str | None = None, field_selector: str | None = None) -> Any:
         """Start a watch; returns the raw streaming response (iterate with iter_resp_lines)."""
         kw: dict[str, Any] = {"watch": True, "resource_version": resource_version, "allow_watch_bookmarks": True,
                               "timeout_seconds": timeout_seconds, "_preload_content": False,
                               "_request_timeout": (10, timeout_seconds + 30)}
         if label_selector:
             kw["label_selector"] = label_selector
+        if field_selector:
+            kw["field_selector"] = field_selector
         if kind == "nodes":
             return self.core.list_node(**kw)
         return self.core.list_pod_for_all_namespaces(**kw)
@@ -234,6 +239,7 @@ class Reflector:
     def __init__(self, api: KubeAPI, kind: str, on_replace: Callable[[list[Obj], str], None],
                  on_event: Callable[[str, Obj], None], on_synced: Callable[[], None] | None = None,
                  label_selector: str | None = None, resync_seconds: float = 300.0,
+                 field_selector: str | None = None,
                  watch_timeout: int = 300, backoff: tuple[float, float] = (0.2, 10.0)):
         self.api = api
         self.kind = kind
@@ -241,6 +247,7 @@ class Reflector:
         self.on_event = on_event
         self.on_synced = on_synced
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.resync_seconds = resync_seconds
         self.watch_timeout = watch_timeout
         self.backoff = backoff
@@ -271,7 +278,7 @@ class Reflector:
             self._thread.join(join)
 
     def _relist(self) -> None:
-        items, rv = self.api.list_objects(self.kind, self.label_selector)
+        items, rv = self.api.list_objects(self.kind, self.label_selector, self.field_selector)
         if self._stop.is_set():
             return
         self.resource_version = rv
@@ -281,7 +288,8 @@ class Reflector:
     def _watch_once(self, deadline: float) -> None:
         timeout = max(1, min(self.watch_timeout, int(deadline - time.monotonic()) + 1))
         timeout = max(1, int(timeout * random.uniform(0.9, 1.0)))
-        resp = self.api.watch_objects(self.kind, self.resource_version, timeout, self.label_selector)
+        resp = self.api.watch_objects(self.kind, self.resource_version, timeout, self.label_selector,
+                                     self.field_selector)
         self._resp = resp
         try:
             for line in iter_resp_lines(resp):

@@ -104,7 +104,10 @@ class Options:
     config_path: policy file polled every ``config_poll`` s (None = no reload); leader_elect,
     lease_name, lease_namespace, identity: Lease election; leader_mode: ``own`` (compete for our
     Lease) or ``follow`` (lead while kube-scheduler in this pod, hostname ``hostname``, holds its Lease); resync_seconds: full relist period;
-    pod_selector: label selector of the pods watched (bound vGPU pods carry ``kube-vgpu.io/node``);
+    pod_field_selector: field selector of the pods watched; None = ``spec.schedulerName=<our
+    scheduler name>`` (immutable after creation and written by the webhook, so a tenant cannot hide
+    a running pod from the cache the way removing a label would; a change of the scheduler name
+    needs a restart);
     sync_wait: how long /filter waits for the first list before answering an Error (s);
     shapes_interval: FGD shape refresh (s); event_dedupe: same message to the same pod at most
     once per this many seconds; api_workers: threads for blocking API calls; handover_wait: the
@@ -122,7 +125,7 @@ class Options:
     lease_namespace: str = "kube-system"
     identity: str = "kube-vgpu-scheduler"
     resync_seconds: float = 300.0
-    pod_selector: str | None = LABEL_NODE
+    pod_field_selector: str | None = None
     sync_wait: float = 5.0
     shapes_interval: float = 300.0
     event_dedupe: float = 60.0
@@ -488,7 +491,9 @@ class SchedulerService:
                           marshal(self.cache.on_node),
                           marshal(partial(self.mark_synced, "nodes")), resync_seconds=self.opts.resync_seconds),
                 Reflector(api, "pods", marshal(self.cache.replace_pods), marshal(self._on_pod_event),
-                          marshal(partial(self.mark_synced, "pods")), label_selector=self.opts.pod_selector,
+                          marshal(partial(self.mark_synced, "pods")),
+                          field_selector=self.opts.pod_field_selector
+                          or f"spec.schedulerName={self.config.scheduler_name}",
                           resync_seconds=self.opts.resync_seconds),
             ]
             for r in self._reflectors:

@@ -36,6 +36,7 @@ from kube_vgpu.resources import (
     ANN_PROGRESS_SIGNATURE,
     BIND_ALLOCATING,
     BIND_SUCCESS,
+    DEFAULT_SCHEDULER_NAME,
     LABEL_NODE,
 )
 from kube_vgpu.signing import (
@@ -290,7 +291,7 @@ def _forged(node: str) -> str:
         DeviceBooking(f"GPU-{node}-{i:02d}", FULL, 100) for i in range(NODE_GPUS))),), 1.0))
 
 
-def _tenant_pod(name: str, annotations: dict[str, str], node_label: str, *, scheduler: str = "nobody",
+def _tenant_pod(name: str, annotations: dict[str, str], node_label: str, *, scheduler: str = DEFAULT_SCHEDULER_NAME,
                 node_name: str | None = None, gpus: int = NODE_GPUS) -> dict[str, Any]:
     p = pod_obj(name, limits={"nvidia.com/gpu": gpus, "nvidia.com/gpumem": 1000}, annotations=annotations)
     p["metadata"]["labels"] = {**(p["metadata"].get("labels") or {}), LABEL_NODE: node_label}
@@ -336,9 +337,11 @@ async def caught_up(ext: Extender, fake: FakeKubeAPI) -> None:
 def test_forged_allocation_on_a_pending_pod_books_nothing_across_a_restart(
         fake_kube_api: FakeKubeAPI, caplog: pytest.LogCaptureFixture) -> None:
     """The reported attack: pending pods of scheduler ``nobody`` carrying a hand-written record and
-    the node label blocked every GPU of two nodes. Unsigned, malformed, guessed, foreign-key and
-    replayed-for-another-uid signatures: nothing is booked, each pod is logged once with its reason
-    and counted; a fresh extender books nothing either, and a legitimate pod fits a whole GPU."""
+    the node label blocked every GPU of two nodes. Such pods are not even watched now (the extender
+    watches pods by their immutable schedulerName), so the attack is played with pods naming our
+    scheduler too. Unsigned, malformed, guessed, foreign-key and replayed-for-another-uid
+    signatures: nothing is booked, each pod is logged once with its reason and counted; a fresh
+    extender books nothing either, and a legitimate pod fits a whole GPU."""
     fake = fake_kube_api
     caplog.set_level(logging.WARNING, logger="kube_vgpu.cluster")
     nodes = create_nodes(fake, 2, gpus=NODE_GPUS)
@@ -356,6 +359,7 @@ def test_forged_allocation_on_a_pending_pod_books_nothing_across_a_restart(
             name = f"squat-{node}-{kind}"
             create_pod(fake, _tenant_pod(name, ann, node))
             names.append(name)
+            create_pod(fake, _tenant_pod(f"nobody-{node}-{kind}", ann, node, scheduler="nobody"))
     legit = pod_obj("legit", limits={"nvidia.com/gpumem": FULL, "nvidia.com/gpucores": 100})
 
     async def go() -> None:
@@ -418,6 +422,12 @@ def test_tenant_edits_or_removes_its_record_after_bind_and_the_booking_stays(fak
             fake.patch_object("pods", "a", {"metadata": {"annotations": ann}}, "default")
             async with extender(fake, keys=KEYS) as ext:
                 await unchanged(ext)
+        # the node label goes too: the extender watches pods by their (immutable) schedulerName,
+        # so the running pod is still seen and its request still booked
+        fake.patch_object("pods", "a", {"metadata": {"labels": {LABEL_NODE: None}}}, "default")
+        assert LABEL_NODE not in (fake.get_object("pods", "a", "default")["metadata"].get("labels") or {})
+        async with extender(fake, keys=KEYS) as ext:
+            await unchanged(ext)
     run(go)
 
 
@@ -434,7 +444,9 @@ def test_replaying_another_pods_signed_record_books_nothing(fake_kube_api: FakeK
             ann = fake.get_object("pods", "victim", "default")["metadata"]["annotations"]
             copied = {k: ann[k] for k in (ANN_ALLOCATION, ANN_ALLOCATION_SIGNATURE, ANN_BIND_TIME, ANN_BIND_PHASE)}
             create_pod(fake, _tenant_pod("copy", copied, "node-0", gpus=1))
-            create_pod(fake, _tenant_pod("copy-preset", copied, "node-0", gpus=1, node_name="node-0",
+            create_pod(fake, _tenant_pod("copy-preset", copied, "node-0", gpus=1, node_name="node-0"))
+            # the same with a foreign scheduler: not even watched
+            create_pod(fake, _tenant_pod("copy-foreign", copied, "node-0", gpus=1, node_name="node-0",
                                          scheduler="default-scheduler"))
             await eventually(_seen(ext, fake, "copy"))
             await eventually(_seen(ext, fake, "copy-preset"))
@@ -536,7 +548,7 @@ def test_unsigned_records_are_adopted_only_under_the_upgrade_cutoff(fake_kube_ap
             why = {getattr(r, "pod", ""): getattr(r, "error", "") for r in caplog.records}
             assert "not adopted: created 2026-07-01T00:00:00Z" in why["default/too-new"]
             assert "not adopted: the pod is not bound" in why["default/unbound"]
-            assert "not adopted: the pod names scheduler 'default-scheduler'" in why["default/foreign"]
+            assert "default/foreign" not in why  # another scheduler's pods are not watched at all
         # signed now: a restart without the option still books them
         async with extender(fake, keys=KEYS) as ext:
             assert set(ext.svc.cache.state.bookings) == {"default/adopted", "default/adopted-edited"}
