@@ -14,7 +14,7 @@ not pass silently. Example (all defaults)::
     devices: {splitCount: 10, memoryScaling: 1.0, coreScaling: 1.0}
     nodes: []          # [{name, splitCount, memoryScaling, coreScaling, excludeGPUs: [uuid|index]}]
     webhook: {forceOverwriteDefaultScheduler: true, mutateBareGpu: true, privileged: deny,
-              allowUserVisibleDevices: false, nonGpuVisibleDevicesNone: false,
+              allowUserVisibleDevices: false, nonGpuVisibleDevicesNone: true,
               shmSizeLimit: "", foreignSchedulers: leave, systemUsers: [],
               allowDisableControlNamespaces: [], allowedRuntimeClasses: [nvidia],
               allowEnvFrom: false, protectedHostPaths: []}
@@ -131,7 +131,7 @@ class WebhookConfig:
     mutate_bare_gpu: bool = True
     privileged: str = "deny"
     allow_user_visible_devices: bool = False
-    non_gpu_visible_devices_none: bool = False
+    non_gpu_visible_devices_none: bool = True
     shm_size_limit: str = ""
     foreign_schedulers: str = "leave"
     system_users: tuple[str, ...] = ()

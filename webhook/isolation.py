@@ -28,12 +28,15 @@ visible-devices      any    env ``NVIDIA_VISIBLE_DEVICES`` from ``valueFrom`` or
                             ``none``/``void``/empty, unless ``webhook.allowUserVisibleDevices``
 env                  gpu    env names of the env contract and the shim's knobs: ``CUDA_DEVICE_MEMORY_LIMIT*``,
                             ``CUDA_DEVICE_SM_LIMIT*``, ``CUDA_DEVICE_MEMORY_SHARED_CACHE``, ``CUDA_TASK_PRIORITY``,
-                            ``GPU_CORE_UTILIZATION_POLICY``, ``LIBVGPU_*`` except ``LIBVGPU_LOG_LEVEL``, and
-                            ``LD_PRELOAD`` (``value`` or ``valueFrom`` alike); ``CUDA_DISABLE_CONTROL`` outside
+                            ``GPU_CORE_UTILIZATION_POLICY``, ``LIBVGPU_*`` except ``LIBVGPU_LOG_LEVEL``,
+                            ``LD_PRELOAD``, ``LD_AUDIT``, ``NVIDIA_*`` except ``NVIDIA_DRIVER_CAPABILITIES``,
+                            ``NVIDIA_REQUIRE_*``, ``NVIDIA_DISABLE_REQUIRE`` (``value`` or ``valueFrom``
+                            alike); ``CUDA_DISABLE_CONTROL`` outside
                             ``webhook.allowDisableControlNamespaces``
 env-from             gpu    ``envFrom`` whose ``prefix`` could produce one of those names (none, or e.g.
                             ``CUDA_``), unless ``webhook.allowEnvFrom``
-mounts               gpu    a ``volumeMounts[].mountPath`` at, under or above ``/etc/ld.so.preload`` or the
+mounts               gpu    a ``volumeMounts[].mountPath`` or ``volumeDevices[].devicePath`` at, under or
+                            above ``/etc/ld.so.preload`` or the
                             shim directory ``/usr/local/vgpu`` (holds the shim and the cache dir)
 privileged           gpu    ``securityContext.privileged: true`` unless ``webhook.privileged: allow``
 capabilities         gpu    ``securityContext.capabilities.add`` of ``SYS_ADMIN`` (any case, ``CAP_`` prefix
@@ -70,6 +73,12 @@ from kube_vgpu.resources import ResourceNames
 #: values of NVIDIA_VISIBLE_DEVICES that expose no GPU (allowed in non-GPU containers)
 HIDDEN_VALUES = ("none", "void", "")
 LD_PRELOAD = "LD_PRELOAD"
+#: rtld-audit libraries see and can redirect every symbol binding, the shim's hooks included
+LD_AUDIT = "LD_AUDIT"
+#: NVIDIA container runtime knobs a GPU container may set (the others, e.g. NVIDIA_IMEX_CHANNELS or
+#: NVIDIA_MIG_CONFIG_DEVICES, ask the runtime for devices the scheduler did not allocate)
+NVIDIA_ENV_PREFIX = "NVIDIA_"
+NVIDIA_ENV_ALLOWED = frozenset({"NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_DISABLE_REQUIRE", "NVIDIA_REQUIRE_CUDA"})
 #: shim knobs read by libvgpu (libvgpu/src/core.c) beyond the env contract the device plugin writes
 CORE_POLICY_ENV = "GPU_CORE_UTILIZATION_POLICY"
 SHIM_ENV_PREFIX = "LIBVGPU_"
@@ -93,7 +102,12 @@ PROTECTED_CONTAINER_PATHS = (envcontract.PRELOAD_CONTAINER_PATH, posixpath.dirna
 PROTECTED_HOST_PATHS = (
     "/dev/nvidia*", "/dev/dri", "/dev/char", "/proc/driver/nvidia",
     "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/local/nvidia",
+    # the same driver directories through the symlinks of merged-/usr hosts (/lib -> usr/lib, ...)
+    "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/lib64", "/lib32", "/usr/lib32",
     "/run/nvidia*", "/var/run/nvidia*", "/var/lib/kubelet", "/usr/local/vgpu", "/var/lib/kube-vgpu",
+    # container runtimes: their sockets and state start any container, privileged included
+    "/run/containerd", "/var/run/containerd", "/var/lib/containerd", "/run/crio", "/var/run/crio",
+    "/var/lib/containers", "/run/docker.sock", "/var/run/docker.sock", "/var/lib/docker",
 )
 
 #: capability names (upper case, without ``CAP_``) that undo device isolation
@@ -219,9 +233,13 @@ def _env_rule(name: str, ctx: Context) -> tuple[str, str] | None:
                 f"this pod's namespace: {ctx.namespace!r})")
     if name in HARMLESS_ENV_NAMES:
         return None
-    if name == LD_PRELOAD:
-        return ("it preloads code ahead of the vGPU shim",
+    if name in (LD_PRELOAD, LD_AUDIT):
+        return ("it loads code that runs ahead of the vGPU shim",
                 "unset (the shim is preloaded through /etc/ld.so.preload)")
+    if name.startswith(NVIDIA_ENV_PREFIX) and name not in NVIDIA_ENV_ALLOWED \
+            and not name.startswith("NVIDIA_REQUIRE_"):
+        return ("it asks the NVIDIA container runtime for devices or features the scheduler did not allocate",
+                f"unset, or one of {', '.join(sorted(NVIDIA_ENV_ALLOWED))} or NVIDIA_REQUIRE_*")
     if name in PROTECTED_ENV_NAMES or name.startswith(PROTECTED_ENV_PREFIXES):
         return ("it overrides the vGPU limits the device plugin sets from the scheduler's allocation",
                 "unset (the device plugin writes it)")
@@ -232,10 +250,11 @@ def _env_from_prefix_safe(prefix: str) -> bool:
     """True if no name ``prefix + key`` can be protected (nor NVIDIA_VISIBLE_DEVICES / CUDA_DISABLE_CONTROL)."""
     if not prefix:
         return False
-    exact = PROTECTED_ENV_NAMES | {envcontract.VISIBLE_DEVICES, envcontract.DISABLE_CONTROL}
+    exact = PROTECTED_ENV_NAMES | {envcontract.VISIBLE_DEVICES, envcontract.DISABLE_CONTROL, LD_AUDIT}
     if any(n.startswith(prefix) for n in exact):
         return False
-    return not any(p.startswith(prefix) or prefix.startswith(p) for p in PROTECTED_ENV_PREFIXES)
+    return not any(p.startswith(prefix) or prefix.startswith(p)
+                   for p in PROTECTED_ENV_PREFIXES + (NVIDIA_ENV_PREFIX,))
 
 
 # --- the rules -------------------------------------------------------------------------------------
@@ -293,16 +312,18 @@ def _env_from(t: Target, ctx: Context) -> Iterator[Violation]:
 
 
 def _mounts(t: Target, ctx: Context) -> Iterator[Violation]:
-    for i, m in enumerate(t.spec.get("volumeMounts") or []):
-        if not isinstance(m, dict) or not isinstance(m.get("mountPath"), str):
-            continue
-        path = normalise_path(m["mountPath"])
-        hit = next((p for p in PROTECTED_CONTAINER_PATHS if path_overlaps(path, p)), None)
-        if hit is None:
-            continue
-        yield Violation("mounts", t.subject, f"volumeMounts[{i}].mountPath", repr(m["mountPath"]),
-                        f"it covers {hit}, where the device plugin mounts the vGPU shim and its files",
-                        f"a path that is neither {', '.join(PROTECTED_CONTAINER_PATHS[:2])} nor above or below them")
+    for key, field in (("volumeMounts", "mountPath"), ("volumeDevices", "devicePath")):
+        for i, m in enumerate(t.spec.get(key) or []):
+            if not isinstance(m, dict) or not isinstance(m.get(field), str):
+                continue
+            path = normalise_path(m[field])
+            hit = next((p for p in PROTECTED_CONTAINER_PATHS if path_overlaps(path, p)), None)
+            if hit is None:
+                continue
+            yield Violation("mounts", t.subject, f"{key}[{i}].{field}", repr(m[field]),
+                            f"it covers {hit}, where the device plugin mounts the vGPU shim and its files",
+                            f"a path that is neither {', '.join(PROTECTED_CONTAINER_PATHS[:2])} nor above or "
+                            "below them")
 
 
 def _privileged(t: Target, ctx: Context) -> Iterator[Violation]:

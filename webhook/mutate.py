@@ -282,12 +282,16 @@ def review_pod(pod: Mapping[str, Any], config: Config, namespace: str = "") -> D
 
 def review_update(new: Mapping[str, Any], old: Mapping[str, Any], config: Config, username: str,
                   namespace: str = "", subresource: str = "") -> Decision:
-    """Decide on an UPDATE of a Pod (``subresource`` ``""`` or ``ephemeralcontainers``). Never patches.
+    """Decide on an UPDATE of a Pod (``subresource`` ``""`` or ``ephemeralcontainers``).
 
     username: ``request.userInfo.username``. Returns a Decision: denied (403) when a user outside
     ``webhook.systemUsers`` adds, changes or removes a system-owned annotation or label (checked on
     the pod itself; the ephemeralcontainers subresource cannot change metadata), or when the update
     introduces an isolation violation (:func:`webhook.isolation.new_violations`); allowed otherwise.
+    The only patch: through the ephemeralcontainers subresource, with
+    ``webhook.nonGpuVisibleDevicesNone``, a new ephemeral container of a vGPU pod without its own
+    ``NVIDIA_VISIBLE_DEVICES`` gets ``none`` (a debug image such as ``nvidia/cuda`` carries
+    ``NVIDIA_VISIBLE_DEVICES=all``, which a default ``nvidia`` runtime would honour).
     """
     if not subresource:
         changed = system_key_changes(new, old)
@@ -300,7 +304,25 @@ def review_update(new: Mapping[str, Any], old: Mapping[str, Any], config: Config
     violations = isolation.new_violations(new, old, config, namespace)
     if violations:
         return _deny(403, "Forbidden", isolation.denial_message(violations))
-    return Decision(allowed=True, outcome=ALLOWED)
+    ops = _hide_gpus_from_new_ephemeral(new, old, config) if subresource else []
+    return Decision(allowed=True, outcome=PATCHED if ops else ALLOWED, patch=ops)
+
+
+def _hide_gpus_from_new_ephemeral(new: Mapping[str, Any], old: Mapping[str, Any], config: Config
+                                  ) -> list[dict[str, Any]]:
+    """``NVIDIA_VISIBLE_DEVICES=none`` for each ephemeral container of ``new`` (a vGPU pod) that
+    ``old`` did not have and that sets no ``NVIDIA_VISIBLE_DEVICES`` itself (see review_update)."""
+    if not config.webhook.non_gpu_visible_devices_none or not isolation.pod_is_ours(new, config):
+        return []
+    spec = new.get("spec") or {}
+    old_spec = old.get("spec") or {}
+    before = {c.get("name") for c in old_spec.get("ephemeralContainers") or [] if isinstance(c, dict)}
+    ops: list[dict[str, Any]] = []
+    for i, c in enumerate(spec.get("ephemeralContainers") or []):
+        if isinstance(c, dict) and c.get("name") not in before and _visible_devices_entry(c) is None:
+            ops.append(_append_op(f"/spec/ephemeralContainers/{i}", c, "env",
+                                  {"name": VISIBLE_DEVICES, "value": "none"}))
+    return ops
 
 
 def _route_and_mutate(pod: Mapping[str, Any], spec: Mapping[str, Any], config: Config) -> Decision:

@@ -119,6 +119,10 @@ def set_env(pod: dict[str, Any], *env: dict[str, Any], key: str = "containers", 
     ("LIBVGPU_CONTEXT_COST", "0"),
     ("LIBVGPU_SM_PERIOD_MS", "100000"),
     ("LD_PRELOAD", "/tmp/unhook.so"),
+    ("LD_AUDIT", "/tmp/rebind.so"),
+    ("NVIDIA_IMEX_CHANNELS", "all"),
+    ("NVIDIA_MIG_CONFIG_DEVICES", "all"),
+    ("NVIDIA_GDRCOPY", "enabled"),
 ])
 def test_env_override_denied(client: Client, name: str, value: str) -> None:
     resp = create(client, set_env(gpu_pod(), {"name": "A", "value": "1"}, {"name": name, "value": value}))
@@ -194,6 +198,33 @@ def test_mount_with_sub_path_over_preload_denied(client: Client) -> None:
     denied(create(client, pod), "container 'train'", "volumeMounts[1].mountPath='/etc/ld.so.preload'")
 
 
+def test_block_device_path_over_preload_denied(client: Client) -> None:
+    """A raw block volume placed at the preload file would keep the shim from loading."""
+    pod = gpu_pod()
+    pod["spec"]["volumes"].append({"name": "blk", "persistentVolumeClaim": {"claimName": "raw"}})
+    pod["spec"]["containers"][0]["volumeDevices"] = [{"name": "blk", "devicePath": "/etc/ld.so.preload"}]
+    denied(create(client, pod), "container 'train'", "volumeDevices[0].devicePath='/etc/ld.so.preload'")
+
+
+def test_nvidia_runtime_knobs_that_ask_for_nothing_new_are_allowed(client: Client) -> None:
+    pod = set_env(gpu_pod(), {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+                  {"name": "NVIDIA_REQUIRE_CUDA", "value": "cuda>=12.0"},
+                  {"name": "NVIDIA_DISABLE_REQUIRE", "value": "1"})
+    allowed(create(client, pod))
+
+
+def test_non_gpu_containers_of_a_vgpu_pod_get_no_gpu_by_default(client: Client) -> None:
+    """A CUDA image carries NVIDIA_VISIBLE_DEVICES=all; under a default nvidia runtime a sidecar of a
+    vGPU pod would see every GPU of the node. By default the webhook hides them (env wins over image)."""
+    pod = gpu_pod()
+    pod["spec"]["containers"].append({"name": "sidecar", "image": "nvidia/cuda"})
+    pod["spec"]["initContainers"] = [{"name": "prep", "image": "nvidia/cuda"}]
+    out = jsonpatch.apply_patch(pod, decode_patch({"response": allowed(create(client, pod))}))
+    for c in (out["spec"]["containers"][1], out["spec"]["initContainers"][0]):
+        assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"} in c["env"]
+    assert not any(e.get("name") == "NVIDIA_VISIBLE_DEVICES" for e in out["spec"]["containers"][0].get("env") or [])
+
+
 def test_ordinary_mounts_allowed(client: Client) -> None:
     pod = gpu_pod()
     pod["spec"]["volumes"].append({"name": "data", "emptyDir": {}})
@@ -212,7 +243,11 @@ def test_ordinary_mounts_allowed(client: Client) -> None:
                                   "/var/run/nvidia-fabricmanager", "/usr/local/nvidia", "/var/lib/kubelet",
                                   "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pods", "/var/lib",
                                   "/usr/local/vgpu", "/var/lib/kube-vgpu/containers", "/proc/driver/nvidia",
-                                  "/srv/gpu-secrets/x"])
+                                  "/srv/gpu-secrets/x",
+                                  # merged-/usr aliases of the driver directories, container runtimes
+                                  "/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/lib",
+                                  "/lib64", "/run/containerd/containerd.sock", "/var/run/containerd",
+                                  "/var/lib/containerd", "/var/run/docker.sock", "/run/crio/crio.sock"])
 def test_host_path_denied(client: Client, path: str) -> None:
     pod = gpu_pod()
     pod["spec"]["volumes"].append({"name": "host", "hostPath": {"path": path}})
@@ -357,11 +392,21 @@ def test_ephemeral_container_checked_as_gpu_container(client: Client, extra: dic
            "ephemeral container 'debugger'", needle)
 
 
-def test_plain_ephemeral_container_allowed(client: Client) -> None:
+def test_plain_ephemeral_container_allowed_and_hidden_from_gpus(client: Client) -> None:
+    """``kubectl debug --image=nvidia/cuda`` on a vGPU pod: admitted, and given
+    NVIDIA_VISIBLE_DEVICES=none so the image's ``all`` cannot reach every GPU of the node."""
     old = gpu_pod(schedulerName="kube-vgpu-scheduler", nodeName="node-1")
-    resp = allowed(update(client, _debug(old, env=[{"name": "LIBVGPU_LOG_LEVEL", "value": "4"}]), old,
-                          subresource="ephemeralcontainers"))
-    assert "patch" not in resp
+    new = _debug(old, env=[{"name": "LIBVGPU_LOG_LEVEL", "value": "4"}])
+    resp = allowed(update(client, new, old, subresource="ephemeralcontainers"))
+    out = jsonpatch.apply_patch(new, decode_patch({"response": resp}))
+    assert out["spec"]["ephemeralContainers"][0]["env"][-1] == {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}
+    # one that already hides GPUs, and an existing one on a later update, are left as they are
+    hidden = _debug(old, env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])
+    assert "patch" not in allowed(update(client, hidden, old, subresource="ephemeralcontainers"))
+    again = copy.deepcopy(hidden)
+    again["spec"]["ephemeralContainers"].append({"name": "second", "image": "busybox",
+                                                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]})
+    assert "patch" not in allowed(update(client, again, hidden, subresource="ephemeralcontainers"))
 
 
 def test_ephemeral_container_in_pod_without_gpu_not_our_business(client: Client) -> None:

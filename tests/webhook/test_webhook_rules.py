@@ -253,7 +253,8 @@ def test_init_and_app_gpu_containers_all_prepared() -> None:
     prep, plain = out["spec"]["initContainers"]
     assert prep["resources"]["limits"]["nvidia.com/gpucores"] == "0"
     assert prep["volumeMounts"] == [{"name": "kube-vgpu-shm", "mountPath": "/dev/shm"}]
-    assert "volumeMounts" not in plain and "env" not in plain
+    assert "volumeMounts" not in plain
+    assert plain["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]  # nonGpuVisibleDevicesNone default
 
 
 def test_non_gpu_containers_get_visible_devices_none() -> None:
