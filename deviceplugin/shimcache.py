@@ -1,6 +1,6 @@
 """Per-container GPU memory use, read from the shim's shared accounting files on the node.
 
-Each GPU container gets ``<cache-host-dir>/<pod uid>_<container>/`` mounted at
+Each GPU container gets ``<cache-host-dir>/alloc-<hash of its device IDs>/`` mounted at
 ``envcontract.CACHE_CONTAINER_DIR``; the shim keeps its shared region in ``vgpu.cache`` there
 (``CUDA_DEVICE_MEMORY_SHARED_CACHE``). The region's binary layout belongs to libvgpu
 (``libvgpu/src/region.h``); it is parsed by ``kube_vgpu.shimregion.read_region``, the one reader
@@ -25,19 +25,22 @@ def _reader() -> Callable[[str], Any] | None:
     return read_region
 
 
-def cache_path(cache_host_dir: str, pod_uid: str, container: str) -> str:
-    """Host path of a container's shared cache file."""
-    return os.path.join(cache_host_dir, cache_dir_name(pod_uid, container), CACHE_FILE)
+def cache_path(cache_host_dir: str, pod_uid: str, container: str, dir_name: str | None = None) -> str:
+    """Host path of a container's shared cache file: in ``dir_name`` (the allocation's directory,
+    ``alloc-...``) when given, else in the ``<pod uid>_<container>`` directory."""
+    return os.path.join(cache_host_dir, dir_name or cache_dir_name(pod_uid, container), CACHE_FILE)
 
 
-def read_container(cache_host_dir: str, pod_uid: str, container: str) -> dict[int, int] | None:
-    """Bytes in use per visible device index of one container, or None when there is no data."""
+def read_container(cache_host_dir: str, pod_uid: str, container: str,
+                   dir_name: str | None = None) -> dict[int, int] | None:
+    """Bytes in use per visible device index of one container (its cache directory as in
+    :func:`cache_path`), or None when there is no data."""
     if not pod_uid:
         return None
-    path = cache_path(cache_host_dir, pod_uid, container)
-    if not os.path.exists(path):
+    path = cache_path(cache_host_dir, pod_uid, container, dir_name)
+    if not os.path.lexists(path):
         return None
-    read = _reader()
+    read = _reader()  # reads a regular file only, no symlink, bounded (the directory is the tenant's)
     if read is None:
         return None
     try:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 __all__ = ["MAGIC", "NDEV", "NSLOTS", "SIZE", "VERSION", "Process", "Region", "RegionError", "read_region"]
 
+import errno
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
-from pathlib import Path
 
 MAGIC = 0x55504756
 VERSION = 2
@@ -45,14 +46,40 @@ class Region:
     processes: list[Process] = field(default_factory=list)
 
 
+def _read_regular(path: str | os.PathLike[str], size: int) -> bytes:
+    """At most ``size`` bytes of the regular file at ``path``, read without following a symlink in
+    its last component and without blocking. The file lives in a directory the container (a
+    tenant) can write: it may be swapped for a symlink to ``/dev/zero``, a FIFO or a huge file, and
+    the reader (the device plugin, on the node) must neither hang nor read without bound.
+
+    Raises OSError (also for a symlink, FIFO, device or directory: ``ELOOP`` / ``EINVAL``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        chunks: list[bytes] = []
+        left = size
+        while left > 0:
+            b = os.read(fd, left)
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_region(path: str | os.PathLike[str]) -> Region:
-    """Parse the region file at ``path``.
+    """Parse the region file at ``path`` (read as :func:`_read_regular` does: a regular file only,
+    no symlink, at most ``SIZE`` bytes).
 
     Raises:
-        OSError: the file cannot be read.
+        OSError: the file cannot be read, or is not a regular file.
         RegionError: the content is not a version-2 region.
     """
-    data = Path(path).read_bytes()
+    data = _read_regular(path, SIZE)
     if len(data) < SIZE:
         raise RegionError(f"{path}: {len(data)} bytes, expected {SIZE}")
     fields = _HEADER.unpack_from(data, 0)
