@@ -25,6 +25,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from kube_vgpu.streams import wake_reader
+
 log = logging.getLogger("kube_vgpu.scheduler.kube")
 
 Obj = dict[str, Any]
@@ -265,15 +267,15 @@ class Reflector:
             self._thread.start()
 
     def stop(self, join: float = 5.0) -> None:
-        """Stop: closes the open watch connection and joins the thread (up to ``join`` s). After
-        stop() the thread neither logs nor calls back (a list in flight ends on its own)."""
+        """Stop: wakes the thread blocked reading the open watch (its socket's read side is shut
+        down, see :func:`kube_vgpu.streams.wake_reader`; the reflector thread then closes the
+        response itself) and joins the thread (up to ``join`` s). After stop() the thread neither
+        logs nor calls back (a list in flight ends on its own). Never closes the response from
+        this thread: that waits for the reader's buffer lock, i.e. for the next watch event."""
         self._stop.set()
         resp = self._resp
         if resp is not None:
-            try:
-                resp.close()
-            except Exception:  # noqa: BLE001 - best effort from another thread
-                pass
+            wake_reader(resp)
         if self._thread is not None:
             self._thread.join(join)
 
@@ -291,6 +293,8 @@ class Reflector:
         resp = self.api.watch_objects(self.kind, self.resource_version, timeout, self.label_selector,
                                      self.field_selector)
         self._resp = resp
+        if self._stop.is_set():  # stop() ran before _resp was set: it woke nothing
+            wake_reader(resp)
         try:
             for line in iter_resp_lines(resp):
                 if self._stop.is_set():
@@ -316,8 +320,10 @@ class Reflector:
         finally:
             self._resp = None
             try:
+                if self._stop.is_set():
+                    resp.close()  # from the reading thread itself: never blocks
                 resp.release_conn()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a connection that broke meanwhile is simply dropped
                 pass
 
     def _run(self) -> None:
