@@ -15,6 +15,8 @@ import json
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
+from kube_vgpu.streams import wake_reader
+
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -49,9 +51,13 @@ class PodWatchClient(Protocol):
 
 
 class PodStream(Protocol):
-    """Watch events ``(type, object)`` as API JSON; ``close()`` ends it from another thread."""
+    """Watch events ``(type, object)`` as API JSON. ``wake()``, from any thread, makes the iteration
+    end soon (a reader blocked waiting for the next event returns); ``close()`` is called by the
+    thread that iterates (from another thread it would wait for the blocked read)."""
 
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]: ...
+
+    def wake(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -71,6 +77,9 @@ class _RawPodStream:
                 yield str(ev.get("type", "")), ev.get("object") or {}
         finally:
             self.close()
+
+    def wake(self) -> None:
+        wake_reader(self._resp)  # shutdown(SHUT_RD): the blocked read sees end-of-file
 
     def close(self) -> None:
         try:

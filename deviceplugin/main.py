@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pending-stale-seconds", type=float, default=300.0,
                    help="a pod still waiting for Allocate this long after it was bound stops being the "
                         "target of GetPreferredAllocation while newer pods wait (0: never)")
+    p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
+                   help="kubelet's PodResources API socket: names the pod and container holding the device IDs "
+                        "of a PreStartContainer call")
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--signing-keys-dir", required=True,
                    help="directory of the allocation signing keys (the scheduler's): 'active' and 'key.<kid>' "
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     opts = Options(node_name=args.node_name, device_plugin_dir=args.device_plugin_dir,
                    shim_host_path=args.shim_host_path, cache_host_dir=args.cache_host_dir,
-                   heartbeat_seconds=args.heartbeat_seconds, pending_stale_seconds=args.pending_stale_seconds)
+                   heartbeat_seconds=args.heartbeat_seconds, pending_stale_seconds=args.pending_stale_seconds,
+                   pod_resources_socket=args.pod_resources_socket)
     plugin = DevicePlugin(cfg, opts, kube, keys=keys)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -104,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         if not plugin.alive():
             log.error("a background thread died; exiting")
             break
-    http.stop()
+    log.info("shutting down")
+    # side by side: the HTTP server's poll (0.5 s) overlaps the plugin's gRPC grace and thread joins
+    http_stop = threading.Thread(target=http.stop, name="deviceplugin-http-stop")
+    http_stop.start()
     plugin.stop()
+    http_stop.join()
     return 0

@@ -10,8 +10,8 @@ Metrics (gauges unless noted; labels ``node``, ``device_uuid``, ``device_index``
 * ``kube_vgpu_container_memory_used_bytes`` (labels ``namespace``, ``pod``, ``container``,
   ``vdevice_index``, ``device_uuid``): from the shim's shared cache file of each container, when
   present and readable (:mod:`deviceplugin.shimcache`);
-* ``kube_vgpu_device_plugin_allocations_total{result}`` (counter), ``..._registrations_total``
-  (counter), ``..._registered`` (gauge).
+* ``kube_vgpu_device_plugin_allocations_total{result}``, ``kube_vgpu_device_plugin_prestarts_total{result}``
+  (counters), ``..._registrations_total`` (counter), ``..._registered`` (gauge).
 """
 
 from __future__ import annotations
@@ -78,6 +78,11 @@ class PluginCollector(Collector):
         for k, v in st.allocations.items():
             allocs.add_metric([k], v)
         yield allocs
+        pre = CounterMetricFamily("kube_vgpu_device_plugin_prestarts", "PreStartContainer calls answered "
+                                  "(ok: limits written; error: the container was not started)", labels=["result"])
+        for k, v in st.prestarts.items():
+            pre.add_metric([k], v)
+        yield pre
         yield CounterMetricFamily("kube_vgpu_device_plugin_registrations", "Registrations with kubelet",
                                   value=st.registrations)
         yield GaugeMetricFamily("kube_vgpu_device_plugin_registered", "1 while registered with kubelet",
@@ -97,7 +102,9 @@ class PluginCollector(Collector):
             except CodecError:
                 continue
             for c in rec.containers:
-                usage = shimcache.read_container(self.p.opts.cache_host_dir, meta.get("uid", ""), c.name)
+                uid = str(meta.get("uid", ""))
+                usage = shimcache.read_container(self.p.opts.cache_host_dir, uid, c.name,
+                                                 self.p.cache_dir_for(uid, c.name))
                 if usage is None:
                     continue
                 for i, d in enumerate(c.devices):

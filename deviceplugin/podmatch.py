@@ -469,6 +469,96 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
     return out
 
 
+def identified(pod: Mapping[str, Any], container: str, node: str, names: ResourceNames | None = None, *,
+               refused: str = "") -> PendingContainer:
+    """The container ``container`` of ``pod`` (a :func:`trusted_view` view), which kubelet's
+    PodResources API named as the holder of a device set: its booking from the verified record.
+
+    refused: the reason ``pod`` has no trusted record ("" = it has one). ``allocated`` lists the
+    pod's containers already recorded as started (not ``container``), ``remaining`` its GPU
+    containers not recorded yet, ``container`` included. Raises MatchError (naming the pod and the
+    container) when the pod is refused, the container is not in its spec or does not request the gpu
+    resource, the record does not decode or names another node, or no GPU is booked for it.
+    """
+    names = names or ResourceNames()
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    ns, name, uid = meta.get("namespace", "default"), meta.get("name", ""), meta.get("uid", "")
+    where = f"pod {ns}/{name} container {container}"
+    if refused:
+        raise MatchError(f"{where}: {refused}; refusing to start it with GPUs: only a pod the kube-vgpu "
+                         f"scheduler placed on this node (with a verified {ANN_ALLOCATION_SIGNATURE}) is served "
+                         f"(it did not place this pod on this node)")
+    ctrs = [(c, True) for c in spec.get("initContainers") or ()] + [(c, False) for c in spec.get("containers") or ()]
+    found = next(((c, init) for c, init in ctrs if c.get("name") == container), None)
+    if found is None:
+        raise MatchError(f"{where}: no such container in the pod's spec")
+    ctr, init = found
+    if not _requests_gpu(ctr, names.gpu):
+        raise MatchError(f"{where}: does not request {names.gpu} in its spec, yet kubelet assigned it GPUs")
+    ann = _ann(pod)
+    try:
+        alloc = decode_allocation(str(ann.get(ANN_ALLOCATION, "")))
+    except CodecError as e:
+        raise MatchError(f"{where}: allocation record undecodable: {e}") from e
+    if alloc.node != node:
+        raise MatchError(f"{where}: allocation record is for node {alloc.node!r}, not {node!r}")
+    rec = alloc.container(container, init)
+    done = tuple(n for n in allocated_names(pod) if n != container)
+    pending = tuple(str(c.get("name", "")) for c, _ in ctrs
+                    if _requests_gpu(c, names.gpu) and c.get("name") not in done)
+    pc = PendingContainer(namespace=ns, pod=name, uid=uid, container=container, init=init,
+                          devices=rec.devices if rec is not None else (), disable_control=_disable_control(ctr),
+                          priority=_priority(ctr, names.priority), in_progress=bool(done), allocated=done,
+                          remaining=pending, order=(), unbooked=rec is None or not rec.devices)
+    if pc.unbooked:
+        raise MatchError(f"{where}: requests the GPU resource but no GPU is booked for it in {ANN_ALLOCATION}; "
+                         f"refusing to hand out an unlimited limit")
+    return pc
+
+
+def check_assignment(pc: PendingContainer, device_ids: Sequence[str]) -> None:
+    """Whether kubelet's device IDs for the identified container ``pc`` are on exactly the GPUs
+    booked for it, and the booking can be enforced.
+
+    Raises MatchError naming the pod, container, booked and assigned GPUs when they differ (kubelet
+    chose GPUs the guess of GetPreferredAllocation meant for another pod: starting the container
+    would put it on GPUs booked for someone else), or when a GPU is booked with 0 MiB (the shim
+    would read 0 as no limit) and the container did not opt out.
+    """
+    where = f"pod {pc.namespace}/{pc.pod} container {pc.container}"
+    assigned = sorted({slot_uuid(i) for i in device_ids})
+    booked = sorted(pc.uuids)
+    if assigned != booked or len(device_ids) != len(pc.devices):
+        raise MatchError(f"{where}: kubelet assigned GPUs {', '.join(assigned)} (device IDs "
+                         f"{', '.join(sorted(device_ids))}) but the scheduler booked {', '.join(booked)} for it; "
+                         f"refusing to start it on GPUs booked for another pod (no limits written). The pod "
+                         f"must be recreated (delete it; its controller makes a new one)")
+    if not pc.disable_control:
+        zero = [d.uuid for d in pc.devices if d.memory_mib <= 0]
+        if zero:
+            raise MatchError(f"{where} GPU {', '.join(zero)}: 0 MiB booked; refusing to hand out an unlimited "
+                             f"limit (the shim reads 0 as no limit)")
+
+
+def with_held(views: Iterable[Mapping[str, Any]], held: Mapping[tuple[str, str], Iterable[str]]) -> list[dict[str, Any]]:
+    """``views`` with the containers kubelet already holds devices for (``held``: (namespace, pod
+    name) -> container names, from kubelet's PodResources API) added to their allocated containers,
+    so that GetPreferredAllocation does not guess a container kubelet has already served (pure)."""
+    out = []
+    for v in views:
+        meta = v.get("metadata") or {}
+        extra = list(held.get((meta.get("namespace", ""), meta.get("name", "")), ()))
+        if not extra:
+            out.append(dict(v))
+            continue
+        done = list(allocated_names(v))
+        done += [n for n in extra if n not in done]
+        ann = {**(meta.get("annotations") or {}), ANN_ALLOCATED_CONTAINERS: ",".join(done)}
+        out.append({**v, "metadata": {**meta, "annotations": ann}})
+    return out
+
+
 def _decide(tier: Sequence[PendingContainer], why: str, n: int) -> PendingContainer:
     outcomes = {c.outcome() for c in tier}
     if len(outcomes) == 1:

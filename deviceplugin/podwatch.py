@@ -105,13 +105,15 @@ class PodWatcher:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def stop(self) -> None:
+    def stop(self, join: float = 2.0) -> None:
+        """Stop the watch thread: wake its blocked read (:meth:`PodStream.wake`; the thread closes
+        the stream itself, see :mod:`kube_vgpu.streams`) and join it for up to ``join`` seconds."""
         self._stop.set()
         s = self._stream
         if s is not None:
-            s.close()
+            s.wake()
         if self._thread is not None:
-            self._thread.join(timeout=2)
+            self._thread.join(timeout=join)
 
     def _run(self) -> None:
         node = self.book.node
@@ -123,20 +125,22 @@ class PodWatcher:
                 self.synced.set()
                 stream = self.kube.watch_node_pods(node, rv, self.watch_timeout)
                 self._stream = stream
-                if self._stop.is_set():
-                    stream.close()
-                    break
-                for etype, obj in stream:
-                    delay = self.retry_seconds
-                    if etype in ("ADDED", "MODIFIED"):
-                        self.book.saw([obj])
-                    elif etype == "DELETED":
-                        self.book.forget((obj.get("metadata") or {}).get("uid", ""))
-                    elif etype == "ERROR":
-                        log.info("pod watch ended: %s", obj.get("message", obj))
-                        break
+                try:
                     if self._stop.is_set():
                         break
+                    for etype, obj in stream:
+                        delay = self.retry_seconds
+                        if etype in ("ADDED", "MODIFIED"):
+                            self.book.saw([obj])
+                        elif etype == "DELETED":
+                            self.book.forget((obj.get("metadata") or {}).get("uid", ""))
+                        elif etype == "ERROR":
+                            log.info("pod watch ended: %s", obj.get("message", obj))
+                            break
+                        if self._stop.is_set():
+                            break
+                finally:
+                    stream.close()  # this thread's own stream: closing never waits on a reader
             except Exception as e:  # noqa: BLE001 - any API failure: list again after a pause
                 if self._stop.is_set():
                     break

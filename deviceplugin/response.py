@@ -1,41 +1,59 @@
-"""What a container gets from Allocate: env and mounts (pure; converted to protobuf by the server).
+"""What a container gets: env, mounts and files, at Allocate and at PreStartContainer (pure; converted
+to protobuf by the server).
 
 Env names and units come from :mod:`kube_vgpu.envcontract` (the contract with the libvgpu shim,
-documented in docs/env-contract.md). Host layout (paths on the node):
+documented in docs/env-contract.md). kubelet's ``Allocate`` names only device IDs, so its answer
+(:func:`allocate_spec`) carries nothing that depends on which pod the container belongs to:
 
-* the shim ``--shim-host-path`` (default ``/usr/local/vgpu/libvgpu.so``) is mounted read-only at
+* ``NVIDIA_VISIBLE_DEVICES``: the GPUs behind the device IDs (no limit variables: limits are only ever
+  written once the pod is identified, never from a guess);
+* the shim ``--shim-host-path`` (default ``/usr/local/vgpu/libvgpu.so``) mounted read-only at
   ``envcontract.SHIM_CONTAINER_PATH``;
-* ``ld.so.preload`` next to the shim (same directory) holds that container path and is mounted
-  read-only at ``/etc/ld.so.preload`` (the dynamic loader then loads the shim into every process);
-* ``<--cache-host-dir>/<pod uid>_<container>`` is created and mounted read-write at
-  ``envcontract.CACHE_CONTAINER_DIR``; the shim's shared accounting file is
-  ``<CACHE_CONTAINER_DIR>/vgpu.cache`` inside the container;
-* ``<--cache-host-dir>/<pod uid>_<container>.limits/vgpu.limits`` holds the container's limits
-  (:func:`kube_vgpu.envcontract.limits_file`, the same bookings as the env); the directory is mounted
-  read-only at ``envcontract.LIMITS_CONTAINER_DIR``, so no process in the container can change it, and it
-  is a sibling of the cache directory (never inside the read-write mount). The file is part of
-  ``ContainerSpec.files``; :func:`deviceplugin.shimcache.write_host_files` writes it before Allocate
-  answers. Its directory name has the ``<pod uid>_<container>`` form plus a suffix, so the cache
-  directory cleanup removes it with the pod.
+* ``ld.so.preload`` next to the shim (same directory), holding that container path, mounted
+  read-only at ``envcontract.PRELOAD_CONTAINER_PATH`` (the dynamic loader then loads the shim into
+  every process);
+* ``<--cache-host-dir>/<key>`` created and mounted read-write at ``envcontract.CACHE_CONTAINER_DIR``
+  (the shim's shared accounting file is ``vgpu.cache`` there), where ``<key>`` is
+  :func:`alloc_key` of the device IDs (``alloc-`` + 16 hex digits of their SHA-256);
+* ``<--cache-host-dir>/<key>.limits`` mounted read-only at ``envcontract.LIMITS_CONTAINER_DIR``,
+  holding at Allocate only the fail-closed placeholder (:func:`kube_vgpu.envcontract.pending_limits_file`).
 
-With ``CUDA_DISABLE_CONTROL`` set to ``true`` (any case) or ``1`` in the container's env (the values the
-shim accepts, :func:`deviceplugin.podmatch.disables_control`) the container only gets
-``NVIDIA_VISIBLE_DEVICES`` (no limits, no shim, no cache).
+kubelet then records which container holds the IDs and calls ``PreStartContainer``; the plugin
+identifies the pod through kubelet's PodResources API and writes the real limits file
+(:func:`prestart_files`: :func:`kube_vgpu.envcontract.limits_file` of the pod's booking) plus an
+``owner`` file (pod uid and container name, for the metrics and the cleanup) into the same
+read-only directory. The key depends only on the device IDs, so a restarted container (PreStart
+again) finds the same directories.
+
+A container whose spec opts out (``CUDA_DISABLE_CONTROL`` ``true`` in any case, or ``1``:
+:func:`deviceplugin.podmatch.disables_control`) gets a limits file with ``disable_control=true``.
+
+:func:`container_spec` is the whole answer for a container known in advance (env, mounts and the
+limits file under ``<pod uid>_<container>`` names); it is kept for tools and tests that need the
+env form of a booking.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kube_vgpu import envcontract
 
-from .podmatch import PendingContainer
+from .podmatch import PendingContainer, slot_uuid
 
 #: file name of the shared accounting file inside the per-container cache dir
 CACHE_FILE = "vgpu.cache"
 #: file name of the preload file on the host, in the shim's directory
 PRELOAD_FILE = "ld.so.preload"
+#: prefix of the per-allocation directory names under ``--cache-host-dir``
+ALLOC_PREFIX = "alloc-"
+#: suffix of the read-only limits directory next to a cache directory
+LIMITS_SUFFIX = ".limits"
+#: file in the limits directory naming the pod uid and container the allocation was identified as
+OWNER_FILE = "owner"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +103,67 @@ def limits_dir_name(pod_uid: str, container: str) -> str:
     """Per-container limits directory name under ``--cache-host-dir``: ``<pod uid>_<container>.limits``
     (container names are DNS labels, without dots, so it never equals a cache directory name)."""
     return f"{cache_dir_name(pod_uid, container)}.limits"
+
+
+def alloc_key(device_ids: Sequence[str]) -> str:
+    """The directory name of one kubelet allocation: ``alloc-`` + the first 16 hex digits of the
+    SHA-256 of the sorted device IDs joined by newlines (order-independent, stable across restarts)."""
+    text = "\n".join(sorted(device_ids))
+    return ALLOC_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def allocation_uuids(device_ids: Sequence[str]) -> list[str]:
+    """The GPU uuids behind ``device_ids`` (``<uuid>::<k>``), once each, in sorted ID order."""
+    out: list[str] = []
+    for i in sorted(device_ids):
+        u = slot_uuid(i)
+        if u not in out:
+            out.append(u)
+    return out
+
+
+def allocate_spec(device_ids: Sequence[str], *, shim_host_path: str, cache_host_dir: str) -> ContainerSpec:
+    """The ``Allocate`` answer for one container request: the GPUs behind ``device_ids``, the shim,
+    preload and cache mounts, and the read-only limits directory holding the fail-closed placeholder
+    (its file is in ``files``). Nothing in it depends on which pod the container belongs to."""
+    key = alloc_key(device_ids)
+    limits_dir = os.path.join(cache_host_dir, key + LIMITS_SUFFIX)
+    mounts = (
+        MountSpec(envcontract.SHIM_CONTAINER_PATH, shim_host_path, True),
+        MountSpec(envcontract.PRELOAD_CONTAINER_PATH, preload_host_path(shim_host_path), True),
+        MountSpec(envcontract.CACHE_CONTAINER_DIR, os.path.join(cache_host_dir, key), False),
+        MountSpec(envcontract.LIMITS_CONTAINER_DIR, limits_dir, True),
+    )
+    files = (HostFile(os.path.join(limits_dir, envcontract.LIMITS_FILE_NAME), envcontract.pending_limits_file()),)
+    return ContainerSpec(envs={envcontract.VISIBLE_DEVICES: ",".join(allocation_uuids(device_ids))},
+                         mounts=mounts, files=files)
+
+
+def prestart_files(pc: PendingContainer, device_ids: Sequence[str], *, cache_host_dir: str,
+                   core_policy: str = "default") -> tuple[HostFile, ...]:
+    """The files ``PreStartContainer`` writes for the identified container ``pc`` holding
+    ``device_ids``: its limits file (the booking in booking order; ``disable_control=true`` for an
+    opted-out container) and the owner file (``<pod uid> <container>``), both in the allocation's
+    read-only limits directory.
+
+    Raises ValueError (from :func:`kube_vgpu.envcontract.limits_file`, naming the field) for a booking
+    that cannot be written (0 MiB, cores outside 0..100, ...)."""
+    limits_dir = os.path.join(cache_host_dir, alloc_key(device_ids) + LIMITS_SUFFIX)
+    text = envcontract.limits_file(pc.devices, envcontract.CACHE_CONTAINER_PATH, priority=pc.priority,
+                                   core_policy=core_policy, disable_control=pc.disable_control)
+    return (HostFile(os.path.join(limits_dir, envcontract.LIMITS_FILE_NAME), text),
+            HostFile(os.path.join(limits_dir, OWNER_FILE), f"{pc.uid} {pc.container}\n"))
+
+
+def read_owner(cache_host_dir: str, key: str) -> tuple[str, str] | None:
+    """(pod uid, container) from the owner file of allocation ``key``, or None (absent, unreadable
+    or malformed)."""
+    try:
+        with open(os.path.join(cache_host_dir, key + LIMITS_SUFFIX, OWNER_FILE)) as f:
+            parts = f.read(512).split()
+    except OSError:
+        return None
+    return (parts[0], parts[1]) if len(parts) == 2 else None
 
 
 def container_spec(pc: PendingContainer, *, shim_host_path: str, cache_host_dir: str,

@@ -11,13 +11,25 @@ Threads (all daemon threads, stopped by :meth:`DevicePlugin.stop`):
 * heartbeat: writes the node inventory annotation every ``heartbeat_seconds`` and refreshes the pod
   list used by the metrics;
 * pod watch (:class:`deviceplugin.podwatch.PodWatcher`): numbers pods in the order they become bound
-  to this node, the order GetPreferredAllocation/Allocate assume kubelet admits them in.
+  to this node, the order GetPreferredAllocation assumes kubelet admits them in (a preference only).
 
-Trust: Allocate serves only pods whose allocation record the scheduler extender signed for this node
+Allocation in two steps (registered with ``PreStartRequired``; docs/device-plugin.md):
+
+* ``Allocate`` names only device IDs. The answer depends on nothing else: the GPUs behind the IDs,
+  the shim/preload/cache mounts and a read-only limits directory keyed by the IDs holding a
+  fail-closed placeholder (:func:`deviceplugin.response.allocate_spec`). No API call, no guess.
+* kubelet records the result, then calls ``PreStartContainer`` (same IDs) before starting the
+  container. Its PodResources API now names exactly the pod and container holding the IDs
+  (:mod:`deviceplugin.podresources`); the plugin takes that pod's verified allocation for that
+  container, checks the IDs are on exactly the booked GPUs, writes the limits file and records the
+  progress. Anything else fails PreStart with a message naming the pod, and the container does not
+  start. A restarted container calls PreStart again: the same file is written again.
+
+Trust: only pods whose allocation record the scheduler extender signed for this node are served
 (:func:`deviceplugin.podmatch.trusted_view`); what the plugin writes back (allocated-containers,
 bind-phase) carries its own ``kube-vgpu.io/progress-signature`` and is also kept in memory. The
 signing keys (``--signing-keys-dir``) are reloaded when their files change (checked at every
-Allocate, GetPreferredAllocation and heartbeat).
+PreStartContainer, GetPreferredAllocation and heartbeat).
 """
 
 from __future__ import annotations
@@ -59,22 +71,30 @@ from .podmatch import (
     MatchError,
     PendingContainer,
     Progress,
-    match,
+    check_assignment,
+    identified,
     pending_containers,
     preferred_allocation,
     slot_uuid,
     trusted_view,
+    with_held,
 )
+from .podresources import DEFAULT_SOCKET, PodResourcesClient, PodResourcesError, holders_of
 from .podwatch import ArrivalBook, PodWatcher
-from .shimcache import write_host_files
 from .response import (
+    ALLOC_PREFIX,
+    LIMITS_SUFFIX,
+    OWNER_FILE,
     ContainerSpec,
+    alloc_key,
+    allocate_spec,
     cache_dir_name,
-    container_spec,
     preload_contents,
     preload_host_path,
-    unlimited_devices,
+    prestart_files,
+    read_owner,
 )
+from .shimcache import write_host_files
 
 log = logging.getLogger("kube_vgpu.deviceplugin")
 
@@ -100,12 +120,16 @@ class Options:
     #: a pod pending Allocate for longer than this (since first seen bound) is demoted: it is no
     #: longer the target of GetPreferredAllocation while a newer pod waits (0 or less: never)
     pending_stale_seconds: float = 300.0
+    #: kubelet's PodResources socket (``--pod-resources-socket``)
+    pod_resources_socket: str = DEFAULT_SOCKET
+    #: an allocation directory no container was identified for (PreStartContainer never came) is
+    #: removed this long after its Allocate (s)
+    alloc_dir_grace_seconds: float = 3600.0
     # not flags: timings the tests shrink
     watch_interval: float = 1.0
     health_poll_ms: int = 500
     probe_interval: float = 5.0
     recovery_seconds: float = 60.0
-    preferred_ttl: float = 120.0
     register_timeout: float = 5.0
     pod_watch_timeout: int = 300
 
@@ -119,6 +143,7 @@ class Status:
     last_inventory_write: float = 0.0
     last_inventory_error: str = ""
     allocations: dict[str, int] = field(default_factory=lambda: {"ok": 0, "error": 0})
+    prestarts: dict[str, int] = field(default_factory=lambda: {"ok": 0, "error": 0})
     started: float = field(default_factory=time.time)
 
 
@@ -152,7 +177,10 @@ class DevicePlugin:
         self._stop = threading.Event()
         self._inventory_due = threading.Event()
         self._alloc_lock = threading.Lock()
-        self._preferred: dict[frozenset[str], tuple[PendingContainer, float]] = {}
+        self.podresources = PodResourcesClient(opts.pod_resources_socket)
+        #: (pod uid, container) -> its allocation directory name (``alloc-...``), from PreStart and
+        #: the owner files (for the per-container metrics)
+        self._owners: dict[tuple[str, str], str] = {}
         self._pods: list[dict[str, Any]] = []
         self._server: grpc.Server | None = None
         self._threads: list[threading.Thread] = []
@@ -203,6 +231,7 @@ class DevicePlugin:
         for t in self._threads:
             t.join(timeout=5)
         self._remove_socket()
+        self.podresources.close()
         self.nvml.shutdown()
 
     def wait_pods_synced(self, timeout: float) -> bool:
@@ -337,12 +366,19 @@ class DevicePlugin:
             self._inventory_due.clear()
 
     def clean_cache_dirs(self, pods: list[dict[str, Any]]) -> list[str]:
-        """Remove per-container cache directories (``<cache-host-dir>/<pod uid>_<container>``) whose pod
-        uid is not in ``pods`` (a complete listing of this node's pods) nor known to the pod watch.
+        """Remove the cache and limits directories of containers that are gone.
 
-        Only names of that form are touched; anything else in the directory is left alone. A directory
-        that vanishes meanwhile is fine; one that cannot be removed is logged and tried again next
-        time. Returns the removed paths. Call with the Allocate lock held (see the heartbeat).
+        Allocation directories (``alloc-<16 hex>`` and ``alloc-<16 hex>.limits``): removed when their
+        owner file names a pod uid that is neither in ``pods`` (a complete listing of this node's
+        pods) nor known to the pod watch, or, without an owner file (PreStartContainer never
+        identified a container), when the limits directory is older than
+        ``alloc_dir_grace_seconds``. Older per-container directories (``<pod uid>_<container>``, and
+        its ``.limits``): removed when the uid is not live. The owner files also refresh the
+        (pod uid, container) -> directory map the metrics read.
+
+        Only names of those forms are touched; anything else in the directory is left alone. A
+        directory that vanishes meanwhile is fine; one that cannot be removed is logged and tried
+        again next time. Returns the removed paths. Call with the Allocate lock held (see the heartbeat).
         """
         live = {(p.get("metadata") or {}).get("uid") for p in pods} | set(self.arrivals.snapshot())
         live.discard(None)
@@ -353,8 +389,10 @@ class DevicePlugin:
         except OSError as e:
             log.warning("cannot list the cache directory %s: %s", root, e)
             return []
-        removed = []
+        removed = self._clean_alloc_dirs(names, live)
         for name in names:
+            if name.startswith(ALLOC_PREFIX):
+                continue
             uid, sep, ctr = name.partition("_")
             if not sep or not uid or not ctr or uid in live or cache_dir_name(uid, ctr) != name:
                 continue
@@ -371,6 +409,48 @@ class DevicePlugin:
             removed.append(path)
             log.info("removed the cache directory %s (pod %s no longer on this node)", path, uid)
         return removed
+
+    def _clean_alloc_dirs(self, names: list[str], live: set[Any]) -> list[str]:
+        root = self.opts.cache_host_dir
+        keys = {n[: -len(LIMITS_SUFFIX)] if n.endswith(LIMITS_SUFFIX) else n
+                for n in names if n.startswith(ALLOC_PREFIX)}
+        removed: list[str] = []
+        owners: dict[tuple[str, str], str] = {}
+        now = time.time()
+        for key in sorted(keys):
+            if len(key) != len(ALLOC_PREFIX) + 16 or any(c not in "0123456789abcdef" for c in key[len(ALLOC_PREFIX):]):
+                continue
+            owner = read_owner(root, key)
+            if owner is not None and owner[0] in live:
+                owners[owner] = key
+                continue
+            if owner is None:
+                try:
+                    age = now - os.stat(os.path.join(root, key + LIMITS_SUFFIX)).st_mtime
+                except OSError:
+                    age = float("inf")  # a cache directory without its limits directory
+                if age < self.opts.alloc_dir_grace_seconds:
+                    continue
+            for name in (key, key + LIMITS_SUFFIX):
+                path = os.path.join(root, name)
+                if os.path.islink(path) or not os.path.isdir(path):
+                    continue
+                try:
+                    shutil.rmtree(path)
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    log.warning("cannot remove the allocation directory %s: %s", path, e)
+                    continue
+                removed.append(path)
+                log.info("removed the allocation directory %s (%s)", path,
+                         f"pod {owner[0]} no longer on this node" if owner else "no container was identified for it")
+        self._owners = owners
+        return removed
+
+    def cache_dir_for(self, uid: str, container: str) -> str | None:
+        """The allocation directory name (``alloc-...``) of a pod's container, if known."""
+        return self._owners.get((uid, container))
 
     def allocated_by_gpu(self) -> dict[str, tuple[int, int, int]]:
         """Per GPU uuid: (MiB, cores percent, containers) booked by live pods on this node (last
@@ -431,8 +511,7 @@ class DevicePlugin:
             stub = api_pb2_grpc.RegistrationStub(ch)
             stub.Register(api_pb2.RegisterRequest(
                 version=API_VERSION, endpoint=PLUGIN_SOCKET, resource_name=self.names.gpu,
-                options=api_pb2.DevicePluginOptions(pre_start_required=False,
-                                                    get_preferred_allocation_available=True)),
+                options=plugin_options()),
                 timeout=self.opts.register_timeout)
         self.status.registered = True
         self.status.registrations += 1
@@ -495,35 +574,51 @@ class DevicePlugin:
         if isinstance(self.keys, KeyDir):
             self.keys.refresh()
 
-    def _candidates(self, pods: list[dict[str, Any]]) -> list[PendingContainer]:
+    def _candidates(self, pods: list[dict[str, Any]], held: dict[tuple[str, str], list[str]] | None = None
+                    ) -> list[PendingContainer]:
         """Pending containers in admission order (arrival order from the pod watch, demotions applied),
-        from what can be trusted of ``pods`` (refused pods included, see :func:`trusted_view`)."""
+        from what can be trusted of ``pods`` (refused pods included, see :func:`trusted_view`);
+        containers kubelet already holds devices for (``held``, from PodResources) are not pending."""
         self.arrivals.saw(pods)  # a listing can be ahead of the watch
         arrivals: dict[str, Arrival] = self.arrivals.snapshot()
         stale = self.opts.pending_stale_seconds
         views, refused = trusted_view(pods, self.opts.node_name, self.keys.current(), self._written)
+        if held:
+            views = with_held(views, held)
         return pending_containers(views, self.opts.node_name, self.names, arrivals=arrivals,
                                   now=self.arrivals.clock(), stale_after=stale if stale > 0 else None,
                                   refused=refused)
 
+    def _held(self) -> dict[tuple[str, str], list[str]]:
+        """(namespace, pod) -> containers kubelet holds our devices for (PodResources); empty when
+        kubelet cannot be asked (the preference is only a preference)."""
+        try:
+            listing = self.podresources.list(self.names.gpu)
+        except PodResourcesError as e:
+            log.debug("GetPreferredAllocation without PodResources: %s", e)
+            return {}
+        out: dict[tuple[str, str], list[str]] = {}
+        for h in listing:
+            out.setdefault((h.namespace, h.pod), []).append(h.container)
+        return out
+
     def preferred(self, req: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
         """GetPreferredAllocation: slots on the GPUs booked for the first pending container of that size
-        in admission order (see :func:`deviceplugin.podmatch.pending_containers`)."""
+        in admission order (see :func:`deviceplugin.podmatch.pending_containers`); containers kubelet
+        already holds devices for (PodResources) are skipped. Only a preference: PreStartContainer
+        checks what kubelet really chose."""
         with self._alloc_lock:
             return self._preferred_locked(req)
 
     def _preferred_locked(self, req: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
         self._refresh_keys()
         pods = self.kube.list_node_pods(self.opts.node_name)
-        cands = self._candidates(pods)
+        cands = self._candidates(pods, self._held())
         resp = api_pb2.PreferredAllocationResponse()
-        now = time.monotonic()
         for creq in req.container_requests:
             ids, target = preferred_allocation(list(creq.available_deviceIDs), list(creq.must_include_deviceIDs),
                                                int(creq.allocation_size), cands)
             if target is not None and len(ids) == creq.allocation_size:
-                self._preferred = {k: v for k, v in self._preferred.items() if now - v[1] < self.opts.preferred_ttl}
-                self._preferred[frozenset(ids)] = (target, now)
                 skipped = [c.key for c in cands if c.demoted and len(c.devices) == creq.allocation_size]
                 log.info("preferred %s for %s%s", ",".join(ids), target.key,
                          f" (demoted, not admitted by kubelet in order: {', '.join(skipped)})" if skipped else "")
@@ -531,41 +626,74 @@ class DevicePlugin:
         return resp
 
     def allocate(self, req: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
-        """Allocate: match each container request to a pending container, record it, answer env + mounts.
+        """Allocate: for each container request, the GPUs behind its device IDs, the shim, preload and
+        cache mounts, and the allocation's read-only limits directory holding the fail-closed
+        placeholder (:func:`deviceplugin.response.allocate_spec`). No API call and no guess about the
+        pod: its limits are written by :meth:`prestart`.
 
-        Raises MatchError (no or ambiguous match, no booking or 0 MiB booked, a pod without a trusted
-        allocation record), ValueError (device IDs not advertised, repeated, or two on one GPU) or the
-        API client's error (listing or patching pods).
+        Raises ValueError (device IDs not advertised, repeated, or two on one GPU) or OSError (the
+        directories or the placeholder cannot be written: the container must not start without them).
         """
         with self._alloc_lock:
-            self._refresh_keys()
-            pods = self.kube.list_node_pods(self.opts.node_name)
             resp = api_pb2.AllocateResponse()
             for creq in req.container_requests:
                 ids = list(creq.devices_ids)
                 self._check_ids(ids)
-                cands = self._candidates(pods)
-                pref = self._preferred.pop(frozenset(ids), None)
-                if pref is not None and time.monotonic() - pref[1] > self.opts.preferred_ttl:
-                    pref = None
-                pc = match(ids, cands, pref[0] if pref else None)
-                spec = container_spec(pc, shim_host_path=self.opts.shim_host_path,
-                                      cache_host_dir=self.opts.cache_host_dir)
-                unlimited = unlimited_devices(spec)
-                if unlimited:  # match() refuses 0 MiB bookings already; never let one through (KF-17)
-                    raise MatchError(f"pod {pc.namespace}/{pc.pod} container {pc.container} GPU "
-                                     f"{', '.join(unlimited)}: no positive memory limit (0 MiB booked or no "
-                                     f"booking); refusing to hand out an unlimited limit")
+                spec = allocate_spec(ids, shim_host_path=self.opts.shim_host_path,
+                                     cache_host_dir=self.opts.cache_host_dir)
                 self._prepare_mounts(spec)
-                self._record(pods, pc)
-                log.info("allocated %s (kubelet ids %s): %s", pc.describe(), ",".join(ids),
-                         " ".join(f"{k}={v}" for k, v in sorted(spec.envs.items())))
+                log.info("allocated %s as %s (limits pending until PreStartContainer)", ",".join(ids), alloc_key(ids))
                 resp.container_responses.append(_to_pb(spec))
-            self._pods = pods
             return resp
 
+    def prestart(self, req: api_pb2.PreStartContainerRequest) -> api_pb2.PreStartContainerResponse:
+        """PreStartContainer: identify the container holding ``req.devices_ids`` through kubelet's
+        PodResources API, check it against its pod's verified booking, write its limits file and record
+        the progress. Idempotent (a restarted container calls it again).
+
+        Raises MatchError (no or several holders, the pod not on this node or without a trusted record,
+        the container without a booking, GPUs other than the booked ones, 0 MiB), ValueError (device IDs
+        not advertised, repeated, two on one GPU; a booking the limits file cannot hold),
+        PodResourcesError (kubelet cannot be asked), OSError (files) or the API client's error.
+        """
+        ids = list(req.devices_ids)
+        with self._alloc_lock:
+            self._refresh_keys()
+            self._check_ids(ids)
+            found = holders_of(self.podresources.list(self.names.gpu), ids)
+            if len(found) != 1:
+                who = "no container" if not found else f"{len(found)} containers ({', '.join(h.key for h in found)})"
+                raise MatchError(f"kubelet's PodResources lists {who} holding exactly the device IDs "
+                                 f"{', '.join(sorted(ids))}; cannot tell which pod this container belongs to, "
+                                 f"so no limits are written and it does not start")
+            h = found[0]
+            pods = self.kube.list_node_pods(self.opts.node_name)
+            views, refused = trusted_view(pods, self.opts.node_name, self.keys.current(), self._written)
+            view = next((v for v in views if (v.get("metadata") or {}).get("namespace") == h.namespace
+                         and (v.get("metadata") or {}).get("name") == h.pod), None)
+            if view is None:
+                raise MatchError(f"pod {h.namespace}/{h.pod} (container {h.container}, device IDs "
+                                 f"{', '.join(sorted(ids))}) is not bound to this node in the API server")
+            uid = str((view.get("metadata") or {}).get("uid") or "")
+            pc = identified(view, h.container, self.opts.node_name, self.names, refused=refused.get(uid, ""))
+            check_assignment(pc, ids)
+            key = alloc_key(ids)
+            root = self.opts.cache_host_dir
+            cache = os.path.join(root, key)
+            os.makedirs(cache, exist_ok=True)
+            os.chmod(cache, 0o777)  # the container may run as any user
+            write_host_files(ContainerSpec(envs={}, mounts=(), files=prestart_files(pc, ids, cache_host_dir=root)))
+            self._owners[(uid, pc.container)] = key
+            first = pc.container not in _allocated(view)
+            if first:
+                self._record(pods, pc)
+            log.info("pre-started %s (kubelet ids %s, %s)%s", pc.describe(), ",".join(ids), key,
+                     "" if first else " again (container restart)")
+            self._pods = pods
+            return api_pb2.PreStartContainerResponse()
+
     def _record(self, pods: list[dict[str, Any]], pc: PendingContainer) -> None:
-        """Write (and remember) that ``pc`` was answered: allocated-containers, bind-phase and the
+        """Write (and remember) that ``pc`` was started: allocated-containers, bind-phase and the
         progress signature over both, tied to the pod's verified allocation signature."""
         sig = ""
         for pod in pods:
@@ -573,26 +701,32 @@ class DevicePlugin:
             if meta.get("uid") == pc.uid:
                 sig = str((meta.get("annotations") or {}).get(ANN_ALLOCATION_SIGNATURE) or "")
         done = list(pc.allocated) + [pc.container]
-        phase = BIND_SUCCESS if len(pc.remaining) <= 1 else BIND_ALLOCATING
+        phase = BIND_SUCCESS if all(n in done for n in pc.remaining) else BIND_ALLOCATING
         text = ",".join(done)
         ann: dict[str, str | None] = {
             ANN_ALLOCATED_CONTAINERS: text, ANN_BIND_PHASE: phase,
             ANN_PROGRESS_SIGNATURE: sign_progress(self.keys.current(), pc.uid, sig, phase, text)}
         self.kube.patch_pod_annotations(pc.namespace, pc.pod, ann)
         self._written[pc.uid] = Progress(sig, phase, tuple(done))
-        for pod in pods:  # keep the in-memory list in step for further requests in the same call
+        for pod in pods:  # keep the in-memory list in step
             meta = pod.get("metadata") or {}
             if meta.get("uid") == pc.uid and meta.get("name") == pc.pod:
                 meta["annotations"] = {**(meta.get("annotations") or {}),
                                        **{k: v for k, v in ann.items() if v is not None}}
 
     def _prepare_mounts(self, spec: ContainerSpec) -> None:
-        """Create the container's shared-cache directory and write its read-only limits file.
-        Raises OSError (the Allocate fails: a container must not start without its limits file)."""
+        """Create the allocation's shared-cache directory, drop a previous holder's owner file and write
+        the placeholder limits file. Raises OSError (the Allocate fails: a container must not start
+        without its limits directory)."""
         for m in spec.mounts:
             if not m.read_only and m.host_path.startswith(self.opts.cache_host_dir):
                 os.makedirs(m.host_path, exist_ok=True)
                 os.chmod(m.host_path, 0o777)  # the container may run as any user
+        for f in spec.files:
+            try:
+                os.unlink(os.path.join(os.path.dirname(f.host_path), OWNER_FILE))
+            except FileNotFoundError:
+                pass
         write_host_files(spec)
 
     def _write_preload_file(self) -> None:
@@ -616,6 +750,17 @@ class DevicePlugin:
             log.error("cannot write the preload file %s: %s; containers will not load the shim", path, e)
 
 
+def plugin_options() -> api_pb2.DevicePluginOptions:
+    """The options registered with kubelet and answered by GetDevicePluginOptions: PreStartContainer
+    required (the limits are written there) and GetPreferredAllocation available."""
+    return api_pb2.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)
+
+
+def _allocated(view: dict[str, Any]) -> tuple[str, ...]:
+    raw = str(((view.get("metadata") or {}).get("annotations") or {}).get(ANN_ALLOCATED_CONTAINERS, ""))
+    return tuple(n for n in (x.strip() for x in raw.split(",")) if n)
+
+
 def _to_pb(spec: ContainerSpec) -> api_pb2.ContainerAllocateResponse:
     return api_pb2.ContainerAllocateResponse(
         envs=spec.envs,
@@ -631,13 +776,13 @@ def _rpc_text(e: grpc.RpcError) -> str:
 
 class Servicer(api_pb2_grpc.DevicePluginServicer):
     """gRPC glue: maps errors to status codes (FAILED_PRECONDITION for match errors,
-    INVALID_ARGUMENT for unknown IDs, UNAVAILABLE for API server errors)."""
+    INVALID_ARGUMENT for unknown IDs, UNAVAILABLE for API server, PodResources or file errors)."""
 
     def __init__(self, plugin: DevicePlugin) -> None:
         self.p = plugin
 
     def GetDevicePluginOptions(self, request: Any, context: Any) -> api_pb2.DevicePluginOptions:
-        return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+        return plugin_options()
 
     def ListAndWatch(self, request: Any, context: Any) -> Iterator[api_pb2.ListAndWatchResponse]:
         yield from self.p.watch(context.is_active)
@@ -657,19 +802,26 @@ class Servicer(api_pb2_grpc.DevicePluginServicer):
     def Allocate(self, request: Any, context: Any) -> api_pb2.AllocateResponse:
         try:
             resp = self.p.allocate(request)
-        except MatchError as e:
-            self._fail(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except ValueError as e:
-            self._fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except Exception as e:  # noqa: BLE001 - API server or filesystem trouble
-            self._fail(context, grpc.StatusCode.UNAVAILABLE, f"allocate failed: {e}")
+            self._fail(context, "Allocate", grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Exception as e:  # noqa: BLE001 - filesystem trouble
+            self._fail(context, "Allocate", grpc.StatusCode.UNAVAILABLE, f"allocate failed: {e}")
         self.p.status.allocations["ok"] += 1
         return resp
 
-    def _fail(self, context: Any, code: grpc.StatusCode, msg: str) -> None:
-        self.p.status.allocations["error"] += 1
-        log.error("Allocate refused: %s", msg)
-        context.abort(code, msg)
-
     def PreStartContainer(self, request: Any, context: Any) -> api_pb2.PreStartContainerResponse:
-        return api_pb2.PreStartContainerResponse()
+        try:
+            resp = self.p.prestart(request)
+        except MatchError as e:
+            self._fail(context, "PreStartContainer", grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except ValueError as e:
+            self._fail(context, "PreStartContainer", grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Exception as e:  # noqa: BLE001 - PodResources, API server or filesystem trouble
+            self._fail(context, "PreStartContainer", grpc.StatusCode.UNAVAILABLE, f"pre-start failed: {e}")
+        self.p.status.prestarts["ok"] += 1
+        return resp
+
+    def _fail(self, context: Any, call: str, code: grpc.StatusCode, msg: str) -> None:
+        (self.p.status.allocations if call == "Allocate" else self.p.status.prestarts)["error"] += 1
+        log.error("%s refused: %s", call, msg)
+        context.abort(code, msg)

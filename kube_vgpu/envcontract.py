@@ -110,3 +110,18 @@ def limits_file(devices: Sequence[DeviceBooking], cache_path: str = CACHE_CONTAI
     if priority is not None:
         lines.append(f"priority={priority}")
     return "\n".join(lines) + "\n"
+
+
+#: value of the limits file's ``state`` key in the placeholder the device plugin writes at Allocate
+LIMITS_STATE_PENDING = "pending"
+
+
+def pending_limits_file() -> str:
+    """Contents of the placeholder limits file the device plugin writes at ``Allocate``, before it
+    knows which pod the container belongs to (docs/device-plugin.md): ``state=pending`` and no
+    devices. Every shim that reads limits files fails closed on it (no usable limits: every GPU
+    allocation is refused), so a container started without its real limits gets no GPU memory.
+    ``PreStartContainer`` replaces it with :func:`limits_file` once the pod is identified."""
+    return ("# kube-vgpu container limits: not written yet (the device plugin writes them when kubelet calls\n"
+            "# PreStartContainer and the pod is identified); until then every GPU allocation is refused\n"
+            f"version={LIMITS_FILE_VERSION}\nstate={LIMITS_STATE_PENDING}\ndevices=0\n")

@@ -197,6 +197,7 @@ schema = {
             "priorityClassName": {"type": "string"},
             "runtimeClassName": {"type": "string"},
             "pluginDir": HOSTDIR("kubelet's device-plugin directory"),
+            "podResourcesDir": HOSTDIR("kubelet's PodResources directory (mounted read-only)"),
             "shimHostDir": HOSTDIR("Host directory of the shim (mounted read-write)"),
             "shimImagePath": {"type": "string", "pattern": "^/.*\\.so$"},
             "cacheHostDir": HOSTDIR("Host directory of the shared accounting files (mounted read-write)"),

@@ -1,13 +1,14 @@
 #!/bin/sh
-# Regenerate the Python gRPC stubs for the kubelet device plugin API (v1beta1) from api.proto.
-# Needs grpcio-tools (`pip install grpcio-tools`, part of the `dev` extra). Run from anywhere:
+# Regenerate the Python gRPC stubs for the kubelet device plugin API (v1beta1, api.proto) and the
+# kubelet PodResources API (v1, podresources.proto). Needs grpcio-tools (`pip install grpcio-tools`,
+# part of the `dev` extra). Run from anywhere:
 #   deviceplugin/api/generate.sh [python]
 # Paths are given relative to the repository root so the generated modules import each other as
-# `deviceplugin.api.api_pb2`.
+# `deviceplugin.api.api_pb2` / `deviceplugin.api.podresources_pb2`.
 set -eu
 PY="${1:-${PYTHON:-python3}}"
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
 "$PY" -m grpc_tools.protoc -I . \
     --python_out=. --pyi_out=. --grpc_python_out=. \
-    deviceplugin/api/api.proto
+    deviceplugin/api/api.proto deviceplugin/api/podresources.proto

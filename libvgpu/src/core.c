@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -302,7 +303,8 @@ static void env_config(struct vgpu_config *c, int quiet)
  * "key=value" lines, '#' comments and blank lines ignored, unknown keys ignored, no key twice.
  * Required: version=1, devices=<1..16>, and per device i: uuid_<i>, memory_mib_<i> (> 0),
  * cores_<i> (0..100). Optional: shared_cache=<absolute path>, core_policy=default|disable,
- * disable_control=true|false, priority=0|1. */
+ * disable_control=true|false, priority=0|1. A "state" key other than "ready" (the device plugin's
+ * placeholder at Allocate says "pending") makes the file unusable. */
 struct limits_file {
     int version, ndev;
     uint64_t mem_mib[VGPU_MAX_DEV];
@@ -330,7 +332,22 @@ static int lf_uint(const char *key, const char *v, uint64_t max, uint64_t *out, 
     return 0;
 }
 
-/* Returns 0 when there is no file, 1 when it was read, -1 when it is present but unusable (err says why). */
+/* Whether the directory holding `path` exists (the device plugin mounted the container's limits
+ * directory: a missing file in it is not "no limits file" but "limits not written"). */
+static int limits_dir_exists(const char *path)
+{
+    char dir[512];
+    const char *slash = strrchr(path, '/');
+    if (!slash || (size_t)(slash - path) >= sizeof dir)
+        return 0;
+    memcpy(dir, path, (size_t)(slash - path));
+    dir[slash - path] = 0;
+    struct stat st;
+    return stat(dir[0] ? dir : "/", &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Returns 0 when there is no file (and no limits directory), 1 when it was read, -1 when it is present
+ * but unusable or the limits directory is mounted without it (err says why). */
 static int load_limits_file(const char *path, struct limits_file *L, char *err, size_t errlen)
 {
     memset(L, 0, sizeof *L);
@@ -339,6 +356,11 @@ static int load_limits_file(const char *path, struct limits_file *L, char *err, 
         L->cores[i] = -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
+        if (errno == ENOENT && limits_dir_exists(path)) {
+            snprintf(err, errlen, "absent, but its directory is mounted: the device plugin has not written this "
+                                  "container's limits");
+            return -1;
+        }
         if (errno == ENOENT || errno == ENOTDIR)
             return 0;
         snprintf(err, errlen, "cannot open it: %s", strerror(errno));
@@ -452,6 +474,12 @@ static int load_limits_file(const char *path, struct limits_file *L, char *err, 
                 return -1;
             }
             L->disable_control = !strcmp(v, "true");
+        } else if (!strcmp(key, "state")) {
+            if (strcmp(v, "ready")) {
+                snprintf(err, errlen, "state=%.30s: the device plugin has not written this container's limits yet "
+                                      "(kubelet's PreStartContainer has not run or was refused)", v);
+                return -1;
+            }
         } else if (!strcmp(key, "priority")) {
             if (strcmp(v, "0") && strcmp(v, "1")) {
                 snprintf(err, errlen, "priority=\"%.30s\": expected 0 or 1", v);

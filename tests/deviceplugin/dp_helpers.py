@@ -7,15 +7,16 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from deviceplugin.api import api_pb2, api_pb2_grpc
+from deviceplugin.api import api_pb2, api_pb2_grpc, podresources_pb2, podresources_pb2_grpc
 from kube_vgpu.codec import decode_allocation, encode_allocation
 from kube_vgpu.model import ContainerAllocation, DeviceBooking, PodAllocation
 from kube_vgpu.resources import (
@@ -84,10 +85,57 @@ class FakeGPUs:
 
 
 
+@dataclass
+class Admitted:
+    """One container as the fake kubelet admitted and started it: its device IDs, kubelet's stored
+    Allocate answer, and the PreStartContainer outcome (``error``/``code`` set when it failed and the
+    container did not start). ``limits``: the limits file the container would see (parsed key=value),
+    None when there is none."""
+
+    namespace: str
+    pod: str
+    container: str
+    ids: list[str]
+    response: api_pb2.ContainerAllocateResponse
+    started: bool = False
+    error: str | None = None
+    code: grpc.StatusCode | None = None
+
+    @property
+    def envs(self) -> dict[str, str]:
+        return dict(self.response.envs)
+
+    def mounts(self) -> dict[str, api_pb2.Mount]:
+        return {m.container_path: m for m in self.response.mounts}
+
+    @property
+    def limits(self) -> dict[str, str] | None:
+        return read_limits(self.response)
+
+
+def read_limits(resp: api_pb2.ContainerAllocateResponse) -> dict[str, str] | None:
+    """The limits file behind the container's read-only limits mount, parsed (``key=value`` lines,
+    comments dropped), or None when the answer has no limits mount or the file is absent."""
+    m = next((m for m in resp.mounts if m.container_path == "/usr/local/vgpu/limits"), None)
+    if m is None:
+        return None
+    try:
+        text = Path(m.host_path, "vgpu.limits").read_text()
+    except FileNotFoundError:
+        return None
+    return dict(ln.split("=", 1) for ln in text.splitlines() if ln and not ln.startswith("#"))
+
+
 class FakeKubelet:
-    """Plays kubelet's device manager: serves Registration on kubelet.sock; on Register connects to
-    the plugin's endpoint, asks for options and keeps the latest ListAndWatch list. Admits pods like
-    kubelet: per container GetPreferredAllocation (when there is a choice), then Allocate."""
+    """Plays kubelet's device manager and PodResources API.
+
+    Serves Registration on ``kubelet.sock``; on Register connects to the plugin's endpoint, asks for
+    options and keeps the latest ListAndWatch list. Serves ``v1.PodResourcesLister`` (List, Get) on
+    ``pod-resources.sock`` (:attr:`podresources_socket`) from what it allocated. Admits pods like
+    kubelet (:meth:`admit`): per container GetPreferredAllocation (when there is a choice), then
+    Allocate, the result recorded (PodResources now lists it); then starts the containers in order,
+    each after PreStartContainer when the plugin's options require it (:meth:`start_container`).
+    """
 
     def __init__(self, directory: str) -> None:
         self.dir = directory
@@ -98,13 +146,21 @@ class FakeKubelet:
         self.used: set[str] = set()
         self._cv = threading.Condition()
         self._server: grpc.Server | None = None
+        self._podres: grpc.Server | None = None
         self._channel: grpc.Channel | None = None
         self.stub: api_pb2_grpc.DevicePluginStub | None = None
         self.use_preferred = True
+        self.resource = "nvidia.com/gpu"
+        #: (namespace, pod) -> container -> Admitted, in admission order (what PodResources lists)
+        self.pods: dict[tuple[str, str], dict[str, Admitted]] = {}
 
     @property
     def socket(self) -> str:
         return os.path.join(self.dir, "kubelet.sock")
+
+    @property
+    def podresources_socket(self) -> str:
+        return os.path.join(self.dir, "pod-resources.sock")
 
     def start(self) -> None:
         kubelet = self
@@ -114,11 +170,35 @@ class FakeKubelet:
                 kubelet._on_register(request)
                 return api_pb2.Empty()
 
+        class Lister(podresources_pb2_grpc.PodResourcesListerServicer):
+            def List(self, request: Any, context: Any) -> podresources_pb2.ListPodResourcesResponse:
+                return podresources_pb2.ListPodResourcesResponse(pod_resources=kubelet._pod_resources())
+
+            def Get(self, request: Any, context: Any) -> podresources_pb2.GetPodResourcesResponse:
+                for pr in kubelet._pod_resources():
+                    if (pr.namespace, pr.name) == (request.pod_namespace, request.pod_name):
+                        return podresources_pb2.GetPodResourcesResponse(pod_resources=pr)
+                context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
+
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         api_pb2_grpc.add_RegistrationServicer_to_server(Reg(), server)
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
         self._server = server
+        if self._podres is None:
+            pr = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+            podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(Lister(), pr)
+            pr.add_insecure_port(f"unix://{self.podresources_socket}")
+            pr.start()
+            self._podres = pr
+
+    def _pod_resources(self) -> list[podresources_pb2.PodResources]:
+        with self._cv:
+            pods = {k: dict(v) for k, v in self.pods.items()}
+        return [podresources_pb2.PodResources(namespace=ns, name=name, containers=[
+            podresources_pb2.ContainerResources(name=c, devices=[podresources_pb2.ContainerDevices(
+                resource_name=self.resource, device_ids=a.ids)]) for c, a in ctrs.items()])
+            for (ns, name), ctrs in pods.items()]
 
     def _on_register(self, req: api_pb2.RegisterRequest) -> None:
         with self._cv:
@@ -151,13 +231,22 @@ class FakeKubelet:
         if self._server is not None:
             self._server.stop(0).wait()
             self._server = None
+        if self._podres is not None:
+            self._podres.stop(0).wait()
+            self._podres = None
 
     def restart(self) -> None:
         """Like a kubelet restart: the socket goes away, every plugin socket is removed, a new
-        kubelet.sock appears."""
-        self.stop()
+        kubelet.sock appears (the PodResources server and what it lists are kept: kubelet's
+        checkpoint)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self._server is not None:
+            self._server.stop(0).wait()
+            self._server = None
         for name in os.listdir(self.dir):
-            if name.endswith(".sock"):
+            if name.endswith(".sock") and name != "pod-resources.sock":
                 os.unlink(os.path.join(self.dir, name))
         time.sleep(0.05)
         self.start()
@@ -175,27 +264,69 @@ class FakeKubelet:
         with self._cv:
             return {d.ID: d.health for d in self.devices}
 
-    def admit(self, counts: list[int]) -> list[api_pb2.ContainerAllocateResponse]:
-        """Admit one pod whose GPU containers request ``counts`` slots each (spec order)."""
+    def choose(self, n: int) -> list[str]:
+        """The device IDs kubelet's device manager takes for a container of ``n`` devices: the plugin's
+        preference when there is a choice (and :attr:`use_preferred`), else the first free ones."""
         assert self.stub is not None
-        out = []
-        for n in counts:
-            with self._cv:
-                avail = sorted(d.ID for d in self.devices if d.health == "Healthy" and d.ID not in self.used)
-            if self.use_preferred and len(avail) > n:
-                pref = self.stub.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(container_requests=[
-                    api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=avail, allocation_size=n)]),
-                    timeout=5)
-                ids = list(pref.container_responses[0].deviceIDs)
-            else:
-                ids = avail[:n]
-            resp = self.stub.Allocate(api_pb2.AllocateRequest(container_requests=[
-                api_pb2.ContainerAllocateRequest(devices_ids=ids)]), timeout=10)
-            self.used.update(ids)
-            out.append(resp.container_responses[0])
+        with self._cv:
+            avail = sorted(d.ID for d in self.devices if d.health == "Healthy" and d.ID not in self.used)
+        if self.use_preferred and len(avail) > n:
+            pref = self.stub.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=avail, allocation_size=n)]),
+                timeout=5)
+            return list(pref.container_responses[0].deviceIDs)
+        return avail[:n]
+
+    def admit(self, pod: str, containers: Sequence[tuple[str, int | Sequence[str]]], *, namespace: str = "default",
+              start: bool = True) -> list[Admitted]:
+        """Admit pod ``namespace/pod`` whose GPU containers are ``containers`` (name, device count or
+        explicit device IDs), in kubelet's order (init containers first, then spec order).
+
+        For each container: device IDs (:meth:`choose`, or the given ones), Allocate, the answer
+        recorded (PodResources lists it from then on). An Allocate error fails the admission: the
+        pod's devices are released and the grpc.RpcError raised. Then, with ``start``, each
+        container is started in order (:meth:`start_container`); a failed PreStartContainer is
+        recorded on its :class:`Admitted` (the container does not start), not raised."""
+        assert self.stub is not None
+        key = (namespace, pod)
+        out: list[Admitted] = []
+        try:
+            for name, want in containers:
+                ids = self.choose(want) if isinstance(want, int) else list(want)
+                resp = self.stub.Allocate(api_pb2.AllocateRequest(container_requests=[
+                    api_pb2.ContainerAllocateRequest(devices_ids=ids)]), timeout=10)
+                a = Admitted(namespace, pod, name, ids, resp.container_responses[0])
+                with self._cv:
+                    self.used.update(ids)
+                    self.pods.setdefault(key, {})[name] = a
+                out.append(a)
+        except grpc.RpcError:
+            self.remove(pod, namespace=namespace)
+            raise
+        if start:
+            for a in out:
+                self.start_container(pod, a.container, namespace=namespace)
         return out
 
+    def start_container(self, pod: str, container: str, *, namespace: str = "default") -> Admitted:
+        """Start (or restart) an admitted container: PreStartContainer with its device IDs when the
+        plugin requires it. Returns its :class:`Admitted` with ``started``/``error`` updated."""
+        assert self.stub is not None
+        a = self.pods[(namespace, pod)][container]
+        if self.options is None or self.options.pre_start_required:
+            try:
+                self.stub.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=a.ids), timeout=10)
+            except grpc.RpcError as e:
+                a.started, a.error, a.code = False, e.details(), e.code()
+                return a
+        a.started, a.error, a.code = True, None, None
+        return a
 
+    def remove(self, pod: str, *, namespace: str = "default") -> None:
+        """The pod is gone: its devices are free again and PodResources no longer lists it."""
+        with self._cv:
+            for a in self.pods.pop((namespace, pod), {}).values():
+                self.used.difference_update(a.ids)
 
 
 NODE = "gpu-node-1"

@@ -1,5 +1,7 @@
-"""The device plugin end to end: a fake kubelet over the real v1beta1 gRPC protocol on unix sockets,
-NVML from the fake libnvidia-ml.so.1 (pynvml's real code path), the fake Kubernetes API."""
+"""The device plugin end to end: a fake kubelet over the real v1beta1 gRPC protocol on unix sockets
+(GetPreferredAllocation, Allocate, recorded, then PreStartContainer, with kubelet's PodResources API
+served from what it allocated), NVML from the fake libnvidia-ml.so.1 (pynvml's real code path), the
+fake Kubernetes API. Limits are read from the limits file the container would see."""
 
 from __future__ import annotations
 
@@ -20,11 +22,13 @@ import pytest
 from dp_helpers import (
     KEYS,
     NODE,
+    Admitted,
     FakeGPUs,
     FakeKubelet,
     bound_pod,
     create_signed,
     make_node,
+    read_limits,
     write_keys,
     write_region,
 )
@@ -34,6 +38,7 @@ from deviceplugin.api import api_pb2
 from deviceplugin.kube import ApiKubeClient
 from deviceplugin.metrics import HealthServer
 from deviceplugin.podmatch import ANN_ALLOCATED_CONTAINERS
+from deviceplugin.response import alloc_key
 from deviceplugin.server import DevicePlugin, Options
 from deviceplugin.shimcache import cache_path
 from kube_vgpu.codec import decode_inventory
@@ -66,7 +71,8 @@ def start_plugin(gpus: FakeGPUs, kubelet: FakeKubelet, kube_api: Any, sockdir: s
         timings: dict[str, Any] = {"heartbeat_seconds": 0.5, "watch_interval": 0.05, "health_poll_ms": 50,
                                    "probe_interval": 0.1, "recovery_seconds": 0.6}
         opts = Options(node_name=NODE, device_plugin_dir=sockdir, shim_host_path=str(shim),
-                       cache_host_dir=str(tmp_path / "containers"), **{**timings, **overrides})
+                       cache_host_dir=str(tmp_path / "containers"), pod_resources_socket=kubelet.podresources_socket,
+                       **{**timings, **overrides})
         p = DevicePlugin(cfg or config_from_dict({"devices": {"splitCount": 4}}), opts,
                          ApiKubeClient(api_client=kube_api.api_client()), keys=KEYS)
         p.start()
@@ -92,8 +98,24 @@ def inventory(kube_api: Any) -> Any:
         time.sleep(0.02)
 
 
-def envs(resp: api_pb2.ContainerAllocateResponse) -> dict[str, str]:
+def envs(resp: api_pb2.ContainerAllocateResponse | Admitted) -> dict[str, str]:
     return dict(resp.envs)
+
+
+def lim(a: Admitted) -> dict[str, str]:
+    """The container's limits file (it started: PreStartContainer succeeded)."""
+    assert a.started and a.error is None, a.error
+    got = a.limits
+    assert got is not None and got.get("state") is None, got
+    return got
+
+
+def mem(a: Admitted, i: int = 0) -> str:
+    return lim(a)[f"memory_mib_{i}"]
+
+
+def cores(a: Admitted, i: int = 0) -> str:
+    return lim(a)[f"cores_{i}"]
 
 
 def test_registers_and_advertises_slots_with_overrides(start_plugin: Callable[..., DevicePlugin],
@@ -103,8 +125,10 @@ def test_registers_and_advertises_slots_with_overrides(start_plugin: Callable[..
     start_plugin(cfg, GPUS)
     reg = kubelet.registrations[0]
     assert (reg.version, reg.endpoint, reg.resource_name) == ("v1beta1", "kube-vgpu.sock", "nvidia.com/gpu")
-    assert reg.options.get_preferred_allocation_available
+    assert reg.options.get_preferred_allocation_available and reg.options.pre_start_required
+    kubelet.wait(lambda k: k.options is not None, what="GetDevicePluginOptions")
     assert kubelet.options is not None and kubelet.options.get_preferred_allocation_available
+    assert kubelet.options.pre_start_required
     devs = {d.ID: d for d in kubelet.devices}
     # MIG GPU (U[2]) and the excluded one (U[3]) are not advertised; split 3 from the node override
     assert sorted(devs) == sorted(f"{u}::{k}" for u in U[:2] for k in range(3))
@@ -169,47 +193,67 @@ def test_two_pods_bound_at_once_get_their_own_limits(start_plugin: Callable[...,
     create_signed(kube_api, bound_pod("p2", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101))
     create_signed(kube_api, bound_pod("p3", [("c", False, [(U[1], 1000, 10), (U[0], 2000, 10)], {})],
                                              bind_time=102))
-    (r1,) = kubelet.admit([1])
-    (r2,) = kubelet.admit([1])
-    (r3,) = kubelet.admit([2])
-    assert envs(r1)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and envs(r1)["CUDA_DEVICE_SM_LIMIT"] == "30"
-    assert envs(r2)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m" and envs(r2)["CUDA_DEVICE_SM_LIMIT"] == "50"
+    (r1,) = kubelet.admit("p1", [("c", 1)])
+    (r2,) = kubelet.admit("p2", [("c", 1)])
+    (r3,) = kubelet.admit("p3", [("c", 2)])
+    assert (mem(r1), cores(r1), mem(r2), cores(r2)) == ("3000", "30", "5000", "50")
     assert envs(r1)["NVIDIA_VISIBLE_DEVICES"] == U[0] == envs(r2)["NVIDIA_VISIBLE_DEVICES"]
-    e3 = envs(r3)
-    assert e3["NVIDIA_VISIBLE_DEVICES"] == f"{U[1]},{U[0]}"
-    assert (e3["CUDA_DEVICE_MEMORY_LIMIT_0"], e3["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("1000m", "2000m")
+    # Allocate hands out no limit from a guess: only the GPUs behind the IDs
+    assert set(envs(r1)) == {"NVIDIA_VISIBLE_DEVICES"}
+    assert envs(r3)["NVIDIA_VISIBLE_DEVICES"] == f"{U[0]},{U[1]}"
+    l3 = lim(r3)  # the booking's order in the file (the shim maps GPUs by uuid)
+    assert (l3["uuid_0"], l3["memory_mib_0"], l3["uuid_1"], l3["memory_mib_1"]) == (U[1], "1000", U[0], "2000")
     for name in ("p1", "p2", "p3"):
         ann = kube_api.get_object("pods", name, "default")["metadata"]["annotations"]
         assert ann[ANN_BIND_PHASE] == "success" and ann[ANN_ALLOCATED_CONTAINERS] == "c"
-    mounts = {m.container_path: m for m in r1.mounts}
+    mounts = r1.mounts()
     assert mounts["/etc/ld.so.preload"].read_only and mounts["/usr/local/vgpu/libvgpu.so"].read_only
     cache = mounts["/usr/local/vgpu/cache"]
-    uid = kube_api.get_object("pods", "p1", "default")["metadata"]["uid"]
-    assert not cache.read_only and cache.host_path == str(tmp_path / "containers" / f"{uid}_c")
+    key = alloc_key(r1.ids)
+    assert not cache.read_only and cache.host_path == str(tmp_path / "containers" / key)
     assert os.path.isdir(cache.host_path)
-    # the read-only limits file every process of the container obeys, written before Allocate answers
-    lim = mounts["/usr/local/vgpu/limits"]
-    assert lim.read_only and lim.host_path == str(tmp_path / "containers" / f"{uid}_c.limits")
-    path = os.path.join(lim.host_path, "vgpu.limits")
+    # the read-only limits file every process of the container obeys, written at PreStartContainer
+    lm = mounts["/usr/local/vgpu/limits"]
+    assert lm.read_only and lm.host_path == str(tmp_path / "containers" / f"{key}.limits")
+    path = os.path.join(lm.host_path, "vgpu.limits")
     assert os.stat(path).st_mode & 0o777 == 0o444
     with open(path) as f:
         text = f.read()
-    assert text == limits_file([DeviceBooking(U[0], 3000, 30)], envs(r1)["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
+    assert text == limits_file([DeviceBooking(U[0], 3000, 30)], "/usr/local/vgpu/cache/vgpu.cache")
+    uid = kube_api.get_object("pods", "p1", "default")["metadata"]["uid"]
+    assert (Path(lm.host_path) / "owner").read_text() == f"{uid} c\n"
 
 
-def test_ambiguous_allocate_fails_with_clear_error(start_plugin: Callable[..., DevicePlugin],
-                                                   kubelet: FakeKubelet, kube_api: Any) -> None:
+def test_same_gpu_pods_without_preference_each_get_their_own_limits(start_plugin: Callable[..., DevicePlugin],
+                                                                    kubelet: FakeKubelet, kube_api: Any) -> None:
+    """Two pods booked on one GPU with different limits, kubelet without GetPreferredAllocation:
+    PreStartContainer names the pod exactly, so each gets its own limits (no ambiguity to refuse)."""
     start_plugin()
     create_signed(kube_api, bound_pod("p1", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
     create_signed(kube_api, bound_pod("p2", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101))
-    kubelet.use_preferred = False  # kubelet without GetPreferredAllocation: nothing tells the two apart
-    with pytest.raises(grpc.RpcError) as e:
-        kubelet.admit([1])
-    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "ambiguous" in (e.value.details() or "") and "default/p1/c" in (e.value.details() or "")
-    for name in ("p1", "p2"):  # nothing recorded for either
-        ann = kube_api.get_object("pods", name, "default")["metadata"]["annotations"]
-        assert ann[ANN_BIND_PHASE] == "allocating" and ANN_ALLOCATED_CONTAINERS not in ann
+    kubelet.use_preferred = False
+    (r2,) = kubelet.admit("p2", [("c", 1)])
+    (r1,) = kubelet.admit("p1", [("c", 1)])
+    assert (mem(r1), cores(r1), mem(r2), cores(r2)) == ("3000", "30", "5000", "50")
+
+
+def test_gpus_other_than_booked_fail_prestart_with_clear_error(start_plugin: Callable[..., DevicePlugin],
+                                                               kubelet: FakeKubelet, kube_api: Any) -> None:
+    """kubelet (no preference) gives the container a slot on GPU 0 while its pod is booked on GPU 1:
+    PreStartContainer refuses, naming pod, container, booked and assigned GPUs; the container keeps
+    the fail-closed placeholder and nothing is recorded."""
+    plugin = start_plugin()
+    create_signed(kube_api, bound_pod("p1", [("c", False, [(U[1], 3000, 30)], {})]))
+    kubelet.use_preferred = False
+    (a,) = kubelet.admit("p1", [("c", 1)])
+    assert not a.started and a.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert a.error is not None
+    assert "pod default/p1 container c" in a.error and f"assigned GPUs {U[0]}" in a.error
+    assert f"booked {U[1]}" in a.error
+    assert a.limits is not None and a.limits["state"] == "pending" and "memory_mib_0" not in a.limits
+    ann = kube_api.get_object("pods", "p1", "default")["metadata"]["annotations"]
+    assert ann[ANN_BIND_PHASE] == "allocating" and ANN_ALLOCATED_CONTAINERS not in ann
+    assert plugin.status.prestarts == {"ok": 0, "error": 1}
 
 
 def test_pod_deleted_before_allocate_does_not_hold_up_the_next(start_plugin: Callable[..., DevicePlugin],
@@ -218,8 +262,8 @@ def test_pod_deleted_before_allocate_does_not_hold_up_the_next(start_plugin: Cal
     create_signed(kube_api, bound_pod("gone", [("c", False, [(U[0], 7000, 70)], {})], bind_time=50))
     create_signed(kube_api, bound_pod("next", [("c", False, [(U[0], 2000, 20)], {})], bind_time=60))
     kube_api.delete_object("pods", "gone", "default")
-    (r,) = kubelet.admit([1])
-    assert envs(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+    (r,) = kubelet.admit("next", [("c", 1)])
+    assert mem(r) == "2000"
     assert kube_api.get_object("pods", "next", "default")["metadata"]["annotations"][ANN_BIND_PHASE] == "success"
 
 
@@ -228,9 +272,8 @@ def test_kf06_init_container_without_gpu(start_plugin: Callable[..., DevicePlugi
     start_plugin()
     create_signed(kube_api, bound_pod("kf06", [("setup", True, None, {}),
                                                       ("app", False, [(U[1], 4000, 0)], {})]))
-    (r,) = kubelet.admit([1])  # kubelet calls Allocate only for the app container
-    e = envs(r)
-    assert e["NVIDIA_VISIBLE_DEVICES"] == U[1] and e["CUDA_DEVICE_MEMORY_LIMIT_0"] == "4000m"
+    (r,) = kubelet.admit("kf06", [("app", 1)])  # kubelet calls Allocate only for the app container
+    assert envs(r)["NVIDIA_VISIBLE_DEVICES"] == U[1] and mem(r) == "4000"
     ann = kube_api.get_object("pods", "kf06", "default")["metadata"]["annotations"]
     assert ann[ANN_ALLOCATED_CONTAINERS] == "app" and ann[ANN_BIND_PHASE] == "success"
 
@@ -241,12 +284,12 @@ def test_gpu_init_and_app_containers_in_order(start_plugin: Callable[..., Device
     create_signed(kube_api, bound_pod("multi", [("init", True, [(U[0], 1000, 0)], {}),
                                                        ("app", False, [(U[1], 6000, 60)], {})]))
     create_signed(kube_api, bound_pod("other", [("c", False, [(U[0], 9000, 0)], {})], bind_time=2000))
-    ri, ra = kubelet.admit([1, 1])
-    assert envs(ri)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m" and envs(ra)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "6000m"
+    ri, ra = kubelet.admit("multi", [("init", 1), ("app", 1)])
+    assert (mem(ri), mem(ra)) == ("1000", "6000")
     ann = kube_api.get_object("pods", "multi", "default")["metadata"]["annotations"]
     assert ann[ANN_ALLOCATED_CONTAINERS] == "init,app" and ann[ANN_BIND_PHASE] == "success"
-    (ro,) = kubelet.admit([1])
-    assert envs(ro)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "9000m"
+    (ro,) = kubelet.admit("other", [("c", 1)])
+    assert mem(ro) == "9000"
 
 
 def test_disable_control_opt_out(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
@@ -254,9 +297,9 @@ def test_disable_control_opt_out(start_plugin: Callable[..., DevicePlugin], kube
     start_plugin()
     env = {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]}
     create_signed(kube_api, bound_pod("free", [("c", False, [(U[0], 3000, 30)], env)]))
-    (r,) = kubelet.admit([1])
-    assert envs(r)["NVIDIA_VISIBLE_DEVICES"] == U[0]
-    assert "CUDA_DEVICE_MEMORY_LIMIT_0" not in envs(r) and not r.mounts
+    (r,) = kubelet.admit("free", [("c", 1)])
+    assert envs(r) == {"NVIDIA_VISIBLE_DEVICES": U[0]}
+    assert lim(r)["disable_control"] == "true"  # the file says so: no enforcement
 
 
 def test_kubelet_restart_registers_again(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
@@ -268,8 +311,8 @@ def test_kubelet_restart_registers_again(start_plugin: Callable[..., DevicePlugi
     assert os.path.exists(plugin.socket_path)
     kubelet.wait(lambda k: k.updates >= 2, what="ListAndWatch on the new connection")
     create_signed(kube_api, bound_pod("after", [("c", False, [(U[1], 1234, 0)], {})]))
-    (r,) = kubelet.admit([1])
-    assert envs(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1234m"
+    (r,) = kubelet.admit("after", [("c", 1)])
+    assert mem(r) == "1234"
     assert plugin.status.registrations >= 2
 
 
@@ -308,13 +351,13 @@ def test_concurrent_binds_allocate_in_binding_order_not_bind_time(start_plugin: 
     _wait_seen(plugin, kube_api, "b")
     _bind(kube_api, "a")
     _wait_seen(plugin, kube_api, "a")
-    (rb,) = kubelet.admit([1])  # kubelet admits b (it saw b first)
-    assert envs(rb)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m" and envs(rb)["CUDA_DEVICE_SM_LIMIT"] == "50"
+    (rb,) = kubelet.admit("b", [("c", 1)])  # kubelet admits b (it saw b first)
+    assert (mem(rb), cores(rb)) == ("5000", "50")
     ann = kube_api.get_object("pods", "b", "default")["metadata"]["annotations"]
     assert ann[ANN_BIND_PHASE] == "success"
     assert kube_api.get_object("pods", "a", "default")["metadata"]["annotations"][ANN_BIND_PHASE] == "allocating"
-    (ra,) = kubelet.admit([1])
-    assert envs(ra)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and envs(ra)["CUDA_DEVICE_SM_LIMIT"] == "30"
+    (ra,) = kubelet.admit("a", [("c", 1)])
+    assert (mem(ra), cores(ra)) == ("3000", "30")
     assert kube_api.errors == []
 
 
@@ -336,8 +379,8 @@ def test_pod_watch_recovers_from_expired_watch(start_plugin: Callable[..., Devic
     uid = {n: kube_api.get_object("pods", n, "default")["metadata"]["uid"] for n in ("a", "b")}
     assert snap[uid["b"]].seq is not None and snap[uid["a"]].seq is not None
     assert snap[uid["b"]].seq < snap[uid["a"]].seq
-    (rb,) = kubelet.admit([1])
-    assert envs(rb)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m"
+    (rb,) = kubelet.admit("b", [("c", 1)])
+    assert mem(rb) == "5000"
     assert plugin.alive()
 
 
@@ -352,12 +395,12 @@ def test_pod_kubelet_skipped_does_not_steal_the_preference(start_plugin: Callabl
     create_signed(kube_api, bound_pod("two", [("c", False, [(U[0], 1000, 10), (U[1], 1000, 10)], {})],
                                              bind_time=101))
     _wait_seen(plugin, kube_api, "two")
-    (r2,) = kubelet.admit([2])
+    (r2,) = kubelet.admit("two", [("c", 2)])
     assert envs(r2)["NVIDIA_VISIBLE_DEVICES"] == f"{U[0]},{U[1]}"
     create_signed(kube_api, bound_pod("one", [("c", False, [(U[0], 5000, 50)], {})], bind_time=102))
     _wait_seen(plugin, kube_api, "one")
-    (r1,) = kubelet.admit([1])
-    assert envs(r1)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m" and envs(r1)["CUDA_DEVICE_SM_LIMIT"] == "50"
+    (r1,) = kubelet.admit("one", [("c", 1)])
+    assert (mem(r1), cores(r1)) == ("5000", "50")
     assert kube_api.get_object("pods", "one", "default")["metadata"]["annotations"][ANN_BIND_PHASE] == "success"
     assert kube_api.get_object("pods", "stuck", "default")["metadata"]["annotations"][ANN_BIND_PHASE] == "allocating"
 
@@ -371,8 +414,8 @@ def test_pod_pending_past_the_staleness_period_does_not_steal_the_preference(
     time.sleep(0.5)
     create_signed(kube_api, bound_pod("fresh", [("c", False, [(U[0], 5000, 50)], {})], bind_time=101))
     _wait_seen(plugin, kube_api, "fresh")
-    (r,) = kubelet.admit([1])
-    assert envs(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m"
+    (r,) = kubelet.admit("fresh", [("c", 1)])
+    assert mem(r) == "5000"
     assert kube_api.get_object("pods", "fresh", "default")["metadata"]["annotations"][ANN_BIND_PHASE] == "success"
 
 
@@ -397,7 +440,8 @@ def test_health_endpoints_and_metrics(start_plugin: Callable[..., DevicePlugin],
             assert time.time() < deadline, _get(base + "/readyz")
             time.sleep(0.05)
         create_signed(kube_api, bound_pod("m", [("c", False, [(U[0], 3000, 30)], {})]))
-        kubelet.admit([1])
+        (a,) = kubelet.admit("m", [("c", 1)])
+        assert a.started
         code, text = _get(base + "/metrics")
         assert code == 200
         samples = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
@@ -412,9 +456,11 @@ def test_health_endpoints_and_metrics(start_plugin: Callable[..., DevicePlugin],
         assert ("kube_vgpu_gpu_utilization_percent", lab) in samples
         assert samples[("kube_vgpu_gpu_healthy", lab)] == 1
         assert samples[("kube_vgpu_device_plugin_allocations_total", (("result", "ok"),))] == 1
+        assert samples[("kube_vgpu_device_plugin_prestarts_total", (("result", "ok"),))] == 1
         # per-container usage appears once the shim's cache file exists
         uid = kube_api.get_object("pods", "m", "default")["metadata"]["uid"]
-        write_region(Path(cache_path(plugin.opts.cache_host_dir, uid, "c")), {0: 700 * 1024 * 1024})
+        assert plugin.cache_dir_for(uid, "c") == alloc_key(a.ids)
+        write_region(Path(cache_path(plugin.opts.cache_host_dir, uid, "c", alloc_key(a.ids))), {0: 700 * 1024 * 1024})
         samples = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
                    for fam in text_string_to_metric_families(_get(base + "/metrics")[1]) for smp in fam.samples}
         clab = tuple(sorted({"namespace": "default", "pod": "m", "container": "c", "vdevice_index": "0",
@@ -473,17 +519,18 @@ def _refused(kubelet: FakeKubelet, *ids: str) -> grpc.RpcError:
 
 def test_zero_mib_booking_is_refused_over_grpc(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
                                                kube_api: Any) -> None:
-    """KF-17: 0 MiB would become CUDA_DEVICE_MEMORY_LIMIT_0=0m, which the shim reads as no limit."""
+    """KF-17: 0 MiB would be a limit of 0, which older shims read as no limit: PreStart refuses."""
     plugin = start_plugin()
     create_signed(kube_api, bound_pod("zero", [("c", False, [(U[0], 0, 30)], {})]))
-    err = _refused(kubelet, f"{U[0]}::0")
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
-    details = err.details() or ""
+    (a,) = kubelet.admit("zero", [("c", [f"{U[0]}::0"])])
+    assert not a.started and a.code == grpc.StatusCode.FAILED_PRECONDITION
+    details = a.error or ""
     assert "default/zero" in details and "container c" in details and U[0] in details
     assert "0 MiB booked; refusing to hand out an unlimited limit" in details
+    assert a.limits is not None and a.limits["state"] == "pending"
     ann = kube_api.get_object("pods", "zero", "default")["metadata"]["annotations"]
     assert ann[ANN_BIND_PHASE] == "allocating" and ANN_ALLOCATED_CONTAINERS not in ann
-    assert plugin.status.allocations == {"ok": 0, "error": 1}
+    assert plugin.status.prestarts == {"ok": 0, "error": 1}
 
 
 def test_gpu_container_without_booking_is_refused_over_grpc(start_plugin: Callable[..., DevicePlugin],
@@ -492,12 +539,14 @@ def test_gpu_container_without_booking_is_refused_over_grpc(start_plugin: Callab
     gpu1 = {"resources": {"limits": {"nvidia.com/gpu": "1"}}}
     create_signed(kube_api, bound_pod("nobook", [("first", False, None, gpu1),
                                                         ("second", False, [(U[1], 3000, 30)], {})]))
-    err = _refused(kubelet, f"{U[1]}::0")  # kubelet asks for "first" (spec order)
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "default/nobook container first" in (err.details() or "")
-    assert "refusing to hand out an unlimited limit" in (err.details() or "")
+    first, second = kubelet.admit("nobook", [("first", [f"{U[1]}::0"]), ("second", [f"{U[1]}::1"])])
+    assert not first.started and first.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "pod default/nobook container first" in (first.error or "")
+    assert "refusing to hand out an unlimited limit" in (first.error or "")
+    assert first.limits is not None and first.limits["state"] == "pending"  # not "second"'s limits
+    assert mem(second) == "3000"
     ann = kube_api.get_object("pods", "nobook", "default")["metadata"]["annotations"]
-    assert ANN_ALLOCATED_CONTAINERS not in ann  # "second"'s limits were not handed to "first"
+    assert ann[ANN_ALLOCATED_CONTAINERS] == "second" and ann[ANN_BIND_PHASE] == "allocating"
 
 
 def test_allocate_rejects_ids_never_advertised(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
@@ -511,8 +560,9 @@ def test_allocate_rejects_ids_never_advertised(start_plugin: Callable[..., Devic
         assert repr(dev) in (err.details() or "") and "not advertised" in (err.details() or ""), dev
     ann = kube_api.get_object("pods", "p", "default")["metadata"]["annotations"]
     assert ANN_ALLOCATED_CONTAINERS not in ann
-    r = _allocate(kubelet, f"{U[0]}::3")  # an advertised ID still works
-    assert envs(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    r = _allocate(kubelet, f"{U[0]}::3")  # an advertised ID still works (limits follow at PreStart)
+    assert envs(r) == {"NVIDIA_VISIBLE_DEVICES": U[0]}
+    assert read_limits(r) == {"version": "1", "state": "pending", "devices": "0"}
 
 
 def test_allocate_rejects_duplicate_ids_and_two_slots_of_one_gpu(start_plugin: Callable[..., DevicePlugin],
@@ -538,8 +588,8 @@ def test_disable_control_accepts_1_and_any_case(start_plugin: Callable[..., Devi
         env = {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": value}]}
         create_signed(kube_api, bound_pod(f"free{i}", [("c", False, [(U[0], 3000, 30)], env)],
                                                  bind_time=100 + i))
-        (r,) = kubelet.admit([1])
-        assert envs(r) == {"NVIDIA_VISIBLE_DEVICES": U[0], "CUDA_DISABLE_CONTROL": "true"} and not r.mounts, value
+        (r,) = kubelet.admit(f"free{i}", [("c", 1)])
+        assert envs(r) == {"NVIDIA_VISIBLE_DEVICES": U[0]} and lim(r)["disable_control"] == "true", value
 
 
 def _wait_for(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
@@ -555,22 +605,34 @@ def test_cache_dirs_of_gone_pods_are_removed(start_plugin: Callable[..., DeviceP
     root = tmp_path / "containers"
     create_signed(kube_api, bound_pod("keep", [("c", False, [(U[0], 1000, 10)], {})], bind_time=1))
     create_signed(kube_api, bound_pod("gone", [("c", False, [(U[1], 1000, 10)], {})], bind_time=2))
-    kubelet.admit([1])
-    kubelet.admit([1])
-    uid = {n: kube_api.get_object("pods", n, "default")["metadata"]["uid"] for n in ("keep", "gone")}
-    keep, gone = root / f"{uid['keep']}_c", root / f"{uid['gone']}_c"
+    (ak,) = kubelet.admit("keep", [("c", 1)])
+    (ag,) = kubelet.admit("gone", [("c", 1)])
+    keep, gone = root / alloc_key(ak.ids), root / alloc_key(ag.ids)
+    keep_l, gone_l = root / f"{alloc_key(ak.ids)}.limits", root / f"{alloc_key(ag.ids)}.limits"
     write_region(gone / "vgpu.cache", {0: 1})
     stale = root / "0d3c7f4e-0000-4000-8000-000000000000_app"  # a pod deleted while the plugin was down
     (stale / "sub").mkdir(parents=True)
     (stale / "sub" / "f").write_text("x")
+    # an allocation no container was identified for (PreStart never came): kept within the grace period
+    # (here: the default hour), removed once older
+    orphan = _allocate(kubelet, f"{U[1]}::3")
+    orphan_dir = Path(next(m.host_path for m in orphan.mounts if m.container_path == "/usr/local/vgpu/cache"))
+    old_orphan = root / "alloc-00000000000000aa"
+    (root / "alloc-00000000000000aa.limits").mkdir()
+    old_orphan.mkdir()
+    past = time.time() - 7200
+    os.utime(root / "alloc-00000000000000aa.limits", (past, past))
     foreign = root / "not-a-cache-dir"
     foreign.mkdir()
+    (root / "alloc-not-hex").mkdir()
     (root / "stray_file").write_text("x")
-    _wait_for(lambda: not stale.exists(), "the stale directory to be removed")
-    assert keep.is_dir() and gone.is_dir()  # both pods still exist
+    _wait_for(lambda: not stale.exists() and not old_orphan.exists(), "the stale directories to be removed")
+    assert keep.is_dir() and gone.is_dir() and keep_l.is_dir() and gone_l.is_dir()  # both pods still exist
+    assert orphan_dir.is_dir()
     kube_api.delete_object("pods", "gone", "default")
-    _wait_for(lambda: not gone.exists(), "the deleted pod's directory to be removed")
+    _wait_for(lambda: not gone.exists() and not gone_l.exists(), "the deleted pod's directories to be removed")
     time.sleep(0.7)  # more heartbeats
+    assert keep.is_dir() and keep_l.is_dir() and orphan_dir.is_dir() and (root / "alloc-not-hex").is_dir()
     assert keep.is_dir() and foreign.is_dir() and (root / "stray_file").exists()
     assert plugin.alive()
 

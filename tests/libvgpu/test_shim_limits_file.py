@@ -152,7 +152,8 @@ def test_admin_core_policy_disable_in_file(tc_limits: Toolchain, tmp_path: Path)
     ("version=1\ndevices=1\nuuid_0=GPU-a\nmemory_mib_0=1024\nmemory_mib_0=99999\ncores_0=0\n", "twice"),
     ("\x00\xff garbage", "key=value"),
     ("", "version=0"),
-], ids=["version", "zero", "suffix", "missing", "repeat", "garbage", "empty"])
+    (envcontract.pending_limits_file(), "state=pending"),
+], ids=["version", "zero", "suffix", "missing", "repeat", "garbage", "empty", "pending-placeholder"])
 def test_unusable_file_fails_closed(tc_limits: Toolchain, tmp_path: Path, content: str, reason: str) -> None:
     path = limits_path(tc_limits)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,6 +166,26 @@ def test_unusable_file_fails_closed(tc_limits: Toolchain, tmp_path: Path, conten
         assert len(warns) == 1 and reason in warns[0], proc.stderr
     finally:
         path.unlink(missing_ok=True)
+
+
+def test_mounted_limits_directory_without_the_file_fails_closed(tc_limits: Toolchain) -> None:
+    """The device plugin mounts the limits directory at Allocate and writes the file at
+    PreStartContainer: a container whose directory holds no file (PreStart never ran) must not fall
+    back to its environment (which the tenant controls)."""
+    path = limits_path(tc_limits)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    try:
+        proc = run(tc_limits, "direct", "basic", CUDA_DEVICE_MEMORY_LIMIT_0="64g")
+        assert rc_usage(parse(proc.stdout)["alloc512"]) == (2, 0), proc.stderr
+        warns = [ln for ln in proc.stderr.splitlines() if "failing closed" in ln]
+        assert len(warns) == 1 and "its directory is mounted" in warns[0], proc.stderr
+    finally:
+        path.parent.rmdir()
+    # without the directory (the shim used outside Kubernetes) the environment is read as before
+    proc = run(tc_limits, "direct", "basic", CUDA_DEVICE_MEMORY_LIMIT_0="1g")
+    assert rc_usage(parse(proc.stdout)["alloc512"]) == (0, 512 * MIB), proc.stderr
+    assert "failing closed" not in proc.stderr
 
 
 # ------------------------------------------------------------------ the writer (device plugin side)

@@ -1,13 +1,14 @@
 # ruff: noqa: F811 - fixtures imported from the device plugin tests are parameters here
-"""What the device plugin's Allocate trusts, under a hostile tenant. Each attack is played over the
-real protocols: the real extender binds over HTTP and signs, the real device plugin answers the fake
-kubelet over v1beta1 gRPC (NVML from the fake libnvidia-ml), both against the in-process fake
-kube-apiserver over HTTP.
+"""What the device plugin trusts, under a hostile tenant. Each attack is played over the real
+protocols: the real extender binds over HTTP and signs, the real device plugin answers the fake
+kubelet over v1beta1 gRPC (Allocate, then PreStartContainer with kubelet's PodResources API naming the
+pod; NVML from the fake libnvidia-ml), both against the in-process fake kube-apiserver over HTTP.
 
-Allocate serves only a pod bound to its node whose allocation record the extender signed (uid, node,
-bind time, exact record); anything else is refused with a message naming the pod and the reason, and
-never gets another pod's limits. Progress (bind-phase, allocated-containers) counts only when the
-plugin's own progress signature verifies, else its in-memory record."""
+PreStartContainer writes limits only for a pod bound to its node whose allocation record the extender
+signed (uid, node, bind time, exact record); anything else is refused with a message naming the pod
+and the reason (the container does not start and keeps the fail-closed placeholder), and never gets
+another pod's limits. Progress (bind-phase, allocated-containers) counts only when the plugin's own
+progress signature verifies, else its in-memory record."""
 
 from __future__ import annotations
 
@@ -78,17 +79,22 @@ def _pod(name: str, mem: int, cores: int = 0) -> dict[str, Any]:
     return pod_obj(name, limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem, "nvidia.com/gpucores": cores})
 
 
-async def _admit(kubelet: FakeKubelet, n: int = 1) -> dict[str, str]:
-    """kubelet admits the next pod (one container of ``n`` GPUs): its env, or raises grpc.RpcError."""
-    (resp,) = await asyncio.to_thread(kubelet.admit, [n])
-    return dict(resp.envs)
+async def _admit(kubelet: FakeKubelet, pod: str, n: int = 1) -> dict[str, str]:
+    """kubelet admits and starts ``pod`` (one container ``c`` of ``n`` GPUs): the limits file the
+    container sees (PreStartContainer succeeded)."""
+    (a,) = await asyncio.to_thread(kubelet.admit, pod, [("c", n)])
+    assert a.started and a.error is None, a.error
+    assert a.limits is not None and "state" not in a.limits, a.limits
+    return a.limits
 
 
-async def _refused(kubelet: FakeKubelet) -> str:
-    with pytest.raises(grpc.RpcError) as e:
-        await _admit(kubelet)
-    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    return str(e.value.details())
+async def _refused(kubelet: FakeKubelet, pod: str) -> str:
+    """kubelet admits ``pod``; PreStartContainer refuses it: the message. The container keeps the
+    fail-closed placeholder (no limits of anyone's)."""
+    (a,) = await asyncio.to_thread(kubelet.admit, pod, [("c", 1)])
+    assert not a.started and a.code == grpc.StatusCode.FAILED_PRECONDITION, a
+    assert a.limits is not None and a.limits.get("state") == "pending" and "memory_mib_0" not in a.limits
+    return str(a.error)
 
 
 def _ann(fake: FakeKubeAPI, name: str) -> dict[str, str]:
@@ -127,7 +133,7 @@ def test_tenant_edit_to_24000_mib_after_bind_is_refused(cluster: DevicePlugin, k
                 DeviceBooking(uuid, 24000, 100),)),), 1.0))
             fake.patch_object("pods", "t", {"metadata": {"annotations": {ANN_ALLOCATION: edited}}}, "default")
             await asyncio.to_thread(_wait_seen, cluster, fake, "t")
-            why = await _refused(kubelet)
+            why = await _refused(kubelet, "t")
             assert "default/t" in why and "allocation signature invalid" in why and "24000" not in why
             assert _booked(ext) == {"default/t": 1000}
             assert ANN_ALLOCATED_CONTAINERS not in _ann(fake, "t")
@@ -153,12 +159,13 @@ def test_preset_node_name_with_a_forged_record_is_refused_and_takes_nothing(clus
             await asyncio.to_thread(_wait_seen, cluster, fake, "squat")
             assert await bind(ext, legit, NODE) == ""
             await asyncio.to_thread(_wait_seen, cluster, fake, "legit")
-            why = await _refused(kubelet)  # kubelet admits squat first (it was bound first)
+            why = await _refused(kubelet, "squat")  # kubelet admits squat first (it was bound first)
             assert "pod default/squat container c: allocation signature missing" in why
-            assert "did not place on this node" in why
-            fake.set_pod_phase("squat", "Failed", reason="UnexpectedAdmissionError")  # kubelet rejects it
-            env = await _admit(kubelet)
-            assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and env["CUDA_DEVICE_SM_LIMIT"] == "30"
+            assert "did not place this pod on this node" in why
+            fake.set_pod_phase("squat", "Failed", reason="UnexpectedAdmissionError")
+            kubelet.remove("squat")
+            lim = await _admit(kubelet, "legit")
+            assert (lim["memory_mib_0"], lim["cores_0"]) == ("3000", "30")
             assert _booked(ext) == {"default/legit": 3000}
     run(go, 60)
 
@@ -183,10 +190,10 @@ def test_tenant_written_success_does_not_take_another_pods_limits(cluster: Devic
             for forged in ({ANN_BIND_PHASE: BIND_SUCCESS, ANN_ALLOCATED_CONTAINERS: "c"},
                            {ANN_PROGRESS_SIGNATURE: "v1:test-1:" + "A" * 43}):
                 fake.patch_object("pods", "tenant", {"metadata": {"annotations": forged}}, "default")
-            env = await _admit(kubelet)  # kubelet admits the tenant's pod (bound first)
-            assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m" and env["CUDA_DEVICE_SM_LIMIT"] == "10"
-            env = await _admit(kubelet)
-            assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m" and env["CUDA_DEVICE_SM_LIMIT"] == "50"
+            lim = await _admit(kubelet, "tenant")  # kubelet admits the tenant's pod (bound first)
+            assert (lim["memory_mib_0"], lim["cores_0"]) == ("1000", "10")
+            lim = await _admit(kubelet, "victim")
+            assert (lim["memory_mib_0"], lim["cores_0"]) == ("5000", "50")
             for name in ("tenant", "victim"):  # what the plugin wrote is signed, and the extender trusts it
                 ann = _ann(fake, name)
                 assert ann[ANN_BIND_PHASE] == BIND_SUCCESS and ann[ANN_ALLOCATED_CONTAINERS] == "c"
@@ -214,19 +221,13 @@ def test_replaying_a_victims_signed_record_on_a_preset_node_pod_is_refused(clust
                                                                     ANN_BIND_TIME, ANN_BIND_PHASE)}))
             # the copy is seen before the victim (the plugin started listing after the victim's bind)
             await asyncio.to_thread(_wait_seen, cluster, fake, "copy", "victim")
-            envs: dict[str, dict[str, str]] = {}
-            errors = []
-            for _ in range(2):
-                try:
-                    env = await _admit(kubelet)
-                except grpc.RpcError as e:
-                    errors.append(str(e.details()))
-                    fake.set_pod_phase("copy", "Failed", reason="UnexpectedAdmissionError")
-                    continue
-                envs["victim"] = env
-            assert len(errors) == 1 and "pod default/copy container c: allocation signature invalid" in errors[0]
-            assert "copied from another pod" in errors[0]
-            assert envs["victim"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m"
+            why = await _refused(kubelet, "copy")
+            assert "pod default/copy container c: allocation signature invalid" in why
+            assert "copied from another pod" in why
+            fake.set_pod_phase("copy", "Failed", reason="CreateContainerError")
+            kubelet.remove("copy")
+            lim = await _admit(kubelet, "victim")
+            assert lim["memory_mib_0"] == "5000"
             assert _booked(ext) == {"default/victim": 5000}
     run(go, 60)
 
@@ -248,8 +249,8 @@ def test_the_extender_trusts_the_plugins_signed_progress_and_stripped_progress_c
             assert await bind(ext, a, NODE) == ""
             await asyncio.to_thread(_wait_seen, cluster, fake, "a")
             assert "default/a" in cache.allocating.get(NODE, {})
-            env = await _admit(kubelet)
-            assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+            lim = await _admit(kubelet, "a")
+            assert lim["memory_mib_0"] == "2000"
             await eventually(lambda: "default/a" not in cache.allocating.get(NODE, {}))
             fake.patch_object("pods", "a", {"metadata": {"annotations": {
                 ANN_BIND_PHASE: None, ANN_ALLOCATED_CONTAINERS: None, ANN_PROGRESS_SIGNATURE: None}}}, "default")
@@ -265,8 +266,8 @@ def test_the_extender_trusts_the_plugins_signed_progress_and_stripped_progress_c
             await _ready(ext)
             assert await bind(ext, b, NODE) == ""
             await asyncio.to_thread(_wait_seen, cluster, fake, "b")
-            env = await _admit(kubelet)
-            assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "7000m" and env["CUDA_DEVICE_SM_LIMIT"] == "70"
+            lim = await _admit(kubelet, "b")
+            assert (lim["memory_mib_0"], lim["cores_0"]) == ("7000", "70")
     run(go, 60)
 
 
