@@ -69,10 +69,10 @@ def start_plugin(gpus: FakeGPUs, kubelet: FakeKubelet, kube_api: Any, sockdir: s
         shim.parent.mkdir(exist_ok=True)
         shim.write_bytes(b"\x7fELF")
         timings: dict[str, Any] = {"heartbeat_seconds": 0.5, "watch_interval": 0.05, "health_poll_ms": 50,
-                                   "probe_interval": 0.1, "recovery_seconds": 0.6}
+                                   "probe_interval": 0.1, "recovery_seconds": 0.6,
+                                   "pod_resources_socket": kubelet.podresources_socket}
         opts = Options(node_name=NODE, device_plugin_dir=sockdir, shim_host_path=str(shim),
-                       cache_host_dir=str(tmp_path / "containers"), pod_resources_socket=kubelet.podresources_socket,
-                       **{**timings, **overrides})
+                       cache_host_dir=str(tmp_path / "containers"), **{**timings, **overrides})
         p = DevicePlugin(cfg or config_from_dict({"devices": {"splitCount": 4}}), opts,
                          ApiKubeClient(api_client=kube_api.api_client()), keys=KEYS)
         p.start()
@@ -672,3 +672,102 @@ def test_cache_cleanup_tolerates_errors_and_never_removes_live_pods(start_plugin
     monkeypatch.setattr(server.shutil, "rmtree", real)
     assert plugin.clean_cache_dirs(pods) == [str(a)]
     assert live.is_dir()
+
+
+# ------------------------------------------------------------------ exact identification at PreStartContainer
+
+def test_kubelet_admitting_out_of_bind_order_never_hands_out_another_pods_limits(
+        start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet, kube_api: Any) -> None:
+    """Six pods bound in the order p0..p5 (the arrival order GetPreferredAllocation guesses by),
+    each with its own limits, some sharing a GPU; kubelet admits them in another order. Every
+    container either starts with exactly its own pod's limits, or (kubelet took GPUs the guess meant
+    for another pod) does not start, with an error naming its pod, booked and assigned GPUs."""
+    plugin = start_plugin()
+    book = {"p0": (U[0], 1000, 10), "p1": (U[1], 2000, 20), "p2": (U[0], 3000, 30),
+            "p3": (U[1], 4000, 40), "p4": (U[0], 5000, 50), "p5": (U[1], 6000, 60)}
+    for i, (name, b) in enumerate(book.items()):
+        create_signed(kube_api, _unbound(bound_pod(name, [("c", False, [b], {})], bind_time=100 + i)))
+        _bind(kube_api, name)
+        _wait_seen(plugin, kube_api, name)
+    order = ["p3", "p0", "p5", "p4", "p1", "p2"]
+    got = {name: kubelet.admit(name, [("c", 1)])[0] for name in order}
+    started = {n for n, a in got.items() if a.started}
+    for name, a in got.items():
+        uuid, mib, pct = book[name]
+        if a.started:
+            lm = lim(a)
+            assert (lm["uuid_0"], lm["memory_mib_0"], lm["cores_0"]) == (uuid, str(mib), str(pct)), name
+            assert envs(a)["NVIDIA_VISIBLE_DEVICES"] == uuid
+        else:
+            assigned = a.ids[0].split("::")[0]
+            assert assigned != uuid and a.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert f"pod default/{name} container c" in (a.error or "")
+            assert f"assigned GPUs {assigned}" in (a.error or "") and f"booked {uuid}" in (a.error or "")
+            assert a.limits is not None and a.limits["state"] == "pending" and "memory_mib_0" not in a.limits
+    # the guess (arrival order, p0 first) sent p3 to p0's GPU, and the order kubelet used later
+    # demoted p1/p2 in the guess: some containers are refused, the others start, none with another's limits
+    assert "p3" not in started and "p0" in started and len(started) >= 3, {n: a.error for n, a in got.items()}
+    for name in book:
+        ann = kube_api.get_object("pods", name, "default")["metadata"]["annotations"]
+        assert ann[ANN_BIND_PHASE] == ("success" if name in started else "allocating"), name
+    assert plugin.status.prestarts == {"ok": len(started), "error": 6 - len(started)}
+
+
+def test_same_shape_pods_admitted_in_reverse_order_get_their_own_limits(
+        start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet, kube_api: Any) -> None:
+    """Pods booked on the same GPU (same shape, different limits) admitted in reverse bind order:
+    the preference's guess does not matter, PodResources names the pod, each gets its own limits."""
+    plugin = start_plugin()
+    for i in range(4):
+        create_signed(kube_api, _unbound(bound_pod(f"s{i}", [("c", False, [(U[0], 1000 * (i + 1), 10 * (i + 1))], {})],
+                                                   bind_time=100 + i)))
+        _bind(kube_api, f"s{i}")
+        _wait_seen(plugin, kube_api, f"s{i}")
+    for i in reversed(range(4)):
+        (a,) = kubelet.admit(f"s{i}", [("c", 1)])
+        assert (mem(a), cores(a)) == (str(1000 * (i + 1)), str(10 * (i + 1)))
+
+
+def test_container_restart_calls_prestart_again_idempotently(start_plugin: Callable[..., DevicePlugin],
+                                                             kubelet: FakeKubelet, kube_api: Any) -> None:
+    plugin = start_plugin()
+    create_signed(kube_api, bound_pod("r", [("c", False, [(U[1], 2500, 25)], {})]))
+    (a,) = kubelet.admit("r", [("c", 1)])
+    first = lim(a)
+    before = kube_api.get_object("pods", "r", "default")["metadata"]
+    again = kubelet.start_container("r", "c")
+    assert again.started and lim(again) == first
+    after = kube_api.get_object("pods", "r", "default")["metadata"]
+    assert after["resourceVersion"] == before["resourceVersion"]  # progress not written twice
+    assert plugin.status.prestarts == {"ok": 2, "error": 0}
+
+
+def test_prestart_without_podresources_fails_closed(start_plugin: Callable[..., DevicePlugin],
+                                                    kubelet: FakeKubelet, kube_api: Any, sockdir: str) -> None:
+    """kubelet's PodResources API cannot be asked: the container does not start (UNAVAILABLE, kubelet
+    retries), its limits directory keeps the placeholder, nothing is recorded."""
+    start_plugin(pod_resources_socket=os.path.join(sockdir, "missing.sock"))
+    create_signed(kube_api, bound_pod("p", [("c", False, [(U[0], 3000, 30)], {})]))
+    (a,) = kubelet.admit("p", [("c", 1)])
+    assert not a.started and a.code == grpc.StatusCode.UNAVAILABLE
+    assert "PodResources" in (a.error or "") and "missing.sock" in (a.error or "")
+    assert a.limits is not None and a.limits["state"] == "pending"
+    assert ANN_ALLOCATED_CONTAINERS not in kube_api.get_object("pods", "p", "default")["metadata"]["annotations"]
+
+
+def test_allocate_of_reused_ids_resets_the_previous_holders_limits(start_plugin: Callable[..., DevicePlugin],
+                                                                   kubelet: FakeKubelet, kube_api: Any) -> None:
+    """The same device IDs handed to a new pod after the old one is gone: Allocate puts the
+    placeholder back and drops the old owner, so the new container never starts under the old limits."""
+    start_plugin()
+    create_signed(kube_api, bound_pod("old", [("c", False, [(U[0], 7000, 70)], {})], bind_time=1))
+    (a,) = kubelet.admit("old", [("c", [f"{U[0]}::0"])])
+    assert mem(a) == "7000"
+    kube_api.delete_object("pods", "old", "default")
+    kubelet.remove("old")
+    create_signed(kube_api, bound_pod("new", [("c", False, [(U[0], 1000, 10)], {})], bind_time=2))
+    (b,) = kubelet.admit("new", [("c", [f"{U[0]}::0"])], start=False)
+    assert b.limits == {"version": "1", "state": "pending", "devices": "0"}
+    lm = b.mounts()["/usr/local/vgpu/limits"].host_path
+    assert not os.path.exists(os.path.join(lm, "owner"))
+    assert mem(kubelet.start_container("new", "c")) == "1000"
