@@ -36,13 +36,9 @@ Rules:
   values (never below zero).
 * Pods deleted, or in phase Succeeded/Failed, release their booking at once; terminating pods
   (``deletionTimestamp`` set) keep it until the DELETED event.
-* Bind hand-over (``scheduling.bindHandoverSeconds``): :attr:`ClusterCache.allocating` holds, per
-  node, the pods bound there whose device allocation is still pending (bind-phase ``allocating``,
-  GPU containers not yet in ``kube-vgpu.io/allocated-containers``; both values count only when the
-  device plugin's ``kube-vgpu.io/progress-signature`` verifies, else the pod is taken as just
-  bound), with their verified bind time and the
-  GPU counts of those containers; :meth:`ClusterCache.handover_blocker` answers which one a new bind
-  of the same GPU count must wait for. ``on_handover_change`` is called whenever that set changes.
+* No bind waits for the device plugin: the plugin identifies each container exactly through
+  kubelet's PodResources API (docs/device-plugin.md), so several pods may be bound to a node and
+  pending device allocation at once.
 """
 
 from __future__ import annotations
@@ -73,7 +69,6 @@ from .resources import (
     ANN_BIND_TIME,
     ANN_NODE_INVENTORY,
     ANN_PROGRESS_SIGNATURE,
-    BIND_ALLOCATING,
 )
 from .signing import MISSING, VERSION, KeySource, verify_allocation, verify_progress
 from .taints import Taint, node_taints
@@ -104,17 +99,6 @@ class PodInfo:
     #: key id that signed the record it was booked from (None: our own bind, not seen back yet, or
     #: booked without a signed record: adopted, running pod's request, no keys)
     kid: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Allocating:
-    """A pod bound to ``node`` whose device allocation is pending (hand-over). bind_time: unix s;
-    counts: GPU counts of its GPU containers not yet allocated."""
-
-    uid: str
-    node: str
-    bind_time: float
-    counts: frozenset[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,12 +194,7 @@ class ClusterCache:
         #: kept, relists included, until the pod has been read back (the service does that)
         self.unresolved: dict[str, str] = {}
         self.on_change: Callable[[], None] | None = None
-        #: node -> pod key -> pod bound there with GPU containers still pending device allocation
-        self.allocating: dict[str, dict[str, Allocating]] = {}
-        self._allocating_node: dict[str, str] = {}  #: pod key -> node of its ``allocating`` entry
         self._bound_seen: dict[str, str] = {}  #: pod key -> uid, once a watch event showed it bound
-        #: called (no arguments) whenever :attr:`allocating` changes: wakes binds waiting to hand over
-        self.on_handover_change: Callable[[], None] | None = None
 
     # -- configuration ------------------------------------------------------------------------
     def apply_config(self, config: Config) -> None:
@@ -421,7 +400,6 @@ class ClusterCache:
                     self.pods_by_node.pop(info.node, None)
         if uid is not None:
             self.failed_binds.discard(uid)
-        self._set_allocating(key, None, uid)
         if uid is None or self._bound_seen.get(key) == uid:
             self._bound_seen.pop(key, None)
         self.own_binds.pop(key, None)
@@ -470,18 +448,6 @@ class ClusterCache:
                                           f"bound to {node!r}")
         assert isinstance(sig, str)
         return Record(alloc, text, sig, v.kid)
-
-    def progress(self, pod: dict[str, Any], rec: Record) -> tuple[str, str]:
-        """(bind-phase, allocated-containers) of a pod with the verified record ``rec``: the
-        annotations' values when the device plugin's progress signature verifies (or without keys);
-        otherwise the state the extender's bind left (``allocating``, none allocated)."""
-        m = _meta(pod)
-        ann = m.get("annotations") or {}
-        phase, done = ann.get(ANN_BIND_PHASE), ann.get(ANN_ALLOCATED_CONTAINERS)
-        if self.keys is not None and not verify_progress(self.keys.current(), ann.get(ANN_PROGRESS_SIGNATURE),
-                                                         str(m.get("uid") or ""), rec.signature, phase, done):
-            return BIND_ALLOCATING, ""
-        return str(phase or ""), str(done or "")
 
     def stale_key(self, pod: dict[str, Any], rec: Record) -> bool:
         """True if the verified record ``rec``, or its verified progress, is signed with a key that is
@@ -586,7 +552,7 @@ class ClusterCache:
         key = pod_key(pod)
         uid = str(m.get("uid") or "")
         rec = None if kind == "DELETED" else self.read_record(pod)
-        self._track_allocating(kind, key, uid, pod, rec if isinstance(rec, Record) else None)
+        self._track_bound(kind, key, uid, pod)
         if kind == "DELETED":
             self._rejected.pop(uid, None)
             self._forget(key, uid)
@@ -706,102 +672,17 @@ class ClusterCache:
             return
         self.pods[key] = PodInfo(uid, booking.node, True, booking.allocation, request)
         self.pods_by_node.setdefault(booking.node, set()).add(key)
-        now = self.clock()
         if self._bound_seen.get(key) != uid:  # the watch has not shown it bound yet: lists may predate it
-            self.own_binds[key] = OwnBind(uid, resource_version, now)
-        counts = frozenset(len(c.devices) for c in booking.allocation.containers if c.devices)
-        if counts and self._bound_seen.get(key) != uid:
-            # we just wrote bind-phase allocating; unless the watch already showed the bound pod
-            # (then its events are newer than this record: the device plugin may be done already)
-            self._set_allocating(key, Allocating(uid, booking.node, now, counts), uid)
-        else:  # the watch was first: keep its state, with our exact bind time (it has whole seconds)
-            e = self.allocating.get(booking.node, {}).get(key)
-            if e is not None and e.uid == uid and abs(e.bind_time - now) < 1.0:
-                self._set_allocating(key, Allocating(uid, e.node, now, e.counts), uid)
+            self.own_binds[key] = OwnBind(uid, resource_version, self.clock())
 
-    # -- bind hand-over -----------------------------------------------------------------------
-    def _set_allocating(self, key: str, entry: Allocating | None, uid: str | None) -> None:
-        """Replace ``key``'s hand-over entry (None: drop it, only if it is ``uid``'s or uid is None)."""
-        node = self._allocating_node.get(key)
-        prev = self.allocating.get(node, {}).get(key) if node is not None else None
-        if entry is None:
-            if prev is None or (uid is not None and uid and prev.uid != uid):
-                return
-        elif prev == entry:
-            return
-        if node is not None:
-            per = self.allocating.get(node)
-            if per is not None:
-                per.pop(key, None)
-                if not per:
-                    self.allocating.pop(node, None)
-            self._allocating_node.pop(key, None)
-        if entry is not None:
-            self.allocating.setdefault(entry.node, {})[key] = entry
-            self._allocating_node[key] = entry.node
-        if self.on_handover_change is not None:
-            self.on_handover_change()
-
-    def _track_allocating(self, kind: str, key: str, uid: str, pod: dict[str, Any], rec: Record | None) -> None:
-        """Keep :attr:`allocating` in step with a pod event: an entry while the pod is bound, live,
-        has a verified record ``rec``, bind-phase ``allocating`` and GPU containers not yet
-        allocated (progress values only as far as :meth:`progress` trusts them); none otherwise."""
-        m = _meta(pod)
-        ann = m.get("annotations") or {}
-        node = str((pod.get("spec") or {}).get("nodeName") or "")
-        entry: Allocating | None = None
+    def _track_bound(self, kind: str, key: str, uid: str, pod: dict[str, Any]) -> None:
+        """Remember which pods a watch event has shown bound (``_bound_seen``: an own bind needs no
+        relist protection once the watch has shown the pod bound)."""
         if kind == "DELETED":
             if self._bound_seen.get(key) == uid:
                 del self._bound_seen[key]
-        elif node:
+        elif (pod.get("spec") or {}).get("nodeName"):
             self._bound_seen[key] = uid
-        if (kind != "DELETED" and node and rec is not None and not m.get("deletionTimestamp")
-                and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")):
-            phase, done_text = self.progress(pod, rec)
-            alloc = rec.allocation if phase == BIND_ALLOCATING else None
-            if alloc is not None:
-                done = {n.strip() for n in done_text.split(",")}
-                counts = frozenset(len(c.devices) for c in alloc.containers if c.devices and c.name not in done)
-                if counts:
-                    try:
-                        t = float(ann.get(ANN_BIND_TIME) or alloc.time)
-                    except ValueError:
-                        t = alloc.time
-                    if t != t:  # NaN
-                        t = 0.0
-                    pn = self._allocating_node.get(key)
-                    prev = self.allocating.get(pn, {}).get(key) if pn is not None else None
-                    if prev is not None and prev.uid == uid and abs(prev.bind_time - t) < 1.0:
-                        t = prev.bind_time  # our own bind's exact time (the annotation has whole seconds)
-                    entry = Allocating(uid, node, t, counts)
-        if entry is None:
-            if kind != "DELETED" and not node:
-                # not bound (yet): a pod never goes back from bound to unbound, so this is an event
-                # older than our own bind's record (the annotation patch before the Binding)
-                pn = self._allocating_node.get(key)
-                if pn is not None and self.allocating[pn][key].uid == uid:
-                    return
-            self._set_allocating(key, None, uid if kind == "DELETED" else None)
-        else:
-            self._set_allocating(key, entry, uid)
-
-    def handover_blocker(self, node: str, key: str, counts: frozenset[int], limit: float
-                         ) -> tuple[str, float] | None:
-        """The pod on ``node`` (not ``key``) a bind of GPU ``counts`` must wait for: bound less than
-        ``limit`` s ago, still ``allocating``, with a pending GPU container of one of ``counts``.
-        Returns (its key, seconds until it stops blocking by age) or None."""
-        per = self.allocating.get(node)
-        if not per or limit <= 0:
-            return None
-        now = self.clock()
-        best: tuple[str, float] | None = None
-        for k, e in per.items():
-            if k == key or not (e.counts & counts):
-                continue
-            left = e.bind_time + limit - now
-            if left > 0 and (best is None or e.bind_time < per[best[0]].bind_time):
-                best = (k, left)
-        return best
 
     # -- placement ----------------------------------------------------------------------------
     def evaluate(self, pod: PodRequest, names: Sequence[str], want_scores: bool = True

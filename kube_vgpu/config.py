@@ -68,10 +68,9 @@ class Scheduling:
     """Placement policy. node_policy is one of NODE_POLICIES; gpu_policy one of GPU_POLICIES.
 
     inventory_stale_seconds: a node whose inventory heartbeat is older is not a candidate (seconds).
-    bind_handover_seconds: per-node hand-over at bind: a bind waits while a pod bound to the node
-    less than this many seconds ago still has a pending GPU container of the same GPU count
-    (bind-phase ``allocating``); 0 disables the hand-over. The device plugin's
-    ``--pending-stale-seconds`` should be the same value.
+    bind_handover_seconds: deprecated, no effect (still validated, 0..3600, so existing configs
+    load): binds no longer wait for the device plugin, which identifies each container exactly at
+    PreStartContainer (docs/device-plugin.md).
     adopt_unsigned_before: upgrade from unsigned allocation records (RFC 3339 time, "" = off): the
     extender also books the unsigned record of a pod that is bound, names this scheduler and was
     created before this time (checked against the pod's request), and signs it; see
@@ -270,7 +269,7 @@ def _check(cfg: Config) -> None:
     if s.inventory_stale_seconds <= 0:
         raise ConfigError("scheduling.inventoryStaleSeconds", "must be > 0")
     if not 0 <= s.bind_handover_seconds <= 3600:
-        raise ConfigError("scheduling.bindHandoverSeconds", "must be 0..3600 (0 disables the bind hand-over)")
+        raise ConfigError("scheduling.bindHandoverSeconds", "must be 0..3600 (deprecated: it has no effect)")
     if s.adopt_unsigned_before:
         try:
             rfc3339_seconds(s.adopt_unsigned_before)

@@ -31,14 +31,9 @@ and the pod is read back in the background (``settle``, ``_resolve``).
 Bind refuses (``_check_bindable``) a pod that asks for no vGPU resource, names another
 ``schedulerName``, is bound, terminating or finished, or does not tolerate the node's taints.
 
-Hand-over (``scheduling.bindHandoverSeconds``, 0 = off): kubelet's Allocate carries only device
-IDs, so the device plugin must tell which pending container kubelet is admitting. A bind of pod B
-to node N therefore waits, after reserving and before writing anything, while N has a pod bound
-less than bindHandoverSeconds ago that is still ``allocating`` with a pending GPU container of one
-of B's GPU counts, or an earlier bind in this process of such a count is still in progress. The
-wait is event-driven (woken by the cache's pod updates and by finishing binds), holds no lock, and
-lasts at most ``min(Options.handover_wait, bindHandoverSeconds)``; then the bind fails (reservation
-released, nothing written) and kube-scheduler retries.
+No bind waits for the device plugin: it identifies each container exactly at PreStartContainer
+(kubelet's PodResources API names the pod holding the device IDs; docs/device-plugin.md), so binds
+to one node run concurrently. ``scheduling.bindHandoverSeconds`` is accepted and has no effect.
 """
 
 from __future__ import annotations
@@ -110,8 +105,7 @@ class Options:
     needs a restart);
     sync_wait: how long /filter waits for the first list before answering an Error (s);
     shapes_interval: FGD shape refresh (s); event_dedupe: same message to the same pod at most
-    once per this many seconds; api_workers: threads for blocking API calls; handover_wait: the
-    longest one bind call waits for the hand-over (s; also capped by bindHandoverSeconds);
+    once per this many seconds; api_workers: threads for blocking API calls;
     unknown_retry: first and longest wait (s) between read-backs of a pod whose bind outcome is
     unknown (doubling). ``leader_elect`` defaults to False here; the command line's default is True.
     """
@@ -130,7 +124,6 @@ class Options:
     shapes_interval: float = 300.0
     event_dedupe: float = 60.0
     api_workers: int = 16
-    handover_wait: float = 5.0
     #: first and longest wait (s) between read-backs of a pod whose bind outcome is unknown
     unknown_retry: tuple[float, float] = (0.2, 10.0)
     component: str = "kube-vgpu-scheduler"
@@ -407,15 +400,9 @@ class SchedulerService:
         self.elector: LeaseElector | LeaseFollower | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics.is_leader.set(0 if self.opts.leader_elect else 1)
-        #: node -> pod key -> (sequence, GPU counts) of binds in progress here (reserved, not done)
-        self._active_binds: dict[str, dict[str, tuple[int, frozenset[int]]]] = {}
-        self._bind_seq = 0
-        self.handover_waits = 0  #: binds that had to wait for a hand-over (tests, debugging)
         self.unknown_retries = 0  #: read-backs of unknown bind outcomes that could not tell yet
         self._resolvers: set[asyncio.Task[None]] = set()
         self._unresolved_by: dict[str, _Pending] = {}  #: pod key -> the bind its unresolved mark is for
-        self._handover_wake = asyncio.Event()
-        self.cache.on_handover_change = self._wake_handover
         self.cache.on_reject = lambda code: self.metrics.records_rejected.labels(reason=code).inc()
         self.cache.on_resign = self._resign_soon
 
@@ -869,16 +856,11 @@ class SchedulerService:
             raise BindError(f"cannot place {key} on {node}: {r}", "unschedulable")
         booking, alloc = r
         gpus = sorted({d.uuid for c in alloc.containers for d in c.devices})
-        counts = frozenset(len(c.devices) for c in alloc.containers if c.devices)
         self.cache.inflight.add(key)
-        self._bind_seq += 1
-        seq = self._bind_seq
-        self._active_binds.setdefault(node, {})[key] = (seq, counts)
         annotations: dict[str, str] = {}
         labels: dict[str, str] = {}
         writing: asyncio.Future[WriteResult] | None = None
         try:
-            await self._handover(key, node, counts, seq)
             annotations = self.bind_annotations(uid, node, alloc)
             labels = {LABEL_NODE: node}
             rv = str(meta.get("resourceVersion") or "")
@@ -903,12 +885,6 @@ class SchedulerService:
             raise BindError(f"binding {key} to {node} failed: {api_error_text(e)}", outcome) from e
         finally:
             self.cache.inflight.discard(key)
-            active = self._active_binds.get(node)
-            if active is not None and active.get(key, (None,))[0] == seq:
-                del active[key]
-                if not active:
-                    del self._active_binds[node]
-            self._wake_handover()  # waiters run after record_bound below (no await in between)
         pending = _Pending(key, uid, node, booking, req, annotations, labels)
         err = self._settled(pending, result)
         if err is not None:
@@ -1077,46 +1053,6 @@ class SchedulerService:
             return
         log.info("allocation record signed with the active key", extra={"pod": f"{ns}/{name}", "node": node,
                                                                          "key": ring.active})
-
-    # -- bind hand-over -----------------------------------------------------------------------
-    def _wake_handover(self) -> None:
-        """Wake every bind waiting to hand over (they re-check; one Event per generation)."""
-        ev = self._handover_wake
-        self._handover_wake = asyncio.Event()
-        ev.set()
-
-    def _handover_blocker(self, key: str, node: str, counts: frozenset[int], seq: int,
-                          limit: float) -> tuple[str, float] | None:
-        """(pod key, seconds until it stops blocking by age, inf if not by age) this bind must wait
-        for, or None: an earlier bind here to ``node`` of an overlapping GPU count, else a pod the
-        cache knows bound to ``node`` and still allocating a container of such a count."""
-        for k, (s, c) in self._active_binds.get(node, {}).items():
-            if s < seq and c & counts and k != key:
-                return k, float("inf")
-        return self.cache.handover_blocker(node, key, counts, limit)
-
-    async def _handover(self, key: str, node: str, counts: frozenset[int], seq: int) -> None:
-        """Wait (event-driven, no lock) until no pod blocks this bind's hand-over on ``node``; at
-        most min(handover_wait, bindHandoverSeconds). Raises BindError on timeout."""
-        limit = self.config.scheduling.bind_handover_seconds
-        if limit <= 0 or not counts:
-            return
-        deadline = time.monotonic() + min(self.opts.handover_wait, limit)
-        waited = False
-        while True:
-            blocker = self._handover_blocker(key, node, counts, seq, limit)
-            if blocker is None:
-                return
-            if not waited:
-                waited = True
-                self.handover_waits += 1
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BindError(f"node {node}: waiting for pod {blocker[0]} to finish device allocation "
-                                "(hand-over); kube-scheduler will retry", "handover")
-            ev = self._handover_wake
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ev.wait(), min(left, blocker[1] + 0.01))
 
     # -- events -------------------------------------------------------------------------------
     def _queue_event(self, pod: Obj, failed: dict[str, str], total: int) -> None:

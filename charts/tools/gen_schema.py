@@ -65,7 +65,7 @@ config = obj({
         "nodePolicy": {"enum": ["binpack", "spread", "fgd", "bestfit", "dotprod"], "description": "Node policy."},
         "gpuPolicy": {"enum": ["binpack", "spread"], "description": "GPU policy inside a node."},
         "inventoryStaleSeconds": n("Inventory heartbeat age after which a node is not a candidate.", exclusiveMinimum=0),
-        "bindHandoverSeconds": n("Per-node bind hand-over limit (0 disables); also the device plugin's --pending-stale-seconds.", minimum=0, maximum=3600),
+        "bindHandoverSeconds": n("Deprecated, no effect (binds no longer wait for the device plugin).", minimum=0, maximum=3600),
         "adoptUnsignedBefore": {"type": "string", "pattern": r"^$|^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})$",
                                 "description": "Book and sign unsigned allocation records of bound pods created before this RFC 3339 time (upgrade; empty = off)."},
     }),

@@ -599,12 +599,16 @@ def test_rendered_args_parse_with_component_parsers(renderer: Renderer, name: st
     assert {"scheduler", "webhook", "device-plugin", "signing-keys"} <= seen
 
 
-@pytest.mark.parametrize(("handover", "flag"), [(None, "--pending-stale-seconds=30"), (45, "--pending-stale-seconds=45"),
-                                               (0.5, "--pending-stale-seconds=0.5"), (0, None)])
-def test_device_plugin_pending_stale_seconds_follows_bind_handover(renderer: Renderer, handover: Any,
-                                                                   flag: str | None) -> None:
-    """The device plugin demotes a pending pod after the scheduler's hand-over limit, no later."""
+@pytest.mark.parametrize("handover", [None, 45, 0])
+def test_device_plugin_gets_the_pod_resources_socket_and_no_hand_over_flag(renderer: Renderer, handover: Any) -> None:
+    """The device plugin asks kubelet's PodResources API (socket mounted read-only); the deprecated
+    bindHandoverSeconds no longer reaches it (--pending-stale-seconds keeps the plugin's default)."""
     values = {} if handover is None else {"config": {"scheduling": {"bindHandoverSeconds": handover}}}
     ds = find(renderer.render(values), "DaemonSet", f"{FULL}-device-plugin")
-    args = containers(ds)["device-plugin"]["args"]
-    assert [a for a in args if a.startswith("--pending-stale-seconds")] == ([flag] if flag else [])
+    c = containers(ds)["device-plugin"]
+    assert not [a for a in c["args"] if a.startswith("--pending-stale-seconds")]
+    assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in c["args"]
+    (m,) = [m for m in c["volumeMounts"] if m["name"] == "pod-resources"]
+    assert m == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}
+    (v,) = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "pod-resources"]
+    assert v["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}

@@ -33,7 +33,6 @@ from vgpu_sched_util import wait_until as _wait_until  # noqa: E402
 from deviceplugin.podmatch import MatchError, Progress, match, pending_containers, trusted_view  # noqa: E402
 from deviceplugin.server import DevicePlugin  # noqa: E402
 from kube_vgpu.codec import encode_allocation  # noqa: E402
-from kube_vgpu.config import load_config_text  # noqa: E402
 from kube_vgpu.model import ContainerAllocation, DeviceBooking, PodAllocation  # noqa: E402
 from kube_vgpu.resources import (  # noqa: E402
     ANN_ALLOCATED_CONTAINERS,
@@ -232,42 +231,35 @@ def test_replaying_a_victims_signed_record_on_a_preset_node_pod_is_refused(clust
     run(go, 60)
 
 
-def test_the_extender_trusts_the_plugins_signed_progress_and_stripped_progress_changes_nothing(
-        cluster: DevicePlugin, kubelet: FakeKubelet, kube_api: FakeKubeAPI) -> None:
-    """The device plugin's signed progress ends the extender's hand-over for the pod. When the
-    tenant then strips the progress annotations, the plugin still knows the pod is done (its own
-    record): the next pod of the same size gets its own limits, not a guess between the two."""
+def test_stripped_or_forged_progress_changes_no_limits(cluster: DevicePlugin, kubelet: FakeKubelet,
+                                                       kube_api: FakeKubeAPI) -> None:
+    """Two same-shape pods on one node at once (binds do not wait). After ``a`` started, the tenant
+    strips the plugin's signed progress and writes its own ``success``/container list: a restart of
+    a's container gets a's limits again, and ``b`` gets its own, never a's."""
     fake = kube_api
     a = create_pod(fake, _pod("a", 2000, 20))
     b = create_pod(fake, _pod("b", 7000, 70))
-    cfg = load_config_text("scheduling: {bindHandoverSeconds: 30}")
 
     async def go() -> None:
-        async with extender(fake, config=cfg, keys=KEYS) as ext:
+        async with extender(fake, keys=KEYS) as ext:
             await _ready(ext)
-            cache = ext.svc.cache
             assert await bind(ext, a, NODE) == ""
-            await asyncio.to_thread(_wait_seen, cluster, fake, "a")
-            assert "default/a" in cache.allocating.get(NODE, {})
+            assert await bind(ext, b, NODE) == ""  # no hand-over: b does not wait for a's allocation
+            await asyncio.to_thread(_wait_seen, cluster, fake, "a", "b")
             lim = await _admit(kubelet, "a")
-            assert lim["memory_mib_0"] == "2000"
-            await eventually(lambda: "default/a" not in cache.allocating.get(NODE, {}))
+            assert (lim["memory_mib_0"], lim["cores_0"]) == ("2000", "20")
+            assert verify_progress(KEYS, _ann(fake, "a")[ANN_PROGRESS_SIGNATURE], a["metadata"]["uid"],
+                                   _ann(fake, "a")[ANN_ALLOCATION_SIGNATURE], BIND_SUCCESS, "c")
             fake.patch_object("pods", "a", {"metadata": {"annotations": {
-                ANN_BIND_PHASE: None, ANN_ALLOCATED_CONTAINERS: None, ANN_PROGRESS_SIGNATURE: None}}}, "default")
-            await eventually(lambda: "default/a" in cache.allocating.get(NODE, {}))  # unsigned: just bound
-            ann = _ann(fake, "a")
-            fake.patch_object("pods", "a", {"metadata": {"annotations": {  # the plugin's record, put back
-                ANN_BIND_PHASE: BIND_SUCCESS, ANN_ALLOCATED_CONTAINERS: "c", ANN_PROGRESS_SIGNATURE: sign_progress(
-                    KEYS, a["metadata"]["uid"], ann[ANN_ALLOCATION_SIGNATURE], BIND_SUCCESS, "c")}}}, "default")
-            await eventually(lambda: "default/a" not in cache.allocating.get(NODE, {}))
-            fake.patch_object("pods", "a", {"metadata": {"annotations": {
-                ANN_BIND_PHASE: None, ANN_ALLOCATED_CONTAINERS: None, ANN_PROGRESS_SIGNATURE: None}}}, "default")
-        async with extender(fake, keys=KEYS) as ext:  # hand-over off: b binds at once
-            await _ready(ext)
-            assert await bind(ext, b, NODE) == ""
-            await asyncio.to_thread(_wait_seen, cluster, fake, "b")
+                ANN_BIND_PHASE: BIND_ALLOCATING, ANN_ALLOCATED_CONTAINERS: None, ANN_PROGRESS_SIGNATURE: None}}},
+                "default")
+            fake.patch_object("pods", "b", {"metadata": {"annotations": {
+                ANN_BIND_PHASE: BIND_SUCCESS, ANN_ALLOCATED_CONTAINERS: "c"}}}, "default")
+            again = await asyncio.to_thread(kubelet.start_container, "a", "c")
+            assert again.started and again.limits is not None and again.limits["memory_mib_0"] == "2000"
             lim = await _admit(kubelet, "b")
             assert (lim["memory_mib_0"], lim["cores_0"]) == ("7000", "70")
+            assert _booked(ext) == {"default/a": 2000, "default/b": 7000}
     run(go, 60)
 
 

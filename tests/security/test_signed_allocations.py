@@ -555,30 +555,40 @@ def test_unsigned_records_are_adopted_only_under_the_upgrade_cutoff(fake_kube_ap
     run(go)
 
 
-def test_tenant_written_progress_does_not_end_the_hand_over(fake_kube_api: FakeKubeAPI) -> None:
+def test_tenant_written_progress_is_ignored(fake_kube_api: FakeKubeAPI) -> None:
     """bind-phase / allocated-containers count only with the device plugin's progress signature: a
-    tenant writing ``success`` on its just-bound pod does not make the extender hand its node over
-    (the next same-size bind still waits); the device plugin's signed progress does."""
+    tenant writing ``success`` (or a progress signature made with another key) on its just-bound pod
+    changes nothing the extender books, and the device plugin still sees the pod as just bound
+    (its container is still pending); the plugin's own signed progress is taken."""
+    from deviceplugin.podmatch import pending_containers, trusted_view
+
     fake = fake_kube_api
     create_nodes(fake, 1, gpus=2)
     a = create_pod(fake, pod_obj("a", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}))
-    cfg = load_config_text("scheduling: {bindHandoverSeconds: 30}")
+
+    def plugin_sees_pending() -> bool:
+        views, refused = trusted_view([fake.get_object("pods", "a", "default")], "node-0", KEYS)
+        assert not refused
+        return [c.pod for c in pending_containers(views, "node-0")] == ["a"]
 
     async def go() -> None:
-        async with extender(fake, config=cfg, keys=KEYS) as ext:
+        async with extender(fake, keys=KEYS) as ext:
             assert await bind(ext, a) == ""
             cache = ext.svc.cache
-            await eventually(lambda: "default/a" in cache.allocating.get("node-0", {}))
+            booked = cache.state.bookings["default/a"].allocation
             for forged in ({ANN_BIND_PHASE: BIND_SUCCESS, ANN_ALLOCATED_CONTAINERS: "c"},
                            {ANN_PROGRESS_SIGNATURE: sign_progress(KeyRing("test-1", {"test-1": b"g" * 32}),
                                                                   a["metadata"]["uid"], "x", BIND_SUCCESS, "c")}):
                 fake.patch_object("pods", "a", {"metadata": {"annotations": forged}}, "default")
                 await caught_up(ext, fake)
-                assert "default/a" in cache.allocating["node-0"]
+                assert cache.state.bookings["default/a"].allocation == booked
+                assert plugin_sees_pending()
             ann = fake.get_object("pods", "a", "default")["metadata"]["annotations"]
             done = sign_progress(KEYS, a["metadata"]["uid"], ann[ANN_ALLOCATION_SIGNATURE], BIND_SUCCESS, "c")
             fake.patch_object("pods", "a", {"metadata": {"annotations": {ANN_PROGRESS_SIGNATURE: done}}}, "default")
-            await eventually(lambda: "default/a" not in cache.allocating.get("node-0", {}))
+            await caught_up(ext, fake)
+            assert not plugin_sees_pending()
+            assert cache.state.bookings["default/a"].allocation == booked
     run(go)
 
 
