@@ -58,7 +58,9 @@ from .model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
 from .placement import Booking, ClusterState, OvercommitError
 from .placement.fastpath import NO_INVENTORY, ExtenderEngine
 from .placement.liveshapes import default_shapes
+from .placement.render import detail
 from .placement.state import NodeState
+from .placement.status import Code, FitFailure
 from .podspec import parse_pod
 from .quantity import parse_quantity
 from .resources import (
@@ -175,8 +177,8 @@ class ClusterCache:
         self.engine = ExtenderEngine(self.state, config.scheduling.node_policy, config.scheduling.gpu_policy,
                              shapes=default_shapes())
         self.nodes: dict[str, NodeInfo] = {}
-        #: node name -> reason it is not a candidate (stale, no allocatable, bad inventory)
-        self.unavailable: dict[str, str] = {}
+        #: node name -> why it is not a candidate (stale, no allocatable, bad inventory)
+        self.unavailable: dict[str, FitFailure] = {}
         self.pods: dict[str, PodInfo] = {}
         self.pods_by_node: dict[str, set[str]] = {}
         #: pod key -> uid of the pod that owns the booking in ``state.bookings``
@@ -207,17 +209,16 @@ class ClusterCache:
         self.refresh_availability()
 
     # -- nodes --------------------------------------------------------------------------------
-    def _availability(self, name: str, info: NodeInfo, now: float) -> str | None:
+    def _availability(self, name: str, info: NodeInfo, now: float) -> FitFailure | None:
         if info.inventory_error is not None:
-            return f"vGPU inventory annotation is invalid: {info.inventory_error}"
+            return FitFailure(Code.BAD_INVENTORY, detail=info.inventory_error)
         if not info.has_inventory:
             return NO_INVENTORY if name in self.state.nodes else None
         limit = self.config.scheduling.inventory_stale_seconds
         if now - info.heartbeat > limit:
-            return f"vGPU inventory heartbeat is stale (older than {limit:g}s; device plugin down?)"
+            return FitFailure(Code.STALE_INVENTORY, need=int(limit))
         if info.allocatable <= 0:
-            return (f"node allocatable {self.config.resource_names.gpu} is 0 "
-                    "(device plugin not registered with the kubelet)")
+            return FitFailure(Code.NO_ALLOCATABLE, detail=self.config.resource_names.gpu)
         return None
 
     def _set_available(self, name: str, now: float) -> None:
@@ -225,7 +226,7 @@ class ClusterCache:
         why = None if info is None else self._availability(name, info, now)
         if why is None:
             self.unavailable.pop(name, None)
-        else:
+        elif self.unavailable.get(name) != why:
             self.unavailable[name] = why
 
     def refresh_availability(self) -> None:
@@ -686,8 +687,8 @@ class ClusterCache:
 
     # -- placement ----------------------------------------------------------------------------
     def evaluate(self, pod: PodRequest, names: Sequence[str], want_scores: bool = True
-                 ) -> tuple[list[str], dict[str, str], dict[str, float]]:
-        """Engine.evaluate over ``names`` minus unavailable nodes (with their reasons added)."""
+                 ) -> tuple[list[str], dict[str, FitFailure], dict[str, float]]:
+        """Engine.evaluate over ``names`` minus unavailable nodes (with their failures added)."""
         un = self.unavailable
         if un:
             cand = [n for n in names if n not in un]
@@ -721,17 +722,17 @@ class ClusterCache:
         key = pod.key
         why = self.unavailable.get(node)
         if why is not None:
-            return why
+            return detail(why)
         if node not in self.state.nodes:
-            return NO_INVENTORY
+            return detail(NO_INVENTORY)
         info = self.pods.get(key)
         if info is not None and info.uid == uid and info.bound:
             return f"pod {key} is already bound to {info.node}"
         if key in self.state.bookings:
             self._release(key)
         plan = self.engine.plan_for(pod, node)
-        if isinstance(plan, str):
-            return plan
+        if isinstance(plan, FitFailure):
+            return detail(plan, self.state.nodes[node])
         alloc = self.engine.allocation(pod, node, plan, now=self.clock())
         try:
             b = self.engine.book(pod, alloc)

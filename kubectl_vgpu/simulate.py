@@ -23,6 +23,7 @@ from kube_vgpu.config import NODE_POLICIES, Config
 from kube_vgpu.model import PodRequest
 from kube_vgpu.placement import Plan
 from kube_vgpu.placement.liveshapes import shapes_from_state
+from kube_vgpu.placement.render import detail
 
 from .cluster import Cluster
 from .text import safe
@@ -44,6 +45,7 @@ class Simulation:
     pod: PodRequest
     results: list[PolicyResult]
     rejected: dict[str, str]  # node -> reason (policy independent: fit rules and availability)
+    codes: dict[str, str]  # node -> fit failure code (kube_vgpu.placement.status.Code) of the vGPU rules
     gpu_policy: str
     nodes: int
 
@@ -90,6 +92,7 @@ def simulate(cluster: Cluster, pod: PodRequest, config: Config | None = None,
     shapes = shapes_from_state(cache.state)
     gpu_policy = pod.gpu_policy or cfg.scheduling.gpu_policy
     results = []
+    codes: dict[str, str] = {}
     first = True
     for policy in policies:
         cache.engine.configure(policy, gpu_policy, shapes)
@@ -98,7 +101,8 @@ def simulate(cluster: Cluster, pod: PodRequest, config: Config | None = None,
         probe = replace(pod, node_policy=None)
         ok, failed, scores = cache.evaluate(probe, names)
         if first:
-            rejected.update(failed)
+            rejected.update({n: detail(f, cache.state.nodes.get(n)) for n, f in failed.items()})
+            codes = {n: f.code.value for n, f in failed.items()}
             first = False
         ranking = sorted(scores.items(), key=lambda kv: (-kv[1], cache.state.nodes[kv[0]].idx))
         decision = cache.engine.choose(probe, ok) if ok else None
@@ -107,7 +111,7 @@ def simulate(cluster: Cluster, pod: PodRequest, config: Config | None = None,
         else:
             results.append(PolicyResult(policy, decision.node, decision.score,
                                         _plan_gpus(cache, decision.node, probe, decision.plan), ranking))
-    return Simulation(pod, results, rejected, gpu_policy, len(cache.nodes))
+    return Simulation(pod, results, rejected, codes, gpu_policy, len(cache.nodes))
 
 
 def _cut(text: str, width: int = WIDTH) -> str:
@@ -165,4 +169,5 @@ def to_json(sim: Simulation) -> dict[str, Any]:
         "policies": [{"policy": r.policy, "node": r.node, "score": r.score, "containers": r.gpus,
                       "ranking": [{"node": n, "score": s} for n, s in r.ranking]} for r in sim.results],
         "rejected": dict(sorted(sim.rejected.items())),
+        "rejectedCodes": dict(sorted(sim.codes.items())),
     }

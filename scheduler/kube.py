@@ -154,10 +154,6 @@ class KubeAPI:
         finally:
             _release(resp)
 
-    def create_event(self, namespace: str, body: Obj) -> None:
-        """POST a core/v1 Event (``body`` as a JSON dict)."""
-        self._raw_call("POST", "/api/v1/namespaces/{namespace}/events", {"namespace": namespace}, body)
-
     # -- list / watch -------------------------------------------------------------------------
     def list_objects(self, kind: str, label_selector: str | None = None,
                      field_selector: str | None = None) -> tuple[list[Obj], str]:

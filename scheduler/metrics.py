@@ -6,8 +6,10 @@ Names (all prefixed ``kube_vgpu_scheduler_``):
   matching ``gpu_capacity_*`` gauges, labels ``node``, ``uuid``, ``model`` - computed from the
   bookings at scrape time (nothing on the hot path), rendered by :class:`GpuMetricsText`.
 * ``filter_seconds`` / ``prioritize_seconds`` / ``bind_seconds`` histograms (handler time).
-* ``filter_rejections_total{reason}`` - rejected (pod, node) pairs by reason category
-  (:data:`scheduler.reasons.CATEGORIES`).
+* ``filter_rejections_total{reason}`` - rejected (pod, node) pairs by fit failure code
+  (:class:`kube_vgpu.placement.status.Code` values, e.g. ``insufficient_memory``).
+* ``assumed_pods`` gauge / ``assumptions_expired_total`` - pods holding a promise on their chosen
+  node while kube-scheduler binds them, and promises that ended unbound (their time ran out).
 * ``binds_total{outcome}`` - outcome in success | unschedulable | api_error | conflict | not_leader
   | invalid | not_found.
 * ``allocation_records_rejected_total{reason}`` - pods whose allocation record was refused (once
@@ -107,7 +109,7 @@ class Metrics:
                                             buckets=LATENCY_BUCKETS)
         self.bind_seconds = Histogram(p + "bind_seconds", "Bind handler latency (includes API calls)",
                                       registry=r, buckets=LATENCY_BUCKETS)
-        self.filter_rejections = Counter(p + "filter_rejections", "Rejected (pod, node) pairs by reason",
+        self.filter_rejections = Counter(p + "filter_rejections", "Rejected (pod, node) pairs by fit failure code",
                                          ["reason"], registry=r)
         self.binds = Counter(p + "binds", "Bind requests by outcome", ["outcome"], registry=r)
         self.config_reload_errors = Counter(p + "config_reload_errors", "Invalid policy config files seen",
@@ -119,7 +121,11 @@ class Metrics:
         self.nodes = Gauge(p + "nodes", "Nodes with a vGPU inventory", registry=r)
         self.unavailable = Gauge(p + "unavailable_nodes", "Nodes that are not candidates", registry=r)
         self.bookings = Gauge(p + "bookings", "Pods holding GPUs", registry=r)
-        self.events_dropped = Counter(p + "events_dropped", "Pod events not sent (queue full)", registry=r)
+        self.events_dropped = Counter(p + "events_dropped", "Filter rejections not counted (queue full)",
+                                      registry=r)
+        self.assumed = Gauge(p + "assumed_pods", "Pods holding a promise on their node until bound", registry=r)
+        self.assumptions_expired = Counter(p + "assumptions_expired", "Promises that ended unbound (expired)",
+                                           registry=r)
         self.records_rejected = Counter(p + "allocation_records_rejected",
                                         "Pods whose allocation record books nothing (not written by the vGPU "
                                         "system), once per pod, by reason", ["reason"], registry=r)

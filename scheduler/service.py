@@ -1,5 +1,5 @@
 """The extender service: HTTP handlers (kube-scheduler extender v1), cache feeding, bind, background
-loops (availability, config reload, FGD shapes, events, leader election).
+loops (availability, config reload, FGD shapes, rejection counting, leader election).
 
 Wire format - ``k8s.io/kube-scheduler/extender/v1``; the Go types have no JSON tags, so keys are
 the Go field names (captured from kube-scheduler v1.36):
@@ -44,7 +44,6 @@ import gc
 import hashlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -65,6 +64,8 @@ from kube_vgpu.model import PodAllocation, PodRequest
 from kube_vgpu.placement import Booking
 from kube_vgpu.placement.fastpath import names_key, normalise_array
 from kube_vgpu.placement.liveshapes import shapes_from_state
+from kube_vgpu.placement.render import detail, summaries, summary
+from kube_vgpu.placement.status import Code, FitFailure
 from kube_vgpu.podspec import parse_pod, pod_asks
 from kube_vgpu.resources import (
     ANN_ALLOCATED_CONTAINERS,
@@ -83,7 +84,6 @@ from .hostpriority import HostPriorityEncoder
 from .kube import KubeAPI, Reflector, api_error_text, is_conflict, is_not_found, outcome_unknown
 from .leader import LeaseElector, LeaseFollower
 from .metrics import GpuRow, Metrics
-from .reasons import aggregate, classify, split_unresolvable
 from .wire import check_binding_args, check_extender_args
 
 log = logging.getLogger("kube_vgpu.scheduler")
@@ -104,8 +104,9 @@ class Options:
     a running pod from the cache the way removing a label would; a change of the scheduler name
     needs a restart);
     sync_wait: how long /filter waits for the first list before answering an Error (s);
-    shapes_interval: FGD shape refresh (s); event_dedupe: same message to the same pod at most
-    once per this many seconds; api_workers: threads for blocking API calls;
+    shapes_interval: FGD shape refresh (s); assume_seconds: how long a pod that passed
+    filter/prioritize holds its promise on the chosen node while kube-scheduler binds it (0 =
+    no promises; see docs/scheduler.md "Promises"); api_workers: threads for blocking API calls;
     unknown_retry: first and longest wait (s) between read-backs of a pod whose bind outcome is
     unknown (doubling). ``leader_elect`` defaults to False here; the command line's default is True.
     """
@@ -122,7 +123,7 @@ class Options:
     pod_field_selector: str | None = None
     sync_wait: float = 5.0
     shapes_interval: float = 300.0
-    event_dedupe: float = 60.0
+    assume_seconds: float = 30.0
     api_workers: int = 16
     #: first and longest wait (s) between read-backs of a pod whose bind outcome is unknown
     unknown_retry: tuple[float, float] = (0.2, 10.0)
@@ -391,8 +392,7 @@ class SchedulerService:
         self._executor = ThreadPoolExecutor(self.opts.api_workers, thread_name_prefix="kube-api")
         self._synced = {"nodes": False, "pods": False}
         self.synced = asyncio.Event()
-        self._events: asyncio.Queue[tuple[Obj, dict[str, str], int]] = asyncio.Queue(maxsize=1000)
-        self._event_sent: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._events: asyncio.Queue[tuple[str, dict[str, FitFailure]]] = asyncio.Queue(maxsize=1000)
         self._tasks: list[asyncio.Task[Any]] = []
         self._reflectors: list[Reflector] = []
         self._stop = asyncio.Event()
@@ -541,10 +541,12 @@ class SchedulerService:
                 log.exception("background task failed")
 
     def _tick(self) -> None:
+        self._expire_promises()
         self.cache.refresh_availability()
         self.metrics.nodes.set(len(self.cache.state.nodes))
         self.metrics.unavailable.set(len(self.cache.unavailable))
         self.metrics.bookings.set(len(self.cache.state.bookings))
+        self.metrics.assumed.set(len(self.cache.state.assumed))
 
     # -- config and shapes --------------------------------------------------------------------
     @staticmethod
@@ -708,13 +710,22 @@ class SchedulerService:
         try:
             req = parse_pod(pod, cfg)
         except RequestError as e:
-            bad = {n: str(e) for n in names}
-            self._queue_event(pod, bad, len(names))
-            return filter_result(names, nodelist, [], {}, bad)
+            f = FitFailure(Code.INVALID_REQUEST, detail=str(e))
+            bad = dict.fromkeys(names, f)
+            self._queue_rejection(pod_key(pod), bad)
+            return filter_result(names, nodelist, [], {}, dict.fromkeys(names, summary(f)))
+        if self.cache.state.assumed:
+            self._expire_promises()
+            self.cache.state.forget_assumed(req.key)  # a new scheduling cycle ends the pod's promise
         ok, failed, _ = self.cache.evaluate(req, names, want_scores=False)
-        resolvable, unresolvable = split_unresolvable(failed)
-        if failed:
-            self._queue_event(pod, failed, len(names) if not ok else -1)
+        if not failed:
+            resolvable: dict[str, str] = {}
+            unresolvable: dict[str, str] = {}
+        else:
+            resolvable, unresolvable = summaries(failed)
+            self._queue_rejection(req.key, failed)
+        if len(ok) == 1:  # kube-scheduler does not prioritize a single feasible node: promise it now
+            self._assume(req, pod, ok[0])
         return filter_result(names, nodelist, ok, resolvable, unresolvable)
 
     async def handle_prioritize(self, request: web.Request) -> web.Response:
@@ -727,7 +738,10 @@ class SchedulerService:
 
     async def prioritize(self, args: Obj) -> bytes:
         """ExtenderArgs -> HostPriorityList JSON (UTF-8; one entry per name, input order; scores
-        0..10, infeasible or non-vGPU: 0)."""
+        0..10, infeasible or non-vGPU: 0). The pod is promised (:meth:`_assume`) on its best node
+        (the first of the best-scoring names), which alone keeps the top score: other nodes tied
+        with it get one point less, so kube-scheduler, whose own scores usually tie on equal
+        nodes, binds where the promise is."""
         pod = args.get("Pod") or {}
         names, _ = _names_of(args)
         cfg = self.config
@@ -739,10 +753,39 @@ class SchedulerService:
             except RequestError:
                 req = None
             if req is not None:
+                if self.cache.state.assumed:
+                    self._expire_promises()
                 raw = self.cache.score_array(req, names, key)
                 feasible = raw > -np.inf
-                scores[feasible] = normalise_array(raw[feasible])
+                if feasible.any():
+                    scores[feasible] = normalise_array(raw[feasible])
+                    best = int(np.argmax(raw))
+                    if self._assume(req, pod, names[best]):
+                        top = scores[best]
+                        tied = scores == top
+                        if int(np.count_nonzero(tied)) > 1:
+                            scores[tied] = top - 1
+                            scores[best] = top
         return self._priorities.encode(names, scores, key)
+
+    # -- promises ("assume") ------------------------------------------------------------------
+    def _assume(self, req: PodRequest, pod: Obj, node: str) -> bool:
+        """Promise ``req`` its plan on ``node`` for ``Options.assume_seconds`` (kube-scheduler binds
+        asynchronously: the next pod's filter must not see this capacity as free). Only for a pod
+        with a uid that books GPUs and holds no booking; a newer promise to the same pod replaces
+        the old one; /bind turns it into the booking (see docs/scheduler.md "Promises"). Returns
+        True if promised."""
+        ttl = self.opts.assume_seconds
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if ttl <= 0 or not uid or not req.has_gpu or req.key in self.cache.state.bookings:
+            return False
+        return self.cache.engine.assume_on(req, uid, node, self.clock() + ttl) is not None
+
+    def _expire_promises(self) -> None:
+        """End the promises whose time is up (pods that never came to bind)."""
+        n = self.cache.state.expire_assumed(self.clock())
+        if n:
+            self.metrics.assumptions_expired.inc(n)
 
     async def handle_bind(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
@@ -1054,59 +1097,42 @@ class SchedulerService:
         log.info("allocation record signed with the active key", extra={"pod": f"{ns}/{name}", "node": node,
                                                                          "key": ring.active})
 
-    # -- events -------------------------------------------------------------------------------
-    def _queue_event(self, pod: Obj, failed: dict[str, str], total: int) -> None:
-        """Hand the rejection to the background worker (metrics; an Event when total >= 0, i.e.
-        the pod fits nowhere). Never blocks: drops when the queue is full."""
+    # -- rejections ---------------------------------------------------------------------------
+    # kube-scheduler posts the one FailedScheduling event per attempt, with the reasons /filter
+    # answered; the extender posts none. It counts rejections by code and logs the details.
+    def _queue_rejection(self, key: str, failed: dict[str, FitFailure]) -> None:
+        """Hand a filter's failures to the background worker (metrics by code, debug log of the
+        details). Never blocks: drops when the queue is full (``events_dropped_total``)."""
         try:
-            self._events.put_nowait((pod, failed, total))
+            self._events.put_nowait((key, failed))
         except asyncio.QueueFull:
             self.metrics.events_dropped.inc()
 
     async def _event_loop(self) -> None:
         while True:
-            pod, failed, total = await self._events.get()
+            key, failed = await self._events.get()
             try:
-                await self._handle_rejection(pod, failed, total)
+                self._handle_rejection(key, failed)
             except Exception:  # noqa: BLE001
-                log.exception("event emission failed")
+                log.exception("counting rejections failed")
 
-    async def _handle_rejection(self, pod: Obj, failed: dict[str, str], total: int) -> None:
-        counts: dict[str, int] = {}
-        for why in failed.values():
-            c = classify(why)
-            counts[c] = counts.get(c, 0) + 1
+    #: the most per-node detail lines one filter call writes to the debug log
+    DETAIL_LINES = 50
+
+    def _handle_rejection(self, key: str, failed: dict[str, FitFailure]) -> None:
+        """Count rejected (pod, node) pairs by code; at debug level, log each node's detail (the
+        numbers behind the code and the GPU they were measured on), up to DETAIL_LINES nodes."""
+        counts: dict[Code, int] = {}
+        for f in failed.values():
+            counts[f.code] = counts.get(f.code, 0) + 1
         for c, n in counts.items():
-            self.metrics.filter_rejections.labels(reason=c).inc(n)
-        if total < 0 or self.api is None:
+            self.metrics.filter_rejections.labels(reason=c.value).inc(n)
+        if not log.isEnabledFor(logging.DEBUG):
             return
-        meta = pod.get("metadata") or {}
-        msg = aggregate(failed, total)
-        k = (str(meta.get("uid") or pod_key(pod)), msg)
-        now = time.monotonic()
-        last = self._event_sent.get(k)
-        if last is not None and now - last < self.opts.event_dedupe:
-            return
-        self._event_sent[k] = now
-        self._event_sent.move_to_end(k)
-        while len(self._event_sent) > 10_000:
-            self._event_sent.popitem(last=False)
-        await self.run_blocking(self.api.create_event, str(meta.get("namespace") or "default"),
-                                self.event_body(pod, msg))
-
-    def event_body(self, pod: Obj, message: str) -> Obj:
-        """A core/v1 Event (Warning, reason FailedScheduling) on ``pod`` with ``message``."""
-        meta = pod.get("metadata") or {}
-        ns = str(meta.get("namespace") or "default")
-        name = str(meta.get("name") or "")
-        ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
-        return {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": ns},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name,
-                               "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
-            "reason": "FailedScheduling", "type": "Warning", "message": message[:1024],
-            "source": {"component": self.opts.component},
-            "reportingComponent": self.opts.component, "reportingInstance": self.opts.identity,
-            "firstTimestamp": ts, "lastTimestamp": ts, "count": 1,
-        }
+        nodes = self.cache.state.nodes
+        for k, (name, f) in enumerate(failed.items()):
+            if k == self.DETAIL_LINES:
+                log.debug("node rejected", extra={"pod": key, "error": f"... and {len(failed) - k} more nodes"})
+                break
+            log.debug("node rejected", extra={"pod": key, "node": name, "outcome": f.code.value,
+                                              "error": detail(f, nodes.get(name))})

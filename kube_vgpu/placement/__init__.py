@@ -14,8 +14,9 @@ from .policies import (
            make_policy,
            typical_shapes,
 )
-from .state import Booking, ClusterState, NodeState, OvercommitError
+from .state import Assumption, Booking, ClusterState, NodeState, OvercommitError
+from .status import Code, FitFailure
 
-__all__ = ["BestFit", "Binpack", "Booking", "ClusterState", "Decision", "DotProd", "Engine", "FGD", "FragModel",
+__all__ = ["Assumption", "BestFit", "Binpack", "Booking", "ClusterState", "Code", "Decision", "DotProd", "Engine", "FGD", "FitFailure", "FragModel",
            "NodeState", "OvercommitError", "Plan", "Policy", "Spread", "TaskShape", "fit_pod", "gpu_order",
            "make_policy", "normalise_scores", "pod_shape", "typical_shapes"]

@@ -18,7 +18,8 @@ import numpy as np
 from ..model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
 from .fit import Plan
 from .policies import Policy, TaskShape, make_policy
-from .state import Booking, ClusterState, NodeState
+from .state import Assumption, Booking, ClusterState, NodeState
+from .status import NO_INVENTORY, FitFailure
 
 NEG_INF = -math.inf
 
@@ -38,12 +39,9 @@ class _Entry:
         self.key = key
         self.versions = np.full(n, -1, dtype=np.int64)
         self.scores = np.full(n, NEG_INF, dtype=np.float64)
-        #: Plan when feasible; the reason when known; None when infeasible by a shared decision
-        #: (the reason, which names this node's GPUs, is then computed on demand)
-        self.results: list[Plan | str | None] = [None] * n
-
-
-_INFEASIBLE = (NEG_INF, None)
+        #: Plan when feasible, else the FitFailure (shared by nodes in the same state); None
+        #: until the node is first evaluated
+        self.results: list[Plan | FitFailure | None] = [None] * n
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +69,9 @@ class Engine:
         self._cache: OrderedDict[tuple[object, ...], _Entry] = OrderedDict()
         self._cache_entries = cache_entries
         self._generation = state.generation
-        #: (policy, shape, node signature) -> (score, Plan | None): nodes in the same state share it
-        self._memo: dict[tuple[object, ...], tuple[float, Plan | None]] = {}
+        #: (policy, shape, node signature) -> (score, Plan | FitFailure): nodes in the same state
+        #: share it
+        self._memo: dict[tuple[object, ...], tuple[float, Plan | FitFailure]] = {}
         make_policy(node_policy, gpu_policy, shapes)  # validate now
 
     # -- configuration --------------------------------------------------------------------------
@@ -129,26 +128,17 @@ class Engine:
             hit = memo.get(mkey)
             if hit is None:
                 r = pol.evaluate(node, pod)
-                if isinstance(r, str):
-                    hit = _INFEASIBLE
-                    e.results[i] = r
-                else:
-                    hit = r
-                    e.results[i] = r[1]
+                hit = (NEG_INF, r) if isinstance(r, FitFailure) else r
                 memo[mkey] = hit
-            else:
-                e.results[i] = hit[1]
+            e.results[i] = hit[1]
             e.scores[i] = hit[0]
             e.versions[i] = versions[i]
 
-    def _reason(self, pol: Policy, pod: PodRequest, i: int) -> str:
-        r = pol.evaluate(self.state.node_list[i], pod)
-        return r if isinstance(r, str) else "does not fit"
-
     def evaluate(self, pod: PodRequest, names: Sequence[str] | None = None
-                 ) -> tuple[list[str], dict[str, str], dict[str, float]]:
-        """Per candidate node: feasible names (in input order), reasons for the others, and the
-        policy score of each feasible node. Unknown node names fail with a reason."""
+                 ) -> tuple[list[str], dict[str, FitFailure], dict[str, float]]:
+        """Per candidate node: feasible names (in input order), the typed failure of the others,
+        and the policy score of each feasible node. Unknown node names fail with
+        :data:`~kube_vgpu.placement.status.NO_INVENTORY`."""
         e, pol = self._entry(pod)
         nodes = self.state.nodes
         if names is None:
@@ -156,16 +146,16 @@ class Engine:
             cand = [(n.name, n.idx) for n in self.state.node_list]
         else:
             cand = []
-            failed_unknown = {}
+            failed_unknown: dict[str, FitFailure] = {}
             for name in names:
                 n = nodes.get(name)
                 if n is None:
-                    failed_unknown[name] = "node has no vGPU inventory (device plugin not running or stale)"
+                    failed_unknown[name] = NO_INVENTORY
                 else:
                     cand.append((name, n.idx))
             self._refresh(e, pol, pod, np.fromiter((i for _, i in cand), dtype=np.int64, count=len(cand)))
         ok: list[str] = []
-        failed: dict[str, str] = {} if names is None else failed_unknown
+        failed: dict[str, FitFailure] = {} if names is None else failed_unknown
         scores: dict[str, float] = {}
         for name, i in cand:
             r = e.results[i]
@@ -173,8 +163,7 @@ class Engine:
                 ok.append(name)
                 scores[name] = float(e.scores[i])
             else:
-                if r is None:
-                    r = e.results[i] = self._reason(pol, pod, i)
+                assert r is not None  # refreshed above
                 failed[name] = r
         return ok, failed, scores
 
@@ -200,17 +189,40 @@ class Engine:
             return None
         return Decision(self.state.node_list[i].name, r, s)
 
-    def plan_for(self, pod: PodRequest, node: str) -> Plan | str:
-        """The plan for ``pod`` on one node (fresh, respecting the current state), or a reason."""
+    def plan_for(self, pod: PodRequest, node: str) -> Plan | FitFailure:
+        """The plan for ``pod`` on one node (fresh, respecting the current state), or why not.
+        This is the bind's step: the pod's own assumption (:meth:`assume`), wherever it is, is
+        released first, so a pod never competes with its own promise and the plan is made
+        against the books and the other pods' promises."""
+        self.state.forget_assumed(pod.key)
         n = self.state.nodes.get(node)
         if n is None:
-            return f"node {node} has no vGPU inventory"
+            return NO_INVENTORY
         e, pol = self._entry(pod)
         self._refresh(e, pol, pod, np.array([n.idx], dtype=np.int64))
         r = e.results[n.idx]
-        if r is None:
-            r = e.results[n.idx] = self._reason(pol, pod, n.idx)
+        assert r is not None  # refreshed above
         return r
+
+    def assume_on(self, pod: PodRequest, uid: str, node: str, expires: float) -> Assumption | None:
+        """Promise ``pod`` its current plan on ``node`` until ``expires`` (its previous promise
+        ends first); None when it does not fit there (nothing promised)."""
+        self.state.forget_assumed(pod.key)
+        n = self.state.nodes.get(node)
+        if n is None:
+            return None
+        e, pol = self._entry(pod)
+        self._refresh(e, pol, pod, np.array([n.idx], dtype=np.int64))
+        r = e.results[n.idx]
+        if not isinstance(r, Plan):
+            return None
+        return self.assume(pod, uid, node, r, expires)
+
+    def assume(self, pod: PodRequest, uid: str, node: str, plan: Plan, expires: float) -> Assumption | None:
+        """Promise ``plan`` on ``node`` to ``pod`` until ``expires`` (see
+        :meth:`ClusterState.assume`): the next pods' decisions see that capacity as taken."""
+        usage = tuple((i, m, c, s) for i, (m, c, s) in sorted(plan.usage(len(pod.init)).items()))
+        return self.state.assume(pod.key, uid, node, usage, expires)
 
     # -- booking --------------------------------------------------------------------------------
     def allocation(self, pod: PodRequest, node: str, plan: Plan, now: float | None = None) -> PodAllocation:

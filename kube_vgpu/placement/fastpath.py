@@ -6,8 +6,8 @@ filter + prioritize alone would miss the 10 ms p99 budget. :class:`ExtenderEngin
 engine's rules, per-(policy, shape) cache and dirty-node refresh untouched (it calls the engine's
 own ``_entry`` / ``_refresh``) and only replaces the per-name bookkeeping with numpy: names map to
 node indexes through a dict rebuilt when the node set changes, feasibility is ``score > -inf``
-(exactly the nodes whose cached result is a Plan), and reason strings are built only for the
-rejected nodes. Results are identical to ``Engine.evaluate`` (see tests/scheduler/test_fastpath.py).
+(exactly the nodes whose cached result is a Plan), and the rejected nodes' typed failures are
+picked from the engine's cache. Results are identical to ``Engine.evaluate`` (see tests/scheduler/test_fastpath.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import numpy as np
 
 from ..model import PodRequest
 from .engine import Engine
+from .status import NO_INVENTORY, FitFailure
 
-
-def _short(uuid: str) -> str:
-    return uuid if len(uuid) <= 12 else uuid[:12]  # as the fit rules print GPU names
+__all__ = ["NAMES_SEP", "NO_INVENTORY", "ExtenderEngine", "names_key", "normalise_array"]
 
 
 NAMES_SEP = _SEP = "\x00"  #: joins names_key; never in a node name (DNS subdomain), see ExtenderEngine._remember
@@ -35,9 +34,6 @@ def names_key(names: Sequence[str]) -> str:
     :meth:`ExtenderEngine.score_array` and the like to save a join). Raises TypeError if a name
     is not a str."""
     return _SEP.join(names)
-
-
-NO_INVENTORY = "node has no vGPU inventory (device plugin not running or stale)"
 
 
 def normalise_array(scores: np.ndarray, top: int = 10) -> np.ndarray:
@@ -124,31 +120,6 @@ class ExtenderEngine(Engine):
             sc[found] = e.scores[kidx]
         return known, kept, sc, e.results
 
-    def _reason_for(self, pol: Any, pod: PodRequest, j: int) -> str:
-        """The engine's reason for node ``j``, memoised by (policy, shape, node state): a node in
-        the same state as one already explained gets that text with the GPU names swapped
-        position by position (same state => same GPU positions in the text). Keeps a filter that
-        rejects thousands of identical nodes from re-running the fit on each."""
-        node = self.state.node_list[j]
-        e, _ = self._entry(pod)
-        key = (e.key, node.signature())
-        memo = self.__dict__.setdefault("_reason_memo", {})
-        hit = memo.get(key)
-        mine = tuple(_short(d.uuid) for d in node.devices)
-        if hit is not None:
-            text, theirs = hit
-            if theirs == mine:
-                return str(text)
-            if len(set(theirs)) == len(theirs) and not any(a in b for a in theirs for b in mine if a != b):
-                for a, b in zip(theirs, mine, strict=True):
-                    text = text.replace(a, b)
-                return str(text)
-        text = self._reason(pol, pod, j)
-        if len(memo) > 100_000:
-            memo.clear()
-        memo[key] = (text, mine)
-        return text
-
     def score_array(self, pod: PodRequest, names: Sequence[str], key: str | None = None) -> np.ndarray:
         """Policy score per name (float64; -inf where the pod does not fit or the node is unknown).
         ``key``: :func:`names_key` of ``names`` if the caller has it."""
@@ -157,9 +128,9 @@ class ExtenderEngine(Engine):
         return self._eval(pod, names, key)[2]
 
     def evaluate_names(self, pod: PodRequest, names: Sequence[str], want_scores: bool = True
-                       ) -> tuple[list[str], dict[str, str], dict[str, float]]:
+                       ) -> tuple[list[str], dict[str, FitFailure], dict[str, float]]:
         """Same contract as ``Engine.evaluate(pod, names)``: feasible names in input order,
-        reason per rejected name (unknown names: no inventory), policy score per feasible name
+        failure per rejected name (unknown names: NO_INVENTORY), policy score per feasible name
         (``want_scores=False``: an empty dict, for filter, which does not need them)."""
         if not names:
             return [], {}, {}
@@ -180,10 +151,5 @@ class ExtenderEngine(Engine):
             return ok, {}, scores
         js = idx[bad].tolist()
         reasons = [NO_INVENTORY if j < 0 else results[j] for j in js]
-        if None in reasons:  # the engine shares infeasible results by node state; reason on demand
-            pol = self.policy(pod)
-            for k, j in enumerate(js):
-                if reasons[k] is None:
-                    reasons[k] = results[j] = self._reason_for(pol, pod, j)
-        failed = dict(zip(map(names.__getitem__, bad.tolist()), map(str, reasons), strict=True))
+        failed = dict(zip(map(names.__getitem__, bad.tolist()), reasons, strict=True))
         return ok, failed, scores

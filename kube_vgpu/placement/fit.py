@@ -8,7 +8,8 @@ the node as it is; app containers are fitted together on an accumulating copy, s
 containers never double-book a GPU beyond its capacity. The pod then holds, per GPU,
 ``max(init peak, sum of app containers)``.
 
-Pure functions over a :class:`NodeState`; they never mutate it.
+A pod that does not fit gets a :class:`~kube_vgpu.placement.status.FitFailure` (code and
+numbers, no text). Pure functions over a :class:`NodeState`; they never mutate it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..model import ContainerRequest, PodRequest
+from ..model import Constraints, ContainerRequest, GPUDevice, PodRequest
 from .state import NodeState
+from .status import Code, FitFailure
 
 #: per container: tuple of (gpu index on node, MiB, cores)
 ContainerPlan = tuple[tuple[int, int, int], ...]
@@ -66,31 +68,43 @@ def _used_score(node: NodeState, i: int, mem: list[int], cores: list[int], slots
             + (d.memory_mib - mem[i]) / max(d.memory_mib, 1))
 
 
-def _short(uuid: str) -> str:
-    return uuid if len(uuid) <= 12 else uuid[:12]
+def _excluded(pod: PodRequest, d: GPUDevice) -> Code | None:
+    """Why the pod may not use ``d`` at all (unhealthy, type or uuid constraints), or None."""
+    if not d.healthy:
+        return Code.GPU_UNHEALTHY
+    c = pod.constraints
+    if not c.empty and not c.allows(d):
+        if (c.use_uuids and d.uuid not in c.use_uuids) or d.uuid in c.nouse_uuids:
+            if not (c.use_types or c.nouse_types) or Constraints(c.use_types, c.nouse_types).allows(d):
+                return Code.UUID_EXCLUDED
+        return Code.TYPE_EXCLUDED
+    if pod.gpu_spec and d.model not in pod.gpu_spec:
+        return Code.TYPE_EXCLUDED
+    return None
+
+
+def _fail(code: Code, req: ContainerRequest, need: int = 0, have: int = 0, gpu: int = -1) -> FitFailure:
+    return FitFailure(code, req.name, req.init, req.count, req.memory_mib, req.memory_percent, req.cores,
+                      need, have, gpu)
 
 
 def _fit_container(node: NodeState, req: ContainerRequest, mem: list[int], cores: list[int],
-                   slots: list[int], pod: PodRequest, order: GpuOrder) -> ContainerPlan | str:
+                   slots: list[int], pod: PodRequest, order: GpuOrder) -> ContainerPlan | FitFailure:
     devs = node.devices
     n = len(devs)
     if req.count > n:
-        hint = " (nvidia.com/gpu counts physical GPUs per container, not vGPU slots)" if n else ""
-        return f"container {req.name} needs {req.count} GPUs, node has {n}{hint}"
+        return _fail(Code.TOO_FEW_GPUS, req, req.count, n)
     cands: list[int] = []
-    excluded: list[str] = []
-    best_mem = (-1, "")
-    best_cores = (-1, "")
+    excluded: dict[Code, int] = {}
+    n_excluded = 0
+    best_mem = best_cores = -1
+    best_mem_i = best_cores_i = -1
     n_slots = n_excl = n_exh = 0
     for i, d in enumerate(devs):
-        if not d.healthy:
-            excluded.append(f"{_short(d.uuid)} unhealthy")
-            continue
-        why = pod.constraints.why_not(d) if not pod.constraints.empty else None
-        if why is None and pod.gpu_spec and d.model not in pod.gpu_spec:
-            why = f"model {d.model} not in {'|'.join(pod.gpu_spec)}"
+        why = _excluded(pod, d) if not d.healthy or not pod.constraints.empty or pod.gpu_spec else None
         if why is not None:
-            excluded.append(f"{_short(d.uuid)} {why}")
+            excluded[why] = excluded.get(why, 0) + 1
+            n_excluded += 1
             continue
         if slots[i] <= 0:
             n_slots += 1
@@ -103,57 +117,53 @@ def _fit_container(node: NodeState, req: ContainerRequest, mem: list[int], cores
         if cores[i] <= 0 and gpu_cores == 0 and d.cores > 0:
             n_exh += 1
             continue
-        if mem[i] > best_mem[0]:
-            best_mem = (mem[i], d.uuid)
-        if cores[i] > best_cores[0]:
-            best_cores = (cores[i], d.uuid)
+        if mem[i] > best_mem:
+            best_mem, best_mem_i = mem[i], i
+        if cores[i] > best_cores:
+            best_cores, best_cores_i = cores[i], i
         if mem[i] < gpu_mem or cores[i] < gpu_cores:
             continue
         cands.append(i)
     if len(cands) >= req.count:
         chosen = order(node, cands, mem, cores, req)[: req.count]
         return tuple((i, req.memory_on(devs[i]), req.cores_on(devs[i])) for i in chosen)
-    # Build the most useful reason.
-    who = f"container {req.name}"
-    if len(excluded) == n:
-        return f"{who}: no usable GPU ({'; '.join(excluded[:3])})"
-    per_gpu = "per GPU" if req.count > 1 else "on one GPU"
+    # The most useful reason, as a code and its numbers.
+    if n_excluded == n:
+        for code in (Code.TYPE_EXCLUDED, Code.UUID_EXCLUDED, Code.GPU_UNHEALTHY):
+            if code in excluded:
+                return _fail(code, req, n, excluded[code])
     if req.exclusive and n_excl:
-        return f"{who} needs {req.count} idle GPU(s) (exclusive request); {n_excl} of {n} GPUs are in use"
-    if n_slots and n_slots + len(excluded) == n:
-        return f"{who}: all vGPU slots of the node's GPUs are taken"
-    need_mem: int | None = req.memory_mib or None
-    if best_mem[0] >= 0:
-        sample = devs[node.by_uuid[best_mem[1]]]
+        return _fail(Code.EXCLUSIVE_BUSY, req, req.count, n_excl)
+    if n_slots and n_slots + n_excluded == n:
+        return _fail(Code.NO_FREE_SLOT, req, req.count, n_slots)
+    if best_mem >= 0:
+        sample = devs[best_mem_i]
         nm = req.memory_on(sample)
-        if best_mem[0] < nm:
-            return (f"{who} needs {need_mem or nm} MiB {per_gpu}; largest free is {best_mem[0]} MiB "
-                    f"on {_short(best_mem[1])}")
+        if best_mem < nm:
+            return _fail(Code.INSUFFICIENT_MEMORY, req, nm, best_mem, best_mem_i)
         nc = req.cores_on(sample)
-        if best_cores[0] < nc:
-            return (f"{who} needs {nc}% cores {per_gpu}; most free is {best_cores[0]}% "
-                    f"on {_short(best_cores[1])}")
+        if best_cores < nc:
+            return _fail(Code.INSUFFICIENT_CORES, req, nc, best_cores, best_cores_i)
     if n_exh:
-        return f"{who}: compute of {n_exh} GPU(s) is fully booked (exclusive holder)"
-    return (f"{who} needs {req.count} GPUs with {need_mem or req.memory_percent}"
-            f"{' MiB' if need_mem else '% memory'} and {req.cores}% cores free, only {len(cands)} qualify"
-            + (f" ({'; '.join(excluded[:2])})" if excluded else ""))
+        return _fail(Code.COMPUTE_FULL, req, req.count, n_exh)
+    return _fail(Code.TOO_FEW_QUALIFY, req, req.count, len(cands))
 
 
-def fit_pod(node: NodeState, pod: PodRequest, order: GpuOrder = order_by_index) -> Plan | str:
-    """Fit ``pod`` on ``node``; returns a Plan or a human-readable reason (str) why not.
+def fit_pod(node: NodeState, pod: PodRequest, order: GpuOrder = order_by_index) -> Plan | FitFailure:
+    """Fit ``pod`` on ``node``; returns a Plan or the typed reason (:class:`FitFailure`) why not
+    (render it with :mod:`kube_vgpu.placement.render`).
 
     order: picks the GPUs among the candidates for each container (the GPU policy).
     """
     if node.cpu_total and pod.cpu_milli > node.cpu_free:
-        return f"needs {pod.cpu_milli}m CPU, node has {node.cpu_free}m free"
+        return FitFailure(Code.HOST_CPU, need=pod.cpu_milli, have=node.cpu_free)
     if node.memory_total and pod.memory_mib > node.memory_free:
-        return f"needs {pod.memory_mib} MiB host memory, node has {node.memory_free} MiB free"
+        return FitFailure(Code.HOST_MEMORY, need=pod.memory_mib, have=node.memory_free)
     plans: list[ContainerPlan] = []
     for c in pod.init:
         r = _fit_container(node, c, node.free_mem, node.free_cores, node.free_slots, pod, order)
-        if isinstance(r, str):
-            return f"init {r}"
+        if isinstance(r, FitFailure):
+            return r
         plans.append(r)
     if pod.app:
         mem = list(node.free_mem)
@@ -161,7 +171,7 @@ def fit_pod(node: NodeState, pod: PodRequest, order: GpuOrder = order_by_index) 
         slots = list(node.free_slots)
         for c in pod.app:
             r = _fit_container(node, c, mem, cores, slots, pod, order)
-            if isinstance(r, str):
+            if isinstance(r, FitFailure):
                 return r
             for i, m, k in r:
                 mem[i] -= m

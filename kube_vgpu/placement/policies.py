@@ -24,6 +24,7 @@ from ..config import NODE_POLICIES
 from ..model import ContainerRequest, PodRequest
 from .fit import GpuOrder, Plan, fit_pod, gpu_order
 from .state import NodeState
+from .status import FitFailure
 
 MAX_CPU_MILLI = 128_000  #: BestFit/DotProd normalisation (artifact's max node spec)
 MAX_GPU_MILLI = 8_000
@@ -136,16 +137,16 @@ def pod_gpu_milli(node: NodeState, pod: PodRequest, plan: Plan) -> int:
 
 
 class Policy:
-    """A scorer: ``evaluate(node, pod)`` returns (score, Plan) or a reason string."""
+    """A scorer: ``evaluate(node, pod)`` returns (score, Plan) or the :class:`FitFailure`."""
 
     name = "base"
 
     def __init__(self, gpu_policy: str = "spread"):
         self.order: GpuOrder = gpu_order(gpu_policy)
 
-    def evaluate(self, node: NodeState, pod: PodRequest) -> tuple[float, Plan] | str:
+    def evaluate(self, node: NodeState, pod: PodRequest) -> tuple[float, Plan] | FitFailure:
         plan = fit_pod(node, pod, self.order)
-        if isinstance(plan, str):
+        if isinstance(plan, FitFailure):
             return plan
         return self.score(node, pod, plan), plan
 
@@ -255,9 +256,9 @@ class FGD(Policy):
         keyed.sort()
         return [i for _, i in keyed]
 
-    def evaluate(self, node: NodeState, pod: PodRequest) -> tuple[float, Plan] | str:
+    def evaluate(self, node: NodeState, pod: PodRequest) -> tuple[float, Plan] | FitFailure:
         plan = fit_pod(node, pod, self.order)
-        if isinstance(plan, str):
+        if isinstance(plan, FitFailure):
             return plan
         before = self.model.node_frag(node)
         cpu_after, g_after = _plan_state(node, pod, plan)

@@ -6,6 +6,7 @@ cached placement decisions for that node are recomputed, and only for that node.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,19 @@ class Booking:
     cpu_milli: int
     memory_mib: int
     usage: tuple[tuple[int, int, int, int], ...]  # (gpu index in node.devices, MiB, cores, slots)
+
+
+@dataclass(frozen=True, slots=True)
+class Assumption:
+    """A promise, not a booking: ``pod`` (key; ``uid``) passed filter/prioritize and is on its way to
+    bind on ``node`` with ``usage`` (as :attr:`Booking.usage`). It holds that capacity until it is
+    turned into a booking, released, or ``expires`` (the caller's clock, seconds)."""
+
+    pod: str
+    uid: str
+    node: str
+    usage: tuple[tuple[int, int, int, int], ...]
+    expires: float
 
 
 class NodeState:
@@ -92,6 +106,10 @@ class ClusterState:
         self.nodes: dict[str, NodeState] = {}
         self.node_list: list[NodeState] = []
         self.bookings: dict[str, Booking] = {}
+        #: pod key -> its promise (:meth:`assume`), oldest first
+        self.assumed: OrderedDict[str, Assumption] = OrderedDict()
+        #: the most promises held at once (a full book drops the oldest)
+        self.max_assumed = 10_000
         self.generation = 0  #: bumped when nodes are added or removed (caches are rebuilt)
         #: node.version per node index, so caches find changed nodes with one vector compare
         self.versions = np.zeros(0, dtype=np.int64)
@@ -106,6 +124,9 @@ class ClusterState:
                 and old.memory_total == memory_mib:
             old.heartbeat = heartbeat
             return old
+        if old is not None:  # promises were made on the old inventory: they end with it
+            for a in [a for a in self.assumed.values() if a.node == name]:
+                self.forget_assumed(a.pod)
         idx = old.idx if old is not None else len(self.node_list)
         node = NodeState(name, idx, devices, cpu_milli, memory_mib, heartbeat)
         if old is None:
@@ -127,6 +148,8 @@ class ClusterState:
 
     def remove_node(self, name: str) -> None:
         """Forget a node and every booking on it."""
+        for a in [a for a in self.assumed.values() if a.node == name]:
+            self.forget_assumed(a.pod)
         node = self.nodes.pop(name, None)
         if node is None:
             return
@@ -148,13 +171,14 @@ class ClusterState:
                 out.append((i, mem, cores, slots))
         return tuple(out)
 
-    def _apply(self, node: NodeState, b: Booking, sign: int) -> None:
+    def _apply(self, node: NodeState, b: Booking | Assumption, sign: int) -> None:
         for i, mem, cores, slots in b.usage:
             node.free_mem[i] -= sign * mem
             node.free_cores[i] -= sign * cores
             node.free_slots[i] -= sign * slots
-        node.cpu_free -= sign * b.cpu_milli
-        node.memory_free -= sign * b.memory_mib
+        if isinstance(b, Booking):
+            node.cpu_free -= sign * b.cpu_milli
+            node.memory_free -= sign * b.memory_mib
         node.version += 1
         if node.idx < len(self.versions) and self.node_list[node.idx] is node:
             self.versions[node.idx] = node.version
@@ -165,8 +189,10 @@ class ClusterState:
 
         check: refuse (OvercommitError) if any GPU would go below zero memory, cores or slots.
         Restart recovery passes check=False so that a record the cluster already runs is never lost.
-        Raises: OvercommitError (nothing changed), also if the pod is already booked.
+        The pod's own promise (:meth:`assume`) ends first: the booking replaces it.
+        Raises: OvercommitError (nothing changed but the promise), also if the pod is already booked.
         """
+        self.forget_assumed(pod)
         if pod in self.bookings:
             raise OvercommitError(f"pod {pod} is already booked on {self.bookings[pod].node}")
         node = self.nodes.get(alloc.node)
@@ -187,7 +213,9 @@ class ClusterState:
         return b
 
     def release(self, pod: str) -> Booking | None:
-        """Free everything ``pod`` holds; returns its booking, or None if it held nothing."""
+        """Free everything ``pod`` holds (its promise included); returns its booking, or None if it
+        held none."""
+        self.forget_assumed(pod)
         b = self.bookings.pop(pod, None)
         if b is None:
             return None
@@ -195,3 +223,48 @@ class ClusterState:
         if node is not None and node.pods.pop(pod, None) is not None:
             self._apply(node, b, -1)
         return b
+
+    # -- promises ("assume") --------------------------------------------------------------------
+    def assume(self, pod: str, uid: str, node: str, usage: tuple[tuple[int, int, int, int], ...],
+               expires: float) -> Assumption | None:
+        """Promise ``usage`` (per GPU index: MiB, cores, slots) on ``node`` to ``pod`` until
+        ``expires``, like kube-scheduler's assumed pods: every later fit sees it as taken. A newer
+        promise to the same pod replaces the old one. Refused (None, nothing changed) when the pod
+        holds a booking, the node is unknown or the usage no longer fits (never overcommits).
+        Holding :attr:`max_assumed` promises, the oldest is dropped."""
+        self.forget_assumed(pod)
+        n = self.nodes.get(node)
+        if n is None or pod in self.bookings:
+            return None
+        for i, mem, cores, slots in usage:
+            if not (0 <= i < len(n.devices)) or mem > n.free_mem[i] or cores > n.free_cores[i] \
+                    or slots > n.free_slots[i]:
+                return None
+        while len(self.assumed) >= self.max_assumed:
+            self.forget_assumed(next(iter(self.assumed)))
+        a = Assumption(pod, uid, node, usage, expires)
+        self._apply(n, a, +1)
+        self.assumed[pod] = a
+        return a
+
+    def forget_assumed(self, pod: str) -> Assumption | None:
+        """End ``pod``'s promise (its capacity is free again); returns it, or None if it had none."""
+        a = self.assumed.pop(pod, None)
+        if a is not None:
+            n = self.nodes.get(a.node)
+            if n is not None:
+                self._apply(n, a, -1)
+        return a
+
+    def expire_assumed(self, now: float) -> int:
+        """End every promise whose ``expires`` is at or before ``now``; returns how many. Cheap when
+        none is due (promises are kept oldest first; a caller uses one TTL, so the first one
+        that is not due ends the scan, and a later-added shorter one waits at most for those)."""
+        n = 0
+        while self.assumed:
+            a = next(iter(self.assumed.values()))
+            if a.expires > now:
+                break
+            self.forget_assumed(a.pod)
+            n += 1
+        return n

@@ -172,10 +172,6 @@ EXTENDER_METHODS: dict[str, Callable[[Any, FakeKubeAPI], None]] = {
     "remove_pod_metadata": lambda k, f: k.remove_pod_metadata("team-a", "p", "", ["a"], [LABEL_NODE]),
     "create_binding": lambda k, f: k.create_binding("team-a", "p", f.get_object("pods", "p", "team-a")["metadata"]["uid"],
                                                     "n1", f.get_object("pods", "p", "team-a")["metadata"]["resourceVersion"]),
-    "create_event": lambda k, f: k.create_event("team-a", {
-        "apiVersion": "v1", "kind": "Event", "metadata": {"generateName": "p."},
-        "involvedObject": {"kind": "Pod", "namespace": "team-a", "name": "p"}, "reason": "FailedScheduling",
-        "message": "m", "type": "Warning"}),
     "list_objects": lambda k, f: (k.list_objects("nodes"), k.list_objects("pods", LABEL_NODE)),
     "watch_objects": lambda k, f: (_drain(k.watch_objects("nodes", f.resource_version, 1)),
                                    _drain(k.watch_objects("pods", f.resource_version, 1, LABEL_NODE))),
@@ -227,7 +223,8 @@ def _lease_calls(docs: list[dict[str, Any]], fake: FakeKubeAPI) -> set[Call]:
 
 
 def _service_calls(fake: FakeKubeAPI) -> set[Call]:
-    """A real extender: sync, schedule and bind a vGPU pod, report an unschedulable one."""
+    """A real extender: sync, schedule and bind a vGPU pod, reject an unschedulable one (kube-scheduler
+    posts the FailedScheduling event; the extender posts none)."""
     sys.path.insert(0, str(ROOT / "tests" / "scheduler"))
     try:
         from vgpu_sched_util import Extender, bind_args, filter_args, node_obj, pod_obj, run, wait_until
@@ -248,7 +245,7 @@ def _service_calls(fake: FakeKubeAPI) -> set[Call]:
     fits, huge = create("fits", 1000), create("huge", 999999)
 
     async def go() -> None:
-        svc = SchedulerService(Config(), KubeAPI(fake.api_client()), Options(sync_wait=5.0, event_dedupe=0.0))
+        svc = SchedulerService(Config(), KubeAPI(fake.api_client()), Options(sync_wait=5.0))
         async with Extender(svc) as ext:
             await asyncio.wait_for(svc.synced.wait(), 10)
             _, res = await ext.post("/filter", filter_args(huge, [node]))
@@ -257,7 +254,9 @@ def _service_calls(fake: FakeKubeAPI) -> set[Call]:
             assert res["NodeNames"] == ["node-0"], res
             _, b = await ext.post("/bind", bind_args(fits, "node-0"))
             assert b["Error"] == "", b
-            await wait_until(lambda: bool(fake.objects("events", "team-b")), timeout=10)
+            await wait_until(lambda: svc.metrics.registry.get_sample_value(
+                "kube_vgpu_scheduler_filter_rejections_total", {"reason": "insufficient_memory"}) == 1.0,
+                timeout=10)
     run(go)
     assert (fake.get_object("pods", "fits", "team-b") or {})["spec"].get("nodeName") == "node-0"
     assert fake.errors == []
@@ -283,7 +282,8 @@ def test_running_extender_stays_within_its_api_layer(renderer: Renderer, fake: F
     service = _service_calls(fake)
     verbs = {(c.verb, c.group, c.resource) for c in service}
     assert {("list", "", "nodes"), ("watch", "", "nodes"), ("list", "", "pods"), ("watch", "", "pods"),
-            ("patch", "", "pods"), ("create", "", "pods/binding"), ("create", "", "events")} <= verbs
+            ("patch", "", "pods"), ("create", "", "pods/binding")} <= verbs
+    assert not any(c.resource == "events" for c in service)  # kube-scheduler posts FailedScheduling
     docs = renderer.render()
     given = grants(docs, f"{FULL}-extender")
     denied = sorted(str(c) for c in service if not any(g.allows(c) for g in given))

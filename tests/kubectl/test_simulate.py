@@ -44,6 +44,7 @@ def test_every_policy_places_the_sample_pod(capsys: pytest.CaptureFixture[str]) 
     assert "cordoned" in rej["gpu-node-c"]
     assert "no vGPU inventory" in rej["cpu-node-1"]
     assert "unsupported version 2" in rej["gpu-node-d"]
+    assert doc["rejectedCodes"] == {"cpu-node-1": "no_inventory", "gpu-node-d": "bad_inventory"}
 
 
 def test_table_explains_rejections_within_80_columns(capsys: pytest.CaptureFixture[str]) -> None:
@@ -53,8 +54,11 @@ def test_table_explains_rejections_within_80_columns(capsys: pytest.CaptureFixtu
     assert all(len(line) <= 80 for line in out.splitlines())
     assert "(fits nowhere)" in out
     text = " ".join(out.split())  # reasons are wrapped
-    assert "gpu-node-a: container main needs 120000 MiB per GPU; largest free is 116771 MiB" in text
-    assert "gpu-node-b: container main needs 120000 MiB per GPU" in text
+    doc = json.loads(_run_json(capsys, ["simulate", "-f", BIG, "--snapshot", SNAP, "-o", "json"]))
+    assert doc["rejectedCodes"]["gpu-node-a"] == doc["rejectedCodes"]["gpu-node-b"] == "insufficient_memory"
+    for node in ("gpu-node-a", "gpu-node-b"):  # the one renderer's detail, numbers and GPU included
+        assert f"{node}: {doc['rejected'][node]}" in text
+    assert "116771 MiB" in doc["rejected"]["gpu-node-a"] and "120000 MiB" in doc["rejected"]["gpu-node-a"]
 
 
 def test_policy_subset_and_stale_node(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -122,3 +126,8 @@ def test_custom_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     cfg.write_text("scheduling: {nodePolicy: nope}\n")
     assert main(["simulate", "-f", SMALL, "--snapshot", SNAP, "--config", str(cfg)]) == 2
     assert "scheduling.nodePolicy" in capsys.readouterr().err
+
+
+def _run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    main(argv)
+    return capsys.readouterr().out

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kube_vgpu.model import GPUDevice
-from kube_vgpu.placement import ClusterState, Engine, OvercommitError
+from kube_vgpu.placement import ClusterState, Code, Engine, FitFailure, OvercommitError
 
 from .helpers import engine, gpu_used, gpus, place, pod, req
 
@@ -18,11 +18,13 @@ def test_memory_cores_and_slots_are_each_checked_per_gpu() -> None:
     assert place(e, pod("a", {"gpumem": 4000, "gpucores": 60})) is not None
     # cores: 40 left
     ok, failed, _ = e.evaluate(req(pod("b", {"gpumem": 1000, "gpucores": 50})))
-    assert ok == [] and failed["n1"] == "container c0 needs 50% cores on one GPU; most free is 40% on GPU-n1-0"
+    assert ok == [] and failed["n1"] == FitFailure(Code.INSUFFICIENT_CORES, "c0", False, 1, 1000, 0, 50,
+                                                   need=50, have=40, gpu=0)
+    assert failed["n1"].resolvable
     assert place(e, pod("c", {"gpumem": 1000, "gpucores": 40})) is not None
     # slots: split 2 used up although memory is left
     ok, failed, _ = e.evaluate(req(pod("d", {"gpumem": 100})))
-    assert ok == [] and "vGPU slots" in failed["n1"]
+    assert ok == [] and (failed["n1"].code, failed["n1"].have) == (Code.NO_FREE_SLOT, 1)
     assert gpu_used(e, "n1") == [(5000, 100, 2)]
 
 
@@ -41,7 +43,7 @@ def test_unhealthy_gpus_are_skipped_with_reason() -> None:
     assert alloc is not None and alloc.containers[0].devices[0].uuid == "GPU-n1-1"
     e2 = engine({"n1": (replace(devs[1], healthy=False), devs[0])[:1]})
     ok, failed, _ = e2.evaluate(req(pod("a", {"gpumem": 1000})))
-    assert ok == [] and "unhealthy" in failed["n1"]
+    assert ok == [] and failed["n1"].code is Code.GPU_UNHEALTHY and not failed["n1"].resolvable
 
 
 def test_type_and_uuid_constraints_use_hami_annotations() -> None:
@@ -50,15 +52,15 @@ def test_type_and_uuid_constraints_use_hami_annotations() -> None:
     e = engine(nodes)
     p = pod("p", {"gpumem": 1000}, annotations={"nvidia.com/use-gputype": "a100, h100"})
     ok, failed, _ = e.evaluate(req(p))
-    assert ok == ["a100"] and "not in use-gputype" in failed["t4"]
+    assert ok == ["a100"] and failed["t4"].code is Code.TYPE_EXCLUDED and not failed["t4"].resolvable
     p = pod("p", {"gpumem": 1000}, annotations={"nvidia.com/nouse-gputype": "A100"})
     ok, failed, _ = e.evaluate(req(p))
-    assert ok == ["t4"] and "nouse-gputype" in failed["a100"]
+    assert ok == ["t4"] and failed["a100"].code is Code.TYPE_EXCLUDED
     p = pod("p", {"gpumem": 1000}, annotations={"nvidia.com/use-gpuuuid": "GPU-t4-0"})
     assert e.evaluate(req(p))[0] == ["t4"]
     p = pod("p", {"gpumem": 1000}, annotations={"nvidia.com/nouse-gpuuuid": "GPU-t4-0,GPU-a100-0"})
     ok, failed, _ = e.evaluate(req(p))
-    assert ok == [] and "nouse-gpuuuid" in failed["t4"]
+    assert ok == [] and failed["t4"].code is Code.UUID_EXCLUDED and failed["a100"].code is Code.UUID_EXCLUDED
 
 
 def test_multi_gpu_container_takes_distinct_gpus() -> None:
@@ -68,20 +70,21 @@ def test_multi_gpu_container_takes_distinct_gpus() -> None:
     uuids = [d.uuid for d in alloc.containers[0].devices]
     assert len(set(uuids)) == 3
     ok, failed, _ = e.evaluate(req(pod("q", {"gpu": 2, "gpumem": 2000})))
-    assert ok == [] and "needs 2 GPUs" in failed["n1"] and "only 1 qualify" in failed["n1"]
+    f = failed["n1"]
+    assert ok == [] and (f.code, f.count, f.need, f.have) == (Code.TOO_FEW_QUALIFY, 2, 2, 1) and f.resolvable
 
 
 def test_unknown_node_names_fail_with_reason() -> None:
     e = engine({"n1": gpus("n1", [10000])})
     ok, failed, _ = e.evaluate(req(pod("p", {"gpumem": 1})), ["n1", "cpu-only"])
-    assert ok == ["n1"] and "no vGPU inventory" in failed["cpu-only"]
+    assert ok == ["n1"] and failed["cpu-only"].code is Code.NO_INVENTORY and not failed["cpu-only"].resolvable
 
 
 def test_book_is_atomic_and_refuses_overcommit() -> None:
     e = engine({"n1": gpus("n1", [10000])})
     r1 = req(pod("a", {"gpumem": 6000}))
     plan = e.plan_for(r1, "n1")
-    assert not isinstance(plan, str)
+    assert not isinstance(plan, FitFailure)
     alloc = e.allocation(r1, "n1", plan)
     r2 = req(pod("b", {"gpumem": 6000}))
     alloc2 = e.allocation(r2, "n1", plan)  # a stale plan computed before a was booked

@@ -6,6 +6,7 @@ import pytest
 
 from kube_vgpu import codec
 from kube_vgpu.errors import RequestError
+from kube_vgpu.placement import Code
 
 from .helpers import engine, gpu_used, gpus, place, pod, req
 
@@ -26,11 +27,12 @@ def test_kf02_unsatisfiable_requests_give_reasons_and_keep_serving() -> None:
     e = engine({"n1": gpus("n1", [24576, 24576])})
     ok, failed, _ = e.evaluate(req(pod("p4", {"gpu": 4})))
     assert ok == []
-    assert failed["n1"] == ("container c0 needs 4 GPUs, node has 2 "
-                            "(nvidia.com/gpu counts physical GPUs per container, not vGPU slots)")
+    f = failed["n1"]
+    assert (f.code, f.container, f.count, f.need, f.have, f.resolvable) == (Code.TOO_FEW_GPUS, "c0", 4, 4, 2, False)
     ok, failed, _ = e.evaluate(req(pod("pbig", {"gpu": 1, "gpumem": 999999})))
     assert ok == []
-    assert failed["n1"] == "container c0 needs 999999 MiB on one GPU; largest free is 24576 MiB on GPU-n1-0"
+    f = failed["n1"]
+    assert (f.code, f.need, f.have, f.gpu, f.resolvable) == (Code.INSUFFICIENT_MEMORY, 999999, 24576, 0, True)
     # still serving: a fitting pod is placed afterwards
     assert place(e, pod("small", {"gpu": 1, "gpumem": 1000})) is not None
 
@@ -39,8 +41,7 @@ def test_kf03_gpu_counts_physical_gpus_not_slices() -> None:
     e = engine({"n1": gpus("n1", [16384, 16384], split=16)})
     ok, failed, _ = e.evaluate(req(pod("p", {"gpu": 5, "gpumem": 1000})))
     assert ok == []
-    assert "needs 5 GPUs, node has 2" in failed["n1"]
-    assert "not vGPU slots" in failed["n1"]
+    assert (failed["n1"].code, failed["n1"].need, failed["n1"].have) == (Code.TOO_FEW_GPUS, 5, 2)
 
 
 def test_kf04_two_containers_never_overbook_one_gpu() -> None:
@@ -87,12 +88,12 @@ def test_kf08_exclusive_holder_blocks_sharers_and_waits_for_idle_card() -> None:
     b = pod("b", {"gpu": 1, "gpumem": 1000})
     assert place(e, a) is not None
     ok, failed, _ = e.evaluate(req(b))
-    assert ok == [] and "fully booked" in failed["n1"]
+    assert ok == [] and (failed["n1"].code, failed["n1"].have) == (Code.COMPUTE_FULL, 1)
     # reverse order
     e2 = engine({"n1": gpus("n1", [16384], split=3)})
     assert place(e2, b) is not None
     ok, failed, _ = e2.evaluate(req(a))
-    assert ok == [] and "idle GPU" in failed["n1"]
+    assert ok == [] and (failed["n1"].code, failed["n1"].need, failed["n1"].have) == (Code.EXCLUSIVE_BUSY, 1, 1)
 
 
 def test_kf12_release_frees_everything_for_the_next_pod() -> None:
@@ -130,7 +131,7 @@ def test_kf32_fit_is_per_gpu_never_node_sum() -> None:
     e = engine({"n1": gpus("n1", [7168])})
     ok, failed, _ = e.evaluate(req(pod("p", {"gpumem": 8192})))
     assert ok == []
-    assert failed["n1"] == "container c0 needs 8192 MiB on one GPU; largest free is 7168 MiB on GPU-n1-0"
+    assert (failed["n1"].code, failed["n1"].need, failed["n1"].have) == (Code.INSUFFICIENT_MEMORY, 8192, 7168)
     e2 = engine({"n1": gpus("n1", [7168, 7168])})  # 14 GiB in sum, still no single GPU fits
     ok, _, _ = e2.evaluate(req(pod("p", {"gpumem": 8192})))
     assert ok == []

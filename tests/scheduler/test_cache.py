@@ -14,7 +14,9 @@ from kube_vgpu.cluster import ClusterCache
 from kube_vgpu.codec import encode_allocation
 from kube_vgpu.config import Config
 from kube_vgpu.model import ContainerAllocation, DeviceBooking, PodAllocation
+from kube_vgpu.placement import Code, FitFailure
 from kube_vgpu.placement.liveshapes import default_shapes, shapes_from_state
+from kube_vgpu.placement.render import aggregate, summaries
 from kube_vgpu.podspec import parse_pod
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_NODE_INVENTORY
 from scheduler import jsonlog
@@ -106,20 +108,22 @@ def test_node_availability_reasons() -> None:
     assert c.unavailable == {}
     now[0] = 1000.0 + cfg.scheduling.inventory_stale_seconds + 1
     c.refresh_availability()
-    assert "stale" in c.unavailable["n1"]
+    assert c.unavailable["n1"] == FitFailure(Code.STALE_INVENTORY, need=int(cfg.scheduling.inventory_stale_seconds))
     c.on_node("MODIFIED", node_obj("n1", 1, heartbeat=now[0]))
     assert c.unavailable == {}
     bad = node_obj("n1", 1, heartbeat=now[0])
     bad["metadata"]["annotations"][ANN_NODE_INVENTORY] = "{not json"
     c.on_node("MODIFIED", bad)
-    assert "inventory annotation is invalid" in c.unavailable["n1"]
+    assert c.unavailable["n1"].code is Code.BAD_INVENTORY and c.unavailable["n1"].detail
     gone = node_obj("n1", 1, heartbeat=now[0], inventory=False)
     c.on_node("MODIFIED", gone)
-    assert "no vGPU inventory" in c.unavailable["n1"]
+    assert c.unavailable["n1"].code is Code.NO_INVENTORY and not c.unavailable["n1"].resolvable
     req = parse_pod(pod_obj("p", limits={"nvidia.com/gpumem": 1000}))
     assert "no vGPU inventory" in str(c.reserve(req, "u", "n1"))
     ok, failed, _ = c.evaluate(req, ["n1", "nope"])
-    assert ok == [] and set(failed) == {"n1", "nope"}
+    assert ok == [] and {n: f.code for n, f in failed.items()} == {"n1": Code.NO_INVENTORY, "nope": Code.NO_INVENTORY}
+    c.on_node("MODIFIED", node_obj("n1", 1, heartbeat=now[0], allocatable=0))
+    assert c.unavailable["n1"] == FitFailure(Code.NO_ALLOCATABLE, detail="nvidia.com/gpu")
 
 
 def test_policy_file_reload_keeps_last_good_config(tmp_path: Path) -> None:
@@ -168,13 +172,9 @@ def test_json_logs_carry_pod_node_gpu(capsys: object) -> None:
     assert out["level"] == "info" and out["ts"].endswith("Z")
 
 
-def test_events_aggregate_like_kube_scheduler() -> None:
-    from scheduler.reasons import aggregate, classify
-    msg = aggregate({"a": "needs 8192 MiB", "b": "needs 8192 MiB", "c": "needs 4 GPUs, node has 2"}, 5)
+def test_reasons_aggregate_like_kube_scheduler() -> None:
+    msg = aggregate(["needs 8192 MiB", "needs 8192 MiB", "needs 4 GPUs, node has 2"], 5)
     assert msg == "2/5 nodes are available: 2 needs 8192 MiB; 1 needs 4 GPUs, node has 2."
-    assert classify("container c needs 4 GPUs, node has 2") == "gpu_count"
-    assert classify("container c needs 9000 MiB on one GPU; largest free is 10 MiB on GPU-1") == "memory"
-    assert classify("vGPU inventory heartbeat is stale (older than 120s; device plugin down?)") == "stale_inventory"
 
 
 def test_relist_that_predates_our_patch_keeps_the_booking() -> None:
@@ -264,15 +264,16 @@ def test_json_log_handler_follows_sys_stderr(monkeypatch: object) -> None:
     assert out["msg"] == "two" and out["port"] == 2
 
 
-@given(st.dictionaries(st.sampled_from([f"n{i}" for i in range(12)]), st.sampled_from([
-    "node has no vGPU inventory (device plugin not running or stale)",
-    "container c needs 20000 MiB on one GPU; largest free is 1155 MiB",
-    "container c needs 3 GPU(s) but the node has 2",
-    "compute of 2 GPU(s) is fully booked (exclusive holder)",
-    "something new"])))
-def test_split_unresolvable_is_a_partition_by_category(failed: dict[str, str]) -> None:
-    from scheduler.reasons import UNRESOLVABLE, classify, split_unresolvable
-    res, unres = split_unresolvable(dict(failed))
-    assert {**res, **unres} == failed and not set(res) & set(unres)
-    assert all(classify(w) in UNRESOLVABLE for w in unres.values())
-    assert not any(classify(w) in UNRESOLVABLE for w in res.values())
+_FAILURES = [FitFailure(Code.NO_INVENTORY), FitFailure(Code.INSUFFICIENT_MEMORY, "c", count=1, need=20000, have=1155),
+             FitFailure(Code.TOO_FEW_GPUS, "c", count=3, need=3, have=2), FitFailure(Code.COMPUTE_FULL, "c", have=2),
+             FitFailure(Code.STALE_INVENTORY, need=120)]
+
+
+@given(st.dictionaries(st.sampled_from([f"n{i}" for i in range(12)]), st.sampled_from(_FAILURES)))
+def test_summaries_partition_failures_by_resolvability(failed: dict[str, FitFailure]) -> None:
+    res, unres = summaries(failed)
+    assert set(res) | set(unres) == set(failed) and not set(res) & set(unres)
+    assert all(failed[n].resolvable for n in res) and not any(failed[n].resolvable for n in unres)
+    assert {n: failed[n].code for n in unres} == {n: f.code for n, f in failed.items()
+                                                  if f.code in (Code.NO_INVENTORY, Code.TOO_FEW_GPUS,
+                                                                Code.STALE_INVENTORY)}

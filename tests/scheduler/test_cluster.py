@@ -322,19 +322,22 @@ def test_terminating_pod_keeps_reservation_until_gone(fake: FakeKubeAPI) -> None
     run(go)
 
 
-def test_watch_expiry_relists_and_events_explain_unschedulable(fake: FakeKubeAPI) -> None:
+def test_watch_expiry_relists_and_rejections_are_counted_without_own_events(fake: FakeKubeAPI) -> None:
     nodes = create_nodes(fake, 2, gpus=2)
     big = create_pod(fake, pod_obj("big", limits={"nvidia.com/gpu": 4}))
 
     async def go() -> None:
         async with extender(fake) as ext:
             svc = ext.svc
-            node, _ = await schedule(ext, big, nodes)
-            assert node is None
-            await wait_until(lambda: bool(fake.objects("events", "default")), timeout=5)
-            ev = fake.objects("events", "default")[0]
-            assert ev["involvedObject"]["name"] == "big" and ev["type"] == "Warning"
-            assert ev["message"].startswith("0/2 nodes are available: 2 container c needs 4 GPUs, node has 2")
+            _, res = await ext.post("/filter", filter_args(big, nodes))
+            # unresolvable (preemption cannot add GPUs), one identical text per node: kube-scheduler
+            # groups them into its own single FailedScheduling event
+            assert not res["NodeNames"] and not res["FailedNodes"]
+            assert set(res["FailedAndUnresolvableNodes"]) == {"node-0", "node-1"}
+            assert len(set(res["FailedAndUnresolvableNodes"].values())) == 1
+            await wait_until(lambda: svc.metrics.registry.get_sample_value(
+                "kube_vgpu_scheduler_filter_rejections_total", {"reason": "too_few_gpus"}) == 2.0, timeout=5)
+            assert fake.objects("events", "default") == []  # the extender posts no event of its own
             # watch expiry (410): the reflector relists and keeps following changes
             relists = [r.relists for r in svc._reflectors]
             fake.expire_watches()

@@ -88,16 +88,26 @@ def test_kf02_impossible_requests_get_per_node_reasons_and_service_keeps_serving
     huge = pod_obj("huge", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 999999})
     ok = pod_obj("ok", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000})
 
+    from kube_vgpu.placement import Code, FitFailure
+    from kube_vgpu.placement.render import summary
+    from kube_vgpu.podspec import parse_pod
+    svc = offline_service(nodes)
+
+    def failure(p: dict[str, object]) -> FitFailure:
+        return svc.cache.evaluate(parse_pod(p), ["two-gpus"])[1]["two-gpus"]
+
     async def go() -> None:
-        async with Extender(offline_service(nodes)) as ext:
+        async with Extender(svc) as ext:
             _, res = await ext.post("/filter", filter_args(big, nodes))
             assert res["NodeNames"] == [] and res["Error"] == ""
-            why = res["FailedAndUnresolvableNodes"]["two-gpus"]
-            assert "needs 4 GPUs, node has 2" in why
+            f = failure(big)
+            assert (f.code, f.need, f.have) == (Code.TOO_FEW_GPUS, 4, 2)
+            assert res["FailedAndUnresolvableNodes"]["two-gpus"] == summary(f)
             _, res = await ext.post("/filter", filter_args(huge, nodes))
             assert res["NodeNames"] == []
-            why = {**res["FailedNodes"], **res["FailedAndUnresolvableNodes"]}["two-gpus"]
-            assert "needs 999999 MiB on one GPU" in why and "largest free is 24576 MiB" in why
+            f = failure(huge)
+            assert (f.code, f.need, f.have) == (Code.INSUFFICIENT_MEMORY, 999999, 24576)
+            assert res["FailedNodes"]["two-gpus"] == summary(f) and "GPU-" not in summary(f)
             _, res = await ext.post("/filter", filter_args(ok, nodes))
             assert res["NodeNames"] == ["two-gpus"]
             st, _ = await ext.get("/livez")
@@ -170,7 +180,7 @@ def test_metrics_expose_per_gpu_usage_latency_and_rejections() -> None:
             await ext.post("/filter", filter_args(pod, nodes))
             await ext.post("/prioritize", filter_args(pod, nodes))
             for _ in range(50):  # let the background worker count the rejection
-                if svc.metrics.filter_rejections.labels(reason="gpu_count")._value.get():
+                if svc.metrics.filter_rejections.labels(reason="too_few_gpus")._value.get():
                     break
                 import asyncio
                 await asyncio.sleep(0.01)
@@ -182,7 +192,7 @@ def test_metrics_expose_per_gpu_usage_latency_and_rejections() -> None:
             assert 'kube_vgpu_scheduler_gpu_allocated_slots{model="NVIDIA A10",node="n1",uuid="GPU-n1-00"} 0.0' in text
             assert "kube_vgpu_scheduler_filter_seconds_bucket" in text
             assert "kube_vgpu_scheduler_prioritize_seconds_count 1.0" in text
-            assert 'kube_vgpu_scheduler_filter_rejections_total{reason="gpu_count"} 1.0' in text
+            assert 'kube_vgpu_scheduler_filter_rejections_total{reason="too_few_gpus"} 1.0' in text
             svc.cache.state.book("default/y", PodAllocation("n1", (ContainerAllocation("c", False, (
                 DeviceBooking("GPU-n1-00", 2048, 0),)),)))  # a scrape after a bind sees it
             _, text = await ext.get("/metrics")

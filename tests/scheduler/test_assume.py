@@ -1,0 +1,177 @@
+"""Promises through the extender: pods whose filter and prioritize all run before any bind (as
+kube-scheduler pipelines them: binds are asynchronous) are placed without a bind losing a race
+for capacity, and no promise outlives its pod's bind or its time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from vgpu_sched_util import KEYS, Extender, bind_args, filter_args, node_obj, offline_service, pod_obj, run
+
+from kube_vgpu.codec import decode_allocation
+from kube_vgpu.config import Config
+from kube_vgpu.resources import ANN_ALLOCATION
+from scheduler.kube import KubeAPI
+from scheduler.service import Options, SchedulerService
+from tests.fakeapi import FakeKubeAPI
+
+
+@pytest.fixture
+def fake() -> Any:
+    api = FakeKubeAPI(bookmark_interval=0.5)
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+@asynccontextmanager
+async def extender(fake: FakeKubeAPI, **opts: Any) -> AsyncIterator[Extender]:
+    svc = SchedulerService(Config(), KubeAPI(fake.api_client()), Options(sync_wait=5.0, **opts), keys=KEYS)
+    async with Extender(svc) as ext:
+        await asyncio.wait_for(svc.synced.wait(), 10)
+        yield ext
+
+
+def _create(fake: FakeKubeAPI, n: int, limits: dict[str, int]) -> list[dict[str, Any]]:
+    out = []
+    for i in range(n):
+        p = pod_obj(f"p{i:03d}", limits=limits)
+        p["metadata"] = {k: v for k, v in p["metadata"].items() if k not in ("uid", "resourceVersion")}
+        out.append(fake.create_object("pods", p))
+    return out
+
+
+async def _decide(ext: Extender, pod: dict[str, Any], nodes: list[dict[str, Any]], rnd: random.Random) -> str | None:
+    """kube-scheduler's scheduling cycle: filter, prioritize (skipped for a single feasible node),
+    the highest score wins, ties broken at random. Returns the node, None if unschedulable."""
+    _, res = await ext.post("/filter", filter_args(pod, nodes))
+    ok = res["NodeNames"] or []
+    if len(ok) <= 1:
+        return ok[0] if ok else None
+    _, prio = await ext.post("/prioritize", filter_args(pod, [n for n in nodes if n["metadata"]["name"] in ok]))
+    return str(max(prio, key=lambda p: (p["Score"], rnd.random()))["Host"])
+
+
+def _gpu_use(fake: FakeKubeAPI) -> dict[str, list[int]]:
+    used: dict[str, list[int]] = {}
+    for p in fake.objects("pods"):
+        text = (p["metadata"].get("annotations") or {}).get(ANN_ALLOCATION)
+        if text and p["spec"].get("nodeName"):
+            for uuid, (m, _c, s) in decode_allocation(text).usage().items():
+                u = used.setdefault(uuid, [0, 0])
+                u[0] += m
+                u[1] += s
+    return used
+
+
+async def _pipeline(ext: Extender, pods: list[dict[str, Any]], nodes: list[dict[str, Any]]
+                    ) -> tuple[dict[str, str | None], list[str]]:
+    """Every pod's scheduling cycle first, then all binds at once. Returns (pod -> decided node,
+    the bind errors)."""
+    rnd = random.Random(3)
+    decided = {p["metadata"]["name"]: await _decide(ext, p, nodes, rnd) for p in pods}
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    results = await asyncio.gather(*(ext.post("/bind", bind_args(by_name[k], n))
+                                     for k, n in decided.items() if n is not None))
+    return decided, [b["Error"] for _, b in results if b["Error"]]
+
+
+@pytest.mark.parametrize(("n_nodes", "gpus", "n_pods", "limits"), [
+    (50, 8, 200, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}),  # the throughput benchmark's shape
+    (4, 2, 20, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000}),  # 16 fit exactly: the cluster fills up
+    (1, 2, 8, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000}),  # one node: promised at filter
+])
+def test_pipelined_pods_bind_without_races_and_leave_no_promise(fake: FakeKubeAPI, n_nodes: int, gpus: int,
+                                                                 n_pods: int, limits: dict[str, int]) -> None:
+    nodes = [fake.create_object("nodes", node_obj(f"node-{i:02d}", gpus)) for i in range(n_nodes)]
+    pods = _create(fake, n_pods, limits)
+    fits = min(n_pods, n_nodes * gpus * (24576 // limits["nvidia.com/gpumem"]), n_nodes * gpus * 10)
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            decided, errors = await _pipeline(ext, pods, nodes)
+            assert sum(1 for n in decided.values() if n) == fits  # promises told later pods what is left
+            assert errors == []  # no bind lost a race for capacity
+            assert svc.cache.state.assumed == {}  # every promise became a booking
+            assert len(svc.cache.state.bookings) == fits
+            for uuid, (mem, slots) in _gpu_use(fake).items():
+                assert mem <= 24576 and slots <= 10, uuid
+            assert svc.metrics.registry.get_sample_value("kube_vgpu_scheduler_binds_total",
+                                                         {"outcome": "success"}) == fits
+    run(go, timeout=120)
+
+
+def test_without_promises_the_same_pipeline_loses_races(fake: FakeKubeAPI) -> None:
+    """The control: with promises off the pipelined pods all see the same free capacity (one node
+    with room for 4 of the 8): every pod passes filter and 4 binds fail."""
+    nodes = [fake.create_object("nodes", node_obj("node-00", 2))]
+    pods = _create(fake, 8, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000})
+
+    async def go() -> None:
+        async with extender(fake, assume_seconds=0.0) as ext:
+            decided, errors = await _pipeline(ext, pods, nodes)
+            assert all(decided.values()) and len(errors) == 4
+            assert ext.svc.cache.state.assumed == {}
+    run(go, timeout=60)
+
+
+def _service(n_nodes: int = 2, now: list[float] | None = None) -> tuple[SchedulerService, list[dict[str, Any]]]:
+    nodes = [node_obj(f"n{i}", 1) for i in range(n_nodes)]
+    svc = offline_service(nodes)
+    if now is not None:
+        svc.clock = lambda: now[0]
+    return svc, nodes
+
+
+def test_promises_of_pods_that_never_bind_expire() -> None:
+    now = [1000.0]
+    svc, nodes = _service(2, now)
+    empty = {n.name: n.signature() for n in svc.cache.state.node_list}
+
+    async def go() -> None:
+        for i in range(2):  # each takes a whole GPU: the second promise goes to the other node
+            p = pod_obj(f"p{i}", limits={"nvidia.com/gpu": 1})
+            await svc.prioritize(filter_args(p, nodes))
+        assert len(svc.cache.state.assumed) == 2
+        res = await svc.filter(filter_args(pod_obj("late", limits={"nvidia.com/gpu": 1}), nodes))
+        assert res["NodeNames"] == []  # promised capacity is not offered again
+        now[0] += svc.opts.assume_seconds
+        svc._tick()  # the periodic sweep ends them, no filter needed
+        assert svc.cache.state.assumed == {}
+        assert {n.name: n.signature() for n in svc.cache.state.node_list} == empty
+        assert svc.metrics.registry.get_sample_value("kube_vgpu_scheduler_assumptions_expired_total") == 2
+        res = await svc.filter(filter_args(pod_obj("late", limits={"nvidia.com/gpu": 1}), nodes))
+        assert sorted(res["NodeNames"]) == ["n0", "n1"]
+    run(go)
+
+
+def test_a_new_scheduling_cycle_replaces_the_pods_promise() -> None:
+    svc, nodes = _service(1)
+
+    async def go() -> None:
+        p = pod_obj("p", limits={"nvidia.com/gpu": 1})
+        res = await svc.filter(filter_args(p, nodes))  # one feasible node: promised at filter
+        assert res["NodeNames"] == ["n0"] and list(svc.cache.state.assumed) == ["default/p"]
+        res = await svc.filter(filter_args(p, nodes))  # retried: its own promise does not block it
+        assert res["NodeNames"] == ["n0"] and len(svc.cache.state.assumed) == 1
+    run(go)
+
+
+def test_the_promised_node_alone_gets_the_top_score() -> None:
+    svc, nodes = _service(3)
+
+    async def go() -> None:
+        body = await svc.prioritize(filter_args(pod_obj("p", limits={"nvidia.com/gpumem": 1000}), nodes))
+        scores = {e["Host"]: e["Score"] for e in json.loads(body)}
+        (promised,) = {a.node for a in svc.cache.state.assumed.values()}
+        assert scores[promised] == 10 and all(s == 9 for n, s in scores.items() if n != promised)
+    run(go)
