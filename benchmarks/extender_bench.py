@@ -33,7 +33,6 @@ import resource
 import socket
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +108,8 @@ def _server(port: int, nodes: int, gpus: int, ready: Any) -> None:
     from scheduler.service import Options, SchedulerService
 
     jsonlog.setup("error")  # lost bind races in the throughput phase would log a warning each
-    # No device plugin runs here to move pods past bind-phase "allocating", so the per-node
-    # hand-over (a bind waits for the node's previous same-size pod) is off: this measures the
-    # extender's own work. The hand-over's cost is a wait, measured in tests/scheduler/test_handover.py.
+    # No device plugin runs here: binds never wait for one, so this measures the extender's own work.
     cfg = Config()
-    cfg = replace(cfg, scheduling=replace(cfg.scheduling, bind_handover_seconds=0.0))
     svc = SchedulerService(cfg, None, Options(sync_wait=0.1))
     now = time.time() + 3600  # heartbeats stay fresh for the whole run
     for i in range(nodes):
