@@ -1,19 +1,22 @@
-"""Which pod and container a kubelet Allocate is for (pure functions, no I/O).
+"""The pods and containers behind kubelet's device plugin calls (pure functions, no I/O).
 
-kubelet's ``AllocateRequest`` names only device IDs. The scheduler extender records, on each pod it
-binds, the GPUs it booked per container (``kube-vgpu.io/allocation``) and sets
-``kube-vgpu.io/bind-phase=allocating``. This module turns the pods bound to the node into the list of
-containers kubelet may be allocating right now, and picks the one a request is for.
+The scheduler extender records, on each pod it binds, the GPUs it booked per container
+(``kube-vgpu.io/allocation``, signed) and sets ``kube-vgpu.io/bind-phase=allocating``.
 
-Facts about kubelet this relies on:
+* PreStartContainer (exact): kubelet's PodResources API names the pod and container holding the
+  device IDs; :func:`identified` takes that container's booking from the pod's trusted view and
+  :func:`check_assignment` checks the IDs are on exactly the booked GPUs.
+* GetPreferredAllocation (a guess that only steers kubelet's choice): :func:`pending_containers`
+  lists the containers kubelet may be allocating now, in admission order, and
+  :func:`preferred_allocation` answers with slots on the first one's GPUs. :func:`with_held` removes
+  the containers kubelet already holds devices for (PodResources).
 
-* kubelet admits pods one at a time and, for each pod, calls Allocate for its containers in spec
-  order (init containers first); so for every pending pod only its *next* pending container can be
-  the one being allocated;
-* it calls GetPreferredAllocation (when there is a choice of device IDs) right before Allocate for
-  the same container.
+Facts about kubelet the guess relies on: kubelet admits pods one at a time and, for each pod,
+allocates its containers in spec order (init containers first), so for every pending pod only its
+*next* pending container can be the one being allocated; it calls GetPreferredAllocation right
+before Allocate for the same container.
 
-Admission order. Which pending pod kubelet is admitting now is a guess from the order pods became
+Admission order. Which pending pod kubelet is admitting now is guessed from the order pods became
 bound to the node, and the bind-time annotation is *not* that order: the scheduler extender writes
 it before it posts the Binding, so two concurrent binds can commit in the opposite order, and kubelet
 sees pods in the order their ``spec.nodeName`` appeared (its watch, i.e. etcd order). So the plugin
@@ -28,31 +31,17 @@ other pending pod, and so never the target of a preference while another pod of 
   another admission handler, or its phase just has not turned Failed yet); or
 * when it has stayed pending for longer than ``stale_after`` seconds since it was first seen bound.
 
-Matching tiers (the first non-empty tier decides; see :func:`match`):
-
-1. the request is exactly the slot set we preferred in the last GetPreferredAllocation *and* the GPUs
-   behind the requested IDs are the GPUs booked for the container we preferred (when they are not,
-   the preference is not trusted and the remaining tiers decide);
-2. pods already part-way through their containers (kubelet finishes one pod before the next);
-3. containers whose booked GPU uuids equal the uuids behind the requested slot IDs;
-4. every container with the requested number of GPUs.
-
-Within a tier, candidates that would get the same thing (same GPUs, memory, cores, opt-out, priority)
-are interchangeable and the first in admission order is taken; candidates that would get different
-limits make the Allocate fail with :class:`MatchError` instead of guessing.
-
 Trust. Pod annotations can be written by the pod's owner, so nothing in them is taken on its word
 (:func:`trusted_view`): a pod's allocation record counts only when its
 ``kube-vgpu.io/allocation-signature`` verifies for the pod's uid, this node, its bind-time and the
 exact record (the scheduler extender wrote it), and its progress (``kube-vgpu.io/bind-phase``,
 ``kube-vgpu.io/allocated-containers``) only when the ``kube-vgpu.io/progress-signature`` this plugin
-wrote verifies; otherwise the plugin's own in-memory record of what it answered, else "just bound,
+wrote verifies; otherwise the plugin's own in-memory record of what it wrote, else "just bound,
 nothing allocated". A pod kubelet has already admitted (it has container statuses) has nothing
 pending. A GPU pod on this node without a verified record (no record, forged, edited, copied from
-another pod, or bound by another scheduler or a preset ``spec.nodeName``) is *refused*: it still
-takes part in the admission order below, so that kubelet's request for it is never matched to
-another pod's booking, and an Allocate that lands on it fails with a message naming the pod and the
-reason.
+another pod, or bound by another scheduler or a preset ``spec.nodeName``) is *refused*: it keeps its
+place in the admission order (with no devices) and :func:`identified` refuses it with a message
+naming the pod and the reason.
 
 Pod objects are Kubernetes API JSON (``dict``, camelCase keys) as returned by ``GET /api/v1/pods``.
 """
@@ -89,7 +78,8 @@ SLOT_SEP = "::"
 
 
 class MatchError(Exception):
-    """kubelet's request cannot be tied to exactly one pending container; the message says why."""
+    """A container cannot be given limits (unknown holder, untrusted pod, no booking, GPUs other than
+    the booked ones, 0 MiB); the message names the pod and container and says why."""
 
 
 def slot_id(uuid: str, k: int) -> str:
@@ -146,13 +136,6 @@ class PendingContainer:
     @property
     def uuids(self) -> frozenset[str]:
         return frozenset(d.uuid for d in self.devices)
-
-    def outcome(self) -> tuple[Any, ...]:
-        """What the container would get; two candidates with equal outcomes are interchangeable."""
-        if self.refused:
-            return ("refused", self.uid, self.container)
-        return (tuple((d.uuid, d.memory_mib, d.cores) for d in self.devices), self.disable_control,
-                self.priority)
 
     def fits(self, n: int) -> bool:
         """Whether a kubelet request for ``n`` devices may be for this container."""
@@ -557,79 +540,6 @@ def with_held(views: Iterable[Mapping[str, Any]], held: Mapping[tuple[str, str],
         ann = {**(meta.get("annotations") or {}), ANN_ALLOCATED_CONTAINERS: ",".join(done)}
         out.append({**v, "metadata": {**meta, "annotations": ann}})
     return out
-
-
-def _decide(tier: Sequence[PendingContainer], why: str, n: int) -> PendingContainer:
-    outcomes = {c.outcome() for c in tier}
-    if len(outcomes) == 1:
-        return tier[0]
-    listing = "; ".join(c.describe() for c in tier)
-    raise MatchError(
-        f"ambiguous Allocate for {n} GPU(s): {len(tier)} pending containers ({why}) would get different "
-        f"GPUs or limits: {listing}. Refusing to guess; the pod's admission fails and its controller "
-        f"may recreate it")
-
-
-def match(device_ids: Sequence[str], candidates: Sequence[PendingContainer],
-          preferred: PendingContainer | None = None) -> PendingContainer:
-    """The pending container a kubelet container request with ``device_ids`` is for.
-
-    candidates: from :func:`pending_containers` (admission order). preferred: the candidate our last
-    GetPreferredAllocation answered with exactly these IDs, if any (and still pending). The preference
-    is only taken when the GPUs behind ``device_ids`` are the GPUs booked for it; otherwise (kubelet
-    or our fill-up picked other GPUs) the other tiers decide, so a candidate booked on exactly the
-    requested GPUs wins over the preference.
-    Raises MatchError when no candidate has ``len(device_ids)`` GPUs, when the deciding tier holds
-    candidates with different outcomes, or when the match is a container without a booking or of a
-    refused pod (no trusted allocation record; the message names the pod and the reason).
-    """
-    pc = _match(device_ids, candidates, preferred)
-    if pc.refused:
-        raise MatchError(f"pod {pc.namespace}/{pc.pod} container {pc.container}: {pc.refused}; refusing to "
-                         f"allocate GPUs ({','.join(sorted({slot_uuid(i) for i in device_ids}))}) to a pod the "
-                         f"kube-vgpu scheduler did not place on this node (only a pod it bound here, with a "
-                         f"verified {ANN_ALLOCATION_SIGNATURE}, is served)")
-    if pc.unbooked:
-        raise MatchError(f"pod {pc.namespace}/{pc.pod} container {pc.container}: requests the GPU resource but "
-                         f"no GPU is booked for it in {ANN_ALLOCATION} (GPUs requested: "
-                         f"{','.join(sorted({slot_uuid(i) for i in device_ids}))}); refusing to hand out "
-                         f"an unlimited limit")
-    if not pc.disable_control:
-        zero = [d.uuid for d in pc.devices if d.memory_mib <= 0]
-        if zero:
-            raise MatchError(f"pod {pc.namespace}/{pc.pod} container {pc.container} GPU {', '.join(zero)}: 0 MiB "
-                             f"booked; refusing to hand out an unlimited limit (the shim reads 0 as no limit)")
-    return pc
-
-
-def _match(device_ids: Sequence[str], candidates: Sequence[PendingContainer],
-           preferred: PendingContainer | None) -> PendingContainer:
-    n = len(device_ids)
-    # an unbooked container may be the one kubelet asks for, whatever the count: it takes part in every
-    # tier (so it is never silently passed over) and, when it decides, the request is refused; so does
-    # a refused pod's container of that count
-    fit = [c for c in candidates if c.fits(n)]
-    if not fit:
-        waiting = ", ".join(f"{c.key} ({len(c.devices)} GPU(s))" for c in candidates) or "none"
-        raise MatchError(f"no pod bound to this node is waiting for a container with {n} GPU(s) "
-                         f"(bind-phase allocating); pending containers: {waiting}")
-    want = frozenset(slot_uuid(i) for i in device_ids)
-    if preferred is not None:
-        for c in fit:
-            if c.key == preferred.key and c.uid == preferred.uid and (c.uuids == want or c.refused):
-                return c
-    busy = [c for c in fit if c.in_progress]
-    if busy:
-        return _decide(busy, "pods part-way through their containers", n)
-    exact = [c for c in fit if c.uuids == want and not c.refused]
-    if exact:
-        # a refused pod ahead in admission order is more likely the one kubelet admits: never hand
-        # it the booking of a pod that merely happens to sit on the same GPUs
-        first = next((c for c in fit if c.refused), None)
-        if first is not None and first.order < exact[0].order:
-            return first
-        return _decide(exact, f"booked on the requested GPUs {','.join(sorted(want))}", n)
-    return _decide(fit, "none booked on the requested GPUs", n)
 
 
 def preferred_allocation(available: Sequence[str], must_include: Sequence[str], size: int,

@@ -188,22 +188,3 @@ def container_spec(pc: PendingContainer, *, shim_host_path: str, cache_host_dir:
         MountSpec(envcontract.LIMITS_CONTAINER_DIR, limits_dir, True),
     )
     return ContainerSpec(envs=envs, mounts=mounts, files=(limits,))
-
-
-def unlimited_devices(spec: ContainerSpec) -> list[str]:
-    """Visible GPUs of ``spec`` the shim would not limit: no ``CUDA_DEVICE_MEMORY_LIMIT_<i>``, or one
-    that is not a positive ``<MiB>m`` (the shim reads 0 as no limit). Empty for an opted-out container
-    (``CUDA_DISABLE_CONTROL``), which is unlimited by choice. The last check before kubelet gets an answer."""
-    if envcontract.DISABLE_CONTROL in spec.envs:
-        return []
-    out = []
-    visible = [u for u in spec.envs.get(envcontract.VISIBLE_DEVICES, "").split(",") if u]
-    for i, uuid in enumerate(visible):
-        raw = spec.envs.get(f"{envcontract.MEMORY_LIMIT_PREFIX}{i}", "")
-        try:
-            ok = raw.endswith("m") and int(raw[:-1]) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            out.append(uuid)
-    return out

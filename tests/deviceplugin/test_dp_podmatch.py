@@ -1,4 +1,5 @@
-"""Pure tests of the pod/container matching behind Allocate and GetPreferredAllocation."""
+"""Pure tests of the pod/container rules behind PreStartContainer (the identified container's
+booking and the GPU check) and GetPreferredAllocation (candidates, admission order, the guess)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ from deviceplugin.podmatch import (
     ANN_ALLOCATED_CONTAINERS,
     Arrival,
     MatchError,
+    PendingContainer,
+    check_assignment,
     disables_control,
-    match,
+    identified,
     pending_containers,
     preferred_allocation,
     slot_id,
     slot_uuid,
 )
 from deviceplugin.podwatch import ArrivalBook
-from deviceplugin.response import ContainerSpec, container_spec, unlimited_devices
+from deviceplugin.response import container_spec
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE
 
 A = "GPU-aaaaaaaa-0000-4000-8000-000000000000"
@@ -31,6 +34,15 @@ def ids(uuid: str, *ks: int) -> list[str]:
 def with_uid(pod: dict, uid: str | None = None) -> dict:
     pod["metadata"]["uid"] = uid or f"uid-{pod['metadata']['name']}"
     return pod
+
+
+def started(pods: list[dict], name: str, container: str, device_ids: list[str]) -> PendingContainer:
+    """What PreStartContainer decides when kubelet's PodResources names ``name``/``container`` as the
+    holder of ``device_ids``: the identified container, after the GPU check (raises MatchError)."""
+    pod = next(p for p in pods if p["metadata"]["name"] == name)
+    pc = identified(pod, container, NODE)
+    check_assignment(pc, device_ids)
+    return pc
 
 
 def scheduled_at(pod: dict, when: str) -> dict:
@@ -50,7 +62,7 @@ def test_kf06_init_container_without_gpu_does_not_take_app_limits() -> None:
     pod = bound_pod("kf06", [("init", True, None, {}), ("app", False, [(A, 4000, 0)], {})])
     cands = pending_containers([pod], NODE)
     assert [c.container for c in cands] == ["app"]
-    pc = match(ids(A, 0), cands)
+    pc = started([pod], "kf06", "app", ids(A, 0))
     assert pc.container == "app" and not pc.init
     spec = container_spec(pc, shim_host_path="/usr/local/vgpu/libvgpu.so", cache_host_dir="/var/c")
     assert spec.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "4000m"
@@ -86,31 +98,43 @@ def test_container_without_gpu_resource_in_spec_is_not_waited_for() -> None:
     assert pending_containers([pod], NODE) == []
 
 
-def test_two_pods_on_different_gpus_match_by_uuid() -> None:
+def test_prestart_takes_the_named_pods_booking_and_checks_its_gpus() -> None:
     p1 = bound_pod("p1", [("c", False, [(A, 3000, 30)], {})], bind_time=1)
     p2 = bound_pod("p2", [("c", False, [(B, 5000, 50)], {})], bind_time=2)
-    cands = pending_containers([p2, p1], NODE)
-    assert [c.pod for c in cands] == ["p1", "p2"]
-    assert match(ids(B, 4), cands).pod == "p2"
-    assert match(ids(A, 0), cands).pod == "p1"
+    assert started([p1, p2], "p2", "c", ids(B, 4)).devices[0].memory_mib == 5000
+    assert started([p1, p2], "p1", "c", ids(A, 0)).devices[0].memory_mib == 3000
+    with pytest.raises(MatchError) as e:  # kubelet put p1 on p2's GPU
+        started([p1, p2], "p1", "c", ids(B, 0))
+    msg = str(e.value)
+    assert "pod default/p1 container c" in msg and f"assigned GPUs {B}" in msg and f"booked {A}" in msg
+    assert "refusing to start it on GPUs booked for another pod" in msg
 
 
-def test_ambiguous_request_fails_rather_than_guessing() -> None:
+def test_same_gpu_pods_with_different_limits_need_no_guess() -> None:
+    """What Allocate could not tell apart, PreStart can: the holder is named."""
     p1 = bound_pod("p1", [("c", False, [(A, 3000, 30)], {})], bind_time=1)
     p2 = bound_pod("p2", [("c", False, [(A, 5000, 50)], {})], bind_time=2)
-    cands = pending_containers([p1, p2], NODE)
-    with pytest.raises(MatchError, match="ambiguous") as e:
-        match(ids(A, 0), cands)
-    assert "default/p1/c" in str(e.value) and "default/p2/c" in str(e.value)
-    # kubelet chose a GPU nobody booked: still ambiguous
-    with pytest.raises(MatchError):
-        match(ids(B, 0), cands)
+    assert started([p1, p2], "p2", "c", ids(A, 0)).devices[0].memory_mib == 5000
+    assert started([p1, p2], "p1", "c", ids(A, 1)).devices[0].memory_mib == 3000
+
+
+def test_identified_refuses_unknown_containers_and_containers_without_gpus() -> None:
+    p = bound_pod("p", [("c", False, [(A, 3000, 30)], {}), ("side", False, None, {})])
+    with pytest.raises(MatchError, match="pod default/p container nope: no such container"):
+        identified(p, "nope", NODE)
+    with pytest.raises(MatchError, match="does not request nvidia.com/gpu"):
+        identified(p, "side", NODE)
+    with pytest.raises(MatchError, match="allocation record is for node 'gpu-node-1', not 'other'"):
+        identified(p, "c", "other")
+    with pytest.raises(MatchError, match="refusing to start it with GPUs"):
+        identified(p, "c", NODE, refused="allocation signature missing")
 
 
 def test_identical_candidates_are_interchangeable() -> None:
     p1 = bound_pod("p1", [("c", False, [(A, 3000, 30)], {})], bind_time=2)
     p2 = bound_pod("p2", [("c", False, [(A, 3000, 30)], {})], bind_time=1)
-    assert match(ids(A, 0), pending_containers([p1, p2], NODE)).pod == "p2"
+    _, target = preferred_allocation(ids(A, 0, 1), [], 1, pending_containers([p1, p2], NODE))
+    assert target is not None and target.pod == "p2"
 
 
 def test_preferred_record_disambiguates_same_gpu() -> None:
@@ -120,15 +144,13 @@ def test_preferred_record_disambiguates_same_gpu() -> None:
     avail = ids(A, 0, 1, 2) + ids(B, 0, 1)
     chosen, target = preferred_allocation(avail, [], 1, cands)
     assert target is not None and target.pod == "p1" and chosen == ids(A, 0)
-    assert match(chosen, cands, target).pod == "p1"
+    assert started([p1, p2], "p1", "c", chosen).devices[0].memory_mib == 3000
 
 
-def test_count_mismatch_and_no_candidates() -> None:
+def test_count_mismatch_is_refused() -> None:
     p1 = bound_pod("p1", [("c", False, [(A, 3000, 30), (B, 3000, 30)], {})])
-    with pytest.raises(MatchError, match="2 GPU"):
-        match(ids(A, 0), pending_containers([p1], NODE))
-    with pytest.raises(MatchError, match="none"):
-        match(ids(A, 0), [])
+    with pytest.raises(MatchError, match=f"assigned GPUs {A} .* booked {A}, {B}"):
+        started([p1], "p1", "c", ids(A, 0))
 
 
 def test_multi_gpu_preference_one_slot_per_booked_gpu() -> None:
@@ -137,7 +159,7 @@ def test_multi_gpu_preference_one_slot_per_booked_gpu() -> None:
     avail = ids(A, 0, 1) + ids(B, 0, 1)
     chosen, target = preferred_allocation(avail, [], 2, cands)
     assert sorted(chosen) == sorted([slot_id(A, 0), slot_id(B, 0)])
-    assert match(chosen, cands).pod == "p1"
+    assert [d.uuid for d in started([p1], "p1", "c", chosen).devices] == [B, A]  # booking order
     # with no candidate: distinct GPUs first
     chosen, target = preferred_allocation(avail, [], 2, [])
     assert target is None and {slot_uuid(i) for i in chosen} == {A, B}
@@ -151,9 +173,9 @@ def test_in_progress_pod_wins_over_newcomers() -> None:
     p1["metadata"]["annotations"][ANN_ALLOCATED_CONTAINERS] = "i"
     p2 = bound_pod("p2", [("c", False, [(A, 7000, 0)], {})], bind_time=1)
     cands = pending_containers([p2, p1], NODE)
-    assert cands[0].pod == "p1"
-    # kubelet reuses the init container's slot for the app container: still p1
-    assert match(ids(A, 0), cands).pod == "p1"
+    assert cands[0].pod == "p1" and cands[0].container == "c"
+    _, target = preferred_allocation(ids(A, 0, 1) + ids(B, 0), [], 1, cands)
+    assert target is not None and target.pod == "p1" and target.container == "c"
 
 
 def test_disable_control_and_priority() -> None:
@@ -196,8 +218,7 @@ def test_concurrent_binds_follow_the_order_pods_became_bound_not_bind_time() -> 
     assert [c.pod for c in cands] == ["b", "a"]
     chosen, target = preferred_allocation(ids(A, 0, 1, 2), [], 1, cands)
     assert target is not None and target.pod == "b"
-    pc = match(chosen, cands, target)
-    assert pc.pod == "b" and pc.devices[0].memory_mib == 5000
+    assert started([a, b], "b", "c", chosen).devices[0].memory_mib == 5000
     # B recorded: A is next, and is not demoted (it arrived after B)
     b["metadata"]["annotations"][ANN_ALLOCATED_CONTAINERS] = "c"
     b["metadata"]["annotations"][ANN_BIND_PHASE] = "success"
@@ -220,19 +241,17 @@ def test_initial_list_ordered_by_pod_scheduled_time_then_bind_time_and_before_wa
     assert [p.pod for p in pending_containers([w, c, a, b], NODE)] == ["w", "b", "c", "a"]
 
 
-def test_preference_not_trusted_when_requested_gpus_are_booked_for_another_candidate() -> None:
-    p = with_uid(bound_pod("p", [("c", False, [(A, 3000, 30)], {})], bind_time=1))
+def test_held_containers_are_not_guessed_again() -> None:
+    """Containers kubelet's PodResources lists as holding devices are done for the preference."""
+    from deviceplugin.podmatch import with_held
+
+    p = with_uid(bound_pod("p", [("i", True, [(A, 1000, 10)], {}), ("c", False, [(A, 3000, 30)], {})], bind_time=1))
     q = with_uid(bound_pod("q", [("c", False, [(B, 5000, 50)], {})], bind_time=2))
-    cands = pending_containers([p, q], NODE)
-    # our last preference named p, but the slots kubelet asks for are on B, which is booked for q
-    assert match(ids(B, 0), cands, cands[0]).pod == "q"
-    # and when the requested GPUs fit neither the preference nor a unique candidate: a clear error
-    r = with_uid(bound_pod("r", [("c", False, [(B, 7000, 70)], {})], bind_time=3))
-    cands = pending_containers([p, q, r], NODE)
-    with pytest.raises(MatchError, match="ambiguous"):
-        match(ids(B, 0), cands, cands[0])
-    # the preference agrees with the requested GPUs: taken
-    assert match(ids(A, 0), cands, cands[0]).pod == "p"
+    cands = pending_containers(with_held([p, q], {("default", "p"): ["i"]}), NODE)
+    assert [(c.pod, c.container, c.in_progress) for c in cands] == [("p", "c", True), ("q", "c", False)]
+    cands = pending_containers(with_held([p, q], {("default", "p"): ["i", "c"]}), NODE)
+    assert [c.pod for c in cands] == ["q"]
+    assert ANN_ALLOCATED_CONTAINERS not in p["metadata"]["annotations"]  # the input is not changed
 
 
 def test_pod_skipped_by_kubelet_is_demoted_once_a_newer_pod_was_admitted() -> None:
@@ -249,13 +268,13 @@ def test_pod_skipped_by_kubelet_is_demoted_once_a_newer_pod_was_admitted() -> No
     assert [(c.pod, c.demoted) for c in cands] == [("n1", False), ("s", True)]
     chosen, target = preferred_allocation(ids(A, 0, 1, 2), [], 1, cands)
     assert target is not None and target.pod == "n1"
-    assert match(chosen, cands, target).devices[0].memory_mib == 5000
+    assert started([s, n1, n2], "n1", "c", chosen).devices[0].memory_mib == 5000
     # a demoted pod is still a candidate: if kubelet does come for it, on its own GPU, it matches
     s2 = with_uid(bound_pod("s2", [("c", False, [(B, 3000, 30)], {})], bind_time=1))
     arrivals["uid-s2"] = Arrival(1, 0.0)
     cands = pending_containers([s2, n1, n2], NODE, arrivals=arrivals)
     assert cands[-1].pod == "s2" and cands[-1].demoted
-    assert match(ids(B, 3), cands).pod == "s2"
+    assert started([s2, n1, n2], "s2", "c", ids(B, 3)).devices[0].memory_mib == 3000
 
 
 def test_pod_pending_past_the_staleness_period_is_demoted() -> None:
@@ -326,14 +345,14 @@ def test_disable_control_accepts_what_the_shim_accepts(value: str, opt_out: bool
 def test_zero_mib_booking_is_refused_never_unlimited() -> None:
     p = bound_pod("zero", [("c", False, [(A, 0, 10)], {})])
     with pytest.raises(MatchError) as e:
-        match(ids(A, 0), pending_containers([p], NODE))
+        started([p], "zero", "c", ids(A, 0))
     msg = str(e.value)
     assert "default/zero" in msg and "container c" in msg and A in msg
     assert "0 MiB booked; refusing to hand out an unlimited limit" in msg
     # one of two GPUs at 0 MiB is refused too, naming that GPU only
     q = bound_pod("two", [("c", False, [(A, 1000, 10), (B, 0, 10)], {})])
     with pytest.raises(MatchError, match=f"GPU {B}: 0 MiB booked"):
-        match(ids(A, 0) + ids(B, 0), pending_containers([q], NODE))
+        started([q], "two", "c", ids(A, 0) + ids(B, 0))
 
 
 def test_gpu_container_without_booking_is_refused_not_given_the_next_containers_limits() -> None:
@@ -343,21 +362,6 @@ def test_gpu_container_without_booking_is_refused_not_given_the_next_containers_
     cands = pending_containers([p], NODE)
     assert [(c.container, c.unbooked) for c in cands] == [("first", True)]
     with pytest.raises(MatchError) as e:
-        match(ids(A, 0), cands)
+        started([p], "p", "first", ids(A, 0))
     assert "default/p container first" in str(e.value) and "refusing to hand out an unlimited limit" in str(e.value)
-    # part-way through: the booked container was allocated, the unbooked one is next -> refused
-    q = bound_pod("q", [("a", False, [(A, 3000, 30)], {}), ("b", False, None, gpu1)])
-    q["metadata"]["annotations"][ANN_ALLOCATED_CONTAINERS] = "a"
-    other = bound_pod("o", [("c", False, [(B, 1000, 10)], {})])
-    with pytest.raises(MatchError, match="default/q container b"):
-        match(ids(B, 0), pending_containers([q, other], NODE))
-
-
-def test_unlimited_devices_check_on_the_final_env() -> None:
-    ok = ContainerSpec(envs={"NVIDIA_VISIBLE_DEVICES": f"{A},{B}", "CUDA_DEVICE_MEMORY_LIMIT_0": "10m",
-                             "CUDA_DEVICE_MEMORY_LIMIT_1": "20m"}, mounts=())
-    assert unlimited_devices(ok) == []
-    bad = ContainerSpec(envs={"NVIDIA_VISIBLE_DEVICES": f"{A},{B}", "CUDA_DEVICE_MEMORY_LIMIT_0": "0m"}, mounts=())
-    assert unlimited_devices(bad) == [A, B]
-    off = ContainerSpec(envs={"NVIDIA_VISIBLE_DEVICES": A, "CUDA_DISABLE_CONTROL": "true"}, mounts=())
-    assert unlimited_devices(off) == []
+    assert started([p], "p", "second", ids(A, 1)).devices[0].memory_mib == 3000

@@ -30,7 +30,15 @@ from dp_helpers import KEYS, NODE, FakeKubelet, bound_pod  # noqa: E402
 from vgpu_sched_util import Extender, pod_obj, run  # noqa: E402
 from vgpu_sched_util import wait_until as _wait_until  # noqa: E402
 
-from deviceplugin.podmatch import MatchError, Progress, match, pending_containers, trusted_view  # noqa: E402
+from deviceplugin.podmatch import (  # noqa: E402
+    MatchError,
+    Progress,
+    check_assignment,
+    identified,
+    pending_containers,
+    preferred_allocation,
+    trusted_view,
+)
 from deviceplugin.server import DevicePlugin  # noqa: E402
 from kube_vgpu.codec import encode_allocation  # noqa: E402
 from kube_vgpu.model import ContainerAllocation, DeviceBooking, PodAllocation  # noqa: E402
@@ -315,16 +323,22 @@ def test_progress_counts_only_when_signed_or_remembered() -> None:
 
 
 def test_a_refused_pod_ahead_in_admission_order_is_never_matched_to_anothers_booking() -> None:
-    """Even when kubelet's device IDs happen to sit on a legitimate pod's GPU, a refused pod that
-    is ahead in admission order decides: the request fails instead of handing over the booking."""
+    """A refused pod ahead in admission order draws the preference with no GPUs of anyone's booking,
+    and when kubelet's PodResources names it as the holder of IDs that happen to sit on a legitimate
+    pod's GPU, it is refused: it never gets that pod's booking."""
     first = bound_pod("squat", [("c", False, [(A, 24576, 100)], {})], bind_time=1)
     first["metadata"]["uid"] = "u-squat"
     legit = _signed("legit", "u-legit", 1000)
     views, refused = trusted_view([first, legit], NODE, KEYS)
     cands = pending_containers(views, NODE, refused=refused)
     assert [c.pod for c in cands] == ["squat", "legit"]
+    _, target = preferred_allocation([f"{A}::0", f"{A}::1"], [], 1, cands)
+    assert target is not None and target.pod == "squat" and not target.devices
+    squat_view = next(v for v in views if v["metadata"]["name"] == "squat")
     with pytest.raises(MatchError, match="pod default/squat container c: allocation signature missing"):
-        match([f"{A}::0"], cands)
-    # with the refused pod gone, the same request is the legitimate pod's
-    views, refused = trusted_view([legit], NODE, KEYS)
-    assert match([f"{A}::0"], pending_containers(views, NODE, refused=refused)).pod == "legit"
+        identified(squat_view, "c", NODE, refused=refused["u-squat"])
+    # the legitimate pod named as the holder of the same IDs gets its own booking
+    legit_view = next(v for v in views if v["metadata"]["name"] == "legit")
+    pc = identified(legit_view, "c", NODE)
+    check_assignment(pc, [f"{A}::0"])
+    assert pc.devices[0].memory_mib == 1000
