@@ -427,7 +427,7 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
             if name in done or not _requests_gpu(ctr, names.gpu):
                 continue
             # a GPU container without a booking stays pending (devices empty): kubelet allocates it in
-            # this order, and match() refuses it rather than hand it the next container's limits
+            # this order, so the guess must not skip to the next container (identified() refuses it)
             pending.append((ctr, init, rec.devices if rec is not None else ()))
         if not pending:
             continue
