@@ -79,12 +79,14 @@ class PodResourcesClient:
             self._stub = podresources_pb2_grpc.PodResourcesListerStub(self._channel)
         return self._stub
 
-    def list(self, resource: str) -> list[Holder]:
-        """Every container kubelet lists as holding devices of ``resource``.
+    def list(self, resource: str, timeout: float | None = None) -> list[Holder]:
+        """Every container kubelet lists as holding devices of ``resource``. timeout: seconds for
+        this call (default: the client's).
 
         Raises PodResourcesError when kubelet cannot be asked (the message names the socket)."""
         try:
-            resp = self._lister().List(podresources_pb2.ListPodResourcesRequest(), timeout=self.timeout)
+            resp = self._lister().List(podresources_pb2.ListPodResourcesRequest(),
+                                       timeout=self.timeout if timeout is None else timeout)
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             details = e.details() if hasattr(e, "details") else str(e)

@@ -592,8 +592,8 @@ class DevicePlugin:
     def _held(self) -> dict[tuple[str, str], list[str]]:
         """(namespace, pod) -> containers kubelet holds our devices for (PodResources); empty when
         kubelet cannot be asked (the preference is only a preference)."""
-        try:
-            listing = self.podresources.list(self.names.gpu)
+        try:  # short: kubelet is waiting for this answer
+            listing = self.podresources.list(self.names.gpu, timeout=1.0)
         except PodResourcesError as e:
             log.debug("GetPreferredAllocation without PodResources: %s", e)
             return {}
