@@ -1,7 +1,7 @@
 """A stand-in for the node's device plugin in the bind tests: after each Binding it marks the pod's
 device allocation done (``kube-vgpu.io/bind-phase: success`` and every GPU container in
 ``kube-vgpu.io/allocated-containers``), as the real one does once kubelet has called Allocate for
-all of them. Without it, binds of same-size pods to one node wait for the hand-over."""
+all of them. Binds never wait for it: it only moves pods past ``allocating`` like a node would."""
 
 from __future__ import annotations
 
@@ -45,16 +45,13 @@ def mark_allocated(fake: FakeKubeAPI, name: str, namespace: str = "default", key
 class FakeDevicePlugin:
     """Marks every pod bound through ``fake`` allocated ``delay`` s after its Binding request,
     except pods named in ``hold`` (they stay ``allocating`` until :func:`mark_allocated`).
-    ``marked``: pod name -> time.monotonic() when it was marked. ``violations``: (pod, other pod)
-    for each Binding made while another pod on the node still had a pending GPU container of the
-    same GPU count (what the hand-over prevents). Use as a context manager."""
+    ``marked``: pod name -> time.monotonic() when it was marked. Use as a context manager."""
 
     def __init__(self, fake: FakeKubeAPI, delay: float = 0.02, hold: set[str] | None = None):
         self.fake = fake
         self.delay = delay
         self.hold = set(hold or ())
         self.marked: dict[str, float] = {}
-        self.violations: list[tuple[str, str]] = []
         self._due: list[tuple[float, int, str, str, float]] = []
         self._cv = threading.Condition()
         self._stop = False
@@ -65,39 +62,12 @@ class FakeDevicePlugin:
     def _hook(self, info: Any) -> None:
         if self._stop or info.verb != "create" or info.resource != "pods/binding" or not info.name:
             return
-        self._check(info.namespace or "default", info.name)
         now = time.monotonic()
         with self._cv:
             self._n += 1
             heapq.heappush(self._due, (now + self.delay, self._n, info.namespace or "default", info.name,
                                        now + 5.0))
             self._cv.notify()
-
-    @staticmethod
-    def _pending(p: dict[str, Any]) -> tuple[str, set[int]]:
-        """(annotated node, GPU counts of containers not yet allocated) of an allocating pod."""
-        ann = p["metadata"].get("annotations") or {}
-        if ann.get(ANN_BIND_PHASE) != BIND_ALLOCATING or ANN_ALLOCATION not in ann \
-                or p["metadata"].get("deletionTimestamp") or (p.get("status") or {}).get("phase") in ("Succeeded",
-                                                                                                       "Failed"):
-            return "", set()
-        done = set((ann.get(ANN_ALLOCATED_CONTAINERS) or "").split(","))
-        a = decode_allocation(ann[ANN_ALLOCATION])
-        return a.node, {len(c.devices) for c in a.containers if c.devices and c.name not in done}
-
-    def _check(self, ns: str, name: str) -> None:
-        me = self.fake.get_object("pods", name, ns)
-        if me is None:
-            return
-        node, counts = self._pending(me)
-        if not counts:
-            return
-        for p in self.fake.objects("pods"):
-            other = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
-            if other == f"{ns}/{name}" or p["spec"].get("nodeName") != node:
-                continue
-            if self._pending(p)[1] & counts:
-                self.violations.append((f"{ns}/{name}", other))
 
     def _run(self) -> None:
         while True:
