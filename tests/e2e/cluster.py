@@ -159,8 +159,11 @@ def kube_vgpu(*args: str) -> list[str]:
 class ControlPlane:
     """etcd + kube-apiserver (+ kube-controller-manager) from KUBE_BIN_DIR, or an existing KUBECONFIG."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, controller_manager: bool = True) -> None:
+        """``controller_manager``: start kube-controller-manager when KUBE_BIN_DIR has one (False:
+        never; nothing then creates ``default`` ServiceAccounts or runs Deployments)."""
         self.dir = workdir
+        self.want_controller_manager = controller_manager
         self.procs: list[Proc] = []
         self.kubeconfig: Path | None = None
         self.has_controller_manager = False
@@ -208,7 +211,8 @@ class ControlPlane:
             return _https_ok(f"{server}/readyz", TOKEN)
         wait_for(ready, 60, "kube-apiserver /readyz")
         kcm = self.binary("kube-controller-manager")
-        if kcm is not None and self.bin_dir is not None and (self.bin_dir / "kube-controller-manager").is_file():
+        if (self.want_controller_manager and kcm is not None and self.bin_dir is not None
+                and (self.bin_dir / "kube-controller-manager").is_file()):
             self.procs.append(Proc("kube-controller-manager", [
                 kcm, f"--kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1",
                 f"--secure-port={free_port()}", "--leader-elect=false",
@@ -222,6 +226,42 @@ class ControlPlane:
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.tail(2000)}" for p in self.procs)
+
+
+def create_gpu_nodes(core: Any, names: list[str], gpus: int, memory_mib: int, split: int,
+                     uuid: Callable[[int, int], str]) -> None:
+    """Fake GPU nodes as plain Node objects (gotcha 1 of control-plane.md: status kept, not-ready
+    taint removed): ``gpus`` GPUs of ``memory_mib`` each, ``uuid(node index, gpu index)``, the vGPU
+    inventory annotation written as the device plugin would, ``nvidia.com/gpu`` = gpus x split."""
+    from kube_vgpu.codec import encode_inventory
+    from kube_vgpu.model import GPUDevice, NodeInventory
+    from kube_vgpu.resources import ANN_NODE_INVENTORY
+
+    for n, name in enumerate(names):
+        devs = tuple(GPUDevice(uuid=uuid(n, i), index=i, model="NVIDIA H200", memory_mib=memory_mib, split=split)
+                     for i in range(gpus))
+        alloc = {"cpu": "64", "memory": "512Gi", "pods": "250", "nvidia.com/gpu": str(gpus * split)}
+        core.create_node({"metadata": {
+            "name": name, "labels": {"kubernetes.io/hostname": name, "e2e.kube-vgpu.io/node": "true"},
+            "annotations": {ANN_NODE_INVENTORY: encode_inventory(NodeInventory(devices=devs, heartbeat=time.time()))}},
+            "status": {"capacity": alloc, "allocatable": alloc,
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                       "message": "fake"}]}})
+    for name in names:
+        wait_for(lambda name=name: core.patch_node(name, {"spec": {"taints": []}}) and
+                 not core.read_node(name).spec.taints, 20, f"{name} without taints")
+
+
+def create_namespace(core: Any, ns: str) -> None:
+    """A namespace and its ``default`` ServiceAccount (nobody creates it without kube-controller-manager)."""
+    from kubernetes import client
+
+    core.create_namespace({"metadata": {"name": ns}})
+    try:
+        core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
 
 
 # ---------------------------------------------------------------- our components
@@ -239,15 +279,18 @@ def write_policy(path: Path, node_policy: str, gpu_policy: str = "spread") -> No
     os.replace(tmp, path)  # like a ConfigMap volume update: atomic
 
 
-def scheduler_config(kubeconfig: Path, extender_port: int) -> str:
-    """A KubeSchedulerConfiguration like charts/kube-vgpu/templates/scheduler-configmap.yaml."""
+def scheduler_config(kubeconfig: Path, extender_port: int, plain_profile: bool = False) -> str:
+    """A KubeSchedulerConfiguration like charts/kube-vgpu/templates/scheduler-configmap.yaml.
+    ``plain_profile``: also serve ``default-scheduler`` (plain pods: the extender is asked only
+    about pods that name one of its managed resources)."""
     import yaml
 
+    profiles = [{"schedulerName": SCHEDULER_NAME}] + ([{"schedulerName": "default-scheduler"}] if plain_profile else [])
     return yaml.safe_dump({
         "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "leaderElection": {"leaderElect": False},
-        "profiles": [{"schedulerName": SCHEDULER_NAME}],
+        "profiles": profiles,
         "extenders": [{
             "urlPrefix": f"http://127.0.0.1:{extender_port}", "filterVerb": "filter",
             "prioritizeVerb": "prioritize", "bindVerb": "bind", "weight": 1, "enableHTTPS": False,
@@ -320,17 +363,25 @@ class Components:
         self.procs.pop("extender").stop(signal.SIGKILL)
         self.start_extender()
 
-    def start_kube_scheduler(self) -> None:
+    def start_kube_scheduler(self, plain_profile: bool = False) -> None:
+        """kube-scheduler with the vGPU profile (and ``default-scheduler`` when ``plain_profile``),
+        calling our extender; returns once its /readyz answers."""
         binary = self.cp.binary("kube-scheduler")
         if binary is None:
             raise FileNotFoundError("kube-scheduler not in KUBE_BIN_DIR or PATH")
         assert self.cp.kubeconfig is not None
         cfg = self.dir / "kube-scheduler.yaml"
-        cfg.write_text(scheduler_config(self.cp.kubeconfig, self.extender_port))
+        cfg.write_text(scheduler_config(self.cp.kubeconfig, self.extender_port, plain_profile))
+        port = free_port()
         self.procs["kube-scheduler"] = Proc("kube-scheduler", [
-            binary, f"--config={cfg}", "--bind-address=127.0.0.1", f"--secure-port={free_port()}"], self.dir)
+            binary, f"--config={cfg}", "--bind-address=127.0.0.1", f"--secure-port={port}"], self.dir)
+        wait_for(lambda: self.procs["kube-scheduler"].check() or _https_ok(f"https://127.0.0.1:{port}/readyz"),
+                 60, "kube-scheduler /readyz")
 
-    def start_device_plugin(self, node: str, fake_nvml_dir: Path, nvml_config: Path, sockdir: str) -> None:
+    def start_device_plugin(self, node: str, fake_nvml_dir: Path, nvml_config: Path, sockdir: str,
+                            pod_resources_socket: str) -> None:
+        """``kube-vgpu device-plugin`` for ``node`` against the fake NVML, registering with the fake
+        kubelet in ``sockdir`` and reading its PodResources API at ``pod_resources_socket``."""
         assert self.cp.kubeconfig is not None
         env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml_dir), "FAKE_NVML_CONFIG": str(nvml_config),
                "NODE_NAME": node}
@@ -339,7 +390,8 @@ class Components:
             "--node-name", node, "--device-plugin-dir", sockdir,
             "--shim-host-path", str(self.dir / "vgpu" / "libvgpu.so"), "--cache-host-dir",
             str(self.dir / "containers"), "--metrics-port", str(free_port()), "--metrics-bind-address", "127.0.0.1",
-            "--heartbeat-seconds", "5", "--signing-keys-dir", str(self.signing_keys)), self.dir, env=env)
+            "--heartbeat-seconds", "5", "--signing-keys-dir", str(self.signing_keys),
+            "--pod-resources-socket", pod_resources_socket), self.dir, env=env)
 
     def stop(self) -> None:
         for p in reversed(list(self.procs.values())):
@@ -352,27 +404,72 @@ class Components:
 # ---------------------------------------------------------------- fake kubelet
 
 class KubeletLoop:
-    """Plays the kubelet for every fake node: bound pods on the device-plugin node get Allocate over
-    gRPC (device IDs ``<uuid>::<slot>`` for the GPUs in the pod's allocation annotation), and the env
-    of each container is recorded; then every bound pod is marked Running through the status
-    subresource. Pods being deleted are force-deleted (grace 0) and their slots freed."""
+    """Plays the kubelet for every fake node, and the device plugin's part on nodes that run none.
 
-    def __init__(self, core: Any, namespace: str, dp_node: str, stub_fn: Callable[[], Any]) -> None:
-        self.core, self.ns, self.dp_node, self.stub_fn = core, namespace, dp_node, stub_fn
-        self.envs: dict[str, dict[str, dict[str, str]]] = {}  # pod name -> container -> env
+    * A bound pod with an allocation record on the device-plugin node (``dp_node``) is admitted
+      through ``kubelet`` (a :class:`tests/deviceplugin/dp_helpers.FakeKubelet`: GetPreferredAllocation,
+      Allocate, then PreStartContainer per container, with kubelet's PodResources API served from what
+      it allocated); the :class:`Admitted` containers are kept in :attr:`admitted`. A container whose
+      PreStartContainer failed is started again on the next pass (kubelet's restart), up to
+      ``max_starts`` times.
+    * A bound pod with a record on any other node gets what that node's device plugin would write
+      once every GPU container started: ``allocated-containers`` (all of them, in start order),
+      ``bind-phase: success`` and the progress signature, signed with the shared key directory
+      ``signing_keys`` (the chart's Secret). Without it the extender sees such pods ``allocating``.
+    * Every bound pod whose containers started is marked Running through the status subresource.
+    * Pods being deleted are force-deleted (grace 0) and forgotten by the fake kubelet.
+
+    Like kubelet, which admits pods in the order its pod watch shows them bound (the order the
+    Bindings were committed), pods are handled in the order a watch of the namespace first shows
+    them with a node (:attr:`arrival`); a bound pod the watch has not shown yet waits for the next pass.
+    """
+
+    def __init__(self, core: Any, namespace: str, dp_node: str, kubelet: Any, signing_keys: Path,
+                 max_starts: int = 50) -> None:
+        self.core, self.ns, self.dp_node, self.kubelet = core, namespace, dp_node, kubelet
+        self.signing_keys = signing_keys
+        self.max_starts = max_starts
+        self.admitted: dict[str, dict[str, Any]] = {}  # pod name -> container -> Admitted
+        self.stand_in: set[str] = set()  # pods whose progress this loop signed (no device plugin there)
         self.errors: list[str] = []
-        self._slots: dict[str, set[int]] = {}  # uuid -> slots in use
-        self._held: dict[str, list[tuple[str, int]]] = {}  # pod uid -> slots
+        self._starts: dict[str, int] = {}
         self._done: set[str] = set()
+        self.arrival: dict[str, int] = {}  # pod uid -> order in which the watch first showed it bound
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="fake-kubelet")
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name="fake-kubelet-watch")
 
     def start(self) -> None:
+        self._watcher.start()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=30)
+        self._watcher.join(timeout=30)
+
+    def _saw(self, p: Any) -> None:
+        if p.spec.node_name and p.metadata.uid not in self.arrival:
+            self.arrival[p.metadata.uid] = len(self.arrival)
+
+    def _watch(self) -> None:
+        """Number pods in the order they are first seen bound (list, then watch; again on errors)."""
+        from kubernetes import watch
+
+        while not self._stop.is_set():
+            try:
+                pods = self.core.list_namespaced_pod(self.ns)
+                for p in pods.items:  # bound before this (re)list: their order is unknown, name order
+                    self._saw(p)
+                w = watch.Watch()
+                for ev in w.stream(self.core.list_namespaced_pod, self.ns,
+                                   resource_version=pods.metadata.resource_version, timeout_seconds=5):
+                    self._saw(ev["object"])
+                    if self._stop.is_set():
+                        w.stop()
+            except Exception as e:  # noqa: BLE001 - relist and watch again
+                self.errors.append(f"watch: {e!r}")
+                self._stop.wait(0.5)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -380,47 +477,84 @@ class KubeletLoop:
                 self.sync()
             except Exception as e:  # noqa: BLE001 - keep playing the kubelet
                 self.errors.append(repr(e))
-            self._stop.wait(0.3)
+            self._stop.wait(0.2)
 
-    def _free(self, uid: str) -> None:
-        for uuid, k in self._held.pop(uid, []):
-            self._slots.get(uuid, set()).discard(k)
+    def _gpu_count(self, p: Any, container: str) -> int:
+        for c in list(p.spec.init_containers or []) + list(p.spec.containers or []):
+            if c.name == container:
+                lim = (c.resources.limits or {}) if c.resources else {}
+                return int(lim.get("nvidia.com/gpu", "1"))
+        raise KeyError(f"{p.metadata.name}: no container {container}")
+
+    def _admit(self, p: Any, alloc: Any) -> bool:
+        """Admit (or restart the failed containers of) a pod on the device-plugin node. True when
+        every GPU container started."""
+        name = p.metadata.name
+        got = self.admitted.get(name)
+        if got is None:
+            got = {a.container: a for a in self.kubelet.admit(
+                name, [(c.name, self._gpu_count(p, c.name)) for c in alloc.containers], namespace=self.ns)}
+            self.admitted[name] = got
+        else:
+            for c, a in got.items():
+                if not a.started:
+                    got[c] = self.kubelet.start_container(name, c, namespace=self.ns)
+        if all(a.started for a in got.values()):
+            return True
+        n = self._starts[name] = self._starts.get(name, 0) + 1
+        if n >= self.max_starts:
+            self.errors.append(f"{name}: containers never started: "
+                               f"{ {c: a.error for c, a in got.items() if not a.started} }")
+            self._done.add(p.metadata.uid)
+        return False
+
+    def _sign_progress(self, p: Any, alloc: Any) -> None:
+        from kube_vgpu.resources import (
+            ANN_ALLOCATED_CONTAINERS,
+            ANN_ALLOCATION_SIGNATURE,
+            ANN_BIND_PHASE,
+            ANN_PROGRESS_SIGNATURE,
+            BIND_SUCCESS,
+        )
+        from kube_vgpu.signing import load_key_dir, sign_progress
+
+        ann = p.metadata.annotations or {}
+        text = ",".join(c.name for c in alloc.containers)
+        sig = sign_progress(load_key_dir(self.signing_keys), p.metadata.uid, ann.get(ANN_ALLOCATION_SIGNATURE, ""),
+                            BIND_SUCCESS, text)
+        self.core.patch_namespaced_pod(p.metadata.name, self.ns, {"metadata": {"annotations": {
+            ANN_ALLOCATED_CONTAINERS: text, ANN_BIND_PHASE: BIND_SUCCESS, ANN_PROGRESS_SIGNATURE: sig}}})
+        self.stand_in.add(p.metadata.name)
 
     def sync(self) -> None:
-        from deviceplugin.api import api_pb2
         from kube_vgpu.codec import decode_allocation
         from kube_vgpu.resources import ANN_ALLOCATION
 
         pods = self.core.list_namespaced_pod(self.ns).items
-        live = {p.metadata.uid for p in pods}
-        for uid in list(self._held):
-            if uid not in live:
-                self._free(uid)
+        pods.sort(key=lambda p: self.arrival.get(p.metadata.uid, len(self.arrival)))
+        live = {p.metadata.name for p in pods}
+        for name in [n for n in self.admitted if n not in live]:
+            self.kubelet.remove(name, namespace=self.ns)
+            del self.admitted[name]
         for p in pods:
             uid, name = p.metadata.uid, p.metadata.name
             if p.metadata.deletion_timestamp is not None:
                 self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
-                self._free(uid)
+                if self.admitted.pop(name, None) is not None:
+                    self.kubelet.remove(name, namespace=self.ns)
                 continue
             if not p.spec.node_name or uid in self._done:
                 continue
+            if uid not in self.arrival:  # kubelet has not seen it bound yet
+                continue
             ann = p.metadata.annotations or {}
-            if p.spec.node_name == self.dp_node and ANN_ALLOCATION in ann:
+            if ANN_ALLOCATION in ann:
                 alloc = decode_allocation(ann[ANN_ALLOCATION])
-                stub = self.stub_fn()
-                envs: dict[str, dict[str, str]] = {}
-                for c in alloc.containers:
-                    ids = []
-                    for b in c.devices:
-                        used = self._slots.setdefault(b.uuid, set())
-                        k = next(i for i in range(1000) if i not in used)
-                        used.add(k)
-                        self._held.setdefault(uid, []).append((b.uuid, k))
-                        ids.append(f"{b.uuid}::{k}")
-                    resp = stub.Allocate(api_pb2.AllocateRequest(container_requests=[
-                        api_pb2.ContainerAllocateRequest(devices_ids=ids)]), timeout=10)
-                    envs[c.name] = dict(resp.container_responses[0].envs)
-                self.envs[name] = envs
+                if p.spec.node_name == self.dp_node:
+                    if not self._admit(p, alloc):
+                        continue
+                else:
+                    self._sign_progress(p, alloc)
             self.core.patch_namespaced_pod_status(name, self.ns, {"status": {
                 "phase": "Running",
                 "conditions": [{"type": "Ready", "status": "True"}],

@@ -8,7 +8,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,11 +45,16 @@ def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         pytest.skip(SKIP_REASON)
     from kubernetes import client, config
 
-    from kube_vgpu.codec import encode_inventory
-    from kube_vgpu.model import GPUDevice, NodeInventory
-    from kube_vgpu.resources import ANN_NODE_INVENTORY
-
-    from .cluster import Components, ControlPlane, KubeletLoop, wait_for, write_policy
+    from .cluster import (
+        SCHEDULER_NAME,
+        Components,
+        ControlPlane,
+        KubeletLoop,
+        create_gpu_nodes,
+        create_namespace,
+        wait_for,
+        write_policy,
+    )
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deviceplugin"))
     from dp_helpers import FakeGPUs, FakeKubelet, build_fake_nvml  # noqa: E402
@@ -73,27 +77,9 @@ def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         core, adm = client.CoreV1Api(api), client.AdmissionregistrationV1Api(api)
         write_policy(comps.policy, "binpack")
 
-        core.create_namespace({"metadata": {"name": ns}})
-        try:
-            core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
-        except client.ApiException as e:
-            if e.status != 409:
-                raise
-
+        create_namespace(core, ns)
         # fake GPU nodes, as plain Node objects (gotcha 1: keep status, drop the not-ready taint)
-        for n, name in enumerate(NODES):
-            devs = tuple(GPUDevice(uuid=gpu_uuid(n, i), index=i, model="NVIDIA H200", memory_mib=GPU_MEM,
-                                   split=SPLIT) for i in range(GPUS_PER_NODE))
-            alloc = {"cpu": "64", "memory": "512Gi", "pods": "250", "nvidia.com/gpu": str(GPUS_PER_NODE * SPLIT)}
-            core.create_node({"metadata": {
-                "name": name, "labels": {"kubernetes.io/hostname": name, "e2e.kube-vgpu.io/node": "true"},
-                "annotations": {ANN_NODE_INVENTORY: encode_inventory(NodeInventory(devices=devs,
-                                                                                   heartbeat=time.time()))}},
-                "status": {"capacity": alloc, "allocatable": alloc,
-                           "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                           "message": "fake"}]}})
-            wait_for(lambda name=name: core.patch_node(name, {"spec": {"taints": []}}) and
-                     not core.read_node(name).spec.taints, 20, f"{name} without taints")
+        create_gpu_nodes(core, NODES, GPUS_PER_NODE, GPU_MEM, SPLIT, gpu_uuid)
 
         # device plugin for gpu-node-0 against the fake NVML (same UUIDs as the inventory above)
         lib = build_fake_nvml(work / "fakenvml")
@@ -102,16 +88,21 @@ def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                   for i in range(GPUS_PER_NODE)])
         fk = FakeKubelet(sockdir)
         fk.start()
-        comps.start_device_plugin(DP_NODE, lib.parent, gpus.config, sockdir)
+        comps.start_device_plugin(DP_NODE, lib.parent, gpus.config, sockdir, fk.podresources_socket)
         fk.wait(lambda k: k.updates > 0, timeout=60, what="device plugin registration")
 
         comps.start_webhook()
         adm.create_mutating_webhook_configuration(comps.webhook_configuration(ns))
         comps.start_extender()
         comps.start_kube_scheduler()
-        loop = KubeletLoop(core, ns, DP_NODE, lambda: fk.stub)
+        loop = KubeletLoop(core, ns, DP_NODE, fk, comps.signing_keys)
         loop.start()
-        time.sleep(2)  # webhook configuration and scheduler caches settle
+
+        def webhook_live() -> bool:  # the API server has loaded the webhook configuration
+            probe = {"metadata": {"name": "webhook-probe"}, "spec": {"containers": [{
+                "name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpumem": "1000"}}}]}}
+            return bool(core.create_namespaced_pod(ns, probe, dry_run="All").spec.scheduler_name == SCHEDULER_NAME)
+        wait_for(webhook_live, 60, "the webhook configuration in effect")
         yield {"cp": cp, "comps": comps, "api": api, "core": core, "ns": ns, "kubelet": loop,
                "nvml": gpus, "work": work}
     finally:

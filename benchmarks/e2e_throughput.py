@@ -1,0 +1,215 @@
+"""Bind throughput through a real control plane: vGPU pods against plain pods.
+
+Needs ``KUBE_BIN_DIR`` (etcd, kube-apiserver, kube-scheduler; see tests/e2e/README.md); without it
+prints one skip line and exits 0. Starts etcd + kube-apiserver (no kube-controller-manager), 50 fake
+nodes x 8 GPUs, our webhook, extender (``--leader-elect=false``), one device plugin (node 0, with
+the fake kubelet of tests/deviceplugin) and kube-scheduler with two profiles: ``default-scheduler``
+(plain pods; the extender is asked only about pods naming its resources) and ours. The fake kubelet
+loop of tests/e2e plays the kubelet on every node and the device plugin's part on nodes 1-49.
+
+Then, back to back: 200 plain pods, then 200 vGPU pods (``nvidia.com/gpu: 1, nvidia.com/gpumem:
+1000``), each created by 16 threads at once; a watch records when each pod is first seen bound.
+pods/s = pods / (last bind - first create). Prints both rates, ``vgpu/plain ratio: X``, and for the
+vGPU phase: hand-over failures and race failures (the extender's ``binds_total{outcome="handover"}``
+and ``{outcome="unschedulable"}``), Warning events on pods that ended up bound, and the extender's
+CPU seconds per bound pod (utime + stime of its process from /proc/<pid>/stat).
+
+Targets (docs/scheduler.md): vGPU >= 0.8 x plain, 0 hand-over failures, <= 2 race failures per 200
+pods, 0 Warning events on bound pods, extender CPU <= 5 ms per pod. Nothing here asserts.
+
+    KUBE_BIN_DIR=/path/to/bin python benchmarks/e2e_throughput.py [--pods 200] [--nodes 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "deviceplugin"))
+
+GPUS, GPU_MEM, SPLIT = 8, 81920, 10
+TARGETS = "targets: vgpu/plain >= 0.8, 0 hand-over failures, <= 2 race failures, 0 warnings on bound pods, <= 5 ms CPU/pod"
+
+
+def uuid_of(node: int, gpu: int) -> str:
+    return f"GPU-{node:08d}-b0b0-4000-8000-{gpu:012d}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` (seconds), from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def binds_by_outcome(port: int) -> dict[str, float]:
+    """The extender's kube_vgpu_scheduler_binds_total by outcome (its /metrics on --port)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("kube_vgpu_scheduler_binds_total{"):
+            labels, value = line.rsplit(" ", 1)
+            outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
+            out[outcome] = float(value)
+    return out
+
+
+def plain_pod(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"containers": [{
+        "name": "main", "image": "busybox", "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}
+
+
+def vgpu_pod(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"containers": [{
+        "name": "main", "image": "busybox",
+        "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}}]}}
+
+
+class BindWatch:
+    """Watches a namespace's pods; records the monotonic time each pod is first seen bound."""
+
+    def __init__(self, core: Any, ns: str, want: int) -> None:
+        self.core, self.ns, self.want = core, ns, want
+        self.bound: dict[str, float] = {}
+        self.done = threading.Event()
+        self._rv = core.list_namespaced_pod(ns).metadata.resource_version  # before any create
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        rv = self._rv
+        while not self.done.is_set():
+            w = watch.Watch()
+            for ev in w.stream(self.core.list_namespaced_pod, self.ns, resource_version=rv, timeout_seconds=60):
+                p = ev["object"]
+                rv = p.metadata.resource_version
+                if p.spec.node_name and p.metadata.name not in self.bound:
+                    self.bound[p.metadata.name] = time.monotonic()
+                    if len(self.bound) >= self.want:
+                        self.done.set()
+                        w.stop()
+
+
+def run_phase(core: Any, ns: str, make: Any, n: int, timeout: float) -> tuple[float, float, set[str]]:
+    """Create ``n`` pods (16 threads) and wait until all are bound. Returns (pods/s, seconds, bound)."""
+    bw = BindWatch(core, ns, n)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda i: core.create_namespaced_pod(ns, make(f"p-{i:03d}")), range(n)))
+    bw.done.wait(timeout)
+    got = dict(bw.bound)
+    if len(got) < n:
+        print(f"  only {len(got)}/{n} bound after {timeout:.0f} s")
+    took = (max(got.values()) - t0) if got else float("inf")
+    return (len(got) / took if got else 0.0), took, set(got)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pods", type=int, default=200)
+    ap.add_argument("--nodes", type=int, default=50)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each phase's binds")
+    args = ap.parse_args()
+    if not os.environ.get("KUBE_BIN_DIR"):
+        print("e2e_throughput: skipped (set KUBE_BIN_DIR to kube-apiserver, kube-scheduler and etcd binaries)")
+        return 0
+    from dp_helpers import FakeGPUs, FakeKubelet, build_fake_nvml
+    from kubernetes import client, config
+
+    from tests.e2e.cluster import (
+        SCHEDULER_NAME,
+        Components,
+        ControlPlane,
+        KubeletLoop,
+        create_gpu_nodes,
+        create_namespace,
+        wait_for,
+    )
+
+    work = Path(tempfile.mkdtemp(prefix="kv-e2e-bench-"))
+    sockdir = tempfile.mkdtemp(prefix="kvb", dir="/tmp")
+    cp = ControlPlane(work, controller_manager=False)
+    comps = Components(cp, work)
+    fk: FakeKubelet | None = None
+    loop: KubeletLoop | None = None
+    try:
+        cp.start()
+        assert cp.kubeconfig is not None
+        api = config.new_client_from_config(config_file=str(cp.kubeconfig))
+        core: Any = client.CoreV1Api(api)
+        adm: Any = client.AdmissionregistrationV1Api(api)
+        # the chart's defaults: the policy file names only the scheduler
+        comps.policy.write_text(f"apiVersion: kube-vgpu.io/v1\nschedulerName: {SCHEDULER_NAME}\n")
+        names = [f"bench-node-{i:02d}" for i in range(args.nodes)]
+        create_gpu_nodes(core, names, GPUS, GPU_MEM, SPLIT, uuid_of)
+        for ns in ("bench-plain", "bench-vgpu"):
+            create_namespace(core, ns)
+        lib = build_fake_nvml(work / "fakenvml")
+        gpus = FakeGPUs(work)
+        gpus.set([{"uuid": uuid_of(0, i), "name": "NVIDIA H200", "memory_mib": GPU_MEM, "numa": 0}
+                  for i in range(GPUS)])
+        fk = FakeKubelet(sockdir)
+        fk.start()
+        comps.start_device_plugin(names[0], lib.parent, gpus.config, sockdir, fk.podresources_socket)
+        fk.wait(lambda k: k.updates > 0, timeout=60, what="device plugin registration")
+        comps.start_webhook()
+        adm.create_mutating_webhook_configuration(comps.webhook_configuration("bench-vgpu"))
+        comps.start_extender()
+        comps.start_kube_scheduler(plain_profile=True)
+        loop = KubeletLoop(core, "bench-vgpu", names[0], fk, comps.signing_keys)
+        loop.start()
+        probe = vgpu_pod("probe")
+        wait_for(lambda: core.create_namespaced_pod("bench-vgpu", probe, dry_run="All").spec.scheduler_name
+                 == SCHEDULER_NAME, 60, "the webhook configuration in effect")
+
+        plain_rate, plain_s, _ = run_phase(core, "bench-plain", plain_pod, args.pods, args.timeout)
+        print(f"plain pods: {args.pods} in {plain_s:.2f} s = {plain_rate:.1f} pods/s", flush=True)
+
+        ext = comps.procs["extender"]
+        assert ext.p is not None
+        cpu0, binds0 = cpu_seconds(ext.p.pid), binds_by_outcome(comps.extender_port)
+        vgpu_rate, vgpu_s, bound = run_phase(core, "bench-vgpu", vgpu_pod, args.pods, args.timeout)
+        cpu1, binds1 = cpu_seconds(ext.p.pid), binds_by_outcome(comps.extender_port)
+        print(f"vgpu pods: {args.pods} in {vgpu_s:.2f} s = {vgpu_rate:.1f} pods/s", flush=True)
+
+        delta = {k: binds1.get(k, 0.0) - binds0.get(k, 0.0) for k in set(binds0) | set(binds1)}
+        warnings = [e for e in core.list_namespaced_event("bench-vgpu").items
+                    if e.type == "Warning" and e.involved_object.name in bound]
+        print(f"vgpu/plain ratio: {vgpu_rate / plain_rate if plain_rate else 0.0:.2f}")
+        print(f"hand-over failures: {delta.get('handover', 0.0):.0f}")
+        print(f"race (unschedulable) bind failures: {delta.get('unschedulable', 0.0):.0f}")
+        print(f"extender binds by outcome: {dict(sorted((k, int(v)) for k, v in delta.items() if v))}")
+        print(f"Warning events on bound pods: {len(warnings)}"
+              + (f" (first: {warnings[0].reason}: {(warnings[0].message or '')[:160]})" if warnings else ""))
+        print(f"extender CPU per bound pod: {(cpu1 - cpu0) / max(1, len(bound)) * 1000:.1f} ms "
+              f"({cpu1 - cpu0:.2f} s for {len(bound)} pods)")
+        if loop.errors:
+            print(f"fake kubelet errors: {len(loop.errors)} (first: {loop.errors[0][:200]})")
+        print(TARGETS)
+        return 0
+    finally:
+        if loop is not None:
+            loop.stop()
+        comps.stop()
+        if fk is not None:
+            fk.stop()
+        cp.stop()
+        shutil.rmtree(sockdir, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
