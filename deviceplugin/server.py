@@ -675,6 +675,12 @@ class DevicePlugin:
                 raise MatchError(f"pod {h.namespace}/{h.pod} (container {h.container}, device IDs "
                                  f"{', '.join(sorted(ids))}) is not bound to this node in the API server")
             uid = str((view.get("metadata") or {}).get("uid") or "")
+            if uid not in refused:
+                # progress as recorded (signed or remembered), not "all done" because kubelet already
+                # reports container statuses (it does once the pod's first container exists)
+                raw = next(p for p in pods if (p.get("metadata") or {}).get("uid") == uid)
+                view = trusted_view([{**raw, "status": {}}], self.opts.node_name, self.keys.current(),
+                                    self._written)[0][0]
             pc = identified(view, h.container, self.opts.node_name, self.names, refused=refused.get(uid, ""))
             check_assignment(pc, ids)
             key = alloc_key(ids)

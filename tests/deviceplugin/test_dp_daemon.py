@@ -771,3 +771,22 @@ def test_allocate_of_reused_ids_resets_the_previous_holders_limits(start_plugin:
     lm = b.mounts()["/usr/local/vgpu/limits"].host_path
     assert not os.path.exists(os.path.join(lm, "owner"))
     assert mem(kubelet.start_container("new", "c")) == "1000"
+
+
+def test_progress_of_a_pod_kubelet_already_reports_is_recorded_per_container(
+        start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet, kube_api: Any) -> None:
+    """kubelet reports container statuses once the pod's first container exists: the second
+    container's PreStart still records its own progress (and only then ``success``)."""
+    start_plugin()
+    create_signed(kube_api, bound_pod("two", [("a", False, [(U[0], 1000, 10)], {}), ("b", False, [(U[1], 2000, 20)], {})]))
+    first, second = kubelet.admit("two", [("a", 1), ("b", 1)], start=False)
+    assert mem(kubelet.start_container("two", "a")) == "1000"
+    ann = kube_api.get_object("pods", "two", "default")["metadata"]["annotations"]
+    assert (ann[ANN_ALLOCATED_CONTAINERS], ann[ANN_BIND_PHASE]) == ("a", "allocating")
+    kube_api.patch_object("pods", "two", {"status": {"phase": "Pending", "containerStatuses": [
+        {"name": n, "ready": False, "restartCount": 0, "image": "busybox", "imageID": "",
+         "state": {"waiting": {"reason": "ContainerCreating"}}} for n in ("a", "b")]}}, "default",
+        subresource="status")
+    assert mem(kubelet.start_container("two", "b")) == "2000"
+    ann = kube_api.get_object("pods", "two", "default")["metadata"]["annotations"]
+    assert (ann[ANN_ALLOCATED_CONTAINERS], ann[ANN_BIND_PHASE]) == ("a,b", "success")
