@@ -71,7 +71,7 @@ def test_defaults() -> None:
     assert c.nodes == ()
     assert c.webhook == WebhookConfig(force_overwrite_default_scheduler=True, mutate_bare_gpu=True,
                                       privileged="deny", allow_user_visible_devices=False,
-                                      non_gpu_visible_devices_none=False, shm_size_limit="",
+                                      non_gpu_visible_devices_none=True, shm_size_limit="",
                                       foreign_schedulers="leave")
 
 
