@@ -86,7 +86,7 @@ def test_cli_exits_0_soon_after_sigterm_with_a_quiet_watch(gpus: FakeGPUs, fake_
                                                            quiet_api: FakeKubeAPI, sockdir: str,
                                                            tmp_path: Path) -> None:
     """``kube-vgpu device-plugin`` registered, its pod watch open and silent: SIGTERM -> exit code 0.
-    The time is printed (docs/operations: within 2 s); the assertion only bounds it generously."""
+    The time is printed (docs/CONTRACTS.md: within 2 s); the assertion only bounds it generously."""
     make_node(quiet_api)
     gpus.set([GPU])
     env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml_lib.parent), "NODE_NAME": NODE}
