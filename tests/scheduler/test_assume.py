@@ -175,3 +175,35 @@ def test_the_promised_node_alone_gets_the_top_score() -> None:
         (promised,) = {a.node for a in svc.cache.state.assumed.values()}
         assert scores[promised] == 10 and all(s == 9 for n, s in scores.items() if n != promised)
     run(go)
+
+
+def test_forged_prioritize_bodies_hold_nothing_beyond_bounds_and_time() -> None:
+    """Attack: /prioritize bodies are not authenticated (the listener is loopback by default). A
+    flood of forged pods holds at most ``max_assumed`` promises, never more than fits, never for a
+    pod that is booked, and all of it lapses after ``assume_seconds``."""
+    now = [1000.0]
+    svc, nodes = _service(2, now)
+    svc.cache.state.max_assumed = 8
+    booked = pod_obj("real", limits={"nvidia.com/gpumem": 1000})
+    from kube_vgpu.podspec import parse_pod
+    r = svc.cache.reserve(parse_pod(booked), booked["metadata"]["uid"], "n0")
+    assert not isinstance(r, str)
+    empty_but_real = {n.name: n.signature() for n in svc.cache.state.node_list}
+
+    async def go() -> None:
+        for i in range(50):
+            forged = pod_obj(f"forged-{i}", limits={"nvidia.com/gpumem": 4000})
+            forged["metadata"]["uid"] = f"forged-uid-{i}"
+            await svc.prioritize(filter_args(forged, nodes))
+        assert len(svc.cache.state.assumed) == 8  # bounded: the oldest ended
+        for n in svc.cache.state.node_list:
+            assert all(x >= 0 for x in n.free_mem + n.free_cores + n.free_slots)
+        # a forged body naming a booked pod gets no promise and leaves its booking as it is
+        await svc.prioritize(filter_args(booked, nodes))
+        assert "default/real" not in svc.cache.state.assumed
+        assert svc.cache.state.bookings["default/real"] is r[0]
+        now[0] += svc.opts.assume_seconds
+        svc._tick()
+        assert svc.cache.state.assumed == {}
+        assert {n.name: n.signature() for n in svc.cache.state.node_list} == empty_but_real
+    run(go)
