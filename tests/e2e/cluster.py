@@ -359,6 +359,15 @@ class Components:
         wait_for(lambda: self.procs["extender"].check() or _https_ok(f"http://127.0.0.1:{self.extender_port}/readyz"),
                  60, "extender /readyz")
 
+    def extender_bookings(self) -> int:
+        """The extender's ``kube_vgpu_scheduler_bookings`` gauge (pods holding GPUs; refreshed every
+        second), from its /metrics on --port."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.extender_port}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("kube_vgpu_scheduler_bookings "):
+                    return int(float(line.split()[1]))
+        raise AssertionError("no kube_vgpu_scheduler_bookings in the extender's /metrics")
+
     def restart_extender(self) -> None:
         self.procs.pop("extender").stop(signal.SIGKILL)
         self.start_extender()

@@ -134,6 +134,9 @@ def env(e2e_env: dict[str, Any]) -> Iterator[dict[str, Any]]:
     def clean() -> None:
         core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
         wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "namespace emptied")
+        # every pod of the suite is gone: the extender must hold no booking (a leaked one would skew
+        # the next test's placements and is a bug in itself)
+        wait_for(lambda: e2e_env["comps"].extender_bookings() == 0, 60, "the extender to release every booking")
 
     clean()
     write_policy(e2e_env["comps"].policy, "binpack")
