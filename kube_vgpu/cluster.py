@@ -700,6 +700,20 @@ class ClusterCache:
             failed.update(pre)
         return ok, failed, scores
 
+    def own_unbound_booking(self, key: str, uid: str) -> str | None:
+        """The node where the pod ``key`` (this ``uid``) holds a booking although it is not bound and
+        no bind of it is in flight or unresolved here: a signed record whose Binding never came (an
+        extender stopped between writing the record and posting the Binding). That booking is the
+        pod's own capacity: the pod still fits there (a bind re-plans after dropping it), so a
+        filter must not count it against the pod itself. None otherwise."""
+        b = self.state.bookings.get(key)
+        if b is None or self.booked_uid.get(key) != uid or key in self.inflight or key in self.unresolved:
+            return None
+        info = self.pods.get(key)
+        if info is not None and info.bound:
+            return None
+        return b.node
+
     def score_array(self, pod: PodRequest, names: Sequence[str], key: str | None = None) -> np.ndarray:
         """Policy score per name (float64), -inf where the pod does not fit or the node is not a
         candidate (unknown, stale, no allocatable). ``key``: ``names_key(names)`` if the caller

@@ -718,6 +718,10 @@ class SchedulerService:
             self._expire_promises()
             self.cache.state.forget_assumed(req.key)  # a new scheduling cycle ends the pod's promise
         ok, failed, _ = self.cache.evaluate(req, names, want_scores=False)
+        own = self.cache.own_unbound_booking(req.key, str((pod.get("metadata") or {}).get("uid") or ""))
+        if own is not None and own in failed and own not in self.cache.unavailable:
+            del failed[own]  # the pod's own booking there is what it needs (see own_unbound_booking)
+            ok.append(own)
         if not failed:
             resolvable: dict[str, str] = {}
             unresolvable: dict[str, str] = {}
@@ -756,6 +760,13 @@ class SchedulerService:
                 if self.cache.state.assumed:
                     self._expire_promises()
                 raw = self.cache.score_array(req, names, key)
+                own = self.cache.own_unbound_booking(req.key, str((pod.get("metadata") or {}).get("uid") or ""))
+                if own is not None and own not in self.cache.unavailable:
+                    # its own booking: the best place for it (see own_unbound_booking); a copy,
+                    # the engine may keep the array it returned
+                    raw = raw.copy()
+                    finite = raw[np.isfinite(raw)]
+                    raw[[i for i, n in enumerate(names) if n == own]] = float(finite.max()) + 1.0 if finite.size else 0.0
                 feasible = raw > -np.inf
                 if feasible.any():
                     scores[feasible] = normalise_array(raw[feasible])

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from bind_support import bind, check_books, create_nodes, create_pod, extender, node_obj, pod_obj, writes
-from vgpu_sched_util import run, wait_until
+from vgpu_sched_util import KEYS, filter_args, run, wait_until
 
 from kube_vgpu.cluster import ClusterCache, compare_resource_versions
 from kube_vgpu.config import Config
@@ -366,4 +366,36 @@ def test_binds_reuse_their_api_connections(fake: FakeKubeAPI) -> None:
             assert fake.connection_count == before, "binds opened new API connections"
             await wait_until(lambda: len(ext.svc.cache.pods) == 8)
             check_books(fake, ext.svc)
+    run(go)
+
+
+def test_record_without_a_binding_after_a_restart_still_places_its_pod(fake_kube_api: FakeKubeAPI) -> None:
+    """An extender stopped between writing a pod's signed record and posting its Binding: the next
+    extender books the record (it cannot know the bind will not come), and that booking is the pod's
+    own capacity. On a full node the pod must still pass filter there and bind, booking its request
+    once; another pod still finds the capacity taken."""
+    fake = fake_kube_api
+    nodes = create_nodes(fake, 1, gpus=1)
+    a = create_pod(fake, pod_obj("a", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000}))
+    other = pod_obj("b", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10000})
+
+    async def go() -> None:
+        async with extender(fake, keys=KEYS) as ext:  # the first extender writes the record, then "dies"
+            req = parse_pod(a, ext.svc.config)
+            plan = ext.svc.cache.reserve(req, a["metadata"]["uid"], "node-0")
+            assert not isinstance(plan, str)
+            ann = ext.svc.bind_annotations(a["metadata"]["uid"], "node-0", plan[1])
+        fake.patch_object("pods", "a", {"metadata": {"annotations": ann, "labels": {LABEL_NODE: "node-0"}}},
+                          "default")
+        async with extender(fake, keys=KEYS) as ext:
+            assert set(ext.svc.cache.state.bookings) == {"default/a"}
+            _, res = await ext.post("/filter", filter_args(fake.get_object("pods", "a", "default"), nodes))
+            assert res["NodeNames"] == ["node-0"] and not res["FailedNodes"], res
+            _, pri = await ext.post("/prioritize", filter_args(fake.get_object("pods", "a", "default"), nodes))
+            assert pri == [{"Host": "node-0", "Score": 10}]
+            _, res = await ext.post("/filter", filter_args(other, nodes))
+            assert res["NodeNames"] == [] and set(res["FailedNodes"]) == {"node-0"}
+            assert await bind(ext, fake.get_object("pods", "a", "default")) == ""
+            assert fake.get_object("pods", "a", "default")["spec"]["nodeName"] == "node-0"
+            await wait_until(lambda: check_books(fake, ext.svc) == {"GPU-node-0-00": 20000}, timeout=30)
     run(go)
