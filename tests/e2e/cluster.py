@@ -100,12 +100,14 @@ def write_keys(d: Path) -> dict[str, Path]:
     return {k: d / k for k in ("sa.key", "sa.pub", "apiserver.crt", "apiserver.key", "tokens.csv")}
 
 
-def write_kubeconfig(path: Path, server: str, token: str) -> Path:
+def write_kubeconfig(path: Path, server: str, token: str, ca_data: str) -> Path:
+    """A kubeconfig for ``server`` with a bearer ``token``; the server's certificate is verified
+    against ``ca_data`` (base64 PEM, the kubeconfig's ``certificate-authority-data``)."""
     import yaml
 
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "e2e",
-        "clusters": [{"name": "e2e", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+        "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority-data": ca_data}}],
         "users": [{"name": "admin", "user": {"token": token}}],
         "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin"}}],
     }))
@@ -203,7 +205,8 @@ class ControlPlane:
             "--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/24", "--allow-privileged=true"],
             self.dir))
         server = f"https://127.0.0.1:{aport}"
-        self.kubeconfig = write_kubeconfig(self.dir / "kubeconfig", server, TOKEN)
+        self.kubeconfig = write_kubeconfig(self.dir / "kubeconfig", server, TOKEN,
+                                           base64.b64encode(keys["apiserver.crt"].read_bytes()).decode())
 
         def ready() -> bool:
             for p in self.procs:

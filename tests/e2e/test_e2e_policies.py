@@ -75,8 +75,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 def _as(cluster: dict[str, Any], token: str, name: str) -> Any:
     from kubernetes import config
 
-    server = yaml.safe_load(Path(cluster["cp"].kubeconfig).read_text())["clusters"][0]["cluster"]["server"]
-    return config.new_client_from_config(config_file=str(write_kubeconfig(cluster["work"] / f"kc-{name}", server, token)))
+    c = yaml.safe_load(Path(cluster["cp"].kubeconfig).read_text())["clusters"][0]["cluster"]
+    return config.new_client_from_config(config_file=str(write_kubeconfig(
+        cluster["work"] / f"kc-{name}", c["server"], token, c["certificate-authority-data"])))
 
 
 def _token(core: Any, ns: str, sa: str, pod: Any = None) -> str:

@@ -84,8 +84,9 @@ def _as(cp: ControlPlane, work: Path, token: str, name: str) -> Any:
     from kubernetes import config
 
     assert cp.kubeconfig is not None
-    server = yaml.safe_load(cp.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-    return config.new_client_from_config(config_file=str(write_kubeconfig(work / f"kc-{name}", server, token)))
+    c = yaml.safe_load(cp.kubeconfig.read_text())["clusters"][0]["cluster"]
+    return config.new_client_from_config(config_file=str(write_kubeconfig(
+        work / f"kc-{name}", c["server"], token, c["certificate-authority-data"])))
 
 
 def _token(core: Any, ns: str, sa: str) -> str:
