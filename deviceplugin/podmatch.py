@@ -57,6 +57,7 @@ from kube_vgpu import envcontract
 from kube_vgpu.codec import decode_allocation
 from kube_vgpu.errors import CodecError
 from kube_vgpu.model import DeviceBooking
+from kube_vgpu.podspec import resource_value
 from kube_vgpu.resources import (
     ANN_ALLOCATED_CONTAINERS,
     ANN_ALLOCATION,
@@ -179,16 +180,16 @@ def _requests_gpu(ctr: Mapping[str, Any], gpu: str) -> bool:
     return False
 
 
-def _priority(ctr: Mapping[str, Any], name: str) -> int | None:
-    res = ctr.get("resources") or {}
-    for part in ("limits", "requests"):
-        v = (res.get(part) or {}).get(name)
-        if v is not None:
-            try:
-                return int(str(v))
-            except ValueError:
-                return None
-    return None
+def _int_resource(ctr: Mapping[str, Any], name: str) -> int | None:
+    """Resource ``name`` of a container (limits first, requests as fallback) as a whole number,
+    or None when absent or not a whole number (the webhook and the extender report bad values)."""
+    v = resource_value(ctr, name)
+    if v is None:
+        return None
+    try:
+        return int(str(v))
+    except ValueError:
+        return None
 
 
 def disables_control(value: Any) -> bool:
@@ -203,18 +204,6 @@ def _disable_control(ctr: Mapping[str, Any]) -> bool:
         if e.get("name") == envcontract.DISABLE_CONTROL and disables_control(e.get("value")):
             return True
     return False
-
-
-def _gpu_count(ctr: Mapping[str, Any], gpu: str) -> int | None:
-    res = ctr.get("resources") or {}
-    for part in ("limits", "requests"):
-        v = (res.get(part) or {}).get(gpu)
-        if v is not None:
-            try:
-                return int(str(v))
-            except ValueError:
-                return None
-    return None
 
 
 def _float(v: Any, default: float) -> float:
@@ -444,10 +433,10 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
         out.append(PendingContainer(
             namespace=meta.get("namespace", "default"), pod=meta.get("name", ""), uid=meta.get("uid", ""),
             container=ctr.get("name", ""), init=init, devices=devices,
-            disable_control=_disable_control(ctr), priority=_priority(ctr, names.priority),
+            disable_control=_disable_control(ctr), priority=_int_resource(ctr, names.priority),
             in_progress=in_progress, allocated=done, remaining=tuple(p[0].get("name", "") for p in pending),
             order=(0 if in_progress else 1, 1 if demoted else 0, *akey), demoted=demoted,
-            unbooked=not devices and not why, refused=why, want=_gpu_count(ctr, names.gpu) if why else None))
+            unbooked=not devices and not why, refused=why, want=_int_resource(ctr, names.gpu) if why else None))
     out.sort(key=lambda p: p.order)
     return out
 
@@ -492,7 +481,7 @@ def identified(pod: Mapping[str, Any], container: str, node: str, names: Resourc
                     if _requests_gpu(c, names.gpu) and c.get("name") not in done)
     pc = PendingContainer(namespace=ns, pod=name, uid=uid, container=container, init=init,
                           devices=rec.devices if rec is not None else (), disable_control=_disable_control(ctr),
-                          priority=_priority(ctr, names.priority), in_progress=bool(done), allocated=done,
+                          priority=_int_resource(ctr, names.priority), in_progress=bool(done), allocated=done,
                           remaining=pending, order=(), unbooked=rec is None or not rec.devices)
     if pc.unbooked:
         raise MatchError(f"{where}: requests the GPU resource but no GPU is booked for it in {ANN_ALLOCATION}; "
