@@ -1,0 +1,370 @@
+"""libvgpu on a real GPU, in one script: prints one table and exits 1 on any miss (2 if it cannot run).
+
+Usage, from the repository root, on a machine with an NVIDIA driver (root for the SM rows)::
+
+    python3 benchmarks/gpu/gpu_check.py            # under 5 minutes on an H200
+
+Only the Python standard library, gcc and the driver are needed. The shim (``libvgpu/src``) and the
+probe program (``gpu_check.c``) are compiled into a temporary directory; the probe reaches
+``libcuda.so.1`` and ``libnvidia-ml.so.1`` through ``dlopen`` + ``dlsym`` (no link-time ``-lcuda``),
+as the CUDA runtime and PyTorch do.
+
+Environment:
+
+- ``VGPU_CHECK_FAKES=DIR``: run against the test fakes in DIR (``libcuda.so.1``, ``libnvidia-ml.so.1``
+  as built by ``tests/fakes/build.py``) instead of the driver; a shared ``FAKE_GPU_STATE`` models one GPU.
+  The SM rows are ``n/a`` there (the fakes do not model tenants in separate PID namespaces).
+- ``VGPU_CHECK_SHIM=FILE``: check this shim instead of compiling ``libvgpu/src``.
+- ``VGPU_CHECK_LIMIT_MIB``: the memory limit under test, default 4096.
+
+Rows (expected value -> measured):
+
+- ``cuGetProcAddress`` without the shim hands out exported symbols' addresses, for every name the shim
+  hooks (requested by its base name and by its own name, every CUDA version up to the driver's, with and
+  without the per-thread-stream flag), and every hooked name the driver exports is reached that way;
+  with the shim, every one of those requests returns the hook of exactly the symbol the driver picked.
+- memory limit through ``cuMemAlloc`` (``cudaMalloc``'s driver call), VMM (``cuMemCreate``/``cuMemMap``,
+  released while mapped), the NVML view (and ``nvidia-smi`` when installed) inside the limit,
+  ``kill -9`` reclaim.
+- PyTorch, when ``python3 -c "import torch"`` works with CUDA: the caching allocator and the
+  ``cudaMallocAsync`` backend (``PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync``) both get half the
+  limit and an out-of-memory error for the whole limit more.
+- SM accuracy: two tenants in separate PID namespaces (``unshare --pid --fork``), 30/70 and 30/30,
+  each a back-to-back spin-kernel loop; busy % = kernels/s over the unlimited rate; a miss is more than
+  ``SM_TOLERANCE`` points from the limit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SHIM_SRC = ROOT / "libvgpu" / "src"
+MIB = 1024 * 1024
+SM_TOLERANCE = 5.0  # percentage points
+SM_MIXES = ((30, 70), (30, 30))
+TIMEOUT = 120.0  # seconds for any one probe run
+#: inherited variables that would change what is checked
+SCRUB = ("CUDA_DEVICE_", "CUDA_DISABLE_CONTROL", "GPU_CORE_UTILIZATION_POLICY", "LIBVGPU_", "FAKE_", "LD_PRELOAD")
+
+
+@dataclass
+class Row:
+    """One line of the table; ``ok`` None means not applicable."""
+
+    check: str
+    expected: str
+    measured: str
+    ok: bool | None
+
+
+class Setup:
+    """Built probe and shim, and the environments the probe runs in."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.fakes = os.environ.get("VGPU_CHECK_FAKES")
+        self.limit = int(os.environ.get("VGPU_CHECK_LIMIT_MIB", "4096")) * MIB
+        cc = os.environ.get("CC", "gcc")
+        if shutil.which(cc) is None:
+            raise SystemExit(f"gpu_check: C compiler {cc!r} not found")
+        self.probe = work / "gpu_check"
+        _cc([cc, "-O2", "-Wall", "-Wextra", "-Werror", f"-I{SHIM_SRC}", "-o", str(self.probe),
+             str(HERE / "gpu_check.c"), "-ldl"])
+        given = os.environ.get("VGPU_CHECK_SHIM")
+        if given:
+            self.shim = Path(given).resolve()
+        else:
+            self.shim = work / "libvgpu.so"
+            _cc([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-fvisibility=hidden",
+                 f"-I{SHIM_SRC}", "-o", str(self.shim), *sorted(str(p) for p in SHIM_SRC.glob("*.c")),
+                 "-Wl,-Bsymbolic", "-ldl", "-lpthread"])
+
+    def env(self, shim: bool, cache: Path | None = None, **extra: str) -> dict[str, str]:
+        """Environment of one probe run: fakes when asked, the shim preloaded when ``shim``."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUB)}
+        env["LIBVGPU_LOG_LEVEL"] = "1"
+        if self.fakes:
+            env["LD_LIBRARY_PATH"] = f"{self.fakes}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":")
+            env["FAKE_GPU_STATE"] = str(self.work / "gpu.state")
+            env["FAKE_CUDA_CTX_MIB"] = "300"
+        if shim:
+            env["LD_PRELOAD"] = str(self.shim)
+            env["CUDA_DEVICE_MEMORY_LIMIT"] = str(self.limit)
+            if cache is not None:
+                env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(cache)
+        env.update(extra)
+        return env
+
+    def run(self, args: list[str], env: dict[str, str], prefix: list[str] | None = None) -> dict[str, str]:
+        """Run the probe; returns its key=value tokens plus ``rc`` (``error`` holds a failure's output)."""
+        try:
+            p = subprocess.run([*(prefix or []), str(self.probe), *args], env=env, capture_output=True, text=True,
+                               timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return {"rc": "timeout", "error": f"{args[0]} ran over {TIMEOUT:.0f} s"}
+        out = parse(p.stdout)
+        out["rc"] = str(p.returncode)
+        if p.returncode:
+            out["error"] = (p.stdout + p.stderr).strip().replace("\n", " | ")[-300:]
+        return out
+
+
+def _cc(cmd: list[str]) -> None:
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"gpu_check: build failed: {' '.join(cmd)}\n{p.stdout}{p.stderr}")
+
+
+def parse(text: str) -> dict[str, str]:
+    """Every ``key=value`` token of ``text`` (later keys win)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        for tok in line.split():
+            if "=" in tok:
+                k, v = tok.split("=", 1)
+                out[k] = v
+    return out
+
+
+def mib(n: int | str) -> str:
+    """Bytes as a MiB string."""
+    return f"{int(n) / MIB:.0f} MiB"
+
+
+# ----------------------------------------------------------------------------------------- rows
+def procaddr_rows(s: Setup) -> list[Row]:
+    """cuGetProcAddress: the driver's answers are exported addresses; the shim's are the same symbols' hooks."""
+
+    def lines(shim: bool) -> tuple[dict[str, bool], dict[tuple[str, str, str], dict[str, str]], str]:
+        p = subprocess.run([str(s.probe), "procaddr"], env=s.env(shim), capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        hooked: dict[str, bool] = {}
+        answers: dict[tuple[str, str, str], dict[str, str]] = {}
+        for line in p.stdout.splitlines():
+            kv = parse(line)
+            if line.startswith("H "):
+                hooked[kv["name"]] = kv["exported"] == "1"
+            elif line.startswith("P "):
+                answers[(kv["req"], kv["ver"], kv["flags"])] = kv
+        err = "" if p.returncode == 0 and answers else f"probe exit {p.returncode}: {(p.stdout + p.stderr)[-200:]}"
+        return hooked, answers, err
+
+    hooked, drv, err = lines(False)
+    if err:
+        return [Row("cuGetProcAddress (driver)", "runs", err, False)]
+    not_exported = [a for a in drv.values() if a["exported"] != "1"]
+    reached = {a["sym"] for a in drv.values()}
+    unreached = sorted(n for n, exp in hooked.items() if exp and n not in reached)
+    rows = [
+        Row("cuGetProcAddress (driver): exported addresses", f"{len(drv)} answers all exported",
+            f"{len(drv) - len(not_exported)} exported"
+            + (f"; not: {', '.join(a['req'] + '@' + a['ver'] + '->' + a['sym'] for a in not_exported[:4])}"
+               if not_exported else ""), not not_exported),
+        Row("cuGetProcAddress reaches every hooked name", f"{sum(hooked.values())} exported hooked names",
+            f"{sum(hooked.values()) - len(unreached)} reached" + (f"; not: {', '.join(unreached[:6])}"
+                                                                   if unreached else ""), not unreached),
+    ]
+    _, shim, err = lines(True)
+    if err:
+        rows.append(Row("cuGetProcAddress (shim): hook of the driver's symbol", "runs", err, False))
+        return rows
+    shim_lib = s.shim.name
+    bad = []
+    for key, a in drv.items():
+        b = shim.get(key)
+        want_lib = shim_lib if a["sym"] in hooked else a["lib"]
+        if b is None or b["sym"] != a["sym"] or b["lib"] != want_lib:
+            got = "none" if b is None else f"{b['sym']} in {b['lib']}"
+            bad.append(f"{key[0]}@{key[1]}/f{key[2]}: {got}, want {a['sym']} in {want_lib}")
+    extra = sorted(set(shim) - set(drv))
+    bad += [f"{k[0]}@{k[1]}/f{k[2]}: answer the driver did not give" for k in extra]
+    rows.append(Row("cuGetProcAddress (shim): hook of the driver's symbol", f"{len(drv)} answers match",
+                    f"{len(drv) - len(bad)} match" + (f"; {'; '.join(bad[:3])}" if bad else ""), not bad))
+    return rows
+
+
+def memory_rows(s: Setup) -> list[Row]:
+    """cuMemAlloc, VMM and the NVML view under the limit."""
+    rows: list[Row] = []
+    m = s.run(["mem", str(s.limit // MIB)], s.env(True, s.work / "mem.cache"))
+    lim = s.limit
+    if "total" not in m:
+        rows.append(Row("cuMemAlloc under the limit", "runs", m.get("error", "no output"), False))
+    else:
+        tot, dev = int(m["total"]), int(m["devtotal"])
+        view_ok = tot <= lim and dev == tot and int(m["free"]) <= tot
+        rows.append(Row("cuMemGetInfo / cuDeviceTotalMem", f"total {mib(lim)} (or less)",
+                        f"total {mib(tot)}, device {mib(dev)}, free {mib(m['free'])}", view_ok))
+        rows.append(Row("cuMemAlloc: half the limit, then all of it", "0 then 2 (OUT_OF_MEMORY)",
+                        f"{m['half']} then {m['all_more']}", m["half"] == "0" and m["all_more"] == "2"))
+    v = s.run(["vmm", str(s.limit // MIB)], s.env(True, s.work / "vmm.cache"))
+    want = {"create": "0", "map": "0", "release": "0", "while_mapped": "2", "unmap": "0", "after_unmap": "0"}
+    got = " ".join(f"{k}={v.get(k, '?')}" for k in want)
+    rows.append(Row("VMM: 60% mapped, released while mapped", "second 60% refused until unmapped", got,
+                    all(v.get(k) == w for k, w in want.items())))
+    rows += nvml_rows(s)
+    return rows
+
+
+def _holder(s: Setup, cache: Path, mib_: int) -> tuple[subprocess.Popen[str], str]:
+    """Start a probe that allocates ``mib_`` MiB and waits; returns it and its ``held=`` rc."""
+    p = subprocess.Popen([str(s.probe), "hold", str(mib_)], env=s.env(True, cache), stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline()  # blocks until the allocation is done (or the probe died)
+    return p, parse(line).get("held", "none")
+
+
+def nvml_rows(s: Setup) -> list[Row]:
+    """NVML (and nvidia-smi) under the shim while another process of the container holds memory."""
+    cache = s.work / "nvml.cache"
+    hold = s.limit // MIB // 4
+    p, held = _holder(s, cache, hold)
+    try:
+        n = s.run(["nvml"], s.env(True, cache))
+        rows: list[Row] = []
+        if "nvml_total" not in n:
+            rows.append(Row("NVML memory inside the limit", "runs", n.get("error", "no output"), False))
+        else:
+            tot, used = int(n["nvml_total"]), int(n["nvml_used"])
+            rows.append(Row("NVML memory inside the limit", f"total {mib(s.limit)}, used >= {hold} MiB held",
+                            f"total {mib(tot)}, used {mib(used)} (held rc {held})",
+                            held == "0" and tot == s.limit and hold * MIB <= used <= tot))
+        smi = shutil.which("nvidia-smi")
+        if s.fakes or smi is None:
+            rows.append(Row("nvidia-smi inside the limit", "-", "fakes" if s.fakes else "nvidia-smi not installed",
+                            None))
+        else:
+            q = subprocess.run([smi, "-i", "0", "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"],
+                               env=s.env(True, cache), capture_output=True, text=True, timeout=TIMEOUT)
+            try:
+                t_mib, u_mib = (int(x) for x in q.stdout.strip().splitlines()[0].split(","))
+                ok = t_mib == s.limit // MIB and hold <= u_mib <= t_mib
+                rows.append(Row("nvidia-smi inside the limit", f"total {s.limit // MIB} MiB",
+                                f"total {t_mib} MiB, used {u_mib} MiB", ok))
+            except (ValueError, IndexError):
+                rows.append(Row("nvidia-smi inside the limit", "runs", (q.stdout + q.stderr)[-200:], False))
+        return rows
+    finally:
+        p.kill()
+        p.wait()
+
+
+def reclaim_rows(s: Setup) -> list[Row]:
+    """kill -9 of a process holding 60% of the limit gives its memory back to the next process."""
+    cache = s.work / "kill.cache"
+    part = s.limit // MIB * 6 // 10
+    p, held = _holder(s, cache, part)
+    while_alive = s.run(["alloc", str(part)], s.env(True, cache)).get("alloc", "none")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    after = s.run(["alloc", str(part)], s.env(True, cache)).get("alloc", "none")
+    return [Row(f"kill -9 reclaim ({part} MiB twice)", "held 0, 2 while alive, 0 after kill -9",
+                f"held {held}, {while_alive} while alive, {after} after", (held, while_alive, after) == ("0", "2", "0"))]
+
+
+TORCH_PROBE = """
+import sys, torch
+lim = int(sys.argv[1])
+assert torch.cuda.is_available()
+a = torch.empty(lim // 2, dtype=torch.uint8, device="cuda")
+try:
+    b = torch.empty(lim, dtype=torch.uint8, device="cuda")
+    print("more=allowed")
+except torch.cuda.OutOfMemoryError:
+    print("more=oom")
+"""
+
+
+def torch_rows(s: Setup) -> list[Row]:
+    """PyTorch's caching allocator and its cudaMallocAsync backend under the limit (n/a without torch)."""
+    names = ("PyTorch caching allocator", "PyTorch cudaMallocAsync backend")
+    py = shutil.which("python3")
+    if s.fakes or py is None:
+        return [Row(n, "-", "fakes" if s.fakes else "python3 not installed", None) for n in names]
+    have = subprocess.run([py, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True,
+                          timeout=TIMEOUT, env=s.env(False))
+    if have.returncode:
+        return [Row(n, "-", "torch with CUDA not installed", None) for n in names]
+    rows: list[Row] = []
+    for name, conf in zip(names, ("", "backend:cudaMallocAsync"), strict=True):
+        env = s.env(True, s.work / f"torch{len(rows)}.cache")
+        if conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        p = subprocess.run([py, "-c", TORCH_PROBE, str(s.limit)], env=env, capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        got = parse(p.stdout).get("more", f"exit {p.returncode}: {p.stderr.strip()[-200:]}")
+        rows.append(Row(name, "half the limit ok, the whole limit more -> OutOfMemoryError",
+                        "as expected" if got == "oom" else got, p.returncode == 0 and got == "oom"))
+    return rows
+
+
+def sm_rows(s: Setup) -> list[Row]:
+    """Two tenants in separate PID namespaces; each one's busy % against its limit."""
+    names = [f"SM {a}/{b}: tenant {i + 1} at {lim}%" for a, b in SM_MIXES for i, lim in enumerate((a, b))]
+    if s.fakes:
+        return [Row(n, "-", "fakes: tenants in separate PID namespaces not modelled", None) for n in names]
+    if shutil.which("unshare") is None:
+        return [Row(n, "-", "unshare not installed", False) for n in names]
+    ns = ["unshare", "--pid", "--fork", "--kill-child"]
+    if os.geteuid() != 0:
+        ns[1:1] = ["--user", "--map-root-user"]
+    base = s.run(["spin", "1", "3"], s.env(False))
+    if "kernels_per_s" not in base:
+        return [Row(n, "-", f"unlimited run failed: {base.get('error', '')}", False) for n in names]
+    rate = float(base["kernels_per_s"])
+    rows: list[Row] = []
+    for mix in SM_MIXES:
+        procs = []
+        for i, lim in enumerate(mix):
+            env = s.env(True, s.work / f"sm{mix[0]}-{mix[1]}-{i}.cache", CUDA_DEVICE_SM_LIMIT=str(lim))
+            procs.append(subprocess.Popen([*ns, str(s.probe), "spin", "3", "8"], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        for i, (lim, p) in enumerate(zip(mix, procs, strict=True)):
+            try:
+                out, _ = p.communicate(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            kv = parse(out)
+            name = f"SM {mix[0]}/{mix[1]}: tenant {i + 1} at {lim}%"
+            if "kernels_per_s" not in kv:
+                rows.append(Row(name, f"{lim} ± {SM_TOLERANCE:.0f}", f"failed: {out.strip()[-200:]}", False))
+                continue
+            busy = 100.0 * float(kv["kernels_per_s"]) / rate
+            rows.append(Row(name, f"{lim} ± {SM_TOLERANCE:.0f} %", f"{busy:.1f} %", abs(busy - lim) <= SM_TOLERANCE))
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    """The result table as aligned text."""
+    head = ("check", "expected", "measured", "result")
+    cells = [(r.check, r.expected, r.measured, "n/a" if r.ok is None else "PASS" if r.ok else "MISS") for r in rows]
+    w = [max(len(c[i]) for c in [head, *cells]) for i in range(4)]
+    fmt = " | ".join(f"{{:{n}}}" for n in w)
+    return "\n".join([fmt.format(*head), "-+-".join("-" * n for n in w), *(fmt.format(*c) for c in cells)])
+
+
+def main() -> int:
+    """Build, run every check, print the table; 0 when nothing missed, 1 otherwise."""
+    with tempfile.TemporaryDirectory(prefix="vgpu-check-") as tmp:
+        s = Setup(Path(tmp))
+        rows = procaddr_rows(s) + memory_rows(s) + reclaim_rows(s) + torch_rows(s) + sm_rows(s)
+    print(f"libvgpu GPU check ({'fakes in ' + s.fakes if s.fakes else 'driver'}; limit {mib(s.limit)})")
+    print(table(rows))
+    missed = [r for r in rows if r.ok is False]
+    print(f"{len(missed)} miss(es)" if missed else "all checks passed")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The GPU check script (benchmarks/gpu/gpu_check.py) end to end against the fakes.
+
+The same script runs on a real GPU; here ``VGPU_CHECK_FAKES`` points it at the fake ``libcuda.so.1`` /
+``libnvidia-ml.so.1``. It must pass with the real shim and miss (exit 1) with a shim that enforces nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fakes import build as fakebuild
+from tests.libvgpu.shim_helpers import Toolchain
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu" / "gpu_check.py"
+
+
+def _check(tc: Toolchain, **extra: str) -> tuple[int, dict[str, str], str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "LIBVGPU_", "FAKE_", "VGPU_CHECK"))}
+    env.pop("LD_PRELOAD", None)
+    env["VGPU_CHECK_FAKES"] = str(tc.built.libdir)
+    env.update(extra)
+    p = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=300)
+    results = {}
+    for line in p.stdout.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) == 4 and cells[3] in ("PASS", "MISS", "n/a"):
+            results[cells[0]] = cells[3]
+    return p.returncode, results, p.stdout + p.stderr
+
+
+def test_gpu_check_passes_on_the_fakes(tc: Toolchain) -> None:
+    rc, rows, out = _check(tc)
+    assert rc == 0, out
+    for name in ("cuGetProcAddress (driver): exported addresses", "cuGetProcAddress reaches every hooked name",
+                 "cuGetProcAddress (shim): hook of the driver's symbol", "cuMemGetInfo / cuDeviceTotalMem",
+                 "cuMemAlloc: half the limit, then all of it", "VMM: 60% mapped, released while mapped",
+                 "NVML memory inside the limit"):
+        assert rows.get(name) == "PASS", out
+    assert any(k.startswith("kill -9 reclaim") and v == "PASS" for k, v in rows.items()), out
+    sm = {k: v for k, v in rows.items() if k.startswith("SM ")}
+    assert len(sm) == 4 and set(sm.values()) == {"n/a"}, out  # the fakes do not model PID-namespaced tenants
+    assert "all checks passed" in out
+
+
+def test_gpu_check_misses_with_a_shim_that_enforces_nothing(tc: Toolchain, tmp_path: Path) -> None:
+    src = tmp_path / "noop.c"
+    src.write_text("int vgpu_noop_marker;\n")
+    noop = tmp_path / "libnoop.so"
+    subprocess.run([fakebuild.gcc(), "-shared", "-fPIC", "-o", str(noop), str(src)], check=True)
+    rc, rows, out = _check(tc, VGPU_CHECK_SHIM=str(noop))
+    assert rc == 1, out
+    assert rows["cuGetProcAddress (shim): hook of the driver's symbol"] == "MISS", out
+    assert rows["cuMemGetInfo / cuDeviceTotalMem"] == "MISS", out
+    assert rows["cuMemAlloc: half the limit, then all of it"] == "MISS", out
+    assert rows["VMM: 60% mapped, released while mapped"] == "MISS", out
+    assert rows["NVML memory inside the limit"] == "MISS", out
+    assert any(k.startswith("kill -9 reclaim") and v == "MISS" for k, v in rows.items()), out
+    assert rows["cuGetProcAddress (driver): exported addresses"] == "PASS", out  # the driver itself is fine
