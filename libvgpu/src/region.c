@@ -8,9 +8,16 @@
  * Initialisation is serialised with flock(), which the kernel drops when a process dies.
  * A file written with other limits is re-initialised when no live process uses it, and
  * refused (this process falls back to private accounting, with an error log line) otherwise.
- * Limits are always this process's own; the file only shares usage. A header that stops matching
- * while the process runs, or a file truncated under it (SIGBUS guard below), switches the process
- * to private accounting of its own usage: damage can unshare accounting, never lift a limit.
+ * Limits are always this process's own; the file only shares usage.
+ * Self-healing: a header that stops matching while the process runs, or a file truncated under it
+ * (SIGBUS guard below), is rebuilt in place under flock (keeping live processes' slots) and shared
+ * again; every process checks on each operation that its own slot still names it and, if the slot
+ * was lost, registers its own usage again. A lock held for over 2 s (a stuck holder, or a damaged
+ * lock word) is re-initialised by one waiter (the recoveries counter tells the others it was done)
+ * and the totals are rebuilt from the slots. Only when healing is impossible (other live processes
+ * use the file with other limits, the file cannot be mapped, or it was damaged more than
+ * MAX_HEALS times) does the process fall back to private accounting of its own usage: damage can
+ * unshare accounting, never lift a limit.
  */
 #include "vgpu.h"
 #include "region.h"
@@ -43,6 +50,12 @@ static size_t g_map_len;
 static volatile sig_atomic_t g_map_lost;
 static struct sigaction g_prev_bus;
 static int g_guard_installed;
+/* Self-healing state: rebuilds done by this process, the start time its slot was registered with,
+ * and whether the totals must be rebuilt once the lock is next taken (after a forced lock reset). */
+#define MAX_HEALS 64
+static int g_heals;
+static uint64_t g_slot_start;
+static int g_rebuild_on_lock;
 
 /* ------------------------------------------------------------------ liveness
  * A slot is keyed by (pid as seen through this container's /proc, process start time, the /proc
@@ -366,6 +379,7 @@ static void fall_private(const char *why)
     s->pid = (int32_t)vgpu_self_pid();
     s->start_time = proc_start_time(s->pid);
     s->reserved[0] = g_proc_dev;
+    g_slot_start = s->start_time;
     for (int d = 0; d < VGPU_REGION_DEVS; d++)
         s->used[d] = p->used[d] = g_own[d];
     g_slot = 0;
@@ -377,6 +391,121 @@ static void fall_private(const char *why)
 static const char *lost_reason(void)
 {
     return g_map_lost ? "was truncated under this process" : "no longer has the header this process joined";
+}
+
+/* ------------------------------------------------------------------ self-healing */
+/* flock(LOCK_EX) within about `ms` milliseconds (a process stopped inside region_open must not hang
+ * the others). Returns 0 when held. */
+static int flock_within(int fd, int ms)
+{
+    for (int waited = 0;; waited += 10) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+            return 0;
+        if (errno != EWOULDBLOCK && errno != EINTR)
+            return -1;
+        if (waited >= ms)
+            return -1;
+        struct timespec ts = {0, 10000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Live slots other than this process's own. */
+static int other_live_slots(struct vgpu_region *r)
+{
+    int n = 0;
+    for (int i = 0; i < VGPU_REGION_SLOTS; i++) {
+        const struct vgpu_slot *s = &r->slots[i];
+        if (s->pid && !(s->pid == vgpu_self_pid() && s->reserved[0] == g_proc_dev) && !slot_dead(s))
+            n++;
+    }
+    return n;
+}
+
+/* Caller holds g_pmu, not the region lock. The shared file's header is damaged, or the file was
+ * truncated under this process: rebuild it in place (remapping the file after a truncation), keep
+ * the live processes' slots, and share it again; this process registers its own usage again at its
+ * next operation. Falls back to private accounting when that is impossible. */
+static void heal(const char *why)
+{
+    if (!g_shared)
+        return;
+    if (g_heals >= MAX_HEALS || g_lock_fd < 0 || flock_within(g_lock_fd, 2000) != 0) {
+        fall_private(why);
+        return;
+    }
+    g_heals++;
+    size_t need = sizeof(struct vgpu_region);
+    struct vgpu_region *r = g_reg;
+    int remapped = 0;
+    if (g_map_lost) {
+        struct stat st;
+        if (fstat(g_lock_fd, &st) != 0 || ((size_t)st.st_size < need && ftruncate(g_lock_fd, (off_t)need) != 0)) {
+            flock(g_lock_fd, LOCK_UN);
+            fall_private(why);
+            return;
+        }
+        void *m = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, g_lock_fd, 0);
+        if (m == MAP_FAILED) {
+            flock(g_lock_fd, LOCK_UN);
+            fall_private(why);
+            return;
+        }
+        r = m; /* the old (now anonymous) mapping stays: other threads may still read it */
+        remapped = 1;
+    }
+    int kept = -1;
+    if (!layout_ok(r)) {
+        kept = fill_header(r, 1);
+    } else if (!limits_match(r)) {
+        if (other_live_slots(r)) {
+            flock(g_lock_fd, LOCK_UN);
+            fall_private("is in use with other limits");
+            return;
+        }
+        kept = fill_header(r, 1);
+    }
+    if (remapped) {
+        __atomic_store_n(&g_map_base, r, __ATOMIC_RELEASE);
+        g_map_len = need;
+        g_map_lost = 0;
+        __atomic_store_n(&g_reg, r, __ATOMIC_RELEASE);
+    }
+    flock(g_lock_fd, LOCK_UN);
+    if (kept >= 0)
+        LOG_WARN("shared accounting file %s; rebuilt it (keeping the usage of %d live process(es)) and sharing it "
+                 "again", why, kept);
+    else
+        LOG_WARN("shared accounting file %s; another process rebuilt it, sharing it again", why);
+    g_need_slot = 1; /* register this process's own usage again */
+}
+
+/* A waiter found the region lock held for over 2 s. Under flock, and only if nobody recovered the
+ * lock since this waiter started (`seen` = the recoveries counter then), re-initialise it: its holder
+ * is stopped or stuck, or the lock word is damaged. The totals are rebuilt once the lock is taken.
+ * Returns 0 when the lock was reset or may be retried, -1 when flock could not be had. */
+static int heal_lock(struct vgpu_region *r, uint64_t seen)
+{
+    if (g_lock_fd < 0 || flock_within(g_lock_fd, 200) != 0)
+        return -1;
+    if (__atomic_load_n(&r->recoveries, __ATOMIC_ACQUIRE) == seen) {
+        int rc = pthread_mutex_trylock(&r->lock.mu);
+        if (rc == EBUSY) {
+            LOG_WARN("shared accounting lock held for over 2 s (its holder is stuck or the lock is damaged); "
+                     "re-initialising it");
+            init_mutex(&r->lock.mu);
+            __atomic_add_fetch(&r->recoveries, 1, __ATOMIC_ACQ_REL);
+            g_rebuild_on_lock = 1;
+        } else if (rc == 0 || rc == EOWNERDEAD) {
+            if (rc == EOWNERDEAD) {
+                rebuild_totals(r);
+                pthread_mutex_consistent(&r->lock.mu);
+            }
+            pthread_mutex_unlock(&r->lock.mu);
+        }
+    }
+    flock(g_lock_fd, LOCK_UN);
+    return 0;
 }
 
 /* ------------------------------------------------------------------ locking */
@@ -395,15 +524,18 @@ static void recover_locked(int rc)
  * after; on any sign of a damaged file the process falls back to private accounting. */
 static void rlock(void)
 {
-    int waited_ms = 0;
+    int waited_ms = 0, stuck_ms = 0;
+    uint64_t seen = 0;
     for (;;) {
         struct vgpu_region *r = g_reg;
         if (g_shared && !header_ok(r)) {
-            fall_private(lost_reason());
+            heal(lost_reason());
             continue;
         }
         int rc = pthread_mutex_trylock(&r->lock.mu);
         if (rc == EBUSY) {
+            if (!waited_ms)
+                seen = __atomic_load_n(&r->recoveries, __ATOMIC_ACQUIRE);
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 200000000L;
@@ -414,8 +546,14 @@ static void rlock(void)
             rc = pthread_mutex_timedlock(&r->lock.mu, &ts);
             if (rc == ETIMEDOUT) {
                 waited_ms += 200;
-                if (g_shared && waited_ms >= 2000)
-                    fall_private("lock has been held for over 2 s");
+                if (g_shared && waited_ms >= 2000) {
+                    if (heal_lock(r, seen) == 0) {
+                        waited_ms = stuck_ms = 0;
+                    } else if ((stuck_ms += 200) >= 10000) {
+                        fall_private("lock has been held for over 2 s and could not be re-initialised");
+                        waited_ms = stuck_ms = 0;
+                    }
+                }
                 continue; /* re-validate the header, then wait again */
             }
         }
@@ -442,8 +580,13 @@ static void rlock(void)
         }
         if (g_shared && !header_ok(r)) {
             pthread_mutex_unlock(&r->lock.mu);
-            fall_private(lost_reason());
+            heal(lost_reason());
             continue;
+        }
+        if (UNLIKELY(g_rebuild_on_lock)) { /* after a forced lock reset: the stuck holder may have been mid-update */
+            g_rebuild_on_lock = 0;
+            rebuild_totals(r);
+            reap_locked();
         }
         return;
     }
@@ -538,11 +681,42 @@ int region_open(void)
 }
 
 /* Caller holds the lock. */
+static int slot_is_mine(int i)
+{
+    const struct vgpu_slot *s = &g_reg->slots[i];
+    return s->pid == (int32_t)vgpu_self_pid() && s->start_time == g_slot_start && s->reserved[0] == g_proc_dev;
+}
+
+static void slot_drop_lock(int i)
+{
+    if (g_lock_fd < 0 || i < 0)
+        return;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_UNLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(SLOT_LOCK_BASE + (uint64_t)i);
+    fl.l_len = 1;
+    fcntl(g_lock_fd, F_OFD_SETLK, &fl);
+}
+
+/* Caller holds the lock. Registers this process's slot (carrying the usage it has charged so far, so
+ * a process whose slot was lost to damage counts again), or checks that its slot still names it. */
 static void ensure_slot_locked(void)
 {
-    if (LIKELY(!g_need_slot))
-        return;
+    if (LIKELY(!g_need_slot)) {
+        if (LIKELY(g_slot < 0 || slot_is_mine(g_slot)))
+            return;
+        static int warned;
+        if (!warned) {
+            warned = 1;
+            LOG_WARN("this process's slot in the shared accounting file was overwritten; registering its usage "
+                     "again");
+        }
+    }
     g_need_slot = 0;
+    if (g_shared)
+        slot_drop_lock(g_slot);
     int pid = vgpu_self_pid();
     reap_locked();
     int free_i = -1;
@@ -565,8 +739,13 @@ static void ensure_slot_locked(void)
     memset(s, 0, sizeof(*s));
     s->start_time = proc_start_time(pid);
     s->reserved[0] = g_proc_dev;
+    for (int d = 0; d < VGPU_REGION_DEVS; d++) {
+        s->used[d] = g_own[d];
+        g_reg->used[d] += g_own[d];
+    }
     s->pid = pid;
     g_slot = free_i;
+    g_slot_start = s->start_time;
     if (g_shared && slot_take_lock(free_i) != 0)
         LOG_DEBUG("cannot lock slot %d: %s", free_i, strerror(errno));
 }
@@ -601,9 +780,9 @@ int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint6
             }
             over = g_reg->used[dev] + bytes > lim || g_reg->used[dev] + bytes < bytes;
         }
-        if (UNLIKELY(g_shared && g_map_lost)) { /* the file shrank during this operation: redo it privately */
+        if (UNLIKELY(g_shared && g_map_lost)) { /* the file shrank during this operation: heal, then redo it */
             runlock();
-            fall_private(lost_reason());
+            heal(lost_reason());
             continue;
         }
         if (over) {
@@ -635,8 +814,9 @@ void region_release(int dev, uint64_t bytes)
     ensure_slot_locked();
     if (UNLIKELY(g_shared && g_map_lost)) {
         runlock();
-        fall_private(lost_reason());
+        heal(lost_reason());
         rlock();
+        ensure_slot_locked();
     }
     uint64_t b = bytes < g_own[dev] ? bytes : g_own[dev];
     if (g_slot >= 0) {
@@ -657,7 +837,7 @@ uint64_t region_used(int dev)
         return 0;
     pthread_mutex_lock(&g_pmu);
     if (g_shared && !header_ok(g_reg))
-        fall_private(lost_reason());
+        heal(lost_reason());
     uint64_t u = __atomic_load_n(&g_reg->used[dev], __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g_pmu);
     return u;

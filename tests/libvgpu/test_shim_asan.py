@@ -112,6 +112,28 @@ def test_asan_damaged_cache_file(tc_asan: Toolchain, tmp_path: Path, damage: str
     assert rc_usage(res["free0"]) == (0, 0)
 
 
+def test_asan_stuck_lock_holder_is_reset(tc_asan: Toolchain, tmp_path: Path) -> None:
+    """The forced reset of a lock held by a stopped process (self-healing) runs clean under ASan."""
+    cache = tmp_path / "vgpu.cache"
+    env = tc_asan.env(CUDA_DEVICE_MEMORY_LIMIT_0="1g", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(cache),
+                      LIBVGPU_CONTEXT_COST="0")
+    holder = subprocess.Popen([str(tc_asan.prog), "direct", "hold_lock"], env=env, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
+    for line in holder.stdout:
+        if line.strip() == "locked":
+            break
+    holder.send_signal(signal.SIGSTOP)
+    try:
+        p = run(tc_asan, "direct", "hold", "200", "0", timeout=60, CUDA_DEVICE_MEMORY_LIMIT_0="1g",
+                CUDA_DEVICE_MEMORY_SHARED_CACHE=str(cache), LIBVGPU_CONTEXT_COST="0")
+        _clean(p)
+        assert rc_usage(parse(p.stdout)["hold"]) == (0, 300 * MIB)  # shared: the stopped holder's 100 MiB count
+        assert "re-initialising it" in p.stderr
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+
+
 def test_asan_vmm_devices_and_liveness_paths(tc_asan: Toolchain, tmp_path: Path) -> None:
     """The VMM bookkeeping, the UUID device mapping (2 GPUs, CUDA_VISIBLE_DEVICES), the rate-limited OOM
     log and the liveness checks (shared file, slot locks) run clean under ASan."""

@@ -90,7 +90,9 @@ def test_header_rewritten_with_other_limits_keeps_own_limit(tc: Toolchain, tmp_p
         f.write((64 * GIB).to_bytes(8, "little"))  # limit[0] raised in the file
     out, err = _finish(proc)
     assert rc_usage(out["step0"]) == (2, 600 * MIB)
-    assert "accounting for this process is now private" in err
+    # no other live process uses the file: it is rebuilt with this process's limits and shared again
+    assert "rebuilt it (keeping the usage of 1 live process(es)) and sharing it again" in err, err
+    assert read_region(cache).limit[0] == GIB
 
 
 def test_zeroed_mutex_and_header_do_not_hang(tc: Toolchain, tmp_path: Path) -> None:

@@ -594,6 +594,22 @@ static int sc_hold_then(unsigned long long first, int n, char **sizes)
     return 0;
 }
 
+/* ---- allocate on request: each stdin line "<MiB>" allocates that much and prints alloc=rc:usage */
+static int sc_steps(void)
+{
+    init_ctx(0);
+    printf("ready\n");
+    fflush(stdout);
+    char line[64];
+    while (fgets(line, sizeof line, stdin)) {
+        CUdeviceptr p;
+        CUresult r = p_cuMemAlloc_v2(&p, strtoull(line, NULL, 10) * MIB);
+        printf("alloc=%d:%llu\n", r, usage(0));
+        fflush(stdout);
+    }
+    return 0;
+}
+
 /* ---- n refused allocations in a row (log volume) */
 static int sc_oomloop(int n)
 {
@@ -658,6 +674,8 @@ int main(int argc, char **argv)
         return sc_hold_on(atoi(argv[3]), strtoull(argv[4], NULL, 10), atof(argv[5]));
     if (!strcmp(sc, "hold") && argc >= 5)
         return sc_hold(strtoull(argv[3], NULL, 10), atof(argv[4]));
+    if (!strcmp(sc, "steps"))
+        return sc_steps();
     if (!strcmp(sc, "hold_then") && argc >= 4)
         return sc_hold_then(strtoull(argv[3], NULL, 10), argc - 4, argv + 4);
     if (!strcmp(sc, "oomloop") && argc >= 4)
