@@ -671,6 +671,11 @@ static void nvml_load(void)
     g_nvml.mem_info_v2 = (nvmlDeviceGetMemoryInfo_v2_fn)real_dlsym(g_libnvml, "nvmlDeviceGetMemoryInfo_v2");
     g_nvml.util = (nvmlDeviceGetUtilizationRates_fn)real_dlsym(g_libnvml, "nvmlDeviceGetUtilizationRates");
     g_nvml.proc_util = (nvmlDeviceGetProcessUtilization_fn)real_dlsym(g_libnvml, "nvmlDeviceGetProcessUtilization");
+    g_nvml.running = (nvmlDeviceGetComputeRunningProcesses_v3_fn)real_dlsym(g_libnvml,
+                                                                            "nvmlDeviceGetComputeRunningProcesses_v3");
+    if (!g_nvml.running)
+        g_nvml.running = (nvmlDeviceGetComputeRunningProcesses_v3_fn)real_dlsym(
+            g_libnvml, "nvmlDeviceGetComputeRunningProcesses_v2");
     g_nvml.ok = g_nvml.init && g_nvml.handle_by_index && g_nvml.init() == NVML_SUCCESS;
 }
 

@@ -122,7 +122,7 @@ static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *
         if (rc == NVML_ERROR_NOT_FOUND)
             return 0; /* no sample since since_us */
         if (rc == NVML_SUCCESS) {
-            int pids[256], np = 0, me = vgpu_self_pid();
+            int pids[256], np = 0, me = vgpu_host_pid();
             region_pids(pids, &np, 256);
             double s = 0, a = 0;
             int matched = 0;

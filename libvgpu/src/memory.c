@@ -284,6 +284,7 @@ static int64_t ctx_before(int dev)
 {
     if (!g_cfg.enabled || dev < 0 || dev >= VGPU_MAX_DEV)
         return -1;
+    hostpid_before_ctx(vgpu_dev_of_cuda(dev));
     pthread_mutex_lock(&g_cmu);
     int first = g_ctx_count[dev] == 0;
     pthread_mutex_unlock(&g_cmu);
@@ -339,6 +340,7 @@ static void ctx_gone(int dev, CUcontext ctx)
 
 static CUresult ctx_after(CUresult rc, CUcontext *pctx, CUdevice dev, int64_t before)
 {
+    hostpid_after_ctx(rc == CUDA_SUCCESS);
     if (rc == CUDA_SUCCESS && g_cfg.enabled && pctx) {
         track_put(TK_CTX, (uint64_t)(uintptr_t)*pctx, 0, dev, *pctx);
         ctx_created(dev, before);
@@ -423,6 +425,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
             before = ctx_before(dev);
     }
     CUresult rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
+    hostpid_after_ctx(rc == CUDA_SUCCESS);
     if (rc == CUDA_SUCCESS && track && pctx) {
         pthread_mutex_lock(&g_cmu);
         int first = g_primary_refs[dev]++ == 0;

@@ -69,6 +69,8 @@ static int g_rebuild_on_lock;
  *   another /proc (a process that mounted its own): dead only if nobody holds the slot's lock. */
 #define SLOT_LOCK_BASE (1ull << 32) /* lock offsets, beyond the file's data */
 static int g_self_pid;
+static int g_nspid_levels; /* entries on the NSpid line of /proc/self/status */
+static int g_host_pid;     /* the pid NVML reports for this process; 0 = not known yet */
 static uint64_t g_proc_dev;
 static int g_lock_fd = -1;
 
@@ -123,6 +125,15 @@ static int self_pid(void)
         long v = strtol(l + 7, NULL, 10);
         if (v > 0)
             pid = (int)v;
+        g_nspid_levels = 0;
+        for (char *p = l + 7; *p && *p != '\n';) {
+            while (*p == ' ' || *p == '\t')
+                p++;
+            if (*p >= '0' && *p <= '9')
+                g_nspid_levels++;
+            while (*p && *p != '\n' && *p != ' ' && *p != '\t')
+                p++;
+        }
     }
     return pid;
 }
@@ -379,6 +390,7 @@ static void fall_private(const char *why)
     s->pid = (int32_t)vgpu_self_pid();
     s->start_time = proc_start_time(s->pid);
     s->reserved[0] = g_proc_dev;
+    s->reserved[1] = (uint64_t)__atomic_load_n(&g_host_pid, __ATOMIC_RELAXED);
     g_slot_start = s->start_time;
     for (int d = 0; d < VGPU_REGION_DEVS; d++)
         s->used[d] = p->used[d] = g_own[d];
@@ -739,6 +751,7 @@ static void ensure_slot_locked(void)
     memset(s, 0, sizeof(*s));
     s->start_time = proc_start_time(pid);
     s->reserved[0] = g_proc_dev;
+    s->reserved[1] = (uint64_t)__atomic_load_n(&g_host_pid, __ATOMIC_RELAXED);
     for (int d = 0; d < VGPU_REGION_DEVS; d++) {
         s->used[d] = g_own[d];
         g_reg->used[d] += g_own[d];
@@ -853,12 +866,13 @@ void region_pids(int *pids, int *n, int max)
     if (!__atomic_load_n(&g_shared, __ATOMIC_ACQUIRE) || header_ok(r)) {
         for (int i = 0; i < VGPU_REGION_SLOTS && *n < max; i++) {
             int p = __atomic_load_n(&r->slots[i].pid, __ATOMIC_RELAXED);
+            uint64_t h = __atomic_load_n(&r->slots[i].reserved[1], __ATOMIC_RELAXED);
             if (p > 0)
-                pids[(*n)++] = p;
+                pids[(*n)++] = h > 0 && h < (1u << 31) ? (int)h : p;
         }
     }
     if (*n == 0 && max > 0)
-        pids[(*n)++] = vgpu_self_pid();
+        pids[(*n)++] = vgpu_host_pid();
 }
 
 void region_release_self(void)
@@ -886,10 +900,144 @@ void region_after_fork_child(void)
     memset(g_own, 0, sizeof g_own);
     g_slot = -1;
     g_need_slot = 1;
+    g_host_pid = 0;
     ident_init();
     if (g_lock_fd >= 0) { /* the inherited description is the parent's lock holder: get our own */
         close(g_lock_fd);
         g_lock_fd = g_cfg.cache_path[0] ? open(g_cfg.cache_path, O_RDWR | O_CLOEXEC) : -1;
+    }
+}
+
+/* ------------------------------------------------------------------ host pid
+ * NVML reports host pids; inside a container without hostPID a process sees only its own namespace's.
+ * Each process learns the pid the driver gives it by listing NVML's running compute processes on the
+ * device before and after its first context creation: the one new pid is its own. The listing and the
+ * creation are serialised across the container's processes with an open-file-description lock on one
+ * byte of the shared file (HP_LOCK, beyond the slot locks; waited for at most 5 s), and pids that other
+ * slots of the container already own are excluded. Several new pids (another container created a
+ * context at the same moment) teach nothing; then, and without NVML, NSpid[0] is used when
+ * /proc/self/status shows more than one level (the /proc is an ancestor namespace's), else the
+ * process's own pid. The result goes into the process's slot (reserved[1]), from where the SM limiter
+ * matches NVML's per-process utilisation. */
+#define HP_LOCK (SLOT_LOCK_BASE + VGPU_REGION_SLOTS)
+#define HP_MAX 512
+static pthread_mutex_t g_hp_mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread int t_hp_active;
+static unsigned g_hp_n, g_hp_before[HP_MAX];
+static nvmlDevice_t g_hp_dev;
+static int g_hp_locked;
+
+int vgpu_host_pid(void)
+{
+    int h = __atomic_load_n(&g_host_pid, __ATOMIC_RELAXED);
+    if (h)
+        return h;
+    return vgpu_self_pid();
+}
+
+static int hp_list(unsigned *pids, unsigned *n)
+{
+    static __thread nvmlProcessInfo_t buf[HP_MAX];
+    unsigned cnt = HP_MAX;
+    if (g_nvml.running(g_hp_dev, &cnt, buf) != NVML_SUCCESS)
+        return -1;
+    for (unsigned i = 0; i < cnt && i < HP_MAX; i++)
+        pids[i] = buf[i].pid;
+    *n = cnt < HP_MAX ? cnt : HP_MAX;
+    return 0;
+}
+
+static int hp_lock(int type)
+{
+    if (g_lock_fd < 0)
+        return 0; /* no shared file: nothing to serialise with */
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = (short)type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)HP_LOCK;
+    fl.l_len = 1;
+    for (int waited = 0;; waited += 5) {
+        if (fcntl(g_lock_fd, F_OFD_SETLK, &fl) == 0)
+            return 0;
+        if (type == F_UNLCK || waited >= 5000 || (errno != EAGAIN && errno != EACCES && errno != EINTR))
+            return -1;
+        struct timespec ts = {0, 5000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void hp_fallback(void)
+{
+    if (!__atomic_load_n(&g_host_pid, __ATOMIC_RELAXED) && g_nspid_levels > 1)
+        __atomic_store_n(&g_host_pid, vgpu_self_pid(), __ATOMIC_RELAXED);
+}
+
+void hostpid_before_ctx(int cdev)
+{
+    if (__atomic_load_n(&g_host_pid, __ATOMIC_RELAXED) || t_hp_active)
+        return;
+    if (!vgpu_nvml_load() || !g_nvml.running || vgpu_nvml_of_dev(cdev, &g_hp_dev) != 0) {
+        hp_fallback();
+        return;
+    }
+    pthread_mutex_lock(&g_hp_mu);
+    if (__atomic_load_n(&g_host_pid, __ATOMIC_RELAXED) || vgpu_nvml_of_dev(cdev, &g_hp_dev) != 0) {
+        pthread_mutex_unlock(&g_hp_mu);
+        return;
+    }
+    g_hp_locked = hp_lock(F_WRLCK) == 0;
+    if (!g_hp_locked || hp_list(g_hp_before, &g_hp_n) != 0) {
+        if (g_hp_locked)
+            hp_lock(F_UNLCK);
+        pthread_mutex_unlock(&g_hp_mu);
+        hp_fallback();
+        return;
+    }
+    t_hp_active = 1; /* g_hp_mu stays held until hostpid_after_ctx in this thread */
+}
+
+void hostpid_after_ctx(int created)
+{
+    if (!t_hp_active)
+        return;
+    t_hp_active = 0;
+    static unsigned after[HP_MAX];
+    unsigned n = 0, found = 0, count = 0;
+    if (created && hp_list(after, &n) == 0) {
+        struct vgpu_region *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);
+        for (unsigned i = 0; i < n; i++) {
+            int seen = 0;
+            for (unsigned j = 0; j < g_hp_n && !seen; j++)
+                seen = g_hp_before[j] == after[i];
+            /* pids other processes of the container already learned (their context on another GPU) */
+            for (int k = 0; r && k < VGPU_REGION_SLOTS && !seen; k++)
+                seen = k != g_slot && __atomic_load_n(&r->slots[k].reserved[1], __ATOMIC_RELAXED) == after[i];
+            if (!seen) {
+                found = after[i];
+                count++;
+            }
+        }
+    }
+    if (g_hp_locked)
+        hp_lock(F_UNLCK);
+    if (count == 1 && found > 0 && found < (1u << 31)) {
+        __atomic_store_n(&g_host_pid, (int)found, __ATOMIC_RELAXED);
+        LOG_INFO("NVML reports this process as pid %u (pid %d here)", found, vgpu_self_pid());
+    } else if (created) {
+        LOG_INFO("could not learn this process's NVML pid (%u new pids around its context creation)", count);
+    }
+    pthread_mutex_unlock(&g_hp_mu);
+    hp_fallback();
+    int h = __atomic_load_n(&g_host_pid, __ATOMIC_RELAXED);
+    if (h && g_reg) { /* record it in this process's slot */
+        pthread_mutex_lock(&g_pmu);
+        rlock();
+        ensure_slot_locked();
+        if (g_slot >= 0)
+            __atomic_store_n(&g_reg->slots[g_slot].reserved[1], (uint64_t)h, __ATOMIC_RELAXED);
+        runlock();
+        pthread_mutex_unlock(&g_pmu);
     }
 }
 

@@ -34,6 +34,7 @@ typedef nvmlReturn_t (*nvmlDeviceGetHandleByUUID_fn)(const char *, nvmlDevice_t 
 typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfo_fn)(nvmlDevice_t, nvmlMemory_t *);
 typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfo_v2_fn)(nvmlDevice_t, nvmlMemory_v2_t *);
 typedef nvmlReturn_t (*nvmlDeviceGetUtilizationRates_fn)(nvmlDevice_t, nvmlUtilization_t *);
+typedef nvmlReturn_t (*nvmlDeviceGetComputeRunningProcesses_v3_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 typedef nvmlReturn_t (*nvmlDeviceGetProcessUtilization_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
                                                            unsigned int *, unsigned long long);
 struct nvml_api {
@@ -47,6 +48,7 @@ struct nvml_api {
     nvmlDeviceGetMemoryInfo_v2_fn mem_info_v2;
     nvmlDeviceGetUtilizationRates_fn util;
     nvmlDeviceGetProcessUtilization_fn proc_util;
+    nvmlDeviceGetComputeRunningProcesses_v3_fn running; /* _v3, else _v2 (same layout) */
 };
 extern struct nvml_api g_nvml;
 
@@ -106,6 +108,9 @@ void region_pids(int *pids, int *n, int max);
 void region_release_self(void);
 void region_after_fork_child(void);
 int vgpu_self_pid(void); /* this process's pid as the container's /proc shows it (NSpid[0]) */
+int vgpu_host_pid(void); /* the pid NVML reports for this process (learned, see region.c), else vgpu_self_pid() */
+void hostpid_before_ctx(int cdev); /* around this process's first context creation (region.c) */
+void hostpid_after_ctx(int created);
 
 /* ------------------------------------------------------------------ memory / contexts (memory.c) */
 int current_device(CUdevice *dev, CUcontext *ctx);

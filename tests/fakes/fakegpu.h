@@ -247,12 +247,21 @@ static inline void fg_sleep_until(uint64_t t_ns)
 
 /* Like the driver: a process that exited has no GPU memory, zombie or not (its device files are
  * closed before it becomes a zombie). pid: as /proc shows it. */
+/* The host's /proc: $FAKE_HOST_PROC (a test that runs a process with its own PID namespace and its own
+ * /proc mount, as a container has, bind-mounts the host's /proc there first), else /proc. The driver
+ * knows host pids whatever the process's /proc shows; this is how the fakes learn them. */
+static inline const char *fg_host_proc(void)
+{
+    const char *p = getenv("FAKE_HOST_PROC");
+    return p && *p ? p : "/proc";
+}
+
 static inline int fg_pid_alive(int pid)
 {
     if (pid <= 0)
         return 0;
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    char path[4200], buf[512];
+    snprintf(path, sizeof path, "%s/%d/stat", fg_host_proc(), pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return kill(pid, 0) == 0 || errno != ESRCH;
@@ -265,8 +274,8 @@ static inline int fg_pid_alive(int pid)
     return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
-/* The pid the driver reports for this process: the host's (outermost) pid, NSpid[0] of /proc/self/status
- * (on a test machine /proc is the host's). NVML reports host pids even inside a PID namespace. */
+/* The pid the driver reports for this process: the host's (outermost) pid, NSpid[0] of the host /proc's
+ * self/status (fg_host_proc). NVML reports host pids even inside a PID namespace. */
 static inline int fg_host_pid(void)
 {
     static __thread int cached, cached_for;
@@ -274,7 +283,9 @@ static inline int fg_host_pid(void)
     if (cached && cached_for == me)
         return cached;
     int pid = me;
-    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/self/status", fg_host_proc());
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
         char buf[4096];
         ssize_t n = read(fd, buf, sizeof buf - 1);
