@@ -12,12 +12,20 @@ Then, back to back: 200 plain pods, then 200 vGPU pods (``nvidia.com/gpu: 1, nvi
 pods/s = pods / (last bind - first create). Prints both rates, ``vgpu/plain ratio: X``, and for the
 vGPU phase: hand-over failures and race failures (the extender's ``binds_total{outcome="handover"}``
 and ``{outcome="unschedulable"}``), Warning events on pods that ended up bound, and the extender's
-CPU seconds per bound pod (utime + stime of its process from /proc/<pid>/stat).
+CPU seconds per bound pod (utime + stime of its process from /proc/<pid>/stat). Diagnostics: how long
+each phase's creates took, the CPU ms per pod of every process (control plane, components, this
+process with the fake kubelet loop) in each phase, and the extender's mean filter/prioritize/bind
+handler time (its *_seconds histograms) in the vGPU phase.
 
 Targets (docs/scheduler.md): vGPU >= 0.8 x plain, 0 hand-over failures, <= 2 race failures per 200
 pods, 0 Warning events on bound pods, extender CPU <= 5 ms per pod. Nothing here asserts.
 
     KUBE_BIN_DIR=/path/to/bin python benchmarks/e2e_throughput.py [--pods 200] [--nodes 50]
+
+Profiling: with ``KV_BENCH_PYSPY=/tmp/ext.txt`` (and ``py-spy`` on PATH), py-spy samples the extender
+during the vGPU phase and writes collapsed stacks there (``--format raw``; CPU figures then include
+the sampling overhead); the webhook's go to the same path + ``.webhook``. ``KV_BENCH_PYSPY_ARGS``:
+extra py-spy flags (e.g. ``--gil``: only the thread holding the GIL, i.e. Python CPU).
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -63,6 +73,35 @@ def binds_by_outcome(port: int) -> dict[str, float]:
             outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
             out[outcome] = float(value)
     return out
+
+
+def cpu_by_process(cp: Any, comps: Any) -> dict[str, float]:
+    """CPU seconds so far of every control-plane and component process, and of this benchmark
+    process (which also runs the fake kubelet loop)."""
+    out = {"benchmark+kubelet": cpu_seconds(os.getpid())}
+    for proc in list(cp.procs) + list(comps.procs.values()):
+        if proc.p is not None and proc.p.poll() is None:
+            out[proc.name] = cpu_seconds(proc.p.pid)
+    return out
+
+
+def cpu_delta(a: dict[str, float], b: dict[str, float], pods: int) -> str:
+    """ms of CPU per pod by process between snapshots ``a`` and ``b``, largest first."""
+    d = sorted(((b[k] - a.get(k, 0.0)) * 1000 / max(1, pods), k) for k in b)
+    return ", ".join(f"{k} {v:.1f}" for v, k in reversed(d)) + f"; total {sum(v for v, _ in d):.1f}"
+
+
+def handler_seconds(port: int) -> dict[str, tuple[float, float]]:
+    """The extender's filter/prioritize/bind handler histograms: verb -> (sum seconds, count)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for verb in ("filter", "prioritize", "bind"):
+            for part, i in (("_sum ", 0), ("_count ", 1)):
+                if line.startswith(f"kube_vgpu_scheduler_{verb}_seconds{part}"):
+                    out.setdefault(verb, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
+    return {k: (v[0], v[1]) for k, v in out.items()}
 
 
 def plain_pod(name: str) -> dict[str, Any]:
@@ -109,7 +148,9 @@ def run_phase(core: Any, ns: str, make: Any, n: int, timeout: float) -> tuple[fl
     t0 = time.monotonic()
     with ThreadPoolExecutor(16) as ex:
         list(ex.map(lambda i: core.create_namespaced_pod(ns, make(f"p-{i:03d}")), range(n)))
+    created = time.monotonic() - t0
     bw.done.wait(timeout)
+    print(f"  {ns}: {n} creates took {created:.2f} s")
     got = dict(bw.bound)
     if len(got) < n:
         print(f"  only {len(got)}/{n} bound after {timeout:.0f} s")
@@ -175,14 +216,35 @@ def main() -> int:
         wait_for(lambda: core.create_namespaced_pod("bench-vgpu", probe, dry_run="All").spec.scheduler_name
                  == SCHEDULER_NAME, 60, "the webhook configuration in effect")
 
-        plain_rate, plain_s, _ = run_phase(core, "bench-plain", plain_pod, args.pods, args.timeout)
-        print(f"plain pods: {args.pods} in {plain_s:.2f} s = {plain_rate:.1f} pods/s", flush=True)
-
         ext = comps.procs["extender"]
         assert ext.p is not None
+        idle0, t_idle0 = cpu_seconds(ext.p.pid), time.monotonic()
+        all0 = cpu_by_process(cp, comps)
+        plain_rate, plain_s, _ = run_phase(core, "bench-plain", plain_pod, args.pods, args.timeout)
+        print(f"  CPU ms per plain pod by process: {cpu_delta(all0, cpu_by_process(cp, comps), args.pods)}")
+        print(f"plain pods: {args.pods} in {plain_s:.2f} s = {plain_rate:.1f} pods/s", flush=True)
+        print(f"extender CPU during the plain phase (not asked about plain pods): "
+              f"{(cpu_seconds(ext.p.pid) - idle0) / (time.monotonic() - t_idle0) * 1000:.0f} ms/s")
+        spy = None
+        if os.environ.get("KV_BENCH_PYSPY"):  # opt-in: py-spy samples the extender during the vGPU phase
+            spy = subprocess.Popen(["py-spy", "record", *os.environ.get("KV_BENCH_PYSPY_ARGS", "").split(), "--format", "raw", "-r", "250", "--pid",
+                                    str(ext.p.pid), "-o", os.environ["KV_BENCH_PYSPY"]])
+            wh = comps.procs["webhook"].p
+            assert wh is not None
+            spy_wh = subprocess.Popen(["py-spy", "record", *os.environ.get("KV_BENCH_PYSPY_ARGS", "").split(), "--format", "raw", "-r", "250", "--pid",
+                                       str(wh.pid), "-o", os.environ["KV_BENCH_PYSPY"] + ".webhook"])
+            time.sleep(2)  # let it attach
         cpu0, binds0 = cpu_seconds(ext.p.pid), binds_by_outcome(comps.extender_port)
+        lat0 = handler_seconds(comps.extender_port)
+        all0 = cpu_by_process(cp, comps)
         vgpu_rate, vgpu_s, bound = run_phase(core, "bench-vgpu", vgpu_pod, args.pods, args.timeout)
+        print(f"  CPU ms per vGPU pod by process: {cpu_delta(all0, cpu_by_process(cp, comps), args.pods)}")
         cpu1, binds1 = cpu_seconds(ext.p.pid), binds_by_outcome(comps.extender_port)
+        lat1 = handler_seconds(comps.extender_port)
+        if spy is not None:
+            for sp in (spy, spy_wh):
+                sp.send_signal(signal.SIGINT)
+                sp.wait(timeout=30)
         print(f"vgpu pods: {args.pods} in {vgpu_s:.2f} s = {vgpu_rate:.1f} pods/s", flush=True)
 
         delta = {k: binds1.get(k, 0.0) - binds0.get(k, 0.0) for k in set(binds0) | set(binds1)}
@@ -196,6 +258,12 @@ def main() -> int:
               + (f" (first: {warnings[0].reason}: {(warnings[0].message or '')[:160]})" if warnings else ""))
         print(f"extender CPU per bound pod: {(cpu1 - cpu0) / max(1, len(bound)) * 1000:.1f} ms "
               f"({cpu1 - cpu0:.2f} s for {len(bound)} pods)")
+        means = []
+        for verb, (s1, n1) in sorted(lat1.items()):
+            s0, n0 = lat0.get(verb, (0.0, 0.0))
+            if n1 > n0:
+                means.append(f"{verb} {(s1 - s0) / (n1 - n0) * 1000:.1f} ms x {n1 - n0:.0f}")
+        print(f"extender handler time, mean (server side): {', '.join(means)}")
         if loop.errors:
             print(f"fake kubelet errors: {len(loop.errors)} (first: {loop.errors[0][:200]})")
         print(TARGETS)

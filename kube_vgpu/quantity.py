@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 from .errors import QuantityError
 
@@ -46,6 +47,15 @@ def parse_quantity(value: object) -> Fraction:
         return Fraction(str(value))
     if not isinstance(value, str):
         raise QuantityError(f"{value!r} is not a quantity string")
+    if len(value) <= MAX_LEN:  # the same few strings ("1", "1000") in every pod: parse each once
+        return _parse_str(value)
+    return _parse_str.__wrapped__(value)
+
+
+@lru_cache(maxsize=1024)
+def _parse_str(value: str) -> Fraction:
+    """:func:`parse_quantity` of a string (cached for strings of at most MAX_LEN characters: a
+    Fraction is immutable; errors are raised, never cached). Raises QuantityError."""
     s = value.strip()
     if len(s) > MAX_LEN:
         raise QuantityError(f"{value[:20]!r}... is too long to be a quantity ({len(s)} characters, at most {MAX_LEN})")
