@@ -13,7 +13,8 @@ Environment:
 
 - ``VGPU_CHECK_FAKES=DIR``: run against the test fakes in DIR (``libcuda.so.1``, ``libnvidia-ml.so.1``
   as built by ``tests/fakes/build.py``) instead of the driver; a shared ``FAKE_GPU_STATE`` models one GPU.
-  The SM rows are ``n/a`` there (the fakes do not model tenants in separate PID namespaces).
+  The SM rows are ``n/a`` there unless ``VGPU_CHECK_FAKE_SM=1`` (the fakes model tenants in their own
+  PID namespaces, but their timing on a loaded machine is not the GPU's).
 - ``VGPU_CHECK_SHIM=FILE``: check this shim instead of compiling ``libvgpu/src``.
 - ``VGPU_CHECK_LIMIT_MIB``: the memory limit under test, default 4096.
 
@@ -29,7 +30,8 @@ Rows (expected value -> measured):
 - PyTorch, when ``python3 -c "import torch"`` works with CUDA: the caching allocator and the
   ``cudaMallocAsync`` backend (``PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync``) both get half the
   limit and an out-of-memory error for the whole limit more.
-- SM accuracy: two tenants in separate PID namespaces (``unshare --pid --fork``), 30/70 and 30/30,
+- SM accuracy: two tenants, each in its own PID namespace with its own /proc (``unshare --pid --fork``,
+  a fresh proc mount, as a container without hostPID), 30/70 and 30/30,
   each a back-to-back spin-kernel loop; busy % = kernels/s over the unlimited rate; a miss is more than
   ``SM_TOLERANCE`` points from the limit.
 """
@@ -311,11 +313,15 @@ def torch_rows(s: Setup) -> list[Row]:
 def sm_rows(s: Setup) -> list[Row]:
     """Two tenants in separate PID namespaces; each one's busy % against its limit."""
     names = [f"SM {a}/{b}: tenant {i + 1} at {lim}%" for a, b in SM_MIXES for i, lim in enumerate((a, b))]
-    if s.fakes:
-        return [Row(n, "-", "fakes: tenants in separate PID namespaces not modelled", None) for n in names]
+    if s.fakes and not os.environ.get("VGPU_CHECK_FAKE_SM"):
+        return [Row(n, "-", "fakes (VGPU_CHECK_FAKE_SM=1 runs them)", None) for n in names]
     if shutil.which("unshare") is None:
         return [Row(n, "-", "unshare not installed", False) for n in names]
-    ns = ["unshare", "--pid", "--fork", "--kill-child"]
+    # each tenant as a container without hostPID: its own PID namespace and its own /proc (the fakes,
+    # which model the driver, find host pids in the host's /proc, kept at FAKE_HOST_PROC)
+    ns = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--", "sh", "-c",
+          '{ [ -z "$FAKE_HOST_PROC" ] || { mkdir -p "$FAKE_HOST_PROC" && mount --bind /proc "$FAKE_HOST_PROC"; }; } '
+          '&& mount -t proc proc /proc && exec "$@"', "sh"]
     if os.geteuid() != 0:
         ns[1:1] = ["--user", "--map-root-user"]
     base = s.run(["spin", "1", "3"], s.env(False))
@@ -327,6 +333,8 @@ def sm_rows(s: Setup) -> list[Row]:
         procs = []
         for i, lim in enumerate(mix):
             env = s.env(True, s.work / f"sm{mix[0]}-{mix[1]}-{i}.cache", CUDA_DEVICE_SM_LIMIT=str(lim))
+            if s.fakes:
+                env["FAKE_HOST_PROC"] = str(s.work / f"hostproc-{mix[0]}-{mix[1]}-{i}")
             procs.append(subprocess.Popen([*ns, str(s.probe), "spin", "3", "8"], env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
         for i, (lim, p) in enumerate(zip(mix, procs, strict=True)):

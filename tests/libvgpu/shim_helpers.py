@@ -23,7 +23,7 @@ class Toolchain:
     prog: Path
     tmp: Path
 
-    def env(self, preload: bool = True, **extra: str) -> dict[str, str]:
+    def env(self, preload: bool = True, /, **extra: str) -> dict[str, str]:
         """Environment for a child process: fakes on the library path, shim preloaded."""
         base = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "LIBVGPU_", "FAKE_"))}
         base.pop("LD_PRELOAD", None)
@@ -71,7 +71,7 @@ def run_python(tc: Toolchain, code: str, timeout: float = 60, preload: bool = Tr
                **env: str) -> subprocess.CompletedProcess[str]:
     """Run Python ``code`` in a child interpreter, under the shim unless ``preload`` is False."""
     root = str(Path(__file__).resolve().parents[2])
-    e = tc.env(preload=preload, **env)
+    e = tc.env(preload, **env)
     e["PYTHONPATH"] = root
     proc = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"

@@ -7,9 +7,12 @@ The same script runs on a real GPU; here ``VGPU_CHECK_FAKES`` points it at the f
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.fakes import build as fakebuild
 from tests.libvgpu.shim_helpers import Toolchain
@@ -42,7 +45,7 @@ def test_gpu_check_passes_on_the_fakes(tc: Toolchain) -> None:
         assert rows.get(name) == "PASS", out
     assert any(k.startswith("kill -9 reclaim") and v == "PASS" for k, v in rows.items()), out
     sm = {k: v for k, v in rows.items() if k.startswith("SM ")}
-    assert len(sm) == 4 and set(sm.values()) == {"n/a"}, out  # the fakes do not model PID-namespaced tenants
+    assert len(sm) == 4 and set(sm.values()) == {"n/a"}, out  # off on the fakes unless VGPU_CHECK_FAKE_SM=1
     assert "all checks passed" in out
 
 
@@ -60,3 +63,13 @@ def test_gpu_check_misses_with_a_shim_that_enforces_nothing(tc: Toolchain, tmp_p
     assert rows["NVML memory inside the limit"] == "MISS", out
     assert any(k.startswith("kill -9 reclaim") and v == "MISS" for k, v in rows.items()), out
     assert rows["cuGetProcAddress (driver): exported addresses"] == "PASS", out  # the driver itself is fine
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_gpu_check_sm_rows_on_the_fakes(tc: Toolchain) -> None:
+    """VGPU_CHECK_FAKE_SM=1: the SM rows run on the fakes, tenants in their own PID namespace and /proc."""
+    _, rows, out = _check(tc, VGPU_CHECK_FAKE_SM="1")
+    sm = {k: v for k, v in rows.items() if k.startswith("SM ")}
+    assert len(sm) == 4 and "n/a" not in sm.values(), out
+    # the 30 % tenants are the ones a device-wide signal starved; the 70 % one depends on the loaded machine
+    assert all(v == "PASS" for k, v in sm.items() if k.endswith("at 30%")), out

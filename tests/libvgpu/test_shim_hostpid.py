@@ -58,8 +58,9 @@ def test_tenants_in_pid_namespaces_get_their_limits(tc: Toolchain, tmp_path: Pat
     for lim, (windows, _) in zip(limits, results, strict=True):
         assert len(windows) >= 3, (lim, windows)
         assert abs(windows[0] - lim) <= 10, (lim, windows)  # the first second includes convergence
-        for w in windows[1:3]:  # steady state
-            assert w <= lim + 5, (lim, windows)  # never above its limit
-            # never starved; a tenant above half of a saturated GPU can lose up to 10 points to the
-            # simulated device's queueing on a loaded test machine (measured 61-70 for 70 next to 30)
-            assert w >= lim - (10 if saturated and lim > 50 else 5), (lim, windows)
+        assert min(windows) >= lim / 2, (lim, windows)  # never starved (it was 2-23 % for 30 next to 70)
+        steady = sum(windows[1:3]) / 2  # the second and third 1 s windows
+        assert steady <= lim + 5, (lim, windows)
+        # a tenant above half of a saturated GPU can lose up to 10 points to the simulated device's
+        # queueing on a loaded test machine (measured 61-70 for 70 next to 30)
+        assert steady >= lim - (10 if saturated and lim > 50 else 5), (lim, windows)

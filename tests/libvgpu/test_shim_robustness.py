@@ -205,7 +205,7 @@ def test_fake_refuses_allocations_larger_than_the_device(tc: Toolchain, size: st
     out = parse(proc.stdout)
     assert int(out["alloc"].split(":")[0]) == 2
     assert int(out["free"]) > 0  # the driver's counter did not wrap
-    bare = subprocess.run([str(tc.prog), "direct", "alloc_bytes", size], env=tc.env(preload=False),
+    bare = subprocess.run([str(tc.prog), "direct", "alloc_bytes", size], env=tc.env(False),
                           capture_output=True, text=True, timeout=30)  # the fake alone, no shim
     assert bare.returncode == 0, bare.stderr
     out = parse(bare.stdout)
