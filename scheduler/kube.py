@@ -45,7 +45,7 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
             config.load_incluster_config(client_configuration=cfg)
         except config.ConfigException:
             config.load_kube_config(client_configuration=cfg)
-    cfg.connection_pool_maxsize = 32
+    cfg.connection_pool_maxsize = 64  # >= the service's api_workers + the watches: no call dials a new connection
     return client.ApiClient(cfg)
 
 

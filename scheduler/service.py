@@ -106,7 +106,9 @@ class Options:
     sync_wait: how long /filter waits for the first list before answering an Error (s);
     shapes_interval: FGD shape refresh (s); assume_seconds: how long a pod that passed
     filter/prioritize holds its promise on the chosen node while kube-scheduler binds it (0 =
-    no promises; see docs/scheduler.md "Promises"); api_workers: threads for blocking API calls;
+    no promises; see docs/scheduler.md "Promises"); api_workers: threads for blocking API calls (each bind holds one for its GET,
+    PATCH and Binding; kube-scheduler binds many pods at once, and with 16 a burst of 200 binds
+    queued ~1.5 s behind them; at most the client's connection pool size, 64);
     unknown_retry: first and longest wait (s) between read-backs of a pod whose bind outcome is
     unknown (doubling). ``leader_elect`` defaults to False here; the command line's default is True.
     """
@@ -124,7 +126,7 @@ class Options:
     sync_wait: float = 5.0
     shapes_interval: float = 300.0
     assume_seconds: float = 30.0
-    api_workers: int = 16
+    api_workers: int = 48
     #: first and longest wait (s) between read-backs of a pod whose bind outcome is unknown
     unknown_retry: tuple[float, float] = (0.2, 10.0)
     component: str = "kube-vgpu-scheduler"
