@@ -196,6 +196,14 @@ def test_tenant_cannot_forge_or_edit_system_records(cluster: dict[str, Any]) -> 
     core.create_namespaced_pod(NS, _pod("dp-n1", node="n1", sa=f"{FULL}-device-plugin"))
     dp_pod = core.read_namespaced_pod("dp-n1", NS)
     dp = client.CoreV1Api(_as(cluster, _token(core, NS, f"{FULL}-device-plugin", dp_pod), "dp"))
+
+    def node_policy_in_effect() -> bool:  # each policy takes effect on its own once loaded
+        try:
+            dp.patch_node("n2", {"metadata": {"annotations": {ANN_NODE_INVENTORY: "{}"}}}, dry_run="All")
+        except client.ApiException as e:
+            return e.status == 403
+        return False
+    wait_for(node_policy_in_effect, 60, "the device plugin's node policy in effect")
     dp.patch_node("n1", {"metadata": {"annotations": {ANN_NODE_INVENTORY: '{"v":2}'}}})
     msg = _forbidden(dp.patch_node, "n2", {"metadata": {"annotations": {ANN_NODE_INVENTORY: "{}"}}})
     assert "may change only its own Node, not node n2" in msg, msg
@@ -203,6 +211,15 @@ def test_tenant_cannot_forge_or_edit_system_records(cluster: dict[str, Any]) -> 
     assert "may change only annotations" in msg, msg
     core.create_namespaced_pod(TENANT_NS, _pod("on-n1", node="n1"))
     core.create_namespaced_pod(TENANT_NS, _pod("on-n2", node="n2"))
+
+    def pod_policy_in_effect() -> bool:
+        try:
+            dp.patch_namespaced_pod("on-n2", TENANT_NS, {"metadata": {"annotations": {ANN_BIND_PHASE: "x"}}},
+                                    dry_run="All")
+        except client.ApiException as e:
+            return e.status == 403
+        return False
+    wait_for(pod_policy_in_effect, 60, "the device plugin's pod policy in effect")
     dp.patch_namespaced_pod("on-n1", TENANT_NS, {"metadata": {"annotations": {ANN_BIND_PHASE: "success",
                                                                               ANN_ALLOCATED_CONTAINERS: "c"}}})
     msg = _forbidden(dp.patch_namespaced_pod, "on-n2", TENANT_NS, {"metadata": {"annotations": {ANN_BIND_PHASE: "x"}}})
