@@ -17,7 +17,7 @@ Rules:
   ``status.allocatable[<gpu resource>]`` is > 0; otherwise :attr:`ClusterCache.unavailable` holds
   the reason shown to kube-scheduler. An unavailable node keeps its bookings.
 * A pod's booking comes from its ``kube-vgpu.io/allocation`` annotation (restart recovery, other
-  replicas' binds: booked with ``check=False``) or from :meth:`ClusterCache.reserve` (our bind).
+  replicas' binds: booked with ``check=False``) or from the extender's own bind (``scheduler/bindstate.py``).
 * Only records the vGPU system wrote are booked: the ``kube-vgpu.io/allocation-signature`` must
   verify (:mod:`kube_vgpu.signing`) for the pod's uid, its ``spec.nodeName`` (the record's node
   while unbound), its bind-time and the exact allocation text. An unsigned, badly signed or
@@ -58,7 +58,6 @@ from .model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
 from .placement import Booking, ClusterState, OvercommitError
 from .placement.fastpath import NO_INVENTORY, ExtenderEngine
 from .placement.liveshapes import default_shapes
-from .placement.render import detail
 from .placement.state import NodeState
 from .placement.status import Code, FitFailure
 from .podspec import parse_pod
@@ -101,26 +100,6 @@ class PodInfo:
     #: key id that signed the record it was booked from (None: our own bind, not seen back yet, or
     #: booked without a signed record: adopted, running pod's request, no keys)
     kid: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OwnBind:
-    """A bind this process completed: ``resource_version`` is the pod's resourceVersion once our
-    write was on it (the patch's answer or a read-back; "" if unknown), ``at`` the clock() then."""
-
-    uid: str
-    resource_version: str
-    at: float
-
-
-def compare_resource_versions(a: str, b: str) -> int | None:
-    """-1, 0 or 1 as resourceVersion ``a`` is older than, equal to or newer than ``b``; None when
-    they cannot be compared. resourceVersions are opaque in general; etcd-backed API servers issue
-    integers (etcd revisions), which order changes, so two decimal integers are compared as such."""
-    if not (a.isdigit() and b.isdigit() and a.isascii() and b.isascii()):
-        return None
-    x, y = int(a), int(b)
-    return (x > y) - (x < y)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,20 +162,7 @@ class ClusterCache:
         self.pods_by_node: dict[str, set[str]] = {}
         #: pod key -> uid of the pod that owns the booking in ``state.bookings``
         self.booked_uid: dict[str, str] = {}
-        #: pod keys whose bind is in progress (their booking is ours, not the annotation's)
-        self.inflight: set[str] = set()
-        #: uids whose bind failed: their (unbound) annotation is ignored until bound or re-bound
-        self.failed_binds: set[str] = set()
-        #: pod key -> our own successful bind (with the pod's resourceVersion once our write was on
-        #: it): a relist whose list predates that write must not drop the booking, a later one must
-        self.own_binds: dict[str, OwnBind] = {}
-        #: seconds an own bind is kept by relists when resourceVersions cannot be compared (not integers)
-        self.own_bind_grace = 30.0
-        #: pod key -> uid of a bind whose outcome is unknown (the API did not answer): its booking is
-        #: kept, relists included, until the pod has been read back (the service does that)
-        self.unresolved: dict[str, str] = {}
         self.on_change: Callable[[], None] | None = None
-        self._bound_seen: dict[str, str] = {}  #: pod key -> uid, once a watch event showed it bound
 
     # -- configuration ------------------------------------------------------------------------
     def apply_config(self, config: Config) -> None:
@@ -399,11 +365,7 @@ class ClusterCache:
                 s.discard(key)
                 if not s:
                     self.pods_by_node.pop(info.node, None)
-        if uid is not None:
-            self.failed_binds.discard(uid)
-        if uid is None or self._bound_seen.get(key) == uid:
-            self._bound_seen.pop(key, None)
-        self.own_binds.pop(key, None)
+        self._forgotten(key, uid)
         if key in self.state.bookings and (uid is None or self.booked_uid.get(key) == uid):
             self._release(key)
 
@@ -553,7 +515,7 @@ class ClusterCache:
         key = pod_key(pod)
         uid = str(m.get("uid") or "")
         rec = None if kind == "DELETED" else self.read_record(pod)
-        self._track_bound(kind, key, uid, pod)
+        self._seen(kind, key, uid, pod)
         if kind == "DELETED":
             self._rejected.pop(uid, None)
             self._forget(key, uid)
@@ -564,16 +526,15 @@ class ClusterCache:
             self._forget(key, uid)
             return
         old_uid = self.booked_uid.get(key)
-        if old_uid is not None and old_uid != uid and key not in self.inflight:
+        writing = self._writing(key)
+        if old_uid is not None and old_uid != uid and not writing:
             # Same name, new pod: the old one is gone even if we missed its DELETED event.
             self._forget(key, old_uid)
-        if key in self.inflight:
+        if writing:
             return  # our own bind is writing the record
         bound = bool((pod.get("spec") or {}).get("nodeName"))
-        if not bound and uid in self.failed_binds:
+        if self._skip_record(uid, bound):
             return  # the annotation of a bind that failed; the pod will be re-bound
-        if bound:
-            self.failed_binds.discard(uid)
         node_name = str((pod.get("spec") or {}).get("nodeName") or "")
         prev = self.pods.get(key)
         b = self.state.bookings.get(key)
@@ -630,24 +591,13 @@ class ClusterCache:
     def replace_pods(self, items: Iterable[dict[str, Any]], resource_version: str = "") -> None:
         """A relist: make the pod set equal to ``items``, the list taken at ``resource_version``
         (the list's ``metadata.resourceVersion``; "" if unknown). Every booking whose pod is absent
-        is released, except: binds in flight, binds whose outcome is unknown (:attr:`unresolved`),
-        and our own binds whose write the list predates (list resourceVersion older than the one
-        our write was seen at: the pod is not visible yet). An own bind absent from a list at or
-        after its write was deleted and is released. When the versions cannot be compared (not
-        integers), an own bind is kept for ``own_bind_grace`` seconds instead."""
+        is released, except those :meth:`_relist_keeps` names (the extender's binds in flight or
+        not yet visible to a list, :class:`scheduler.bindstate.BindCache`)."""
         seen = set()
         for p in items:
             seen.add(pod_key(p))
             self.on_pod("ADDED", p)
-        now = self.clock()
-        keep = self.inflight | set(self.unresolved)
-        for key, ob in list(self.own_binds.items()):
-            c = compare_resource_versions(resource_version, ob.resource_version)
-            predates = now - ob.at <= self.own_bind_grace if c is None else c < 0
-            if not predates:
-                del self.own_binds[key]  # this list speaks for the pod from now on
-            elif key not in seen:
-                keep.add(key)
+        keep = self._relist_keeps(resource_version, seen)
         for key in list(self.pods):
             if key not in seen and key not in keep:
                 self._forget(key, None)
@@ -655,35 +605,27 @@ class ClusterCache:
             if key not in seen and key not in keep:
                 self._forget(key, None)
 
-    def own_bind_seen(self, key: str, resource_version: str) -> None:
-        """The watch showed pod ``key`` at ``resource_version``: once that is at or after our own
-        bind's write, every later list includes the pod while it exists, so the own-bind entry
-        (which only protects against lists that predate the write) is dropped."""
-        ob = self.own_binds.get(key)
-        c = None if ob is None else compare_resource_versions(resource_version, ob.resource_version)
-        if c is not None and c >= 0:
-            del self.own_binds[key]
+    # -- hooks for a cache that also binds (scheduler/bindstate.py); no-ops for a read-only view --
+    def _seen(self, kind: str, key: str, uid: str, pod: dict[str, Any]) -> None:
+        """A pod event (``kind``) of ``key``/``uid`` arrived, before it is applied."""
 
-    def record_bound(self, key: str, uid: str, booking: Booking, request: PodRequest | None = None,
-                     resource_version: str = "") -> None:
-        """After a successful bind: remember the pod as bound (if its booking is still this one).
-        ``resource_version``: the pod's resourceVersion once our write was on it (see
-        :meth:`replace_pods`)."""
-        if self.state.bookings.get(key) is not booking:
-            return
-        self.pods[key] = PodInfo(uid, booking.node, True, booking.allocation, request)
-        self.pods_by_node.setdefault(booking.node, set()).add(key)
-        if self._bound_seen.get(key) != uid:  # the watch has not shown it bound yet: lists may predate it
-            self.own_binds[key] = OwnBind(uid, resource_version, self.clock())
+    def _writing(self, key: str) -> bool:
+        """Whether a bind of ``key`` is writing its record now (its booking is the bind's, not the
+        annotation's: events of the pod do not change it). False here."""
+        return False
 
-    def _track_bound(self, kind: str, key: str, uid: str, pod: dict[str, Any]) -> None:
-        """Remember which pods a watch event has shown bound (``_bound_seen``: an own bind needs no
-        relist protection once the watch has shown the pod bound)."""
-        if kind == "DELETED":
-            if self._bound_seen.get(key) == uid:
-                del self._bound_seen[key]
-        elif (pod.get("spec") or {}).get("nodeName"):
-            self._bound_seen[key] = uid
+    def _skip_record(self, uid: str, bound: bool) -> bool:
+        """Whether the record of pod ``uid`` (``bound`` or not) is to be ignored (the unbound
+        record of a failed bind). False here."""
+        return False
+
+    def _forgotten(self, key: str, uid: str | None) -> None:
+        """Pod ``key`` (``uid``; None: whatever pod of that name) was forgotten."""
+
+    def _relist_keeps(self, resource_version: str, seen: set[str]) -> set[str]:
+        """Pod keys a relist at ``resource_version`` (pods ``seen``) must not release although
+        absent. None here."""
+        return set()
 
     # -- placement ----------------------------------------------------------------------------
     def evaluate(self, pod: PodRequest, names: Sequence[str], want_scores: bool = True
@@ -700,20 +642,6 @@ class ClusterCache:
             failed.update(pre)
         return ok, failed, scores
 
-    def own_unbound_booking(self, key: str, uid: str) -> str | None:
-        """The node where the pod ``key`` (this ``uid``) holds a booking although it is not bound and
-        no bind of it is in flight or unresolved here: a signed record whose Binding never came (an
-        extender stopped between writing the record and posting the Binding). That booking is the
-        pod's own capacity: the pod still fits there (a bind re-plans after dropping it), so a
-        filter must not count it against the pod itself. None otherwise."""
-        b = self.state.bookings.get(key)
-        if b is None or self.booked_uid.get(key) != uid or key in self.inflight or key in self.unresolved:
-            return None
-        info = self.pods.get(key)
-        if info is not None and info.bound:
-            return None
-        return b.node
-
     def score_array(self, pod: PodRequest, names: Sequence[str], key: str | None = None) -> np.ndarray:
         """Policy score per name (float64), -inf where the pod does not fit or the node is not a
         candidate (unknown, stale, no allocatable). ``key``: ``names_key(names)`` if the caller
@@ -727,42 +655,3 @@ class ClusterCache:
                 sc[bad] = -np.inf
         return sc
 
-    def reserve(self, pod: PodRequest, uid: str, node: str) -> tuple[Booking, PodAllocation] | str:
-        """Choose the GPUs for ``pod`` on ``node`` and book them, atomically (no await inside).
-
-        A previous booking of the same key is dropped first (new pod of that name, or a re-bind of
-        an unbound pod). Returns (booking, allocation) or a human-readable reason nothing was booked.
-        """
-        key = pod.key
-        why = self.unavailable.get(node)
-        if why is not None:
-            return detail(why)
-        if node not in self.state.nodes:
-            return detail(NO_INVENTORY)
-        info = self.pods.get(key)
-        if info is not None and info.uid == uid and info.bound:
-            return f"pod {key} is already bound to {info.node}"
-        if key in self.state.bookings:
-            self._release(key)
-        plan = self.engine.plan_for(pod, node)
-        if isinstance(plan, FitFailure):
-            return detail(plan, self.state.nodes[node])
-        alloc = self.engine.allocation(pod, node, plan, now=self.clock())
-        try:
-            b = self.engine.book(pod, alloc)
-        except OvercommitError as e:  # cannot happen after a fresh plan; kept as a guard
-            return str(e)
-        self.booked_uid[key] = uid
-        self.failed_binds.discard(uid)
-        self._changed()
-        return b, alloc
-
-    def release_if(self, key: str, booking: Booking, failed_uid: str | None = None) -> bool:
-        """Release ``key`` only if its current booking is ``booking`` (the watch may have released
-        or replaced it meanwhile). ``failed_uid``: remember that this pod's bind failed."""
-        if failed_uid is not None:
-            self.failed_binds.add(failed_uid)
-        if self.state.bookings.get(key) is booking:
-            self._release(key)
-            return True
-        return False

@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from vgpu_sched_util import node_obj, offline_service, pod_obj, run, wait_until
 
-from kube_vgpu.cluster import ClusterCache
 from kube_vgpu.codec import encode_allocation
 from kube_vgpu.config import Config
 from kube_vgpu.model import ContainerAllocation, DeviceBooking, PodAllocation
@@ -20,6 +19,7 @@ from kube_vgpu.placement.render import aggregate, summaries
 from kube_vgpu.podspec import parse_pod
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_NODE_INVENTORY
 from scheduler import jsonlog
+from scheduler.bindstate import BindCache
 from scheduler.service import Options, SchedulerService
 
 
@@ -37,7 +37,7 @@ def annotated(name: str, a: PodAllocation, uid: str | None = None, bound: bool =
 
 
 def test_restart_recovery_books_annotations_without_checks_even_before_the_node() -> None:
-    c = ClusterCache(Config())
+    c = BindCache(Config())
     # pods arrive before their node: booked as soon as the node appears
     c.on_pod("ADDED", annotated("a", alloc("n1", "GPU-n1-00", 20000)))
     c.on_pod("ADDED", annotated("b", alloc("n1", "GPU-n1-00", 20000)))  # together over capacity
@@ -58,7 +58,7 @@ def test_restart_recovery_books_annotations_without_checks_even_before_the_node(
 
 
 def test_releases_finished_deleted_and_recreated_but_not_terminating() -> None:
-    c = ClusterCache(Config())
+    c = BindCache(Config())
     c.on_node("ADDED", node_obj("n1", 2))
     a = annotated("a", alloc("n1", "GPU-n1-00", 1000))
     c.on_pod("ADDED", a)
@@ -85,7 +85,7 @@ def test_releases_finished_deleted_and_recreated_but_not_terminating() -> None:
 
 
 def test_failed_bind_annotation_is_ignored_until_the_pod_is_bound() -> None:
-    c = ClusterCache(Config())
+    c = BindCache(Config())
     c.on_node("ADDED", node_obj("n1", 1))
     req = parse_pod(pod_obj("p", limits={"nvidia.com/gpumem": 1000}))
     r = c.reserve(req, "uid-p", "n1")
@@ -103,7 +103,7 @@ def test_failed_bind_annotation_is_ignored_until_the_pod_is_bound() -> None:
 def test_node_availability_reasons() -> None:
     now = [1000.0]
     cfg = Config()
-    c = ClusterCache(cfg, clock=lambda: now[0])
+    c = BindCache(cfg, clock=lambda: now[0])
     c.on_node("ADDED", node_obj("n1", 1, heartbeat=1000.0))
     assert c.unavailable == {}
     now[0] = 1000.0 + cfg.scheduling.inventory_stale_seconds + 1
@@ -179,7 +179,7 @@ def test_reasons_aggregate_like_kube_scheduler() -> None:
 
 def test_relist_that_predates_our_patch_keeps_the_booking() -> None:
     now = [100.0]
-    c = ClusterCache(Config(), clock=lambda: now[0])
+    c = BindCache(Config(), clock=lambda: now[0])
     c.on_node("ADDED", node_obj("n1", 1, heartbeat=100.0))
     req = parse_pod(pod_obj("p", limits={"nvidia.com/gpumem": 1000}))
     r = c.reserve(req, "uid-p", "n1")
@@ -196,7 +196,7 @@ def test_annotation_is_checked_against_the_pods_request(caplog: object) -> None:
     import pytest
     assert isinstance(caplog, pytest.LogCaptureFixture)
     caplog.set_level(logging.WARNING, logger="kube_vgpu.cluster")
-    c = ClusterCache(Config())
+    c = BindCache(Config())
     c.on_node("ADDED", node_obj("n1", 2, mem=24576))
 
     def pod(name: str, text: str, **limits: object) -> dict:

@@ -13,10 +13,10 @@ import pytest
 from bind_support import bind, check_books, create_nodes, create_pod, extender, node_obj, pod_obj, writes
 from vgpu_sched_util import KEYS, filter_args, run, wait_until
 
-from kube_vgpu.cluster import ClusterCache, compare_resource_versions
 from kube_vgpu.config import Config
 from kube_vgpu.podspec import parse_pod
 from kube_vgpu.resources import ANN_ALLOCATION, LABEL_NODE
+from scheduler.bindstate import BindCache, compare_resource_versions
 from tests.fakeapi import FakeKubeAPI
 
 GPU_MIB = 24576
@@ -281,9 +281,9 @@ def test_relist_after_410_releases_pods_deleted_while_the_watch_was_down(fake: F
     run(go, timeout=60)
 
 
-def _cache_with_own_bind(rv: str) -> tuple[ClusterCache, list[float]]:
+def _cache_with_own_bind(rv: str) -> tuple[BindCache, list[float]]:
     now = [100.0]
-    c = ClusterCache(Config(), clock=lambda: now[0])
+    c = BindCache(Config(), clock=lambda: now[0])
     c.on_node("ADDED", node_obj("n1", 1, heartbeat=100.0))
     req = parse_pod(pod_obj("p", limits={"nvidia.com/gpumem": 1000}))
     r = c.reserve(req, "uid-p", "n1")
