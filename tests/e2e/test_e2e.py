@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import random
 import subprocess
-import sys
 from collections import defaultdict
 from typing import Any
 
 import pytest
 
-from .cluster import ROOT, SCHEDULER_NAME, wait_for, write_policy
+from .cluster import ROOT, SCHEDULER_NAME, helm_binary, wait_for, write_policy
 from .conftest import DP_NODE, GPU_MEM, NODES, SPLIT
 
 pytestmark = pytest.mark.e2e
@@ -187,13 +186,7 @@ def test_deployment_scale_0_20_0_20(env: dict[str, Any]) -> None:
 
 
 def test_helm_install_chart(env: dict[str, Any]) -> None:
-    try:
-        helm = subprocess.run([sys.executable, str(ROOT / "scripts" / "get_helm.py")], capture_output=True,
-                              text=True, timeout=120).stdout.strip()
-    except subprocess.TimeoutExpired:
-        helm = ""
-    if not helm:
-        pytest.skip("helm unavailable (scripts/get_helm.py failed)")
+    helm = helm_binary()
     kc = str(env["cp"].kubeconfig)
     ns = f"{env['ns']}-helm"
     from kubernetes import client

@@ -12,7 +12,6 @@ bound to a pod on node n1, may touch only n1 and the pods bound to it.
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,24 +28,13 @@ from kube_vgpu.resources import (
     LABEL_NODE,
 )
 
-from .cluster import ROOT, ControlPlane, wait_for, write_kubeconfig
+from .cluster import ROOT, ControlPlane, helm_binary, wait_for, write_kubeconfig
 
 pytestmark = pytest.mark.e2e
 
 RELEASE, NS, TENANT_NS = "kv", "kube-vgpu", "team-a"
 FULL = f"{RELEASE}-kube-vgpu"
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-
-
-def _helm() -> str:
-    try:
-        out = subprocess.run([sys.executable, str(ROOT / "scripts" / "get_helm.py")], capture_output=True, text=True,
-                             timeout=120).stdout.strip()
-    except subprocess.TimeoutExpired:
-        out = ""
-    if not out:
-        pytest.skip("helm unavailable (scripts/get_helm.py failed)")
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +106,7 @@ def test_tenant_cannot_forge_or_edit_system_records(cluster: dict[str, Any]) -> 
 
     admin = cluster["admin"]
     core = client.CoreV1Api(admin)
-    r = subprocess.run([_helm(), "template", RELEASE, str(ROOT / "charts" / "kube-vgpu"), "--namespace", NS,
+    r = subprocess.run([helm_binary(), "template", RELEASE, str(ROOT / "charts" / "kube-vgpu"), "--namespace", NS,
                         "--kube-version", cluster["version"]], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     docs = [d for d in yaml.safe_load_all(r.stdout) if d]

@@ -28,7 +28,6 @@ import base64
 import copy
 import ssl
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,7 +45,16 @@ from kube_vgpu.resources import (
     LABEL_WEBHOOK_IGNORE,
 )
 
-from .cluster import ROOT, SCHEDULER_NAME, Components, ControlPlane, wait_for, write_kubeconfig, write_policy
+from .cluster import (
+    ROOT,
+    SCHEDULER_NAME,
+    Components,
+    ControlPlane,
+    helm_binary,
+    wait_for,
+    write_kubeconfig,
+    write_policy,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -56,17 +64,6 @@ EXTENDER_SA = f"{FULL}-extender"
 GPUMEM = "nvidia.com/gpumem"
 GPU = "nvidia.com/gpu"
 WEBHOOK_NAME = "mutate.kube-vgpu.io"
-
-
-def _helm() -> str:
-    try:
-        out = subprocess.run([sys.executable, str(ROOT / "scripts" / "get_helm.py")], capture_output=True, text=True,
-                             timeout=120).stdout.strip()
-    except subprocess.TimeoutExpired:
-        out = ""
-    if not out:
-        pytest.skip("helm unavailable (scripts/get_helm.py failed)")
-    return out
 
 
 def _metrics_total(port: int) -> float:
@@ -169,7 +166,7 @@ def env(cluster: dict[str, Any]) -> dict[str, Any]:
 
     admin, comps = cluster["admin"], cluster["comps"]
     core = client.CoreV1Api(admin)
-    r = subprocess.run([_helm(), "template", RELEASE, str(ROOT / "charts" / "kube-vgpu"), "--namespace", NS,
+    r = subprocess.run([helm_binary(), "template", RELEASE, str(ROOT / "charts" / "kube-vgpu"), "--namespace", NS,
                         "--kube-version", cluster["version"]], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     (rendered,) = [d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "MutatingWebhookConfiguration"]
