@@ -24,12 +24,18 @@ from .status import NO_INVENTORY, FitFailure
 NEG_INF = -math.inf
 
 
-def pod_shape(pod: PodRequest) -> tuple[object, ...]:
-    """The part of a pod request that decides placement (names and uid excluded)."""
-    return (
-        tuple((c.init, c.count, c.memory_mib, c.memory_percent, c.cores) for c in pod.containers),
-        pod.constraints, pod.gpu_spec, pod.cpu_milli, pod.memory_mib,
-    )
+def pod_shape(pod: PodRequest, host: bool = True) -> tuple[object, ...]:
+    """What a placement decision for ``pod`` depends on: per container its name (failures name
+    it), init flag, GPU count, MiB or percent per GPU and cores; the GPU constraints (type and uuid
+    selectors, the replay's exact model list); and, with ``host``, the pod's host CPU (millicores)
+    and memory (MiB). Pod name, namespace, uid and priorities are not part of it.
+
+    ``host=False`` is the right key when no node models host CPU or memory (the live extender:
+    kube-scheduler checks those itself): then neither the fit nor any policy's score reads them,
+    and pods that differ only in their CPU or memory requests share one cached decision."""
+    gpu = (tuple((c.name, c.init, c.count, c.memory_mib, c.memory_percent, c.cores) for c in pod.containers),
+           pod.constraints, pod.gpu_spec)
+    return (gpu, pod.cpu_milli, pod.memory_mib) if host else (gpu,)
 
 
 class _Entry:
@@ -95,13 +101,18 @@ class Engine:
             self._policies[key] = p
         return p
 
+    @property
+    def cached_shapes(self) -> int:
+        """How many (policy, pod shape) decisions are cached (see :func:`pod_shape`)."""
+        return len(self._cache)
+
     # -- evaluation -----------------------------------------------------------------------------
     def _entry(self, pod: PodRequest) -> tuple[_Entry, Policy]:
         if self._generation != self.state.generation:
             self._cache.clear()
             self._generation = self.state.generation
         pol = self.policy(pod)
-        key = (pol.name, pod.gpu_policy or self.gpu_policy, pod_shape(pod))
+        key = (pol.name, pod.gpu_policy or self.gpu_policy, pod_shape(pod, self.state.models_host))
         e = self._cache.get(key)
         if e is None:
             e = _Entry(key, len(self.state.node_list))

@@ -99,6 +99,10 @@ class NodeState:
                 + (tm - sum(self.free_mem)) / tm)
 
 
+def _models_host(node: NodeState) -> int:
+    return 1 if node.cpu_total or node.memory_total else 0
+
+
 class ClusterState:
     """All nodes and bookings. Not thread-safe: callers serialise (the extender runs it on one loop)."""
 
@@ -113,6 +117,14 @@ class ClusterState:
         self.generation = 0  #: bumped when nodes are added or removed (caches are rebuilt)
         #: node.version per node index, so caches find changed nodes with one vector compare
         self.versions = np.zeros(0, dtype=np.int64)
+        #: how many nodes model host CPU or memory (``cpu_total`` or ``memory_total`` > 0)
+        self.host_nodes = 0
+
+    @property
+    def models_host(self) -> bool:
+        """Whether any node models host CPU or memory (the replay); when none does (the live
+        extender), no fit or score reads a pod's CPU or memory request."""
+        return self.host_nodes > 0
 
     # -- nodes ---------------------------------------------------------------------------------
     def set_node(self, name: str, devices: tuple[GPUDevice, ...], cpu_milli: int = 0, memory_mib: int = 0,
@@ -144,6 +156,7 @@ class ClusterState:
                 self.bookings[b.pod] = b2
         self.nodes[name] = node
         self.versions[idx] = node.version
+        self.host_nodes += _models_host(node) - (_models_host(old) if old is not None else 0)
         return node
 
     def remove_node(self, name: str) -> None:
@@ -155,6 +168,7 @@ class ClusterState:
             return
         for pod in list(node.pods):
             self.bookings.pop(pod, None)
+        self.host_nodes -= _models_host(node)
         self.node_list.pop(node.idx)
         self.versions = np.delete(self.versions, node.idx)
         for i, n in enumerate(self.node_list):
