@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ import numpy as np
 
 from ..model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
 from .fit import Plan
+from .memo import BoundedMemo
 from .policies import Policy, TaskShape, make_policy
 from .state import Assumption, Booking, ClusterState, NodeState
 from .status import NO_INVENTORY, FitFailure
@@ -45,9 +45,9 @@ class _Entry:
         self.key = key
         self.versions = np.full(n, -1, dtype=np.int64)
         self.scores = np.full(n, NEG_INF, dtype=np.float64)
-        #: Plan when feasible, else the FitFailure (shared by nodes in the same state); None
-        #: until the node is first evaluated
-        self.results: list[Plan | FitFailure | None] = [None] * n
+        #: per node: its Plan when feasible, else its FitFailure (shared by nodes in the same
+        #: state); None until the node is first evaluated
+        self.results: np.ndarray = np.full(n, None, dtype=object)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,25 +59,43 @@ class Decision:
     score: float
 
 
+@dataclass(frozen=True, slots=True)
+class NodeResults:
+    """One pod evaluated on many nodes (:meth:`Engine.evaluate_nodes`), aligned with the node
+    indexes asked about: ``scores`` (float64; the policy score, -inf where the pod does not fit)
+    and ``outcomes`` (object array: the node's Plan, or its FitFailure where it does not fit).
+    Both are the caller's own copies."""
+
+    scores: np.ndarray
+    outcomes: np.ndarray
+
+    @property
+    def feasible(self) -> np.ndarray:
+        """Bool mask: where the pod fits (exactly where the score is above -inf)."""
+        return self.scores > NEG_INF
+
+
 class Engine:
     """Filter / prioritize / choose / book over a ClusterState.
 
-    node_policy / gpu_policy: defaults (pod annotations override); shapes: FGD's target workload.
+    node_policy / gpu_policy: defaults (pod annotations override); shapes: FGD's target workload;
+    cache_entries: how many (policy, pod shape) decisions are kept (least recently used dropped);
+    memo_entries: how many (shape, node state) results nodes in the same state share.
     """
 
     def __init__(self, state: ClusterState, node_policy: str = "binpack", gpu_policy: str = "spread",
-                 shapes: list[TaskShape] | None = None, cache_entries: int = 512):
+                 shapes: list[TaskShape] | None = None, cache_entries: int = 512, memo_entries: int = 300_000):
         self.state = state
         self.node_policy = node_policy
         self.gpu_policy = gpu_policy
         self.shapes = shapes
         self._policies: dict[tuple[str, str], Policy] = {}
-        self._cache: OrderedDict[tuple[object, ...], _Entry] = OrderedDict()
-        self._cache_entries = cache_entries
+        self._cache: BoundedMemo[tuple[object, ...], _Entry] = BoundedMemo(cache_entries)
         self._generation = state.generation
         #: (policy, shape, node signature) -> (score, Plan | FitFailure): nodes in the same state
         #: share it
-        self._memo: dict[tuple[object, ...], tuple[float, Plan | FitFailure]] = {}
+        self._memo: BoundedMemo[tuple[object, ...], tuple[float, Plan | FitFailure]] = \
+            BoundedMemo(memo_entries, lru=False)
         make_policy(node_policy, gpu_policy, shapes)  # validate now
 
     # -- configuration --------------------------------------------------------------------------
@@ -115,12 +133,7 @@ class Engine:
         key = (pol.name, pod.gpu_policy or self.gpu_policy, pod_shape(pod, self.state.models_host))
         e = self._cache.get(key)
         if e is None:
-            e = _Entry(key, len(self.state.node_list))
-            self._cache[key] = e
-            if len(self._cache) > self._cache_entries:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
+            e = self._cache.put(key, _Entry(key, len(self.state.node_list)))
         return e, pol
 
     def _refresh(self, e: _Entry, pol: Policy, pod: PodRequest, idx: np.ndarray | None) -> None:
@@ -131,52 +144,64 @@ class Engine:
             dirty = idx[e.versions[idx] != versions[idx]]
         nodes = self.state.node_list
         memo = self._memo
-        if len(memo) > 300_000:
-            memo.clear()
+        results = e.results
         for i in dirty.tolist():
             node = nodes[i]
             mkey = (e.key, node.signature())
             hit = memo.get(mkey)
             if hit is None:
                 r = pol.evaluate(node, pod)
-                hit = (NEG_INF, r) if isinstance(r, FitFailure) else r
-                memo[mkey] = hit
-            e.results[i] = hit[1]
+                hit = memo.put(mkey, (NEG_INF, r) if isinstance(r, FitFailure) else r)
+            results[i] = hit[1]
             e.scores[i] = hit[0]
             e.versions[i] = versions[i]
+
+    def evaluate_nodes(self, pod: PodRequest, idx: np.ndarray) -> NodeResults:
+        """Evaluate ``pod`` on many nodes at once: ``idx`` holds node indexes (positions in
+        ``state.node_list``, int64, each in range; repeats allowed). Decisions are cached per
+        pod shape inside the engine; only nodes that changed since are evaluated again.
+        Raises IndexError for an index out of range."""
+        e, pol = self._entry(pod)
+        self._refresh(e, pol, pod, idx)
+        return NodeResults(e.scores[idx], e.results[idx])
 
     def evaluate(self, pod: PodRequest, names: Sequence[str] | None = None
                  ) -> tuple[list[str], dict[str, FitFailure], dict[str, float]]:
         """Per candidate node: feasible names (in input order), the typed failure of the others,
         and the policy score of each feasible node. Unknown node names fail with
         :data:`~kube_vgpu.placement.status.NO_INVENTORY`."""
-        e, pol = self._entry(pod)
         nodes = self.state.nodes
+        failed: dict[str, FitFailure] = {}
         if names is None:
-            self._refresh(e, pol, pod, None)
-            cand = [(n.name, n.idx) for n in self.state.node_list]
+            cand = [n.name for n in self.state.node_list]
+            idx = np.arange(len(cand), dtype=np.int64)
         else:
             cand = []
-            failed_unknown: dict[str, FitFailure] = {}
+            ids = []
             for name in names:
                 n = nodes.get(name)
                 if n is None:
-                    failed_unknown[name] = NO_INVENTORY
+                    failed[name] = NO_INVENTORY
                 else:
-                    cand.append((name, n.idx))
-            self._refresh(e, pol, pod, np.fromiter((i for _, i in cand), dtype=np.int64, count=len(cand)))
+                    cand.append(name)
+                    ids.append(n.idx)
+            idx = np.array(ids, dtype=np.int64)
+        res = self.evaluate_nodes(pod, idx)
         ok: list[str] = []
-        failed: dict[str, FitFailure] = {} if names is None else failed_unknown
         scores: dict[str, float] = {}
-        for name, i in cand:
-            r = e.results[i]
-            if isinstance(r, Plan):
-                ok.append(name)
-                scores[name] = float(e.scores[i])
-            else:
-                assert r is not None  # refreshed above
+        for name, s, r in zip(cand, res.scores.tolist(), res.outcomes.tolist(), strict=True):
+            if isinstance(r, FitFailure):
                 failed[name] = r
+            else:
+                ok.append(name)
+                scores[name] = s
         return ok, failed, scores
+
+    def _outcome(self, e: _Entry, pol: Policy, pod: PodRequest, i: int) -> Plan | FitFailure:
+        """Node ``i``'s refreshed outcome in entry ``e``."""
+        r = e.results[i]
+        assert r is not None  # refreshed by the caller
+        return r  # type: ignore[no-any-return]
 
     def choose(self, pod: PodRequest, names: Sequence[str] | None = None) -> Decision | None:
         """The best node (highest score; ties to the lowest node index) among ``names`` (or all),
@@ -195,10 +220,17 @@ class Engine:
             self._refresh(e, pol, pod, idx)
             i = int(idx[int(np.argmax(e.scores[idx]))])
         s = float(e.scores[i])
-        r = e.results[i]
-        if s == NEG_INF or not isinstance(r, Plan):
+        if s == NEG_INF:
+            return None
+        r = self._outcome(e, pol, pod, i)
+        if not isinstance(r, Plan):
             return None
         return Decision(self.state.node_list[i].name, r, s)
+
+    def _on(self, pod: PodRequest, node: NodeState) -> Plan | FitFailure:
+        e, pol = self._entry(pod)
+        self._refresh(e, pol, pod, np.array([node.idx], dtype=np.int64))
+        return self._outcome(e, pol, pod, node.idx)
 
     def plan_for(self, pod: PodRequest, node: str) -> Plan | FitFailure:
         """The plan for ``pod`` on one node (fresh, respecting the current state), or why not.
@@ -209,11 +241,7 @@ class Engine:
         n = self.state.nodes.get(node)
         if n is None:
             return NO_INVENTORY
-        e, pol = self._entry(pod)
-        self._refresh(e, pol, pod, np.array([n.idx], dtype=np.int64))
-        r = e.results[n.idx]
-        assert r is not None  # refreshed above
-        return r
+        return self._on(pod, n)
 
     def assume_on(self, pod: PodRequest, uid: str, node: str, expires: float) -> Assumption | None:
         """Promise ``pod`` its current plan on ``node`` until ``expires`` (its previous promise
@@ -222,9 +250,7 @@ class Engine:
         n = self.state.nodes.get(node)
         if n is None:
             return None
-        e, pol = self._entry(pod)
-        self._refresh(e, pol, pod, np.array([n.idx], dtype=np.int64))
-        r = e.results[n.idx]
+        r = self._on(pod, n)
         if not isinstance(r, Plan):
             return None
         return self.assume(pod, uid, node, r, expires)

@@ -1,13 +1,11 @@
-"""A vectorised front end to the placement engine for the extender's hot path.
+"""The extender's front end to the placement engine: candidate lists of node names.
 
-:meth:`kube_vgpu.placement.Engine.evaluate` walks the candidate names in Python (a dict lookup,
-a tuple and a result check per node): about 7 ms for 5,000 names on the 2-core CI machine, so
-filter + prioritize alone would miss the 10 ms p99 budget. :class:`ExtenderEngine` keeps the
-engine's rules, per-(policy, shape) cache and dirty-node refresh untouched (it calls the engine's
-own ``_entry`` / ``_refresh``) and only replaces the per-name bookkeeping with numpy: names map to
-node indexes through a dict rebuilt when the node set changes, feasibility is ``score > -inf``
-(exactly the nodes whose cached result is a Plan), and the rejected nodes' typed failures are
-picked from the engine's cache. Results are identical to ``Engine.evaluate`` (see tests/scheduler/test_fastpath.py).
+kube-scheduler asks about the same long lists of node names over and over (the full candidate
+list to filter, then filter's feasible list to prioritize). :class:`ExtenderEngine` maps names to
+node indexes once per list and asks the engine about all of them at once through its public
+:meth:`~kube_vgpu.placement.Engine.evaluate_nodes` (the engine keeps its own per pod-shape cache);
+feasibility is ``score > -inf`` and the rejected nodes' typed failures come back with the scores.
+Results are identical to ``Engine.evaluate`` (see tests/scheduler/test_fastpath.py).
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ import numpy as np
 
 from ..model import PodRequest
 from .engine import Engine
+from .memo import BoundedMemo
 from .status import NO_INVENTORY, FitFailure
 
 __all__ = ["NAMES_SEP", "NO_INVENTORY", "ExtenderEngine", "names_key", "normalise_array"]
@@ -64,30 +63,32 @@ class _Known:
 
 
 class ExtenderEngine(Engine):
-    """Engine with :meth:`evaluate_names` / :meth:`score_array`, faster ``evaluate`` for long lists."""
+    """Engine with :meth:`evaluate_names` / :meth:`score_array` over remembered name lists (it
+    uses only the engine's public API)."""
 
-    _name_gen = -1
-    _name_idx: dict[str, int]
-    #: recent candidate lists, least recently used first (kube-scheduler sends the same lists over
-    #: and over: the full candidate list to filter, then filter's feasible list to prioritize).
-    #: Keyed by the NUL-joined names: one C-speed join and hash per request instead of comparing
-    #: against every remembered list.
-    _lists: dict[str, _Known]
+    #: how many recent candidate lists are remembered (least recently used dropped). Keyed by the
+    #: NUL-joined names: one C-speed join and hash per request instead of comparing against every
+    #: remembered list.
     RECENT = 8
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._name_gen = -1
+        self._name_idx: dict[str, int] = {}
+        self._lists: BoundedMemo[str, _Known] = BoundedMemo(self.RECENT)
 
     def _lookup(self, names: Sequence[str], key: str | None = None) -> tuple[_Known, bool]:
         """(the list's record, whether it is remembered). ``key``: :func:`names_key` of
         ``names`` if the caller has it. Raises TypeError if a name is not a str."""
-        if self._name_gen != self.state.generation or not hasattr(self, "_name_idx"):
+        if self._name_gen != self.state.generation:
             self._name_idx = {n.name: n.idx for n in self.state.node_list}
             self._name_gen = self.state.generation
-            self._lists = {}
+            self._lists.clear()
         n = len(names)
         if key is None:
             key = _SEP.join(names)
-        known = self._lists.pop(key, None)
+        known = self._lists.get(key)
         if known is not None and len(known.idx) == n:
-            self._lists[key] = known  # most recently used last
             return known, True
         known = _Known(np.fromiter(map(self._name_idx.get, names, repeat(-1)), dtype=np.int64, count=n))
         return known, self._remember(key, n, known)
@@ -99,26 +100,24 @@ class ExtenderEngine(Engine):
         list with the same key and length is the same list."""
         if not nul_free and key.count(_SEP) != n - 1:
             return False
-        self._lists[key] = known
-        if len(self._lists) > self.RECENT:
-            del self._lists[next(iter(self._lists))]
+        self._lists.put(key, known)
         return True
 
     def _eval(self, pod: PodRequest, names: Sequence[str], key: str | None = None
-              ) -> tuple[_Known, bool, np.ndarray, list[Any]]:
-        e, pol = self._entry(pod)
+              ) -> tuple[_Known, bool, np.ndarray, np.ndarray]:
+        """(list record, remembered, score per name, outcome per name: None for unknown names)."""
         known, kept = self._lookup(names, key)
         idx = known.idx
         found = idx >= 0
         if bool(found.all()):
-            self._refresh(e, pol, pod, idx)
-            sc = e.scores[idx]
-        else:
-            kidx = idx[found]
-            self._refresh(e, pol, pod, kidx)
-            sc = np.full(len(names), -np.inf)
-            sc[found] = e.scores[kidx]
-        return known, kept, sc, e.results
+            res = self.evaluate_nodes(pod, idx)
+            return known, kept, res.scores, res.outcomes
+        res = self.evaluate_nodes(pod, idx[found])
+        sc = np.full(len(names), -np.inf)
+        sc[found] = res.scores
+        out = np.full(len(names), None, dtype=object)
+        out[found] = res.outcomes
+        return known, kept, sc, out
 
     def score_array(self, pod: PodRequest, names: Sequence[str], key: str | None = None) -> np.ndarray:
         """Policy score per name (float64; -inf where the pod does not fit or the node is unknown).
@@ -134,7 +133,7 @@ class ExtenderEngine(Engine):
         (``want_scores=False``: an empty dict, for filter, which does not need them)."""
         if not names:
             return [], {}, {}
-        known, kept, sc, results = self._eval(pod, names)
+        known, kept, sc, outcomes = self._eval(pod, names)
         idx = known.idx
         feasible = sc > -np.inf
         if bool(feasible.all()):
@@ -149,7 +148,6 @@ class ExtenderEngine(Engine):
         bad = np.flatnonzero(~feasible)
         if not len(bad):
             return ok, {}, scores
-        js = idx[bad].tolist()
-        reasons = [NO_INVENTORY if j < 0 else results[j] for j in js]
+        reasons = [NO_INVENTORY if r is None else r for r in outcomes[bad].tolist()]
         failed = dict(zip(map(names.__getitem__, bad.tolist()), reasons, strict=True))
         return ok, failed, scores

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from ..config import NODE_POLICIES
 from ..model import ContainerRequest, PodRequest
 from .fit import GpuOrder, Plan, fit_pod, gpu_order
+from .memo import BoundedMemo
 from .state import NodeState
 from .status import FitFailure
 
@@ -70,7 +71,7 @@ class FragModel:
         self.shapes = shapes
         self.cpu_levels = sorted({s.cpu_milli for s in shapes})
         self._rank = [bisect.bisect_left(self.cpu_levels, s.cpu_milli) for s in shapes]
-        self._memo: dict[tuple[int, tuple[int, ...], str], float] = {}
+        self._memo: BoundedMemo[tuple[int, tuple[int, ...], str], float] = BoundedMemo(500_000, lru=False)
 
     def cpu_class(self, node: NodeState, cpu_free: int) -> int:
         """How many CPU thresholds ``cpu_free`` meets (all of them when CPU is not modelled)."""
@@ -101,10 +102,7 @@ class FragModel:
                 acc += s.p * small
             else:
                 acc += s.p * total_free
-        if len(self._memo) > 500_000:
-            self._memo.clear()
-        self._memo[key] = acc
-        return acc
+        return self._memo.put(key, acc)
 
     def node_frag(self, node: NodeState) -> float:
         """F(n) of the node as it is now."""

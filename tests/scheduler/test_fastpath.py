@@ -75,3 +75,19 @@ def test_remembered_lists_never_confuse_names_that_join_alike(first: list[str], 
     want = {n.name: n.idx for n in st_.node_list}
     for names in (first, second, first):
         assert fast._lookup(names)[0].idx.tolist() == [want.get(n, -1) for n in names]
+
+
+def test_the_fast_path_uses_only_the_engines_public_api() -> None:
+    """ExtenderEngine reaches the engine through public methods only: no private attribute of
+    Engine is read or called from kube_vgpu/placement/fastpath.py."""
+    import ast
+    import inspect
+
+    from kube_vgpu.placement import fastpath
+
+    private = {n for n in vars(Engine) if n.startswith("_") and not n.startswith("__")}
+    probe = Engine(ClusterState())
+    private |= {n for n in vars(probe) if n.startswith("_")} if hasattr(probe, "__dict__") else set()
+    used = {node.attr for node in ast.walk(ast.parse(inspect.getsource(fastpath)))
+            if isinstance(node, ast.Attribute)}
+    assert private and not (used & private), used & private
