@@ -285,7 +285,8 @@ static void env_config(struct vgpu_config *c, int quiet)
         c->sm_limit[i] = (v && *v && !bad) ? pct : sm_all;
     }
     const char *pol = getenv("GPU_CORE_UTILIZATION_POLICY");
-    if (pol && !strcasecmp(pol, "disable"))
+    c->core_disabled = pol && !strcasecmp(pol, "disable");
+    if (c->core_disabled)
         for (int i = 0; i < VGPU_MAX_DEV; i++)
             c->sm_limit[i] = 0;
     const char *cache = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
@@ -544,6 +545,11 @@ static const char *env_differs(const struct vgpu_config *e, const struct vgpu_co
         snprintf(buf, len, "CUDA_DISABLE_CONTROL=%s", v);
         return buf;
     }
+    v = getenv("CUDA_TASK_PRIORITY");
+    if (v && e->priority != f->priority) {
+        snprintf(buf, len, "CUDA_TASK_PRIORITY=%s", v);
+        return buf;
+    }
     v = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     if (v && strcmp(v, f->cache_path)) {
         snprintf(buf, len, "CUDA_DEVICE_MEMORY_SHARED_CACHE=%s", v);
@@ -579,9 +585,11 @@ static void read_config(void)
         g_cfg.cache_path[0] = 0;
         g_cfg.nuuid = 0;
         g_cfg.priority = -1;
+        g_cfg.core_disabled = 0;
     } else {
         g_cfg.from_file = 1;
         g_cfg.enabled = !L.disable_control;
+        g_cfg.core_disabled = L.core_disable;
         g_cfg.nuuid = L.ndev;
         for (int i = 0; i < VGPU_MAX_DEV; i++) {
             /* a GPU that is not the container's gets nothing */
@@ -620,6 +628,7 @@ static void read_config(void)
         g_cfg.nvisible = split_list(vis, g_cfg.visible, VGPU_MAX_DEV);
     if (!g_cfg.enabled)
         g_cfg.sm_any = 0;
+    g_cfg.sm_yield = g_cfg.enabled && g_cfg.priority == 1 && !g_cfg.core_disabled;
 }
 
 /* ------------------------------------------------------------------ init */
@@ -708,7 +717,7 @@ static void cuda_init(void)
         }
     }
     qsort(g_by_real, g_nreal, sizeof g_by_real[0], cmp_real);
-    g_sm_active = g_cfg.enabled && g_cfg.sm_any;
+    g_sm_active = g_cfg.enabled && (g_cfg.sm_any || g_cfg.sm_yield);
     __atomic_store_n(&g_cuda_ready, 1, __ATOMIC_RELEASE);
     if (g_sm_active)
         limiter_start();

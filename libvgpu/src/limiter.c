@@ -22,6 +22,11 @@
 #include <unistd.h>
 
 #define BURST_NS 10000000.0 /* bucket depth: 10 ms of budget */
+/* Task priority (a low-priority process yields to busy neighbours): GPU busy fraction of the others above
+ * which it yields, the headroom it leaves them to grow into, and the share it always keeps. */
+#define PRIO_BUSY 0.02
+#define PRIO_HEADROOM 0.10
+#define PRIO_FLOOR 0.02
 
 struct smdev {
     pthread_mutex_t mu;
@@ -34,6 +39,7 @@ struct smdev {
     uint64_t launched; /* blocks, atomic */
     int throttled;     /* a launch waited since the last sample */
     int have_cost;
+    int prio_only;     /* no SM limit: limited only to yield to busier neighbours (low priority) */
     /* sampler state */
     uint64_t prev_launched, prev_ns, prev_rt_us;
     nvmlDevice_t nvh;
@@ -110,11 +116,14 @@ static int nvml_handle(int dev, nvmlDevice_t *out)
     return vgpu_nvml_of_dev(dev, out);
 }
 
-/* Busy fractions over [since_us, now]: of this process and of the whole container.
- * Returns 0 when NVML has no sample for the window yet (no information), 1 otherwise. */
-static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *self, double *all)
+/* Busy fractions over [since_us, now]: of this process (self), of the whole container (all), and the
+ * busy fraction a low-priority process yields to (yield): every process on the GPU that is not a
+ * low-priority process of this container — other containers' processes (whose priority cannot be seen
+ * from here) and this container's high-priority ones. Returns 0 when NVML has no sample for the window
+ * yet (no information), 1 otherwise. */
+static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *self, double *all, double *yield)
 {
-    *self = *all = 0;
+    *self = *all = *yield = 0;
     if (g_nvml.proc_util) {
         nvmlProcessUtilizationSample_t buf[256];
         unsigned n = 256;
@@ -122,20 +131,23 @@ static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *
         if (rc == NVML_ERROR_NOT_FOUND)
             return 0; /* no sample since since_us */
         if (rc == NVML_SUCCESS) {
-            int pids[256], np = 0, me = vgpu_host_pid();
-            region_pids(pids, &np, 256);
-            double s = 0, a = 0;
+            int pids[256], prio[256], np = 0, me = vgpu_host_pid();
+            region_procs(pids, prio, &np, 256);
+            double s = 0, a = 0, y = 0;
             int matched = 0;
-            for (unsigned i = 0; i < n; i++) {
-                int p = (int)buf[i].pid;
-                for (int k = 0; k < np; k++) {
-                    if (pids[k] == p) {
-                        a += buf[i].smUtil;
-                        if (p == me)
-                            s += buf[i].smUtil;
-                        matched = 1;
-                        break;
-                    }
+            for (unsigned i = 0; i < n && i < 256; i++) {
+                int p = (int)buf[i].pid, k;
+                for (k = 0; k < np && pids[k] != p; k++) {
+                }
+                if (k < np) {
+                    a += buf[i].smUtil;
+                    if (p == me)
+                        s += buf[i].smUtil;
+                    else if (prio[k] == 0)
+                        y += buf[i].smUtil; /* a high-priority process of this container */
+                    matched = 1;
+                } else {
+                    y += buf[i].smUtil; /* another container's process */
                 }
             }
             if (matched)
@@ -143,6 +155,7 @@ static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *
             if (matched || g_pid_match || blocks == 0) {
                 *self = s / 100.0;
                 *all = a / 100.0;
+                *yield = y / 100.0;
                 return 1;
             }
             /* our pids are not NVML's (pid namespace): fall through to device utilisation */
@@ -150,7 +163,7 @@ static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *
     }
     nvmlUtilization_t u;
     if (g_nvml.util && g_nvml.util(d->nvh, &u) == NVML_SUCCESS) {
-        *self = *all = u.gpu / 100.0;
+        *self = *all = u.gpu / 100.0; /* nothing can be told apart: no yielding */
         return 1;
     }
     return 0;
@@ -162,8 +175,8 @@ static void update(struct smdev *d)
     uint64_t launched = __atomic_load_n(&d->launched, __ATOMIC_RELAXED);
     uint64_t blocks = launched - d->prev_launched;
     uint64_t dt = now - d->prev_ns;
-    double self, all;
-    if (!measure(d, d->prev_rt_us, blocks, &self, &all) && dt < 1000000000ull)
+    double self, all, yield;
+    if (!measure(d, d->prev_rt_us, blocks, &self, &all, &yield) && dt < 1000000000ull)
         return; /* no sample yet: keep the window open (up to 1 s), then treat it as idle */
     d->prev_launched = launched;
     d->prev_ns = now;
@@ -183,8 +196,19 @@ static void update(struct smdev *d)
                 d->cost = 0.01;
         }
     }
-    /* integral correction only while the bucket is the bottleneck (anti-windup) */
-    if (d->throttled || all > L) {
+    /* Low priority: while others are busy, keep at most what they leave, minus headroom for them to grow
+     * into (they are throttled by their own limits only, so they take the GPU back within a few periods). */
+    double cap = 1.0;
+    if (g_cfg.sm_yield && yield > PRIO_BUSY) {
+        cap = 1.0 - yield - PRIO_HEADROOM;
+        if (cap < PRIO_FLOOR)
+            cap = PRIO_FLOOR;
+    }
+    int yielding = cap < L - (all - self);
+    /* integral correction only while the bucket is the bottleneck (anti-windup), never while yielding */
+    if (yielding) {
+        d->integ *= 0.5;
+    } else if (d->throttled || all > L) {
         d->integ += 0.3 * (L - all);
         if (d->integ > 0.5 * L)
             d->integ = 0.5 * L;
@@ -195,30 +219,37 @@ static void update(struct smdev *d)
     double share = L - (all - self) + d->integ;
     if (share < 0.02 * L)
         share = 0.02 * L;
+    if (share > cap)
+        share = cap;
     if (share > 1.0)
         share = 1.0;
     d->rate = share / d->cost;
     pthread_mutex_unlock(&d->mu);
-    LOG_DEBUG("sm: limit %d%% self %.1f%% container %.1f%% blocks %llu cost %.1fns rate %.3g/ms", d->limit,
-              self * 100, all * 100, (unsigned long long)blocks, d->cost, d->rate * 1e6);
+    LOG_DEBUG("sm: limit %d%% self %.1f%% container %.1f%% yield-to %.1f%% blocks %llu cost %.1fns rate %.3g/ms",
+              d->limit, self * 100, all * 100, yield * 100, (unsigned long long)blocks, d->cost, d->rate * 1e6);
 }
 
 static void *sampler(void *arg)
 {
     (void)arg;
-    if (!vgpu_nvml_load()) {
-        LOG_WARN("NVML unavailable: SM limit enforced with the initial cost estimate only");
-        return NULL;
-    }
+    int nvml = vgpu_nvml_load();
     for (int i = 0; i < VGPU_MAX_DEV; i++) {
         struct smdev *d = &g_sm[i];
         if (!d->limit)
             continue;
-        d->nvh_state = nvml_handle(i, &d->nvh) == 0 ? 1 : -1;
+        d->nvh_state = nvml && nvml_handle(i, &d->nvh) == 0 ? 1 : -1;
+        if (d->nvh_state < 0 && d->prio_only) {
+            d->limit = 0; /* nothing to yield to that can be seen: run unthrottled */
+            continue;
+        }
         if (d->nvh_state < 0)
             LOG_DEBUG("device %d: no NVML handle; SM limit uses the initial cost estimate", i);
         d->prev_ns = now_ns();
         d->prev_rt_us = realtime_us();
+    }
+    if (!nvml) {
+        LOG_WARN("NVML unavailable: SM limit enforced with the initial cost estimate only");
+        return NULL;
     }
     uint64_t period = (uint64_t)g_cfg.sm_period_ms * 1000000ull;
     for (;;) {
@@ -237,6 +268,11 @@ void limiter_start(void)
         struct smdev *d = &g_sm[i];
         pthread_mutex_init(&d->mu, NULL);
         d->limit = g_cfg.sm_limit[i];
+        /* low priority without an SM limit: limited to 100 % so it can yield (the container's GPUs only) */
+        if (!d->limit && g_cfg.sm_yield && (g_cfg.nuuid == 0 || i < g_cfg.nuuid)) {
+            d->limit = 100;
+            d->prio_only = 1;
+        }
         d->cost = 1000.0; /* initial guess: 1 us of GPU time per block */
         d->rate = d->limit / 100.0 / d->cost;
         d->tokens = 1.0;

@@ -354,6 +354,12 @@ static void install_guard(void)
         LOG_WARN("cannot install the SIGBUS guard: %s", strerror(errno));
 }
 
+/* The task priority recorded in a slot (reserved[2]): the process's own (limits file, else env) + 1, 0 unset. */
+static uint64_t slot_priority(void)
+{
+    return g_cfg.priority == 0 || g_cfg.priority == 1 ? (uint64_t)g_cfg.priority + 1 : 0;
+}
+
 /* ------------------------------------------------------------------ private accounting */
 static struct vgpu_region *new_private(void)
 {
@@ -391,6 +397,7 @@ static void fall_private(const char *why)
     s->start_time = proc_start_time(s->pid);
     s->reserved[0] = g_proc_dev;
     s->reserved[1] = (uint64_t)__atomic_load_n(&g_host_pid, __ATOMIC_RELAXED);
+    s->reserved[2] = slot_priority();
     g_slot_start = s->start_time;
     for (int d = 0; d < VGPU_REGION_DEVS; d++)
         s->used[d] = p->used[d] = g_own[d];
@@ -752,6 +759,7 @@ static void ensure_slot_locked(void)
     s->start_time = proc_start_time(pid);
     s->reserved[0] = g_proc_dev;
     s->reserved[1] = (uint64_t)__atomic_load_n(&g_host_pid, __ATOMIC_RELAXED);
+    s->reserved[2] = slot_priority();
     for (int d = 0; d < VGPU_REGION_DEVS; d++) {
         s->used[d] = g_own[d];
         g_reg->used[d] += g_own[d];
@@ -856,8 +864,9 @@ uint64_t region_used(int dev)
     return u;
 }
 
-/* Lock-free (sampler thread). A damaged shared header yields only our own pid. */
-void region_pids(int *pids, int *n, int max)
+/* Lock-free (sampler thread): the NVML (host) pid and the task priority (0, 1, -1 unset) of every process
+ * of the container. A damaged shared header yields only this process. prio may be NULL. */
+void region_procs(int *pids, int *prio, int *n, int max)
 {
     *n = 0;
     struct vgpu_region *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);
@@ -867,12 +876,19 @@ void region_pids(int *pids, int *n, int max)
         for (int i = 0; i < VGPU_REGION_SLOTS && *n < max; i++) {
             int p = __atomic_load_n(&r->slots[i].pid, __ATOMIC_RELAXED);
             uint64_t h = __atomic_load_n(&r->slots[i].reserved[1], __ATOMIC_RELAXED);
-            if (p > 0)
+            uint64_t pr = __atomic_load_n(&r->slots[i].reserved[2], __ATOMIC_RELAXED);
+            if (p > 0) {
+                if (prio)
+                    prio[*n] = pr == 1 || pr == 2 ? (int)pr - 1 : -1;
                 pids[(*n)++] = h > 0 && h < (1u << 31) ? (int)h : p;
+            }
         }
     }
-    if (*n == 0 && max > 0)
+    if (*n == 0 && max > 0) {
+        if (prio)
+            prio[*n] = g_cfg.priority;
         pids[(*n)++] = vgpu_host_pid();
+    }
 }
 
 void region_release_self(void)

@@ -21,7 +21,8 @@ struct vgpu_slot {
     uint64_t start_time;              /* /proc/<pid>/stat starttime, detects pid reuse */
     uint64_t used[VGPU_REGION_DEVS];  /* bytes accounted to this process, per container GPU */
     uint64_t reserved[4];             /* [0]: st_dev of /proc/self + 1 (which /proc the pid is valid in);
-                                         [1]: the pid NVML reports for the process (host pid), 0 = unknown */
+                                         [1]: the pid NVML reports for the process (host pid), 0 = unknown;
+                                         [2]: task priority + 1 (1 = high, 2 = low), 0 = unset */
 };
 /* Version 2: pid is NSpid[0] (was getpid()), reserved[0] names the /proc, and a live process holds an
  * open-file-description lock (F_OFD_SETLK) on byte 2^32 + slot index of the file. */

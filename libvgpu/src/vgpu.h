@@ -69,6 +69,8 @@ struct vgpu_config {
     char uuid[VGPU_MAX_DEV][96];        /* the container's GPUs (limits file or NVIDIA_VISIBLE_DEVICES) */
     int nuuid;                          /* 0: unknown */
     int priority;                       /* 0 high, 1 low, -1 unset */
+    int core_disabled;                  /* the SM limit is switched off (core policy "disable") */
+    int sm_yield;                       /* low priority: yield compute to busy neighbours (limiter.c) */
 };
 
 /* The container's limits file: fixed path, read-only mount (see docs/env-contract.md). Not taken
@@ -104,7 +106,7 @@ int region_open(void);
 int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint64_t *limit_out);
 void region_release(int dev, uint64_t bytes);
 uint64_t region_used(int dev);
-void region_pids(int *pids, int *n, int max);
+void region_procs(int *pids, int *prio, int *n, int max); /* NVML pid, priority of the container's processes */
 void region_release_self(void);
 void region_after_fork_child(void);
 int vgpu_self_pid(void); /* this process's pid as the container's /proc shows it (NSpid[0]) */
