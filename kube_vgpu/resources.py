@@ -38,7 +38,7 @@ ANN_BIND_TIME = "kube-vgpu.io/bind-time"  #: on Pod: unix seconds
 #: on Pod, written by the device plugin: comma-separated names of the containers it answered
 #: Allocate for (init and app container names are unique within a pod)
 ANN_ALLOCATED_CONTAINERS = "kube-vgpu.io/allocated-containers"
-LABEL_NODE = "kube-vgpu.io/node"  #: label on bound pods: node name (lets a node agent list its pods)
+LABEL_NODE = "kube-vgpu.io/node"  #: reserved pod label (older versions wrote the node name); system-owned
 
 #: on Pod, written by the scheduler with the allocation: ``v1:<key id>:<base64url HMAC-SHA256>`` over
 #: pod uid, node, bind time and the allocation annotation's exact bytes (see kube_vgpu.signing)

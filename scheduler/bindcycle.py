@@ -4,13 +4,15 @@
   chosen node for ``Options.assume_seconds`` while kube-scheduler binds it asynchronously
   (docs/scheduler.md "Promises"); :meth:`BindCycle.expire_promises` ends the ones never bound.
 * **check** (:meth:`BindCycle.fetch`, :meth:`BindCycle.check`): the pod as the API server has it
-  (GET, uid checked against ``PodUID``; never a pod spec some /filter body carried: those bodies
-  are not authenticated), refused when it asks for no vGPU resource, names another
+  (as the pod watch last showed it, else a GET; uid checked against ``PodUID``; never a pod spec
+  some /filter body carried: those bodies are not authenticated), refused when it asks for no vGPU resource, names another
   ``schedulerName``, is bound, terminating or finished, or does not tolerate the node's taints.
 * **reserve** (:meth:`BindCycle.reserve`): choose the GPUs and book them in memory (no ``await``
   between choosing and booking), so concurrent binds never overcommit.
-* **write** (:func:`write_bind`, in an API worker thread): the signed allocation record, then the
-  Binding.
+* **write** (:func:`write_binding`, in an API worker thread): one Binding carrying the signed
+  allocation record as its annotations, with the pod's uid and the checked resourceVersion as
+  preconditions; the API server binds the pod and copies the annotations in one atomic update, so
+  the pod the check passed is exactly the pod that is bound (a pod changed since: 409, re-read).
 * **settle** (:meth:`BindCycle.settled`, :func:`settle`, :meth:`BindCycle.resolve`): a definite
   failure releases the reservation at once; a write whose outcome is unknown (timeout, 5xx, 429,
   lost connection) is settled by reading the pod back; while that read fails too, the reservation
@@ -45,7 +47,7 @@ from kube_vgpu.resources import (
     ANN_BIND_PHASE,
     ANN_BIND_TIME,
     BIND_ALLOCATING,
-    LABEL_NODE,
+    BIND_FAILED,
 )
 from kube_vgpu.signing import KeySource, sign_allocation
 from kube_vgpu.taints import untolerated
@@ -73,7 +75,7 @@ class BindError(Exception):
 
 @dataclass
 class WriteResult:
-    """What the bind's API writes came to (:func:`write_bind`, :func:`settle`).
+    """What the bind's API writes came to (:func:`write_binding`, :func:`settle`).
 
     state: ``bound`` (the pod is bound to our node with our record; ``resource_version`` is the
     pod's once our write was on it), ``failed`` (nothing of this attempt holds: not bound, and our
@@ -94,8 +96,9 @@ class WriteResult:
 
 @dataclass(frozen=True)
 class Pending:
-    """A bind whose writes have started: what settling it needs (pod key and uid, node, its
-    booking and request, the annotations and labels it writes)."""
+    """A bind whose Binding has been sent: what settling it needs (pod key and uid, node, its
+    booking and request, the annotations the Binding carries and its resourceVersion
+    precondition)."""
 
     key: str
     uid: str
@@ -103,7 +106,7 @@ class Pending:
     booking: Booking
     request: PodRequest
     annotations: dict[str, str]
-    labels: dict[str, str]
+    fence_rv: str
 
 
 def _rv(pod: Obj | None) -> str:
@@ -162,95 +165,79 @@ def _verdict(v: str, pod: Obj | None, key: str, node: str, error: str, outcome: 
 
 
 def settle(api: KubeAPI, ns: str, name: str, uid: str, node: str, annotations: dict[str, str],
-           labels: dict[str, str], error: str, outcome: str, posted: bool, attempts: int = 3) -> WriteResult:
-    """Read the pod back after a write whose outcome is not known (blocking) and settle the
-    attempt: bound to ``node`` with our record -> ``bound``; gone -> ``failed``; bound elsewhere ->
-    ``lost``; not bound and our record absent -> ``failed``; not bound with our record on it ->
-    take the record off (merge patch guarded by the resourceVersion just read, so neither the
-    record nor a Binding still in flight, whose resourceVersion precondition is then stale, can
-    outlive the attempt), then ``failed``. A read or removal that fails without an answer ->
-    ``unknown`` (the caller keeps the booking and asks again later). ``error`` / ``outcome``:
-    what made the outcome unknown."""
+           fence_rv: str, error: str, outcome: str, posted: bool, attempts: int = 3) -> WriteResult:
+    """Read the pod back after a Binding whose outcome is not known (blocking) and settle the
+    attempt: bound to ``node`` with our record -> ``bound``; gone -> ``failed``; bound elsewhere
+    (or without our record) -> ``lost``; not bound -> ``failed``, once no Binding of this attempt
+    can still land. The Binding carried ``fence_rv`` as its resourceVersion precondition: a pod
+    read back at another resourceVersion can never take it; a pod still at ``fence_rv`` is fenced
+    first (a merge patch guarded by that resourceVersion marks it ``bind-phase: failed``, which
+    moves its resourceVersion, so a Binding still in flight fails its precondition). A read or fence
+    that fails without an answer -> ``unknown`` (the caller keeps the booking and asks again
+    later). ``error`` / ``outcome``: what made the outcome unknown."""
     key = f"{ns}/{name}"
     allocation = annotations.get(ANN_ALLOCATION, "")
+    failed = WriteResult("failed", error=error, outcome=outcome if outcome != "unknown" else "api_error",
+                         binding_posted=posted)
     for _ in range(attempts):
         got = read_pod(api, ns, name)
         if isinstance(got, Exception):
             return WriteResult("unknown", error=f"{error}; reading the pod back failed too: {api_error_text(got)}",
                                outcome="unknown", binding_posted=posted)
         v = judge(got, uid, node, allocation)
-        if v != "landed":
+        if v not in ("landed", "absent"):
             return _verdict(v, got, key, node, error, outcome, posted)
+        rv = _rv(got)
+        if not fence_rv and posted:
+            return WriteResult("unknown", error=f"{error}; the Binding carried no resourceVersion precondition, "
+                               "so it may still land", outcome="unknown", binding_posted=posted)
+        if rv != fence_rv:
+            return failed
         try:
-            api.remove_pod_metadata(ns, name, _rv(got), list(annotations), list(labels))
+            api.patch_pod_metadata(ns, name, rv, {ANN_BIND_PHASE: BIND_FAILED}, {})
         except Exception as e:  # noqa: BLE001
             if is_conflict(e):
                 continue  # the pod changed since the read: read again
-            if outcome_unknown(e):
-                return WriteResult("unknown", error=f"{error}; taking the allocation off the unbound pod failed "
-                                   f"too: {api_error_text(e)}", outcome="unknown", binding_posted=posted)
             if is_not_found(e):
                 return _verdict("gone", None, key, node, error, outcome, posted)
-            # refused for good: the record stays on the unbound pod, which books nothing (the
-            # cache ignores an unbound record of a failed bind) and a re-bind overwrites
-            return WriteResult("failed", error=f"{error}; the allocation could not be taken off the unbound "
-                               f"pod: {api_error_text(e)}", outcome=outcome if outcome != "unknown" else "api_error",
-                               binding_posted=posted)
-        return WriteResult("failed", error=error, outcome=outcome if outcome != "unknown" else "api_error",
-                           binding_posted=posted)
+            return WriteResult("unknown", error=f"{error}; fencing the unbound pod failed too: "
+                               f"{api_error_text(e)}", outcome="unknown", binding_posted=posted)
+        return failed
     return WriteResult("unknown", error=f"{error}; the pod kept changing while it was read back",
                        outcome="unknown", binding_posted=posted)
 
 
-def _write_record(api: KubeAPI, ns: str, name: str, uid: str, rv: str, annotations: dict[str, str],
-                  labels: dict[str, str], node: str, attempts: int) -> str | WriteResult:
-    """Merge-patch the record guarded by ``rv``; on 409 re-read and retry while it is the same,
-    live, unbound pod. Returns the pod's resourceVersion with the record on it, or the settled
-    WriteResult when the patch's outcome was unknown and the read-back shows it did not land (or
-    cannot tell). Raises BindError or ApiException for a definite failure (nothing written)."""
+def write_binding(api: KubeAPI, ns: str, name: str, uid: str, rv: str, annotations: dict[str, str],
+                  node: str, attempts: int = 4) -> WriteResult:
+    """The bind's one API write, in a worker thread (blocking): POST the Binding carrying the
+    signed allocation record as its annotations, with the pod's uid and ``rv`` as preconditions.
+    The API server applies node name and annotations in one atomic update, so the pod is either
+    bound with our record or untouched. 409 (the pod changed since ``rv``): re-read, and retry at
+    the new resourceVersion while it is the same live, unbound pod. A definite failure writes
+    nothing (``failed``); a Binding whose outcome is unknown (timeout, 5xx, 429, connection error)
+    is settled by reading the pod back (:func:`settle`). Raises BindError when the re-read pod may
+    not be bound any more."""
     key = f"{ns}/{name}"
     for attempt in range(attempts):
         try:
-            return _rv(api.patch_pod_metadata(ns, name, rv, annotations, labels)) or rv
+            api.create_binding(ns, name, uid, node, rv, annotations)
+            return WriteResult("bound", binding_posted=True)
         except Exception as e:  # noqa: BLE001
+            error = f"binding {key} to {node}: {api_error_text(e)}"
             if outcome_unknown(e):
-                error = f"writing the allocation of {key}: {api_error_text(e)}"
-                got = read_pod(api, ns, name)
-                if isinstance(got, Exception):
-                    return WriteResult("unknown", error=f"{error}; reading the pod back failed too: "
-                                       f"{api_error_text(got)}", outcome="unknown")
-                v = judge(got, uid, node, annotations.get(ANN_ALLOCATION, ""))
-                if v == "landed":
-                    return _rv(got)  # the patch did commit: go on to the Binding
-                return _verdict(v, got, key, node, error, "api_error", False)
+                return settle(api, ns, name, uid, node, annotations, rv, error, "unknown", True)
             if not is_conflict(e) or attempt == attempts - 1:
-                raise
-        fresh = api.get_pod(ns, name)
-        fm = fresh.get("metadata") or {}
-        if str(fm.get("uid") or "") != uid or fm.get("deletionTimestamp") or (fresh.get("spec") or {}).get("nodeName"):
+                return WriteResult("failed", error=error, outcome=_outcome_of(e), binding_posted=True)
+        got = read_pod(api, ns, name)
+        if isinstance(got, Exception):
+            return WriteResult("failed", error=f"binding {key} to {node}: the pod changed, and reading it again "
+                               f"failed: {api_error_text(got)}", outcome="api_error", binding_posted=True)
+        fm = (got or {}).get("metadata") or {}
+        if got is None or str(fm.get("uid") or "") != uid or fm.get("deletionTimestamp") \
+                or (got.get("spec") or {}).get("nodeName"):
             raise BindError(f"pod {key} changed while binding (deleted, recreated or already bound)", "conflict")
-        rv = str(fm.get("resourceVersion") or "")
-    raise AssertionError("unreachable")  # the last attempt returns or raises
-
-
-def write_bind(api: KubeAPI, ns: str, name: str, uid: str, rv: str, annotations: dict[str, str],
-               labels: dict[str, str], node: str, attempts: int = 4) -> WriteResult:
-    """The bind's API writes, in one worker thread (blocking): merge-patch the allocation
-    annotations and label guarded by ``rv`` (409: re-read and retry while it is the same, live,
-    unbound pod), then POST the Binding with the pod's uid and the patched resourceVersion as
-    preconditions. A write whose outcome is unknown (timeout, 5xx, 429, connection error) is
-    settled by reading the pod back (:func:`settle`); a definite failure of the Binding is
-    settled the same way (the record comes off the unbound pod). Raises BindError or
-    ApiException for a definite failure before anything was written."""
-    r = _write_record(api, ns, name, uid, rv, annotations, labels, node, attempts)
-    if isinstance(r, WriteResult):
-        return r
-    try:
-        api.create_binding(ns, name, uid, node, r)
-    except Exception as e:  # noqa: BLE001
-        return settle(api, ns, name, uid, node, annotations, labels,
-                      f"binding {ns}/{name} to {node}: {api_error_text(e)}", _outcome_of(e), True)
-    return WriteResult("bound", resource_version=r, binding_posted=True)
+        rv = _rv(got)
+    raise AssertionError("unreachable")  # the last attempt returns
 
 
 def bind_plain(api: KubeAPI, ns: str, name: str, uid: str, node: str) -> WriteResult:
@@ -363,8 +350,14 @@ class BindCycle:
 
     async def fetch(self, ns: str, name: str, uid: str) -> Obj:
         """The pod as the API server has it (never a pod spec a /filter body carried: that body
-        is not authenticated, and the bind writes an allocation from it). Checks name and uid."""
+        is not authenticated, and the bind writes an allocation from it): as the watch last showed
+        it when that is this uid, unbound and not terminating (its resourceVersion becomes the
+        Binding's precondition, so a pod changed since is re-read before anything is written), else
+        a GET. Checks name and uid."""
         assert self.api is not None
+        cached = self.cache.pod_to_bind(f"{ns}/{name}", uid)
+        if cached is not None:
+            return cached
         try:
             pod = await self.run_blocking(self.api.get_pod, ns, name)
         except Exception as e:  # noqa: BLE001
@@ -412,7 +405,7 @@ class BindCycle:
                             f"{taint} (no entry of spec.tolerations matches it)", "unschedulable")
 
     async def bind_pod(self, pod: Obj, node: str) -> list[str]:
-        """Reserve, annotate (optimistic concurrency), bind. A definite failure releases the
+        """Reserve, then bind with the record (one Binding, optimistic concurrency). A definite failure releases the
         booking at once; an unknown outcome keeps it until the pod is read back (see
         :meth:`settled`). Returns the GPU uuids. Raises BindError."""
         assert self.api is not None
@@ -434,20 +427,18 @@ class BindCycle:
         gpus = sorted({d.uuid for c in alloc.containers for d in c.devices})
         self.cache.inflight.add(key)
         annotations: dict[str, str] = {}
-        labels: dict[str, str] = {}
+        rv = str(meta.get("resourceVersion") or "")
         writing: asyncio.Future[WriteResult] | None = None
         try:
             annotations = self.bind_annotations(uid, node, alloc)
-            labels = {LABEL_NODE: node}
-            rv = str(meta.get("resourceVersion") or "")
             loop = asyncio.get_running_loop()
             writing = loop.run_in_executor(self.svc.executor, partial(
-                write_bind, api, ns, name, uid, rv, annotations, labels, node))
+                write_binding, api, ns, name, uid, rv, annotations, node))
             result = await asyncio.shield(writing)
         except BaseException as e:
             if writing is not None and isinstance(e, asyncio.CancelledError):
                 # cancelled while the writes go on in their thread: settle them when they end
-                pending = Pending(key, uid, node, booking, req, annotations, labels)
+                pending = Pending(key, uid, node, booking, req, annotations, rv)
                 if writing.done():
                     self.writes_ended(pending, writing)
                 else:
@@ -461,7 +452,7 @@ class BindCycle:
             raise BindError(f"binding {key} to {node} failed: {api_error_text(e)}", outcome) from e
         finally:
             self.cache.inflight.discard(key)
-        pending = Pending(key, uid, node, booking, req, annotations, labels)
+        pending = Pending(key, uid, node, booking, req, annotations, rv)
         err = self.settled(pending, result)
         if err is not None:
             raise err
@@ -484,7 +475,7 @@ class BindCycle:
         background until the outcome is known. Returns the BindError to report (None: bound)."""
         self.unmark(p)
         if result.state == "bound":
-            self.cache.record_bound(p.key, p.uid, p.booking, p.request, result.resource_version)
+            self.cache.record_bound(p.key, p.uid, p.booking, p.request, result.resource_version, p.fence_rv)
             return None
         if result.state == "unknown":
             if self.cache.state.bookings.get(p.key) is not p.booking:
@@ -532,7 +523,7 @@ class BindCycle:
                 log.info("bind outcome settled by the watch: bound", extra={"pod": p.key, "node": p.node})
                 return
             result = await self.run_blocking(settle, self.api, ns, name, p.uid, p.node, p.annotations,
-                                             p.labels, "the outcome of the bind was unknown", "api_error", posted)
+                                             p.fence_rv, "the outcome of the bind was unknown", "api_error", posted)
             if result.state != "unknown":
                 if self.cache.state.bookings.get(p.key) is not p.booking:
                     continue  # the watch settled it while we read (the top of the loop says so)

@@ -10,10 +10,12 @@ The bind cycle that drives it is :mod:`scheduler.bindcycle`.
 
 Relist rules: every booking whose pod is absent from a list is released, except binds in flight
 (:attr:`BindCache.inflight`), binds whose outcome is unknown (:attr:`BindCache.unresolved`), and our
-own binds whose write the list predates (list resourceVersion older than the one our write was
-seen at: the pod is not visible yet). An own bind absent from a list at or after its write was
-deleted and is released. When the versions cannot be compared (not integers), an own bind is kept
-for ``own_bind_grace`` seconds instead.
+own binds whose write the list may predate (the pod is not visible yet): a list at or before the
+resourceVersion the Binding was conditioned on predates it; a list requested after the Binding was
+acknowledged includes it (a list without resourceVersion is a consistent read), so an own bind
+absent from it was deleted and is released. When neither tells (versions not integers, or a list
+already under way when the Binding was acknowledged), an own bind is kept for ``own_bind_grace``
+seconds.
 """
 
 from __future__ import annotations
@@ -36,11 +38,15 @@ from kube_vgpu.signing import KeySource
 @dataclass(frozen=True, slots=True)
 class OwnBind:
     """A bind this process completed: ``resource_version`` is the pod's resourceVersion once our
-    write was on it (the patch's answer or a read-back; "" if unknown), ``at`` the clock() then."""
+    write was on it (a read-back; "" if unknown), ``after`` the resourceVersion our Binding was
+    conditioned on (the write is the pod's next change after it; "" if unknown), ``at`` the
+    clock() and ``acked`` the time.monotonic() when the write was acknowledged."""
 
     uid: str
     resource_version: str
     at: float
+    after: str = ""
+    acked: float = 0.0
 
 
 def compare_resource_versions(a: str, b: str) -> int | None:
@@ -72,6 +78,12 @@ class BindCache(ClusterCache):
         #: kept, relists included, until the pod has been read back (the bind cycle does that)
         self.unresolved: dict[str, str] = {}
         self._bound_seen: dict[str, str] = {}  #: pod key -> uid, once a watch event showed it bound
+        #: pod key -> the pod as the watch (or a list) last showed it, while it is unbound and not
+        #: terminating: what a bind checks and binds (its resourceVersion is the Binding's
+        #: precondition, so a pod changed since is re-read, never bound on stale content)
+        self.unbound: dict[str, dict[str, Any]] = {}
+        #: time.monotonic() when the latest pod list was requested (:meth:`listing`)
+        self.list_started = float("-inf")
 
     # -- hooks of ClusterCache ----------------------------------------------------------------
     def _seen(self, kind: str, key: str, uid: str, pod: dict[str, Any]) -> None:
@@ -80,8 +92,15 @@ class BindCache(ClusterCache):
         if kind == "DELETED":
             if self._bound_seen.get(key) == uid:
                 del self._bound_seen[key]
+            self.unbound.pop(key, None)
         elif (pod.get("spec") or {}).get("nodeName"):
             self._bound_seen[key] = uid
+            self.unbound.pop(key, None)
+        elif (pod.get("metadata") or {}).get("deletionTimestamp") or \
+                (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            self.unbound.pop(key, None)
+        else:
+            self.unbound[key] = pod
 
     def _writing(self, key: str) -> bool:
         return key in self.inflight
@@ -100,38 +119,78 @@ class BindCache(ClusterCache):
         self.own_binds.pop(key, None)
 
     def _relist_keeps(self, resource_version: str, seen: set[str]) -> set[str]:
+        for key in [k for k in self.unbound if k not in seen]:
+            del self.unbound[key]  # gone from the list: deleted while the watch was down
         now = self.clock()
         keep = self.inflight | set(self.unresolved)
         for key, ob in list(self.own_binds.items()):
-            c = compare_resource_versions(resource_version, ob.resource_version)
-            predates = now - ob.at <= self.own_bind_grace if c is None else c < 0
+            predates = self._predates(resource_version, ob, now)
             if not predates:
                 del self.own_binds[key]  # this list speaks for the pod from now on
             elif key not in seen:
                 keep.add(key)
         return keep
 
+    def _predates(self, list_rv: str, ob: OwnBind, now: float) -> bool:
+        """Whether a list at ``list_rv`` may predate own bind ``ob``'s write (then an absent pod is
+        not yet visible, not deleted). Known write version: compare. Else: a list at or before the
+        Binding's precondition predates it; a list requested after the write was acknowledged
+        includes it (consistent read); otherwise keep it for ``own_bind_grace`` seconds."""
+        if ob.resource_version:
+            c = compare_resource_versions(list_rv, ob.resource_version)
+            if c is not None:
+                return c < 0
+        elif ob.after:
+            c = compare_resource_versions(list_rv, ob.after)
+            if c is not None and c <= 0:
+                return True
+            if ob.acked < self.list_started:
+                return False
+        return now - ob.at <= self.own_bind_grace
+
+    def listing(self) -> None:
+        """A pod list is about to be requested (called from the reflector's thread)."""
+        self.list_started = time.monotonic()
+
     # -- bind bookkeeping ---------------------------------------------------------------------
+    def pod_to_bind(self, key: str, uid: str) -> dict[str, Any] | None:
+        """The pod ``key`` as the watch last showed it, if that is the pod ``uid`` (any pod when
+        ``uid`` is empty) and it was unbound and not terminating then; None otherwise (the bind
+        reads it from the API server)."""
+        pod = self.unbound.get(key)
+        if pod is None or (uid and str((pod.get("metadata") or {}).get("uid") or "") != uid):
+            return None
+        return pod
+
     def own_bind_seen(self, key: str, resource_version: str) -> None:
         """The watch showed pod ``key`` at ``resource_version``: once that is at or after our own
         bind's write, every later list includes the pod while it exists, so the own-bind entry
         (which only protects against lists that predate the write) is dropped."""
         ob = self.own_binds.get(key)
-        c = None if ob is None else compare_resource_versions(resource_version, ob.resource_version)
-        if c is not None and c >= 0:
-            del self.own_binds[key]
+        if ob is None:
+            return
+        if ob.resource_version:
+            c = compare_resource_versions(resource_version, ob.resource_version)
+            if c is not None and c >= 0:
+                del self.own_binds[key]
+        elif ob.after:  # our write is the pod's first change after ``after``: any later version has it
+            c = compare_resource_versions(resource_version, ob.after)
+            if c is not None and c > 0:
+                del self.own_binds[key]
 
     def record_bound(self, key: str, uid: str, booking: Booking, request: PodRequest | None = None,
-                     resource_version: str = "") -> None:
+                     resource_version: str = "", after: str = "") -> None:
         """After a successful bind: remember the pod as bound (if its booking is still this one).
-        ``resource_version``: the pod's resourceVersion once our write was on it (see the
-        module docstring)."""
+        ``resource_version``: the pod's resourceVersion once our write was on it; ``after``: the
+        resourceVersion the Binding was conditioned on (see the module docstring and OwnBind)."""
+        if self.unbound.get(key, {}).get("metadata", {}).get("uid") == uid:
+            del self.unbound[key]  # bound now, whatever the watch has shown so far
         if self.state.bookings.get(key) is not booking:
             return
         self.pods[key] = PodInfo(uid, booking.node, True, booking.allocation, request)
         self.pods_by_node.setdefault(booking.node, set()).add(key)
         if self._bound_seen.get(key) != uid:  # the watch has not shown it bound yet: lists may predate it
-            self.own_binds[key] = OwnBind(uid, resource_version, self.clock())
+            self.own_binds[key] = OwnBind(uid, resource_version, self.clock(), after, time.monotonic())
 
     def own_unbound_booking(self, key: str, uid: str) -> str | None:
         """The node where the pod ``key`` (this ``uid``) holds a booking although it is not bound and

@@ -137,16 +137,24 @@ class KubeAPI:
             name, namespace, body, _content_type="application/merge-patch+json", _preload_content=False,
             _request_timeout=self.timeout))
 
-    def create_binding(self, namespace: str, name: str, uid: str, node: str, resource_version: str = "") -> None:
+    def create_binding(self, namespace: str, name: str, uid: str, node: str, resource_version: str = "",
+                       annotations: dict[str, str] | None = None) -> None:
         """POST pods/NAME/binding (what kube-scheduler's default binder does), with the pod's uid
         and, when given, its ``resource_version`` as preconditions: the API server answers 409
-        Conflict instead of binding a pod that changed since (or a new pod of that name). The
-        answer (a Status) is read and its connection returned to the pool. Raises ApiException
-        or a urllib3 error."""
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None,
-                                         resource_version=resource_version or None),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+        Conflict instead of binding a pod that changed since (or a new pod of that name).
+        ``annotations`` are the Binding's own: the API server copies them onto the pod in the same
+        atomic update that sets ``spec.nodeName`` (so the pod is bound with them, or neither
+        happens). The answer (a Status) is read and its connection returned to the pool. Raises
+        ApiException or a urllib3 error."""
+        meta: Obj = {"name": name, "namespace": namespace}
+        if uid:
+            meta["uid"] = uid
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        if annotations:
+            meta["annotations"] = annotations
+        body: Any = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                     "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         resp: Any = self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
                                                             _request_timeout=self.timeout)
         try:
@@ -232,14 +240,18 @@ class Reflector:
     with the full set and the list's resourceVersion;
     on_event(type, obj): ADDED/MODIFIED/DELETED; both are called from the reflector thread, so
     the caller marshals them (``loop.call_soon_threadsafe``). on_synced(): after the first list.
+    on_list_start(): in the reflector thread, right before each list request is sent (a list
+    without resourceVersion is a consistent read: it reflects every write acknowledged before).
     """
 
     def __init__(self, api: KubeAPI, kind: str, on_replace: Callable[[list[Obj], str], None],
                  on_event: Callable[[str, Obj], None], on_synced: Callable[[], None] | None = None,
                  label_selector: str | None = None, resync_seconds: float = 300.0,
                  field_selector: str | None = None,
-                 watch_timeout: int = 300, backoff: tuple[float, float] = (0.2, 10.0)):
+                 watch_timeout: int = 300, backoff: tuple[float, float] = (0.2, 10.0),
+                 on_list_start: Callable[[], None] | None = None):
         self.api = api
+        self.on_list_start = on_list_start
         self.kind = kind
         self.on_replace = on_replace
         self.on_event = on_event
@@ -276,6 +288,8 @@ class Reflector:
             self._thread.join(join)
 
     def _relist(self) -> None:
+        if self.on_list_start is not None:
+            self.on_list_start()
         items, rv = self.api.list_objects(self.kind, self.label_selector, self.field_selector)
         if self._stop.is_set():
             return

@@ -56,6 +56,7 @@ from kube_vgpu.placement.liveshapes import shapes_from_state
 from kube_vgpu.placement.render import detail, summaries, summary
 from kube_vgpu.placement.status import Code, FitFailure
 from kube_vgpu.podspec import parse_pod, pod_asks
+from kube_vgpu.policyregistry import needs_shapes
 from kube_vgpu.resources import (
     ANN_ALLOCATED_CONTAINERS,
     ANN_ALLOCATION,
@@ -283,7 +284,7 @@ class SchedulerService:
                           marshal(partial(self.mark_synced, "pods")),
                           field_selector=self.opts.pod_field_selector
                           or f"spec.schedulerName={self.config.scheduler_name}",
-                          resync_seconds=self.opts.resync_seconds),
+                          resync_seconds=self.opts.resync_seconds, on_list_start=self.cache.listing),
             ]
             for r in self._reflectors:
                 r.start()
@@ -399,10 +400,11 @@ class SchedulerService:
         return True
 
     def refresh_shapes(self) -> bool:
-        """FGD only: rebuild the target workload's task shapes from the current bookings (default
-        mix while few pods are known). Returns True if the engine was reconfigured."""
+        """For a node policy that needs the workload's task shapes (the registry's
+        ``needs_shapes``: fgd, fgd-bestfit): rebuild them from the current bookings (default mix
+        while few pods are known). Returns True if the engine was reconfigured."""
         eng = self.cache.engine
-        if eng.node_policy != "fgd":
+        if not needs_shapes(eng.node_policy):
             return False
         shapes = shapes_from_state(self.cache.state)
         if shapes == eng.shapes:

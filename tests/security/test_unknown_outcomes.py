@@ -1,7 +1,7 @@
 """No booking is released on an unknown outcome, and a relist releases every booking whose pod is
 gone. Fault injection against the fake kube-apiserver (real HTTP, the official client): a Binding
-or an annotation patch that commits on the server and then times out, answers 504 or loses its
-connection; a read-back that fails too and recovers; a watch that expires (410 Gone) while pods
+that commits on the server and then times out, answers 504 or loses its connection, or that may
+still be in flight after its answer was lost; a read-back that fails too and recovers; a watch that expires (410 Gone) while pods
 are deleted. Each test ends with 0 overcommitted GPUs and 0 leaked bookings (``check_books``:
 booked MiB per GPU equal to what the live, bound pods' records say)."""
 
@@ -179,72 +179,105 @@ def test_unknown_outcome_settled_by_the_watch_when_the_pod_is_deleted(fake: Fake
     run(go)
 
 
-# -- the ambiguous annotation patch -------------------------------------------------------------
+# -- a Binding that may still be in flight --------------------------------------------------------
 
-@pytest.mark.parametrize("fault", [504, "reset"])
-def test_patch_that_commits_but_is_not_answered_goes_on_to_bind(fake: FakeKubeAPI, fault: object) -> None:
-    """The allocation patch commits, then answers 504 or loses its connection: the read-back
-    shows our record on the pod, so the bind posts the Binding (with the resourceVersion it read)
-    and succeeds; the booking matches the record."""
+def _late_binding(fake: FakeKubeAPI, name: str, rv: str, node: str = "node-0") -> int:
+    """Post the Binding a slow API server could still be holding from the failed attempt: the
+    same preconditions (uid, resourceVersion ``rv``) and a record. Returns the HTTP status."""
+    import json
+    import urllib.request
+
+    p = fake.get_object("pods", name, "default")
+    assert p is not None
+    body = {"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name, "namespace": "default", "uid": p["metadata"]["uid"],
+                         "resourceVersion": rv, "annotations": {ANN_ALLOCATION: '{"v":1}'}},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    req = urllib.request.Request(f"{fake.base_url}/api/v1/namespaces/default/pods/{name}/binding",
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req) as r:  # noqa: S310 - the test's own fake API server
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def test_binding_unknown_and_pod_unchanged_is_fenced_before_release(fake: FakeKubeAPI) -> None:
+    """The Binding answers 504 without committing, and the pod reads back unchanged (same
+    resourceVersion): that Binding could still be in flight inside the API server and land after
+    the GPUs are given to another pod. The bind first fences it (a patch guarded by that
+    resourceVersion marks the pod bind-phase failed), then releases. The attack: the late Binding
+    arrives afterwards and must be refused (409), leaving the pod unbound without a record."""
     create_nodes(fake, 1)
     a, b = pod(fake, "a"), pod(fake, "b")
 
     async def go() -> None:
         async with extender(fake) as ext:
             svc = ext.svc
-            fake.fail_after_commit("patch", "pods", fault, name="a")  # type: ignore[arg-type]
-            assert await bind(ext, a) == ""
-            assert bound_to(fake, "a") == "node-0" and record(fake, "a")
-            assert "cannot place default/b" in await bind(ext, b)
-            await wait_until(lambda: "default/a" in svc.cache.pods)
+            await wait_until(lambda: "default/a" in svc.cache.unbound)
+            rv = svc.cache.unbound["default/a"]["metadata"]["resourceVersion"]
+            fake.fail_next("create", "pods/binding", 504)
+            fake.clear_requests()
+            err = await bind(ext, a)
+            assert "binding default/a to node-0: API 504" in err, err
+            assert [m for m, path in writes(fake) if path.endswith("/pods/a")] == ["PATCH"]  # the fence
+            assert svc.cache.state.bookings == {}
+            assert _late_binding(fake, "a", rv) == 409
+            assert bound_to(fake, "a") is None and record(fake, "a") is None
+            assert await bind(ext, b) == ""
+            await wait_until(lambda: "default/b" in svc.cache.pods)
             assert check_books(fake, svc) == {"GPU-node-0-00": 20000}
     run(go)
 
 
-def test_patch_that_does_not_commit_releases(fake: FakeKubeAPI) -> None:
-    """The patch answers 503 without committing: the read-back shows no record, the booking is
-    released and no Binding is sent."""
+def test_binding_unknown_and_fence_failing_too_keeps_the_booking(fake: FakeKubeAPI) -> None:
+    """The Binding answers 504 and the fence patch answers 503: nothing says the Binding
+    cannot still land, so the booking is kept (the next pod does not fit) until a later read-back
+    fences the pod; then the GPUs are released and the next pod binds."""
     create_nodes(fake, 1)
-    a = pod(fake, "a")
+    a, b = pod(fake, "a"), pod(fake, "b")
 
     async def go() -> None:
         async with extender(fake) as ext:
             svc = ext.svc
+            fake.fail_next("create", "pods/binding", 504)
             fake.fail_next("patch", "pods", 503, name="a")
-            fake.clear_requests()
             err = await bind(ext, a)
-            assert "writing the allocation of default/a: API 503" in err
-            assert not any(path.endswith("/binding") for _, path in writes(fake))
-            assert record(fake, "a") is None and svc.cache.state.bookings == {}
-            assert check_books(fake, svc) == {}
+            assert "fencing the unbound pod failed too" in err and "outcome is unknown" in err, err
+            assert "default/a" in svc.cache.state.bookings
+            assert "cannot place default/b on node-0" in await bind(ext, b)
+            await wait_until(lambda: not svc.cache.unresolved, timeout=10)
+            await wait_until(lambda: not svc.cache.state.bookings, timeout=10)
+            assert bound_to(fake, "a") is None and record(fake, "a") is None
+            assert await bind(ext, b) == ""
+            await wait_until(lambda: "default/b" in svc.cache.pods)
+            assert check_books(fake, svc) == {"GPU-node-0-00": 20000}
     run(go)
 
 
-def test_patch_unknown_and_read_back_failing_takes_the_record_off_later(fake: FakeKubeAPI) -> None:
-    """The patch commits and its connection drops, and the read-back fails too: the outcome is
-    unknown (the booking is kept, no Binding is sent). Once the API answers, the read-back finds
-    our record on the still unbound pod: it is taken off (kube-scheduler was already told the bind
-    failed) and the booking released: no record that books nothing, no booking without a record."""
+def test_pod_recreated_after_the_watch_showed_it_gets_no_record(fake: FakeKubeAPI) -> None:
+    """The bind checks the pod the watch showed, and the Binding carries that pod's uid and
+    resourceVersion: a pod deleted and created again under the same name before the watch caught
+    up (played by keeping the old copy in the cache) answers 409 to the Binding, the re-read shows
+    another uid, and nothing is written to the new pod."""
     create_nodes(fake, 1)
     a = pod(fake, "a")
 
     async def go() -> None:
         async with extender(fake) as ext:
             svc = ext.svc
-            outage = GetOutage(fake, {"a"}, after="pods")
-            fake.fail_after_commit("patch", "pods", "reset", name="a")
+            await wait_until(lambda: "default/a" in svc.cache.unbound)
+            old = svc.cache.unbound["default/a"]
+            fake.delete_object("pods", "a", "default")
+            pod(fake, "a")
+            await wait_until(lambda: svc.cache.unbound.get("default/a") not in (None, old))
+            svc.cache.unbound["default/a"] = old  # watch lag
             fake.clear_requests()
             err = await bind(ext, a)
-            assert "writing the allocation of default/a" in err and "outcome is unknown" in err, err
-            assert not any(path.endswith("/binding") for _, path in writes(fake))
-            assert bound_to(fake, "a") is None and record(fake, "a")  # it did land
-            assert "default/a" in svc.cache.state.bookings
-            await wait_until(lambda: svc.unknown_retries >= 1)
-            outage.on = False
-            await wait_until(lambda: not svc.cache.unresolved, timeout=10)
-            assert record(fake, "a") is None and bound_to(fake, "a") is None
-            await wait_until(lambda: not svc.cache.state.bookings)
-            assert check_books(fake, svc) == {}
+            assert "changed while binding" in err, err
+            assert bound_to(fake, "a") is None and record(fake, "a") is None
+            assert svc.cache.state.bookings == {}
     run(go)
 
 
