@@ -20,9 +20,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..config import NODE_POLICIES
 from ..model import ContainerRequest, PodRequest
-from .fit import GpuOrder, Plan, fit_pod, gpu_order
+from ..policyregistry import node_policy as policy_spec
+from .fit import GpuOrder, Plan, fit_pod, gpu_order, order_kind
 from .memo import BoundedMemo
 from .state import NodeState
 from .status import FitFailure
@@ -135,12 +135,14 @@ def pod_gpu_milli(node: NodeState, pod: PodRequest, plan: Plan) -> int:
 
 
 class Policy:
-    """A scorer: ``evaluate(node, pod)`` returns (score, Plan) or the :class:`FitFailure`."""
+    """A scorer: ``evaluate(node, pod)`` returns (score, Plan) or the :class:`FitFailure`.
+    ``order_kind``: the GPU ordering (:func:`~kube_vgpu.placement.fit.order_kind`)."""
 
     name = "base"
 
     def __init__(self, gpu_policy: str = "spread"):
         self.order: GpuOrder = gpu_order(gpu_policy)
+        self.order_kind = order_kind(gpu_policy)
 
     def evaluate(self, node: NodeState, pod: PodRequest) -> tuple[float, Plan] | FitFailure:
         plan = fit_pod(node, pod, self.order)
@@ -155,16 +157,12 @@ class Policy:
 class Binpack(Policy):
     """Node binpack: prefer the most used node (HAMi formula, usage before this pod)."""
 
-    name = "binpack"
-
     def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
         return node.used_fraction()
 
 
 class Spread(Policy):
     """Node spread: prefer the least used node."""
-
-    name = "spread"
 
     def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
         return -node.used_fraction()
@@ -173,10 +171,9 @@ class Spread(Policy):
 class BestFit(Policy):
     """The FGD artifact's BestFit baseline (see module docstring)."""
 
-    name = "bestfit"
-
     def __init__(self, gpu_policy: str = "spread"):
         self.order = gpu_order("bestfit")
+        self.order_kind = "bestfit"
 
     def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
         gfree = sum(node.gpu_milli_free(i) for i in range(len(node.devices)))
@@ -188,10 +185,9 @@ class BestFit(Policy):
 class DotProd(Policy):
     """The FGD artifact's DotProd baseline (see module docstring)."""
 
-    name = "dotprod"
-
     def __init__(self, gpu_policy: str = "spread"):
         self.order = gpu_order("bestfit")
+        self.order_kind = "bestfit"
 
     def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
         gfree = sum(node.gpu_milli_free(i) for i in range(len(node.devices)))
@@ -225,14 +221,10 @@ class FGD(Policy):
     breaks ties: kube-vgpu's ``fgd-bestfit`` policy).
     """
 
-    name = "fgd"
-
     def __init__(self, shapes: list[TaskShape], gpu_policy: str = "spread", tie_break: str = "index"):
         self.model = FragModel(shapes)
         self.order = self._order
         self.tie_break = BestFit() if tie_break == "bestfit" else None
-        if self.tie_break is not None:
-            self.name = "fgd-bestfit"
 
     def _order(self, node: NodeState, cands: list[int], mem: list[int], cores: list[int],
                req: ContainerRequest) -> list[int]:
@@ -269,20 +261,18 @@ class FGD(Policy):
 
 
 def make_policy(node_policy: str, gpu_policy: str = "spread", shapes: list[TaskShape] | None = None) -> Policy:
-    """Build a scorer by name. ``fgd`` needs ``shapes`` (the target workload).
+    """Build the scorer of a node policy declared in :mod:`kube_vgpu.policyregistry` (its class,
+    its options, its name). A policy that needs shapes gets ``shapes`` (the target workload).
 
-    Raises: ValueError for an unknown name or fgd without shapes.
+    Raises: ValueError for an unknown name, or a policy that needs shapes without them.
     """
-    if node_policy == "binpack":
-        return Binpack(gpu_policy)
-    if node_policy == "spread":
-        return Spread(gpu_policy)
-    if node_policy == "bestfit":
-        return BestFit()
-    if node_policy == "dotprod":
-        return DotProd()
-    if node_policy in ("fgd", "fgd-bestfit"):
+    spec = policy_spec(node_policy)
+    kwargs = dict(spec.options)
+    if spec.needs_shapes:
         if not shapes:
             raise ValueError(f"policy {node_policy} needs the target workload's task shapes")
-        return FGD(shapes, tie_break="bestfit" if node_policy == "fgd-bestfit" else "index")
-    raise ValueError(f"unknown node policy {node_policy!r}; allowed: {', '.join(NODE_POLICIES)}")
+        kwargs["shapes"] = shapes
+    scorer = globals()[spec.scorer]
+    p: Policy = scorer(gpu_policy=gpu_policy, **kwargs)
+    p.name = spec.name
+    return p

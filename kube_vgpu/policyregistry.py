@@ -1,0 +1,116 @@
+"""The placement policy registry: every node and GPU policy, declared once.
+
+Each node policy declares its name (the value of ``scheduling.nodePolicy`` and of the
+``kube-vgpu.io/node-scheduler-policy`` pod annotation), its scorer (a class in
+:mod:`kube_vgpu.placement.policies`, built by :func:`kube_vgpu.placement.policies.make_policy`),
+what it needs (``needs_shapes``: the target workload's task shapes, which the extender refreshes
+from its bookings) and a one-line description. Everything else reads this table: config
+validation (:mod:`kube_vgpu.config`), pod annotation validation (:mod:`kube_vgpu.podspec`), the
+chart's ``values.schema.json`` and the config reference (``charts/tools/gen_schema.py``), the
+trace replay's policy list, the extender's shape refresh and ``kubectl vgpu simulate``.
+
+This module imports nothing heavy (no numpy, no placement engine), so the webhook and the device
+plugin can validate a config without loading the engine. Adding a policy: write its scorer class,
+add one entry to :data:`NODE_POLICY_SPECS`, run ``python charts/tools/gen_schema.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPolicySpec:
+    """A GPU policy: how GPUs are ordered inside a node (``scheduling.gpuPolicy``).
+
+    name: the config / annotation value, also the ordering's name in
+    :func:`kube_vgpu.placement.fit.gpu_order`; doc: one line for the docs and the chart schema.
+    """
+
+    name: str
+    doc: str
+
+
+GPU_BINPACK = GpuPolicySpec("binpack", "most used GPU first")
+GPU_SPREAD = GpuPolicySpec("spread", "least used GPU first")
+
+#: every GPU policy, in documentation order
+GPU_POLICY_SPECS: tuple[GpuPolicySpec, ...] = (GPU_BINPACK, GPU_SPREAD)
+
+
+@dataclass(frozen=True, slots=True)
+class NodePolicySpec:
+    """A node policy (``scheduling.nodePolicy``).
+
+    name: the config / annotation value. scorer: the class name in
+    :mod:`kube_vgpu.placement.policies` (a ``Policy`` subclass). options: extra keyword arguments
+    for the scorer. needs_shapes: the scorer needs the target workload's task shapes (FGD's M).
+    uses_gpu_policy: the scorer orders GPUs by ``scheduling.gpuPolicy`` (otherwise it orders them
+    itself and the GPU policy is ignored). replay_gpu_policy: the GPU policy ``kube-vgpu simulate``
+    pairs it with. artifact_label: the FGD artifact's name for the same policy (``--against``).
+    doc: one line for the docs and the chart schema.
+    """
+
+    name: str
+    scorer: str
+    doc: str
+    needs_shapes: bool = False
+    uses_gpu_policy: bool = False
+    replay_gpu_policy: str = GPU_SPREAD.name
+    artifact_label: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: every node policy; the first is the default. Order = documentation and error-message order.
+NODE_POLICY_SPECS: tuple[NodePolicySpec, ...] = (
+    NodePolicySpec("binpack", "Binpack", "HAMi's usage score: the most used node first",
+                   uses_gpu_policy=True, replay_gpu_policy=GPU_BINPACK.name),
+    NodePolicySpec("spread", "Spread", "HAMi's usage score: the least used node first", uses_gpu_policy=True),
+    NodePolicySpec("fgd", "FGD", "fragmentation gradient descent (ATC'23), the artifact's tie-break",
+                   needs_shapes=True, artifact_label="06-FGD", options={"tie_break": "index"}),
+    NodePolicySpec("fgd-bestfit", "FGD", "FGD with BestFit breaking its ties (recommended for FGD)",
+                   needs_shapes=True, options={"tie_break": "bestfit"}),
+    NodePolicySpec("bestfit", "BestFit", "the FGD artifact's BestFit: least leftover CPU and GPU",
+                   artifact_label="05-BestFit"),
+    NodePolicySpec("dotprod", "DotProd", "the FGD artifact's DotProd: free and requested vectors' dot product",
+                   artifact_label="02-DotProd"),
+)
+
+NODE_POLICIES: tuple[str, ...] = tuple(s.name for s in NODE_POLICY_SPECS)
+GPU_POLICIES: tuple[str, ...] = tuple(s.name for s in GPU_POLICY_SPECS)
+_BY_NAME = {s.name: s for s in NODE_POLICY_SPECS}
+
+
+def node_policy(name: str) -> NodePolicySpec:
+    """The spec of node policy ``name``. Raises ValueError naming the value and the allowed names."""
+    spec = _BY_NAME.get(name)
+    if spec is None:
+        raise ValueError(f"unknown node policy {name!r}; allowed: {', '.join(NODE_POLICIES)}")
+    return spec
+
+
+def needs_shapes(name: str) -> bool:
+    """Whether node policy ``name`` needs the workload's task shapes (False for an unknown name)."""
+    spec = _BY_NAME.get(name)
+    return spec is not None and spec.needs_shapes
+
+
+def replay_policies() -> dict[str, tuple[str, str]]:
+    """``kube-vgpu simulate``'s policy names -> (node policy, GPU policy): each node policy with its
+    replay GPU policy, and ``<node>-gpu<gpu>`` for the other GPU policies of the node policies
+    that use one (e.g. ``binpack-gpuspread``)."""
+    out: dict[str, tuple[str, str]] = {}
+    for s in NODE_POLICY_SPECS:
+        out[s.name] = (s.name, s.replay_gpu_policy)
+    for s in NODE_POLICY_SPECS:
+        if s.uses_gpu_policy:
+            for g in GPU_POLICIES:
+                if g != s.replay_gpu_policy:
+                    out[f"{s.name}-gpu{g}"] = (s.name, g)
+    return out
+
+
+__all__ = ["GPU_POLICIES", "GPU_POLICY_SPECS", "GpuPolicySpec", "NODE_POLICIES", "NODE_POLICY_SPECS",
+           "NodePolicySpec", "needs_shapes", "node_policy", "replay_policies"]
