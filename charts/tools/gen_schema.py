@@ -1,11 +1,23 @@
 # ruff: noqa: E701, E702, E731, E741
-"""Regenerate charts/kube-vgpu/values.schema.json (run from anywhere; commit the result).
+"""Regenerate charts/kube-vgpu/values.schema.json and the key tables of docs/configuration.md.
 
-The chart tests check the output: bad values fail with a schema message, every values key is in the schema."""
+    python charts/tools/gen_schema.py           # rewrite both (commit the result)
+    python charts/tools/gen_schema.py --check   # exit 1 if either is stale (tests run this check)
+
+The ``config`` part of the schema and the docs tables come from the one declaration of every config
+key in kube_vgpu/config.py (type, default, range, pattern, doc line) and from the policy registry
+(kube_vgpu/policyregistry.py); the rest of the chart values are declared below. The chart tests
+check the output: bad values fail with a schema message, every values key is in the schema."""
 import json
 import os
+import sys
 
-CHART = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'kube-vgpu')
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..')
+sys.path.insert(0, os.path.abspath(ROOT))
+from kube_vgpu import config as C  # noqa: E402
+from kube_vgpu.policyregistry import GPU_POLICY_SPECS, NODE_POLICY_SPECS  # noqa: E402
+
+CHART = os.path.join(ROOT, 'charts', 'kube-vgpu')
 def obj(props, req=None, desc=None, extra=False):
     d = {"type": "object", "additionalProperties": extra, "properties": props}
     if req: d["required"] = req
@@ -22,8 +34,7 @@ def arr(desc, items=None):
     return d
 DUR = {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"}
 def dur(desc): return {**DUR, "description": desc + " (a Go duration such as 10s, 1m30s)"}
-RESNAME = {"type": "string", "pattern": r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", "minLength": 1, "maxLength": 253}
-DNS = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", "maxLength": 253}
+DNS = {"type": "string", "pattern": C.DNS_SUBDOMAIN, "maxLength": 253}
 PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 LEVEL = {"type": "string", "enum": ["debug", "info", "warning", "error"]}
 RES = {"type": "object", "description": "Container resources (requests/limits).",
@@ -43,64 +54,101 @@ def HOSTDIR(desc): return {
     "not": {"anyOf": [{"pattern": r"(^|/)\.{1,2}(/|$)"}, {"enum": SYSTEM_DIRS}]},
     "description": desc + ": an absolute path of a dedicated directory (not /, no trailing slash)."}
 STRLIST = {"type": "array", "items": {"type": "string"}}
-PCT = lambda d, lo: {"type": "integer", "minimum": lo, "maximum": 100, "description": d}
-SCALE = lambda d: {"type": "number", "exclusiveMinimum": 0, "maximum": 100, "description": d}
 
-config = obj({
-    # default-scheduler would make this second kube-scheduler race the control plane's for every pod
-    # (the templates also fail with a longer message).
-    "schedulerName": {**DNS, "minLength": 1, "not": {"const": "default-scheduler"},
-                      "description": "Name of the secondary scheduler (not default-scheduler)."},
-    "resourceNames": obj({k: {**RESNAME, "description": f"Extended resource name for {k}."}
-                          for k in ["gpu", "gpumem", "gpumemPercentage", "gpucores", "priority"]},
-                         desc="Extended-resource names (distinct)."),
-    "defaults": obj({
-        "gpuCount": i("GPUs per container when only gpumem/gpucores are given.", minimum=1, maximum=128),
-        "memoryMiB": i("MiB when no memory is requested (0 = use memoryPercentage).", minimum=0),
-        "memoryPercentage": PCT("Percent of GPU memory when no memory is requested.", 1),
-        "cores": PCT("Percent of compute when gpucores is not given.", 0),
-        "bareGpuExclusive": b("A bare nvidia.com/gpu takes whole cards."),
-    }),
-    "scheduling": obj({
-        "nodePolicy": {"enum": ["binpack", "spread", "fgd", "bestfit", "dotprod"], "description": "Node policy."},
-        "gpuPolicy": {"enum": ["binpack", "spread"], "description": "GPU policy inside a node."},
-        "inventoryStaleSeconds": n("Inventory heartbeat age after which a node is not a candidate.", exclusiveMinimum=0),
-        "bindHandoverSeconds": n("Deprecated, no effect (binds no longer wait for the device plugin).", minimum=0, maximum=3600),
-        "adoptUnsignedBefore": {"type": "string", "pattern": r"^$|^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})$",
-                                "description": "Book and sign unsigned allocation records of bound pods created before this RFC 3339 time (upgrade; empty = off)."},
-    }),
-    "devices": obj({
-        "splitCount": i("vGPU slots per GPU.", minimum=1, maximum=1024),
-        "memoryScaling": SCALE("Factor on NVML memory."),
-        "coreScaling": SCALE("Factor on 100 percent of compute."),
-    }),
-    "nodes": arr("Per-node overrides.", obj({
-        "name": {"type": "string", "minLength": 1, "description": "Node name."},
-        "splitCount": {"type": ["integer", "null"], "minimum": 1, "maximum": 1024},
-        "memoryScaling": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 100},
-        "coreScaling": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 100},
-        "excludeGPUs": {"type": "array", "items": {"type": ["string", "integer"]}},
-    }, req=["name"])),
-    "webhook": obj({
-        "forceOverwriteDefaultScheduler": b("Route default-scheduler pods to ours."),
-        "mutateBareGpu": b("Treat a bare nvidia.com/gpu as a vGPU request."),
-        "privileged": {"enum": ["deny", "allow"], "description": "Privileged vGPU containers."},
-        "allowUserVisibleDevices": b("Allow containers to set NVIDIA_VISIBLE_DEVICES."),
-        "nonGpuVisibleDevicesNone": b("NVIDIA_VISIBLE_DEVICES=none for non-GPU containers."),
-        "shmSizeLimit": {"type": "string", "pattern": r"^$|^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$",
-                         "description": "sizeLimit of an injected /dev/shm (quantity, or empty)."},
-        "foreignSchedulers": {"enum": ["leave", "deny"], "description": "Pods of other schedulers."},
-        "systemUsers": {"type": "array", "items": {"type": "string", "minLength": 1},
-                        "description": "User names allowed to change system-owned kube-vgpu.io/ pod keys."},
-        "allowDisableControlNamespaces": {"type": "array", "items": {**DNS, "maxLength": 63},
-                                          "description": "Namespaces whose GPU containers may set CUDA_DISABLE_CONTROL."},
-        "allowedRuntimeClasses": {"type": "array", "items": {**DNS, "minLength": 1},
-                                  "description": "runtimeClassName values a vGPU pod may name."},
-        "allowEnvFrom": b("Allow envFrom without a safe prefix in GPU containers."),
-        "protectedHostPaths": {"type": "array", "items": {"type": "string", "pattern": r"^/[^*]*\*?$"},
-                               "description": "Extra host paths vGPU pods may not mount (absolute; trailing * = prefix)."},
-    }),
-}, desc="The policy file (kube-vgpu.io/v1 domain config).")
+
+# -- the config section: generated from kube_vgpu/config.py's declaration ----------------------
+
+def _rule_schema(rule, base):
+    d = dict(base)
+    if rule.choices is not None: d["enum"] = list(rule.choices)
+    for attr, kw in (("minimum", "minimum"), ("maximum", "maximum"), ("exclusive_minimum", "exclusiveMinimum"),
+                     ("pattern", "pattern"), ("min_length", "minLength"), ("max_length", "maxLength")):
+        v = getattr(rule, attr)
+        if v is not None: d[kw] = v
+    return d
+
+def key_schema(k):
+    """The JSON Schema of one declared config key."""
+    r = k.rule
+    if k.kind == "ids":
+        d = {"type": "array", "items": {"type": ["string", "integer"]}}
+    elif k.kind == "strings":
+        d = {"type": "array", "items": _rule_schema(r.items or C.Rule("item", ""), {"type": "string", "minLength": 1})}
+    else:
+        t = {"bool": "boolean", "int": "integer", "number": "number", "string": "string"}[k.kind]
+        d = _rule_schema(r, {"type": [t, "null"] if r.nullable else t})
+    d["description"] = r.doc[:1].upper() + r.doc[1:] + "."
+    d.update(r.chart or {})
+    return d
+
+def config_schema():
+    """The chart's ``config`` value: the domain config file, key by key."""
+    props = {k.rule.yaml: key_schema(k) for k in C.top_keys()}
+    for sec in C.sections():
+        o = obj({k.rule.yaml: key_schema(k) for k in sec.keys},
+                req=[k.rule.yaml for k in sec.keys if k.rule.required] or None,
+                desc=None if sec.many else sec.doc[:1].upper() + sec.doc[1:] + ".")
+        props[sec.yaml] = arr(sec.doc[:1].upper() + sec.doc[1:] + ".", o) if sec.many else o
+    return obj(props, desc="The policy file (kube-vgpu.io/v1 domain config).")
+
+
+# -- the docs tables: generated from the same declaration -------------------------------------
+
+BEGIN = "<!-- BEGIN GENERATED by charts/tools/gen_schema.py from kube_vgpu/config.py; do not edit -->"
+END = "<!-- END GENERATED -->"
+DOCS = os.path.join(ROOT, "docs", "configuration.md")
+SCHEMA = os.path.join(CHART, "values.schema.json")
+
+def _cell(text): return str(text).replace("|", "\\|").replace("\n", " ")
+def _code(v): return "`" + json.dumps(v, ensure_ascii=False) + "`" if not isinstance(v, str) else ("`" + v + "`" if v else '`""`')
+
+def _type_text(k):
+    return {"bool": "boolean", "int": "integer", "number": "number", "string": "string",
+            "strings": "list of strings", "ids": "list of UUIDs or indexes"}[k.kind] + (" or null" if k.rule.nullable else "")
+
+def _allowed_text(k):
+    r = k.rule
+    parts = []
+    if r.choices is not None: parts.append(" | ".join(f"`{c}`" for c in r.choices))
+    rng = C.range_text(r)
+    if rng: parts.append(rng)
+    if r.allowed: parts.append(r.allowed)
+    if r.items is not None and r.items.allowed: parts.append("each " + r.items.allowed)
+    if r.check_doc: parts.append(f"also: {r.check_doc} (checked by the loader only)")
+    if r.chart_doc: parts.append(f"the chart also refuses {r.chart_doc}")
+    return "; ".join(parts) or "any"
+
+def _default_text(k):
+    if k.rule.required: return "(required)"
+    v = k.default
+    if isinstance(v, tuple): v = list(v)
+    return _code(v)
+
+def docs_tables():
+    """The generated part of docs/configuration.md: every key, then the policies."""
+    lines = [BEGIN, "", "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for k in C.all_keys():
+        lines.append(f"| `{k.path}` | {_type_text(k)} | {_default_text(k)} | {_cell(_allowed_text(k))} | {_cell(k.rule.doc)} |")
+    lines += ["", "Across keys: the five `resourceNames` are distinct. A key set to `null` in `nodes[]` means the "
+              "`devices` default.", "", "Node policies (`scheduling.nodePolicy`, and the pod annotation "
+              "`kube-vgpu.io/node-scheduler-policy`):", "", "| policy | needs | GPU policy | meaning |", "|---|---|---|---|"]
+    for p in NODE_POLICY_SPECS:
+        needs = "the workload's task shapes" if p.needs_shapes else "-"
+        gp = "`scheduling.gpuPolicy`" if p.uses_gpu_policy else "its own order"
+        lines.append(f"| `{p.name}` | {needs} | {gp} | {_cell(p.doc)} |")
+    lines += ["", "GPU policies (`scheduling.gpuPolicy`, pod annotation `kube-vgpu.io/gpu-scheduler-policy`): "
+              + "; ".join(f"`{g.name}`: {g.doc}" for g in GPU_POLICY_SPECS) + ".", "", END]
+    return "\n".join(lines) + "\n"
+
+def docs_with_tables(text):
+    """``text`` (docs/configuration.md) with its generated part replaced. Raises ValueError
+    when the markers are missing."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{DOCS}: the markers {BEGIN!r} ... {END!r} are missing")
+    head, rest = text.split(BEGIN, 1)
+    return head + docs_tables() + "\n" + rest.split(END, 1)[1].lstrip("\n")
+
+config = config_schema()
 
 IMAGE = obj({"repository": {"type": "string", "minLength": 1}, "tag": {"type": "string"},
              "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}})
@@ -229,4 +277,33 @@ schema = {
                            "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}),
     },
 }
-open(CHART + "/values.schema.json", "w").write(json.dumps(schema, indent=2, ensure_ascii=False) + "\n")
+
+def render_schema():
+    """The text of values.schema.json."""
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv):
+    """Write (or with --check, compare) both generated files. Returns 0, or 1 when --check finds
+    a stale file (named on stderr)."""
+    with open(DOCS) as f:
+        docs = f.read()
+    want = {SCHEMA: render_schema(), DOCS: docs_with_tables(docs)}
+    if "--check" in argv:
+        stale = []
+        for path, text in want.items():
+            with open(path) as f:
+                if f.read() != text:
+                    stale.append(os.path.relpath(path, ROOT))
+        if stale:
+            print("stale (run python charts/tools/gen_schema.py): " + ", ".join(stale), file=sys.stderr)
+            return 1
+        return 0
+    for path, text in want.items():
+        with open(path, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

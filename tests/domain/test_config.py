@@ -177,7 +177,13 @@ def test_unknown_key(text: str, key: str) -> None:
         ("webhook: {shmSizeLimit: '-1Gi'}", "webhook.shmSizeLimit", "> 0"),
         ("webhook: {mutateBareGpu: 'yes please'}", "webhook.mutateBareGpu", "not a boolean"),
         ("webhook: {mutateBareGpu: 1}", "webhook.mutateBareGpu", "not a boolean"),
-        ("defaults: {gpuCount: 0}", "defaults.gpuCount", ">= 1"),
+        ("defaults: {gpuCount: 0}", "defaults.gpuCount", "1..128"),
+        ("defaults: {gpuCount: 129}", "defaults.gpuCount", "1..128"),  # a pod may not ask for more
+        ("resourceNames: {gpu: 'nvidia gpu'}", "resourceNames.gpu", "extended-resource name"),
+        ("webhook: {allowDisableControlNamespaces: [a.b]}", "webhook.allowDisableControlNamespaces", "DNS label"),
+        ("webhook: {allowedRuntimeClasses: [Nvidia]}", "webhook.allowedRuntimeClasses", "DNS subdomain"),
+        ("webhook: {protectedHostPaths: [etc]}", "webhook.protectedHostPaths", "absolute path"),
+        ("webhook: {systemUsers: ['']}", "webhook.systemUsers", "non-empty"),
         ("defaults: {gpuCount: '1'}", "defaults.gpuCount", "not an integer"),
         ("defaults: {memoryPercentage: 0}", "defaults.memoryPercentage", "1..100"),
         ("defaults: {memoryPercentage: 101}", "defaults.memoryPercentage", "1..100"),
@@ -186,7 +192,7 @@ def test_unknown_key(text: str, key: str) -> None:
         ("defaults: {bareGpuExclusive: null}", "defaults.bareGpuExclusive", "not a boolean"),
         ("defaults: [1]", "defaults", "mapping"),
         ("resourceNames: {gpumem: nvidia.com/gpu}", "resourceNames", "distinct"),
-        ("resourceNames: {gpucores: ''}", "resourceNames", "non-empty"),
+        ("resourceNames: {gpucores: ''}", "resourceNames.gpucores", "extended-resource name"),
         ("resourceNames: {gpu: 5}", "resourceNames.gpu", "not a string"),
         ("schedulerName: ''", "schedulerName", "DNS subdomain"),
         ("schedulerName: [a]", "schedulerName", "not a string"),
@@ -250,7 +256,7 @@ def test_round_trip_through_yaml() -> None:
     assert load_config_text(yaml.safe_dump(config_to_dict(c))) == c
 
 
-NAMES = st.from_regex(r"[a-z]{1,8}\.io/[a-z-]{1,10}", fullmatch=True)
+NAMES = st.from_regex(r"[a-z]{1,8}\.io/[a-z]([a-z-]{0,8}[a-z])?", fullmatch=True)  # valid resource names
 
 
 @st.composite
