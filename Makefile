@@ -18,13 +18,13 @@ test: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy kube_vgpu scheduler webhook deviceplugin certs kubectl_vgpu libvgpu
+	$(BIN)/mypy kube_vgpu kube_vgpu_cli replay scheduler webhook deviceplugin certs kubectl_vgpu libvgpu
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py
 
 demo: install
-	$(BIN)/kube-vgpu simulate
+	$(BIN)/kube-vgpu replay
 
 e2e: install
 	$(BIN)/python -m pytest tests/e2e -m e2e -v

@@ -23,9 +23,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scheduler import simulate as sim  # noqa: E402
-from scheduler.synthetic import synthetic_pods  # noqa: E402
-from scheduler.trace import TraceNode, load_nodes, load_pods, make_devices  # noqa: E402
+from replay import main as sim  # noqa: E402
+from replay.synthetic import synthetic_pods  # noqa: E402
+from replay.trace import TraceNode, load_nodes, load_pods, make_devices  # noqa: E402
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"
 DEFAULT_EXPECTED = ROOT.parent / "shared" / "traces" / "fgd-atc23-expected-results" / "fgd_expected_summary.csv"

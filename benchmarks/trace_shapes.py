@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kube_vgpu.placement import pod_shape  # noqa: E402
-from scheduler.trace import load_pods  # noqa: E402
+from replay.trace import load_pods  # noqa: E402
 
 DEFAULT_DIR = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"
 

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                                                ["127.0.0.1"]))
         port = _free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kube_vgpu.cli", "webhook", "--bind-address", "127.0.0.1", "--port", str(port),
+            [sys.executable, "-m", "kube_vgpu_cli", "webhook", "--bind-address", "127.0.0.1", "--port", str(port),
              "--tls-cert-file", str(d / "tls.crt"), "--tls-key-file", str(d / "tls.key"), "--log-level", "warning"],
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         try:

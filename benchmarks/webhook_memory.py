@@ -237,7 +237,7 @@ def start_server(tls: Path, extra: list[str], malloc_env: bool = True) -> tuple[
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "kube_vgpu.cli", "webhook", "--bind-address", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "kube_vgpu_cli", "webhook", "--bind-address", "127.0.0.1", "--port", str(port),
            "--tls-cert-file", str(tls / "tls.crt"), "--tls-key-file", str(tls / "tls.key"),
            "--log-level", "warning", *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(CHART_MALLOC_ENV if malloc_env else {})}

@@ -7,7 +7,7 @@ what it needs (``needs_shapes``: the target workload's task shapes, which the ex
 from its bookings) and a one-line description. Everything else reads this table: config
 validation (:mod:`kube_vgpu.config`), pod annotation validation (:mod:`kube_vgpu.podspec`), the
 chart's ``values.schema.json`` and the config reference (``charts/tools/gen_schema.py``), the
-trace replay's policy list, the extender's shape refresh and ``kubectl vgpu simulate``.
+trace replay's policy list, the extender's shape refresh and ``kubectl vgpu what-if``.
 
 This module imports nothing heavy (no numpy, no placement engine), so the webhook and the device
 plugin can validate a config without loading the engine. Adding a policy: write its scorer class,
@@ -48,7 +48,7 @@ class NodePolicySpec:
     :mod:`kube_vgpu.placement.policies` (a ``Policy`` subclass). options: extra keyword arguments
     for the scorer. needs_shapes: the scorer needs the target workload's task shapes (FGD's M).
     uses_gpu_policy: the scorer orders GPUs by ``scheduling.gpuPolicy`` (otherwise it orders them
-    itself and the GPU policy is ignored). replay_gpu_policy: the GPU policy ``kube-vgpu simulate``
+    itself and the GPU policy is ignored). replay_gpu_policy: the GPU policy ``kube-vgpu replay``
     pairs it with. artifact_label: the FGD artifact's name for the same policy (``--against``).
     doc: one line for the docs and the chart schema.
     """
@@ -98,7 +98,7 @@ def needs_shapes(name: str) -> bool:
 
 
 def replay_policies() -> dict[str, tuple[str, str]]:
-    """``kube-vgpu simulate``'s policy names -> (node policy, GPU policy): each node policy with its
+    """the trace replay's policy names -> (node policy, GPU policy): each node policy with its
     replay GPU policy, and ``<node>-gpu<gpu>`` for the other GPU policies of the node policies
     that use one (e.g. ``binpack-gpuspread``)."""
     out: dict[str, tuple[str, str]] = {}

@@ -3,10 +3,12 @@
 Commands::
 
     kubectl vgpu inspect [-d] [-o table|json] [--kubeconfig F] [--context C] [--snapshot FILE]
-    kubectl vgpu simulate -f POD.yaml [--snapshot FILE] [--policy P]... [-o table|json]
+    kubectl vgpu what-if -f POD.yaml [--snapshot FILE] [--policy P]... [-o table|json]
 
+``what-if`` (old name ``simulate``, still accepted) asks where one pod would go on a live cluster
+(or a snapshot of one); the offline replay of a whole workload trace is ``kube-vgpu replay``.
 Both are read-only. Exit codes: 0 ok, 1 the cluster or a file could not be read, 2 usage or an
-invalid pod/config, 3 (simulate) the pod fits nowhere under any policy.
+invalid pod/config, 3 (what-if) the pod fits nowhere under any policy.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     common(ins)
     ins.add_argument("-d", "--details", action="store_true", help="list each pod's share per container")
 
-    sim = sub.add_parser("simulate", help="where each policy would place a pod, and why not elsewhere (dry run)")
+    sim = sub.add_parser("what-if", aliases=["simulate"],
+                         help="where each policy would place one pod on this cluster, and why not elsewhere "
+                              "(dry run; alias: simulate; a whole-trace replay is 'kube-vgpu replay')")
     common(sim)
     sim.add_argument("-f", "--filename", required=True, metavar="POD.yaml", help="a Pod manifest ('-' = stdin)")
     sim.add_argument("--policy", action="append", choices=list(NODE_POLICIES),

@@ -1,4 +1,5 @@
-"""``kubectl vgpu simulate``: where would each placement policy put this pod, and why not elsewhere.
+"""``kubectl vgpu what-if`` (alias ``simulate``): where would each placement policy put this pod on
+this cluster, and why not elsewhere. (The offline replay of a whole trace is ``kube-vgpu replay``.)
 
 A dry run: nothing is written to the cluster. The cluster (live or a snapshot) is loaded into the
 extender's own cache (:class:`kube_vgpu.cluster.ClusterCache`, the code the running scheduler uses:

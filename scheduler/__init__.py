@@ -1,1 +1,1 @@
-"""kube-vgpu scheduler: the kube-scheduler HTTP extender and the `simulate` replay."""
+"""kube-vgpu scheduler: the kube-scheduler HTTP extender (the trace replay lives in ``replay``)."""

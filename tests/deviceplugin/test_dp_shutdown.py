@@ -90,7 +90,7 @@ def test_cli_exits_0_soon_after_sigterm_with_a_quiet_watch(gpus: FakeGPUs, fake_
     gpus.set([GPU])
     env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml_lib.parent), "NODE_NAME": NODE}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kube_vgpu.cli", "device-plugin", "--kubeconfig",
+        [sys.executable, "-m", "kube_vgpu_cli", "device-plugin", "--kubeconfig",
          quiet_api.kubeconfig(tmp_path / "kubeconfig"), "--device-plugin-dir", sockdir,
          "--pod-resources-socket", kubelet.podresources_socket,
          "--shim-host-path", str(tmp_path / "vgpu" / "libvgpu.so"), "--cache-host-dir", str(tmp_path / "containers"),

@@ -155,7 +155,7 @@ class Proc:
 
 
 def kube_vgpu(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kube_vgpu.cli", *args]
+    return [sys.executable, "-m", "kube_vgpu_cli", *args]
 
 
 class ControlPlane:

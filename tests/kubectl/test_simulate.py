@@ -131,3 +131,14 @@ def test_custom_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 def _run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     main(argv)
     return capsys.readouterr().out
+
+
+def test_what_if_is_the_name_and_simulate_its_alias(capsys: pytest.CaptureFixture[str]) -> None:
+    rc_new = main(["what-if", "-f", SMALL, "--snapshot", SNAP, "-o", "json"])
+    new = capsys.readouterr().out
+    rc_old = main(["simulate", "-f", SMALL, "--snapshot", SNAP, "-o", "json"])
+    assert (rc_new, new) == (rc_old, capsys.readouterr().out) and json.loads(new)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "what-if" in out and "kube-vgpu replay" in out

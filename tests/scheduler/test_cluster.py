@@ -395,7 +395,7 @@ def test_cli_serves_against_a_kubeconfig(fake: FakeKubeAPI, tmp_path: Any) -> No
     port = s.getsockname()[1]
     s.close()
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, "-m", "kube_vgpu.cli", "scheduler", "--kubeconfig", kc, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "kube_vgpu_cli", "scheduler", "--kubeconfig", kc, "--port", str(port),
                              "--bind-address", "127.0.0.1", "--config", str(cfg), "--log-level", "info",
                              "--signing-keys-dir", str(write_keys(tmp_path / "keys"))],
                             cwd=root, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(root)})
@@ -594,7 +594,7 @@ def test_cli_port_in_use_logs_one_clear_json_line(fake: FakeKubeAPI, tmp_path: A
     port = s.getsockname()[1]
     root = Path(__file__).resolve().parents[2]
     try:
-        proc = subprocess.run([sys.executable, "-m", "kube_vgpu.cli", "scheduler", "--kubeconfig", kc, "--port",
+        proc = subprocess.run([sys.executable, "-m", "kube_vgpu_cli", "scheduler", "--kubeconfig", kc, "--port",
                                str(port), "--bind-address", "127.0.0.1",
                                "--signing-keys-dir", str(write_keys(tmp_path / "keys"))], cwd=root, capture_output=True,
                               timeout=30, env={**os.environ, "PYTHONPATH": str(root)})

@@ -129,7 +129,7 @@ def test_cli_exits_0_soon_after_sigterm_with_quiet_watches(quiet_http_api: FakeK
     kc = quiet_api.kubeconfig(tmp_path / "kubeconfig")
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kube_vgpu.cli", "scheduler", "--kubeconfig", kc, "--port", str(port),
+        [sys.executable, "-m", "kube_vgpu_cli", "scheduler", "--kubeconfig", kc, "--port", str(port),
          "--bind-address", "127.0.0.1", "--leader-elect=false", "--log-level", "info",
          "--signing-keys-dir", str(write_keys(tmp_path / "keys"))],
         cwd=ROOT, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scheduler import simulate as sim
-from scheduler.synthetic import synthetic_nodes, synthetic_pods
-from scheduler.trace import load_nodes, load_pods, make_request
+from replay import main as sim
+from replay.synthetic import synthetic_nodes, synthetic_pods
+from replay.trace import load_nodes, load_pods, make_request
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "alibaba-gpu-v2023"
 EXPECTED = Path(__file__).resolve().parents[3] / "shared" / "traces" / "fgd-atc23-expected-results"

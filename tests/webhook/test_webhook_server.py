@@ -217,7 +217,7 @@ def test_cli_serves_and_stops_on_sigterm(tls_dir: Path, tmp_path: Path) -> None:
         port = s.getsockname()[1]
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("apiVersion: kube-vgpu.io/v1\nschedulerName: other-sched\n")
-    proc = subprocess.Popen([sys.executable, "-m", "kube_vgpu.cli", "webhook", "--config", str(cfg),
+    proc = subprocess.Popen([sys.executable, "-m", "kube_vgpu_cli", "webhook", "--config", str(cfg),
                              "--bind-address", "127.0.0.1", "--port", str(port),
                              "--tls-cert-file", str(tls_dir / "tls.crt"), "--tls-key-file", str(tls_dir / "tls.key")],
                             stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})

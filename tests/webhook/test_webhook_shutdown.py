@@ -22,7 +22,7 @@ def test_cli_exits_0_soon_after_sigterm_with_open_connections(tls_dir: Path, tmp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    proc = subprocess.Popen([sys.executable, "-m", "kube_vgpu.cli", "webhook", "--bind-address", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, "-m", "kube_vgpu_cli", "webhook", "--bind-address", "127.0.0.1",
                              "--port", str(port), "--tls-cert-file", str(tls_dir / "tls.crt"),
                              "--tls-key-file", str(tls_dir / "tls.key")], stderr=subprocess.PIPE)
     keepalive: Client | None = None

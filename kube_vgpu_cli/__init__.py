@@ -1,7 +1,9 @@
-"""The ``kube-vgpu`` console script: one binary, one subcommand per component.
+"""The ``kube-vgpu`` console script: one binary, one subcommand per component (the composition root).
 
-Subcommands are resolved lazily (``module:function``), so running one component never imports
-another. Each function takes the remaining argv and returns an exit code.
+This top-level package is the only code that knows every component; the domain package
+(``kube_vgpu``) knows none. Subcommands are resolved lazily (``module:function``), so running one
+component never imports another. Each function takes the remaining argv and returns an exit code.
+``python -m kube_vgpu_cli <command>`` is the same as ``kube-vgpu <command>``.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "simulate": ("scheduler.simulate:main", "replay a workload under every placement policy"),
+    "replay": ("replay.main:main", "offline trace replay: a whole workload under every placement policy "
+               "(for one pod on a live cluster: kubectl vgpu what-if)"),
+    "simulate": ("replay.main:main", "alias of replay"),
     "scheduler": ("scheduler.server:main", "run the kube-scheduler HTTP extender (filter/prioritize/bind)"),
     "webhook": ("webhook.server:main", "run the mutating admission webhook (HTTPS)"),
     "certs": ("certs.main:main", "create/renew the webhook CA and serving certificate"),
     "device-plugin": ("deviceplugin.main:main", "run the kubelet device plugin on a GPU node"),
-    "shim-path": ("kube_vgpu.cli:shim_path", "print the path of the built libvgpu.so shim"),
+    "shim-path": ("kube_vgpu_cli:shim_path", "print the path of the built libvgpu.so shim"),
 }
 
 
@@ -46,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     cmd = args[0]
     if cmd in ("--version", "version"):
-        from . import __version__
+        from kube_vgpu import __version__
         print(__version__)
         return 0
     if cmd not in SUBCOMMANDS:

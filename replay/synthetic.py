@@ -1,4 +1,4 @@
-"""The built-in synthetic cluster and workload for ``kube-vgpu simulate`` with no arguments.
+"""The built-in synthetic cluster and workload for ``kube-vgpu replay`` with no arguments.
 
 Seeded, and shaped like the public Alibaba v2023 statistics (node mix by model and GPU count; pod
 mix 13% CPU-only, 38% GPU-sharing with the trace's common shares, 48% one whole GPU, 1% multi-GPU),

@@ -1,4 +1,6 @@
-"""``kube-vgpu simulate``: replay a workload under each placement policy, FGD-artifact style.
+"""``kube-vgpu replay`` (alias ``kube-vgpu simulate``): replay a whole workload trace under each
+placement policy, FGD-artifact style. Offline: no cluster is read. (``kubectl vgpu what-if`` asks
+where one pod would go on a live cluster.)
 
 Procedure (the FGD artifact's, see docs/placement.md): pods sorted by name, shuffled with the seed,
 topped up to ``inflate`` x GPU capacity by sampling the trace with replacement, no departures; a
@@ -26,23 +28,17 @@ import numpy as np
 
 from kube_vgpu.model import PodRequest
 from kube_vgpu.placement import ClusterState, Engine, TaskShape, typical_shapes
+from kube_vgpu.policyregistry import NODE_POLICIES, NODE_POLICY_SPECS, replay_policies
 
 from .synthetic import synthetic_nodes, synthetic_pods
 from .trace import TraceNode, TracePod, load_nodes, load_pods
 
-#: simulate's policy names -> (node policy, GPU policy)
-POLICIES: dict[str, tuple[str, str]] = {
-    "fgd": ("fgd", "spread"),
-    "fgd-bestfit": ("fgd-bestfit", "spread"),
-    "bestfit": ("bestfit", "spread"),
-    "dotprod": ("dotprod", "spread"),
-    "binpack": ("binpack", "binpack"),
-    "spread": ("spread", "spread"),
-    "binpack-gpuspread": ("binpack", "spread"),
-}
-DEFAULT_POLICIES = ("fgd-bestfit", "fgd", "bestfit", "dotprod", "binpack", "spread")
+#: the replay's policy names -> (node policy, GPU policy), from the policy registry
+POLICIES: dict[str, tuple[str, str]] = replay_policies()
+#: replayed when no --policy is given: every node policy with its replay GPU policy
+DEFAULT_POLICIES: tuple[str, ...] = NODE_POLICIES
 #: the FGD artifact's policy labels, for --against
-ARTIFACT_NAMES = {"fgd": "06-FGD", "bestfit": "05-BestFit", "dotprod": "02-DotProd"}
+ARTIFACT_NAMES = {s.name: s.artifact_label for s in NODE_POLICY_SPECS if s.artifact_label}
 REPORT_POINTS = (80, 90, 95, 100, 110, 120, 130)
 MAX_PCT = 130
 
@@ -272,8 +268,11 @@ def peak_rss_mib() -> float:
     return max(own, kids) / 1024
 
 
+PROG = "kube-vgpu replay"
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kube-vgpu simulate", description=__doc__,
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", type=Path, help="folder with the Alibaba openb CSVs (default: built-in synthetic)")
     p.add_argument("--pods", default="openb_pod_list_default", help="pod list name inside --trace")
@@ -293,13 +292,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry. Returns 0, or 2 on bad arguments/input (message on stderr)."""
     args = _parser().parse_args(argv)
     if not 1.0 <= args.inflate <= 3.0:
-        print(f"kube-vgpu simulate: --inflate {args.inflate} is out of range; allowed 1.0..3.0", file=sys.stderr)
+        print(f"{PROG}: --inflate {args.inflate} is out of range; allowed 1.0..3.0", file=sys.stderr)
         return 2
     if args.seeds is not None and not 1 <= args.seeds <= 1000:
-        print(f"kube-vgpu simulate: --seeds {args.seeds} is out of range; allowed 1..1000", file=sys.stderr)
+        print(f"{PROG}: --seeds {args.seeds} is out of range; allowed 1..1000", file=sys.stderr)
         return 2
     if args.jobs < 1:
-        print(f"kube-vgpu simulate: --jobs {args.jobs} is out of range; allowed >= 1", file=sys.stderr)
+        print(f"{PROG}: --jobs {args.jobs} is out of range; allowed >= 1", file=sys.stderr)
         return 2
     if args.out is not None:
         try:
@@ -308,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             probe.write_text("")
             probe.unlink()
         except OSError as e:
-            print(f"kube-vgpu simulate: --out {args.out} is not a writable folder: {e.strerror or e}",
+            print(f"{PROG}: --out {args.out} is not a writable folder: {e.strerror or e}",
                   file=sys.stderr)
             return 2
     try:
@@ -323,13 +322,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             workload = "synthetic"
             n_seeds = args.seeds or 2
     except (OSError, ValueError) as e:
-        print(f"kube-vgpu simulate: {e}", file=sys.stderr)
+        print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     if not pods:
-        print("kube-vgpu simulate: the pod list is empty", file=sys.stderr)
+        print(f"{PROG}: the pod list is empty", file=sys.stderr)
         return 2
     if not any(n.devices for n in nodes):
-        print("kube-vgpu simulate: the node list has no GPUs", file=sys.stderr)
+        print(f"{PROG}: the node list has no GPUs", file=sys.stderr)
         return 2
     policies = args.policy or list(DEFAULT_POLICIES)
     seeds = list(range(42, 42 + n_seeds))
@@ -344,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             against = load_expected(args.against, workload)
         except (OSError, KeyError, ValueError) as e:
-            print(f"kube-vgpu simulate: cannot read --against {args.against}: {e}", file=sys.stderr)
+            print(f"{PROG}: cannot read --against {args.against}: {e}", file=sys.stderr)
             return 2
     print("\nGPU allocation (% of capacity) at arrived GPU request (% of capacity), mean over seeds")
     print(format_table(results, against))

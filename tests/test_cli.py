@@ -1,0 +1,95 @@
+"""kube_vgpu_cli: the kube-vgpu console script dispatcher (the composition root, outside the domain)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import kube_vgpu
+from kube_vgpu_cli import SUBCOMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_no_args_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    out = capsys.readouterr().out
+    assert "usage: kube-vgpu" in out
+    for name in SUBCOMMANDS:
+        assert name in out
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h", "help"])
+def test_help(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([flag]) == 0
+    assert "usage: kube-vgpu" in capsys.readouterr().out
+
+
+def test_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["frobnicate"]) == 2
+    cap = capsys.readouterr()
+    assert "unknown command 'frobnicate'" in cap.err
+    assert "usage: kube-vgpu" in cap.err
+    assert cap.out == ""
+
+
+@pytest.mark.parametrize("flag", ["--version", "version"])
+def test_version(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([flag]) == 0
+    assert capsys.readouterr().out.strip() == kube_vgpu.__version__ == "0.1.0"
+
+
+def test_subcommand_targets_are_module_function() -> None:
+    for target, desc in SUBCOMMANDS.values():
+        mod, _, func = target.partition(":")
+        assert mod and func and desc
+
+
+def test_dispatch_passes_remaining_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+    fake = types.ModuleType("kvg_fake_cmd")
+    fake.main = lambda argv: seen.append(argv) or 7  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kvg_fake_cmd", fake)
+    monkeypatch.setitem(SUBCOMMANDS, "fake", ("kvg_fake_cmd:main", "test"))
+    assert main(["fake", "--x", "1"]) == 7
+    assert seen == [["--x", "1"]]
+
+
+def test_every_subcommand_resolves() -> None:
+    for name, (target, _) in SUBCOMMANDS.items():
+        mod, _, func = target.partition(":")
+        assert callable(getattr(importlib.import_module(mod), func)), name
+
+
+def test_replay_and_its_old_name_run_the_same_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert SUBCOMMANDS["simulate"][0] == SUBCOMMANDS["replay"][0]
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "offline trace replay" in out and "kubectl vgpu what-if" in out and "alias of replay" in out
+
+
+def test_python_dash_m_runs_the_dispatcher() -> None:
+    r = subprocess.run([sys.executable, "-m", "kube_vgpu_cli", "--version"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == kube_vgpu.__version__
+
+
+COMPONENTS = {"scheduler", "webhook", "deviceplugin", "certs", "kubectl_vgpu", "replay", "kube_vgpu_cli", "libvgpu"}
+
+
+def test_the_domain_imports_no_component() -> None:
+    found = []
+    for path in sorted((ROOT / "kube_vgpu").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in COMPONENTS]
+        # dispatch by import string counts too
+        found += [f"{path.relative_to(ROOT)}: {c}" for c in COMPONENTS if f'"{c}.' in path.read_text()]
+    assert not found, found
