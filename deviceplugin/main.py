@@ -72,19 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
     except (ConfigError, OSError) as e:
-        log.error("config: %s", e)
+        log.error("invalid config", extra={"key": getattr(e, "key", "(file)"), "error": str(e)})
         return 2
     try:
         keys = KeyDir(args.signing_keys_dir)
     except SigningKeyError as e:
-        log.error("signing keys (--signing-keys-dir): %s", e)
+        log.error("signing keys unusable (--signing-keys-dir)", extra={"error": str(e)})
         return 2
     try:
         from .kube import ApiKubeClient
 
         kube = ApiKubeClient(args.kubeconfig)
     except Exception as e:  # noqa: BLE001 - kubernetes.config raises several types
-        log.error("kubernetes client: %s", e)
+        log.error("kubernetes client unusable", extra={"error": str(e)})
         return 1
     opts = Options(node_name=args.node_name, device_plugin_dir=args.device_plugin_dir,
                    shim_host_path=args.shim_host_path, cache_host_dir=args.cache_host_dir,
@@ -97,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plugin.start()
     except NVMLError as e:
-        log.error("NVML: %s", e)
+        log.error("NVML unusable", extra={"error": str(e)})
         plugin.stop()
         return 1
     http = HealthServer(plugin, args.metrics_bind_address, args.metrics_port)
     http.start()
-    log.info("device plugin for node %s up; metrics on %s:%d", args.node_name, args.metrics_bind_address,
-             http.port)
+    log.info("device plugin up", extra={"node": args.node_name,
+                                       "metrics": f"{args.metrics_bind_address}:{http.port}"})
     while not done.wait(1.0):
         if not plugin.alive():
             log.error("a background thread died; exiting")

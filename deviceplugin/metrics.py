@@ -148,7 +148,7 @@ class HealthServer:
                 self.wfile.write(body)
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                log.debug("http: " + format, *args)
+                log.debug("http request", extra={"line": format % args})
 
         self.httpd = ThreadingHTTPServer((bind, port), Handler)
         self.httpd.daemon_threads = True

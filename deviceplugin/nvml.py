@@ -95,7 +95,7 @@ class NVML:
                     pynvml.nvmlEventSetFree(self._events)
                 pynvml.nvmlShutdown()
             except NVMLError as e:
-                log.warning("nvml shutdown: %s", e)
+                log.warning("NVML shutdown failed", extra={"error": str(e)})
             self._events = None
             self._inited = False
 

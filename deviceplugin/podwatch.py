@@ -135,7 +135,7 @@ class PodWatcher:
                         elif etype == "DELETED":
                             self.book.forget((obj.get("metadata") or {}).get("uid", ""))
                         elif etype == "ERROR":
-                            log.info("pod watch ended: %s", obj.get("message", obj))
+                            log.info("pod watch ended", extra={"reason": str(obj.get("message", obj))})
                             break
                         if self._stop.is_set():
                             break
@@ -144,7 +144,8 @@ class PodWatcher:
             except Exception as e:  # noqa: BLE001 - any API failure: list again after a pause
                 if self._stop.is_set():
                     break
-                log.warning("pod watch for node %s failed, listing again in %.0f s: %s", node, delay, e)
+                log.warning("pod watch failed, listing again", extra={"node": node, "retry_s": round(delay),
+                                                                      "error": str(e)})
                 self._stop.wait(delay)
                 delay = min(delay * 2, self.max_retry_seconds)
             finally:

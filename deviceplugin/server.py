@@ -258,16 +258,17 @@ class DevicePlugin:
     def _discover(self) -> None:
         gpus, problems = self.nvml.discover()
         for p in problems:
-            log.error("GPU not usable, not advertised: %s", p)
+            log.error("GPU not usable, not advertised", extra={"problem": str(p)})
         keep, skipped = inv.select(gpus, self.settings)
         for s in skipped:
-            log.warning("GPU skipped: %s", s)
+            log.warning("GPU skipped", extra={"reason": str(s)})
         for g in keep:
             self._health.add(g.uuid)
-            log.info("GPU %s index %d %s %d MiB numa %d: %d slots", g.uuid, g.index, g.model, g.memory_mib,
-                     g.numa, self.settings.split_count)
+            log.info("GPU advertised", extra={"gpu": g.uuid, "index": g.index, "model": g.model,
+                                              "memory_mib": g.memory_mib, "numa": g.numa,
+                                              "slots": self.settings.split_count})
         for p in self.nvml.watch_events([g.uuid for g in keep]):
-            log.warning("%s (the GPU is still probed)", p)
+            log.warning("no NVML events for a GPU; it is still probed", extra={"problem": str(p)})
         self._gpus = keep
         self._rebuild()
 
@@ -310,16 +311,16 @@ class DevicePlugin:
             try:
                 ev = self.nvml.wait_event(self.opts.health_poll_ms)
             except NVMLError as e:
-                log.warning("NVML event wait failed: %s", e)
+                log.warning("NVML event wait failed", extra={"error": str(e)})
                 self._stop.wait(self.opts.health_poll_ms / 1000)
                 ev = None
             if ev is not None:
                 uuid, etype, xid = ev
                 if self._health.on_event(uuid, etype, xid):
                     changed = True
-                    log.error("GPU %s unhealthy: %s", uuid, self._health.reason(uuid))
+                    log.error("GPU unhealthy", extra={"gpu": uuid, "reason": self._health.reason(uuid)})
                 else:
-                    log.info("GPU %s event type 0x%x xid %d (no health change)", uuid, etype, xid)
+                    log.info("GPU event, no health change", extra={"gpu": uuid, "event_type": hex(etype), "xid": xid})
             if time.monotonic() >= next_probe:
                 next_probe = time.monotonic() + self.opts.probe_interval
                 for g in self._gpus:
@@ -327,9 +328,9 @@ class DevicePlugin:
                     if self._health.on_probe(g.uuid, err):
                         changed = True
                         if self._health.healthy(g.uuid):
-                            log.info("GPU %s healthy again", g.uuid)
+                            log.info("GPU healthy again", extra={"gpu": g.uuid})
                         else:
-                            log.error("GPU %s unhealthy: %s", g.uuid, self._health.reason(g.uuid))
+                            log.error("GPU unhealthy", extra={"gpu": g.uuid, "reason": self._health.reason(g.uuid)})
             if changed:
                 self._rebuild()
                 self._inventory_due.set()
@@ -349,7 +350,7 @@ class DevicePlugin:
                 self.write_inventory()
             except Exception as e:  # noqa: BLE001 - any API failure is retried next beat
                 self.status.last_inventory_error = str(e)
-                log.warning("writing node inventory failed: %s", e)
+                log.warning("writing node inventory failed", extra={"error": str(e)})
             try:
                 # under the Allocate lock: a cache directory created by an Allocate before this listing
                 # belongs to a pod the listing holds (unless it was deleted), none is created during it
@@ -361,7 +362,7 @@ class DevicePlugin:
                     for uid in [u for u in self._written if u not in live]:
                         del self._written[uid]
             except Exception as e:  # noqa: BLE001
-                log.warning("listing pods (metrics, cache cleanup) failed: %s", e)
+                log.warning("listing pods (metrics, cache cleanup) failed", extra={"error": str(e)})
             self._inventory_due.wait(self.opts.heartbeat_seconds)
             self._inventory_due.clear()
 
@@ -387,7 +388,7 @@ class DevicePlugin:
         try:
             names = os.listdir(root)
         except OSError as e:
-            log.warning("cannot list the cache directory %s: %s", root, e)
+            log.warning("cannot list the cache directory", extra={"path": root, "error": str(e)})
             return []
         removed = self._clean_alloc_dirs(names, live)
         for name in names:
@@ -404,10 +405,11 @@ class DevicePlugin:
             except FileNotFoundError:
                 continue
             except OSError as e:
-                log.warning("cannot remove the cache directory %s of gone pod %s: %s", path, uid, e)
+                log.warning("cannot remove the cache directory of a gone pod", extra={"path": path, "uid": uid,
+                                                                                     "error": str(e)})
                 continue
             removed.append(path)
-            log.info("removed the cache directory %s (pod %s no longer on this node)", path, uid)
+            log.info("removed the cache directory of a pod no longer on this node", extra={"path": path, "uid": uid})
         return removed
 
     def _clean_alloc_dirs(self, names: list[str], live: set[Any]) -> list[str]:
@@ -440,11 +442,12 @@ class DevicePlugin:
                 except FileNotFoundError:
                     continue
                 except OSError as e:
-                    log.warning("cannot remove the allocation directory %s: %s", path, e)
+                    log.warning("cannot remove the allocation directory", extra={"path": path, "error": str(e)})
                     continue
                 removed.append(path)
-                log.info("removed the allocation directory %s (%s)", path,
-                         f"pod {owner[0]} no longer on this node" if owner else "no container was identified for it")
+                log.info("removed the allocation directory", extra={
+                    "path": path, "reason": "pod no longer on this node" if owner else "no container was identified for it",
+                    "uid": owner[0] if owner else None})
         self._owners = owners
         return removed
 
@@ -503,7 +506,7 @@ class DevicePlugin:
         server.add_insecure_port(f"unix://{self.socket_path}")
         server.start()
         self._server = server
-        log.info("serving v1beta1.DevicePlugin on %s", self.socket_path)
+        log.info("serving v1beta1.DevicePlugin", extra={"socket": self.socket_path})
 
     def register(self) -> None:
         """Call kubelet's Registration.Register. Raises grpc.RpcError."""
@@ -515,7 +518,7 @@ class DevicePlugin:
                 timeout=self.opts.register_timeout)
         self.status.registered = True
         self.status.registrations += 1
-        log.info("registered %s with kubelet at %s", self.names.gpu, self.kubelet_socket)
+        log.info("registered with kubelet", extra={"resource": self.names.gpu, "socket": self.kubelet_socket})
 
     def _kubelet_identity(self) -> tuple[int, int] | None:
         try:
@@ -530,7 +533,7 @@ class DevicePlugin:
             ours = os.path.exists(self.socket_path)
             if ident is None:
                 if self.status.registered:
-                    log.warning("kubelet socket %s is gone; waiting for kubelet", self.kubelet_socket)
+                    log.warning("kubelet socket is gone; waiting for kubelet", extra={"socket": self.kubelet_socket})
                 self.status.registered = False
                 self._kubelet_id = None
             elif ident != self._kubelet_id or not ours or not self.status.registered:
@@ -543,9 +546,9 @@ class DevicePlugin:
                     self.register()
                     self._kubelet_id = ident
                 except grpc.RpcError as e:
-                    log.warning("registration with kubelet failed: %s", _rpc_text(e))
+                    log.warning("registration with kubelet failed", extra={"error": _rpc_text(e)})
                 except Exception as e:  # noqa: BLE001 - keep supervising
-                    log.warning("restarting the plugin socket failed: %s", e)
+                    log.warning("restarting the plugin socket failed", extra={"error": str(e)})
             self._stop.wait(self.opts.watch_interval)
 
     # ------------------------------------------------------------------ preferred allocation / allocate
@@ -595,7 +598,7 @@ class DevicePlugin:
         try:  # short: kubelet is waiting for this answer
             listing = self.podresources.list(self.names.gpu, timeout=1.0)
         except PodResourcesError as e:
-            log.debug("GetPreferredAllocation without PodResources: %s", e)
+            log.debug("GetPreferredAllocation without PodResources", extra={"error": str(e)})
             return {}
         out: dict[tuple[str, str], list[str]] = {}
         for h in listing:
@@ -620,8 +623,8 @@ class DevicePlugin:
                                                int(creq.allocation_size), cands)
             if target is not None and len(ids) == creq.allocation_size:
                 skipped = [c.key for c in cands if c.demoted and len(c.devices) == creq.allocation_size]
-                log.info("preferred %s for %s%s", ",".join(ids), target.key,
-                         f" (demoted, not admitted by kubelet in order: {', '.join(skipped)})" if skipped else "")
+                log.info("preferred devices", extra={"ids": ",".join(ids), "container": target.key,
+                                                    "demoted": ",".join(skipped) if skipped else None})
             resp.container_responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return resp
 
@@ -642,7 +645,8 @@ class DevicePlugin:
                 spec = allocate_spec(ids, shim_host_path=self.opts.shim_host_path,
                                      cache_host_dir=self.opts.cache_host_dir)
                 self._prepare_mounts(spec)
-                log.info("allocated %s as %s (limits pending until PreStartContainer)", ",".join(ids), alloc_key(ids))
+                log.info("allocated (limits pending until PreStartContainer)", extra={"ids": ",".join(ids),
+                                                                                        "key": alloc_key(ids)})
                 resp.container_responses.append(_to_pb(spec))
             return resp
 
@@ -693,8 +697,8 @@ class DevicePlugin:
             first = pc.container not in _allocated(view)
             if first:
                 self._record(pods, pc)
-            log.info("pre-started %s (kubelet ids %s, %s)%s", pc.describe(), ",".join(ids), key,
-                     "" if first else " again (container restart)")
+            log.info("pre-started" if first else "pre-started again (container restart)",
+                     extra={"container": pc.describe(), "ids": ",".join(ids), "key": key})
             self._pods = pods
             return api_pb2.PreStartContainerResponse()
 
@@ -751,9 +755,10 @@ class DevicePlugin:
                 f.write(want)
             os.chmod(tmp, 0o644)
             os.replace(tmp, path)
-            log.info("wrote %s", path)
+            log.info("wrote the preload file", extra={"path": path})
         except OSError as e:
-            log.error("cannot write the preload file %s: %s; containers will not load the shim", path, e)
+            log.error("cannot write the preload file; containers will not load the shim",
+                      extra={"path": path, "error": str(e)})
 
 
 def plugin_options() -> api_pb2.DevicePluginOptions:
@@ -797,7 +802,7 @@ class Servicer(api_pb2_grpc.DevicePluginServicer):
         try:
             return self.p.preferred(request)
         except Exception as e:  # noqa: BLE001 - a preference is optional; never fail kubelet here
-            log.warning("GetPreferredAllocation failed, answering without preference: %s", e)
+            log.warning("GetPreferredAllocation failed, answering without preference", extra={"error": str(e)})
             resp = api_pb2.PreferredAllocationResponse()
             for creq in request.container_requests:
                 ids = list(creq.must_include_deviceIDs)
@@ -829,5 +834,5 @@ class Servicer(api_pb2_grpc.DevicePluginServicer):
 
     def _fail(self, context: Any, call: str, code: grpc.StatusCode, msg: str) -> None:
         (self.p.status.allocations if call == "Allocate" else self.p.status.prestarts)["error"] += 1
-        log.error("%s refused: %s", call, msg)
+        log.error("request refused", extra={"call": call, "error": msg})
         context.abort(code, msg)

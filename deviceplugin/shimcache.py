@@ -46,7 +46,7 @@ def read_container(cache_host_dir: str, pod_uid: str, container: str,
     try:
         region = read(path)
     except (OSError, ValueError) as e:  # RegionError is a ValueError
-        log.debug("cache file %s not readable: %s", path, e)
+        log.debug("cache file not readable", extra={"path": str(path), "error": str(e)})
         return None
     return {i: int(u) for i, u in enumerate(region.used)}
 

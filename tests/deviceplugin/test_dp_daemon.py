@@ -5,6 +5,7 @@ fake Kubernetes API. Limits are read from the limits file the container would se
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -487,7 +488,7 @@ def test_cli_runs_against_fake_kubelet_and_stops_on_sigterm(gpus: FakeGPUs, fake
     port = _free_port()
     env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml_lib.parent), "NODE_NAME": NODE}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kube_vgpu.cli", "device-plugin", "--kubeconfig", kubeconfig,
+        [sys.executable, "-m", "kube_vgpu_cli", "device-plugin", "--kubeconfig", kubeconfig,
          "--device-plugin-dir", sockdir, "--shim-host-path", str(tmp_path / "vgpu" / "libvgpu.so"),
          "--cache-host-dir", str(tmp_path / "containers"), "--metrics-port", str(port),
          "--metrics-bind-address", "127.0.0.1", "--heartbeat-seconds", "1", "--log-level", "debug",
@@ -501,7 +502,10 @@ def test_cli_runs_against_fake_kubelet_and_stops_on_sigterm(gpus: FakeGPUs, fake
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err[-3000:]
-    assert '"level": "info"' in err and "registered nvidia.com/gpu" in err
+    assert '"level": "info"' in err and "registered with kubelet" in err
+    # values travel in fields, not in the message (like every component's logs)
+    reg = next(json.loads(line) for line in err.splitlines() if '"registered with kubelet"' in line)
+    assert reg["resource"] == "nvidia.com/gpu" and reg["socket"]
 
 
 def _allocate(kubelet: FakeKubelet, *ids: str) -> api_pb2.ContainerAllocateResponse:
@@ -667,8 +671,8 @@ def test_cache_cleanup_tolerates_errors_and_never_removes_live_pods(start_plugin
     with caplog.at_level("WARNING", logger="kube_vgpu.deviceplugin"):
         assert plugin.clean_cache_dirs(pods) == []
     assert a.is_dir() and not b.exists() and live.is_dir()
-    assert any("cannot remove the cache directory" in r.getMessage() and "aaaa_c" in r.getMessage()
-               for r in caplog.records)
+    assert any("cannot remove the cache directory" in r.getMessage() and str(getattr(r, "path", "")).endswith("aaaa_c")
+               and "Permission denied" in getattr(r, "error", "") for r in caplog.records)
     monkeypatch.setattr(server.shutil, "rmtree", real)
     assert plugin.clean_cache_dirs(pods) == [str(a)]
     assert live.is_dir()
