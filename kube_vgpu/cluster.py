@@ -144,6 +144,9 @@ class ClusterCache:
         self.config = config
         self.clock = clock
         self.keys = keys
+        #: pod key -> (the inputs of its last verified record, that Record): see read_record;
+        #: dropped when the pod is forgotten
+        self._record_memo: dict[str, tuple[tuple[Any, ...], Record]] = {}
         #: uid -> rejection code of pods whose record was refused (logged once per uid)
         self._rejected: dict[str, str] = {}
         #: called with the rejection code once per pod uid whose record is refused (metrics)
@@ -357,6 +360,7 @@ class ClusterCache:
         return b
 
     def _forget(self, key: str, uid: str | None) -> None:
+        self._record_memo.pop(key, None)
         info = self.pods.get(key)
         if info is not None and (uid is None or info.uid == uid):
             self.pods.pop(key, None)
@@ -387,6 +391,16 @@ class ClusterCache:
         if not isinstance(text, str):
             return Rejected("undecodable", "allocation record is not a string")
         node = str((pod.get("spec") or {}).get("nodeName") or "")
+        memo: tuple[Any, ...] | None = None
+        if self.keys is not None and node:
+            # verification and decoding are a pure function of these (the key ring by identity: a
+            # reload replaces it), so a watch event that changes none of them (status updates, the
+            # device plugin's progress) reuses the verdict instead of another HMAC and decode
+            memo = (self.keys.current(), str(m.get("uid") or ""), node, text,
+                    ann.get(ANN_ALLOCATION_SIGNATURE), ann.get(ANN_BIND_TIME))
+            hit = self._record_memo.get(pod_key(pod))
+            if hit is not None and hit[0][0] is memo[0] and hit[0][1:] == memo[1:]:
+                return hit[1]
         alloc: PodAllocation | None = None
         if self.keys is None or not node:
             try:
@@ -410,7 +424,10 @@ class ClusterCache:
             return Rejected("other-node", f"signed allocation record names node {alloc.node!r}, the pod is "
                                           f"bound to {node!r}")
         assert isinstance(sig, str)
-        return Record(alloc, text, sig, v.kid)
+        rec = Record(alloc, text, sig, v.kid)
+        if memo is not None:
+            self._record_memo[pod_key(pod)] = (memo, rec)
+        return rec
 
     def stale_key(self, pod: dict[str, Any], rec: Record) -> bool:
         """True if the verified record ``rec``, or its verified progress, is signed with a key that is
@@ -598,6 +615,8 @@ class ClusterCache:
             seen.add(pod_key(p))
             self.on_pod("ADDED", p)
         keep = self._relist_keeps(resource_version, seen)
+        for key in [k for k in self._record_memo if k not in seen]:
+            del self._record_memo[key]
         for key in list(self.pods):
             if key not in seen and key not in keep:
                 self._forget(key, None)

@@ -345,7 +345,7 @@ class BindCycle:
             log.warning("bind failed", extra={"pod": key, "node": node, "error": str(e), "outcome": e.outcome})
             return str(e)
         self.metrics.binds.labels(outcome="success").inc()
-        log.info("bound", extra={"pod": key, "node": node, "gpu": ",".join(gpus)})
+        log.debug("bound", extra={"pod": key, "node": node, "gpu": ",".join(gpus)})
         return ""
 
     async def fetch(self, ns: str, name: str, uid: str) -> Obj:

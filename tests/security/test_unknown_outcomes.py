@@ -242,11 +242,14 @@ def test_binding_unknown_and_fence_failing_too_keeps_the_booking(fake: FakeKubeA
         async with extender(fake) as ext:
             svc = ext.svc
             fake.fail_next("create", "pods/binding", 504)
-            fake.fail_next("patch", "pods", 503, name="a")
+            fake.fail_next("patch", "pods", 503, count=None, name="a")  # every fence fails until cleared
             err = await bind(ext, a)
             assert "fencing the unbound pod failed too" in err and "outcome is unknown" in err, err
             assert "default/a" in svc.cache.state.bookings
             assert "cannot place default/b on node-0" in await bind(ext, b)
+            await wait_until(lambda: svc.unknown_retries >= 1)  # the read-back fences again, and fails
+            assert "default/a" in svc.cache.state.bookings
+            fake.clear_failures()
             await wait_until(lambda: not svc.cache.unresolved, timeout=10)
             await wait_until(lambda: not svc.cache.state.bookings, timeout=10)
             assert bound_to(fake, "a") is None and record(fake, "a") is None
