@@ -3,6 +3,13 @@
 Decisions are cached per (policy, pod shape) and node: a node's cached result is recomputed only
 when that node changed since (its version moved), so a decision costs one vector compare over the
 nodes plus the work on the few nodes that changed. Hot path: no I/O.
+
+Changed nodes are evaluated one by one with the reference rules (:mod:`.fit`, the policy's
+``score``), shared between nodes in the same state, when few changed; when many did (a new pod
+shape: all of them) and the policy is vectorised (:func:`.vector.kinds`: binpack, spread,
+bestfit, dotprod; not FGD), all at once by :mod:`.vector`, whose answers are the same. A node
+evaluated that way holds :data:`.vector.FEASIBLE` until its Plan is needed (choose, plan_for,
+assume_on), which the reference rules then make for that one node.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from .memo import BoundedMemo
 from .policies import Policy, TaskShape, make_policy
 from .state import Assumption, Booking, ClusterState, NodeState
 from .status import NO_INVENTORY, FitFailure
+from .vector import FEASIBLE, kinds
+from .vector import evaluate as evaluate_vector
 
 NEG_INF = -math.inf
 
@@ -63,8 +72,9 @@ class Decision:
 class NodeResults:
     """One pod evaluated on many nodes (:meth:`Engine.evaluate_nodes`), aligned with the node
     indexes asked about: ``scores`` (float64; the policy score, -inf where the pod does not fit)
-    and ``outcomes`` (object array: the node's Plan, or its FitFailure where it does not fit).
-    Both are the caller's own copies."""
+    and ``outcomes`` (object array: the FitFailure where the pod does not fit; where it fits, its
+    Plan or :data:`~kube_vgpu.placement.vector.FEASIBLE` when the Plan is made on demand by
+    :meth:`Engine.choose` / :meth:`Engine.plan_for`). Both are the caller's own copies."""
 
     scores: np.ndarray
     outcomes: np.ndarray
@@ -80,12 +90,16 @@ class Engine:
 
     node_policy / gpu_policy: defaults (pod annotations override); shapes: FGD's target workload;
     cache_entries: how many (policy, pod shape) decisions are kept (least recently used dropped);
-    memo_entries: how many (shape, node state) results nodes in the same state share.
+    memo_entries: how many (shape, node state) results nodes in the same state share;
+    vector_min: from how many changed nodes on a decision is evaluated with :mod:`.vector` (0:
+    always, when the policy is vectorised; a very large number: never).
     """
 
     def __init__(self, state: ClusterState, node_policy: str = "binpack", gpu_policy: str = "spread",
-                 shapes: list[TaskShape] | None = None, cache_entries: int = 512, memo_entries: int = 300_000):
+                 shapes: list[TaskShape] | None = None, cache_entries: int = 512, memo_entries: int = 300_000,
+                 vector_min: int = 24):
         self.state = state
+        self.vector_min = vector_min
         self.node_policy = node_policy
         self.gpu_policy = gpu_policy
         self.shapes = shapes
@@ -142,6 +156,14 @@ class Engine:
             dirty = np.flatnonzero(e.versions != versions)
         else:
             dirty = idx[e.versions[idx] != versions[idx]]
+        if len(dirty) and len(dirty) >= self.vector_min:
+            vk = kinds(pol)
+            if vk is not None:
+                sc, out = evaluate_vector(self.state.table, dirty, pod, *vk)
+                e.scores[dirty] = sc
+                e.results[dirty] = out
+                e.versions[dirty] = versions[dirty]
+                return
         nodes = self.state.node_list
         memo = self._memo
         results = e.results
@@ -198,9 +220,14 @@ class Engine:
         return ok, failed, scores
 
     def _outcome(self, e: _Entry, pol: Policy, pod: PodRequest, i: int) -> Plan | FitFailure:
-        """Node ``i``'s refreshed outcome in entry ``e``."""
+        """Node ``i``'s refreshed outcome in entry ``e``, its Plan made now if it was evaluated
+        with the others (:data:`.vector.FEASIBLE`)."""
         r = e.results[i]
         assert r is not None  # refreshed by the caller
+        if r is FEASIBLE:
+            made = pol.evaluate(self.state.node_list[i], pod)
+            assert not isinstance(made, FitFailure), "vectorised fit disagrees with the reference"
+            r = e.results[i] = made[1]
         return r  # type: ignore[no-any-return]
 
     def choose(self, pod: PodRequest, names: Sequence[str] | None = None) -> Decision | None:

@@ -10,6 +10,9 @@ containers never double-book a GPU beyond its capacity. The pod then holds, per 
 
 A pod that does not fit gets a :class:`~kube_vgpu.placement.status.FitFailure` (code and
 numbers, no text). Pure functions over a :class:`NodeState`; they never mutate it.
+
+These are the reference rules. :mod:`kube_vgpu.placement.vector` is their vectorised twin (all
+nodes at once, for the first decision of a new pod shape); a property test holds the two equal.
 """
 
 from __future__ import annotations
@@ -181,20 +184,32 @@ def fit_pod(node: NodeState, pod: PodRequest, order: GpuOrder = order_by_index) 
     return Plan(tuple(plans))
 
 
+#: the GPU orderings (:func:`order_kind`)
+ORDER_INDEX, ORDER_BESTFIT, ORDER_BINPACK, ORDER_SPREAD = "index", "bestfit", "binpack", "spread"
+
+
+def order_kind(kind: str) -> str:
+    """The GPU ordering a GPU policy name stands for: ``index``, ``bestfit``, ``binpack``, or
+    ``spread`` (any other name)."""
+    return kind if kind in (ORDER_INDEX, ORDER_BESTFIT, ORDER_BINPACK) else ORDER_SPREAD
+
+
 def gpu_order(kind: str) -> GpuOrder:
-    """The GPU ordering for a GPU policy name: ``binpack`` (most used first), ``spread`` (least
-    used first), ``bestfit`` (smallest free share that fits first), ``index``."""
-    if kind == "index":
+    """The GPU ordering for a GPU policy name (see :func:`order_kind`): ``binpack`` (most used
+    first), ``spread`` (least used first), ``bestfit`` (smallest free share that fits first),
+    ``index``. :mod:`kube_vgpu.placement.vector` has the vectorised twin of each."""
+    kind = order_kind(kind)
+    if kind == ORDER_INDEX:
         return order_by_index
 
-    if kind == "bestfit":
+    if kind == ORDER_BESTFIT:
         def bestfit(node: NodeState, cands: list[int], mem: list[int], cores: list[int],
                     req: ContainerRequest) -> list[int]:
             return sorted(cands, key=lambda i: (min(cores[i] * 1000 // max(node.devices[i].cores, 1),
                                                     mem[i] * 1000 // max(node.devices[i].memory_mib, 1)), i))
         return bestfit
 
-    sign = -1.0 if kind == "binpack" else 1.0
+    sign = -1.0 if kind == ORDER_BINPACK else 1.0
 
     def used(node: NodeState, cands: list[int], mem: list[int], cores: list[int],
              req: ContainerRequest) -> list[int]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..model import ContainerRequest, PodRequest
 from ..policyregistry import node_policy as policy_spec
-from .fit import GpuOrder, Plan, fit_pod, gpu_order, order_kind
+from .fit import ORDER_BESTFIT, GpuOrder, Plan, fit_pod, gpu_order, order_kind
 from .memo import BoundedMemo
 from .state import NodeState
 from .status import FitFailure
@@ -172,8 +172,8 @@ class BestFit(Policy):
     """The FGD artifact's BestFit baseline (see module docstring)."""
 
     def __init__(self, gpu_policy: str = "spread"):
-        self.order = gpu_order("bestfit")
-        self.order_kind = "bestfit"
+        self.order = gpu_order(ORDER_BESTFIT)
+        self.order_kind = ORDER_BESTFIT
 
     def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
         gfree = sum(node.gpu_milli_free(i) for i in range(len(node.devices)))
@@ -186,8 +186,8 @@ class DotProd(Policy):
     """The FGD artifact's DotProd baseline (see module docstring)."""
 
     def __init__(self, gpu_policy: str = "spread"):
-        self.order = gpu_order("bestfit")
-        self.order_kind = "bestfit"
+        self.order = gpu_order(ORDER_BESTFIT)
+        self.order_kind = ORDER_BESTFIT
 
     def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
         gfree = sum(node.gpu_milli_free(i) for i in range(len(node.devices)))

@@ -99,6 +99,121 @@ class NodeState:
                 + (tm - sum(self.free_mem)) / tm)
 
 
+class GpuTable:
+    """Every node's GPUs as numpy arrays, for the vectorised fit (:mod:`kube_vgpu.placement.vector`).
+
+    Row = node index (position in ``ClusterState.node_list``), column = GPU position on the node,
+    padded to the node with the most GPUs (``present`` is False in the padding, where every other
+    value is 0). Per GPU: ``free_mem`` (MiB), ``free_cores`` (percent), ``free_slots``,
+    ``mem_total``, ``cores_total``, ``split``, ``healthy``, ``model`` (an id into ``model_names``)
+    and ``uuids``; per node: ``n_gpus``, host ``cpu_total`` / ``cpu_free`` (millicores),
+    ``host_mem_total`` / ``host_mem_free`` (MiB), and two values the node scores read, computed
+    by NodeState itself: ``used_fraction`` (:meth:`NodeState.used_fraction`) and ``milli_free``
+    (the sum of :meth:`NodeState.gpu_milli_free` over the node's GPUs). Arrays have spare rows: only the first ``n`` are
+    nodes. :class:`ClusterState` keeps it in step with its NodeStates, in O(GPUs of the node)
+    per booking, release or promise.
+    """
+
+    _GPU_INT = ("free_mem", "free_cores", "free_slots", "mem_total", "cores_total", "split", "model")
+    _NODE_INT = ("n_gpus", "cpu_total", "cpu_free", "host_mem_total", "host_mem_free", "milli_free")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.width = 0
+        self.model_names: list[str] = [""]  # id 0: the padding
+        self._model_ids: dict[str, int] = {"": 0}
+        self._alloc(16, 1)
+
+    def _alloc(self, rows: int, width: int) -> None:
+        old = dict(vars(self)) if hasattr(self, "free_mem") else None
+        for k in self._GPU_INT:
+            setattr(self, k, np.zeros((rows, width), dtype=np.int64))
+        self.present = np.zeros((rows, width), dtype=bool)
+        self.healthy = np.zeros((rows, width), dtype=bool)
+        self.uuids = np.full((rows, width), "", dtype=object)
+        for k in self._NODE_INT:
+            setattr(self, k, np.zeros(rows, dtype=np.int64))
+        self.used_fraction = np.zeros(rows, dtype=np.float64)
+        if old is not None:
+            n, w = self.n, self.width
+            for k in (*self._GPU_INT, "present", "healthy", "uuids"):
+                getattr(self, k)[:n, :w] = old[k][:n, :w]
+            for k in (*self._NODE_INT, "used_fraction"):
+                getattr(self, k)[:n] = old[k][:n]
+        self.width = width
+
+    # The per-array attributes are set by _alloc; declared here for type checkers.
+    free_mem: np.ndarray
+    free_cores: np.ndarray
+    free_slots: np.ndarray
+    mem_total: np.ndarray
+    cores_total: np.ndarray
+    split: np.ndarray
+    model: np.ndarray
+    present: np.ndarray
+    healthy: np.ndarray
+    uuids: np.ndarray
+    n_gpus: np.ndarray
+    cpu_total: np.ndarray
+    cpu_free: np.ndarray
+    host_mem_total: np.ndarray
+    host_mem_free: np.ndarray
+    milli_free: np.ndarray
+    used_fraction: np.ndarray
+
+    def _model_id(self, name: str) -> int:
+        i = self._model_ids.get(name)
+        if i is None:
+            i = self._model_ids[name] = len(self.model_names)
+            self.model_names.append(name)
+        return i
+
+    def write(self, r: int, node: NodeState) -> None:
+        """Row ``r`` becomes ``node`` (devices, capacities and what is free); grows the arrays
+        when ``r`` is the next row or the node has more GPUs than any before."""
+        k = len(node.devices)
+        if r >= len(self.n_gpus) or k > self.width:
+            self._alloc(max(len(self.n_gpus), 2 * (r + 1)), max(self.width, k))
+        if r >= self.n:
+            self.n = r + 1
+        for a in (*self._GPU_INT, "present", "healthy"):
+            getattr(self, a)[r] = 0
+        self.uuids[r] = ""
+        devs = node.devices
+        self.mem_total[r, :k] = [d.memory_mib for d in devs]
+        self.cores_total[r, :k] = [d.cores for d in devs]
+        self.split[r, :k] = [d.split for d in devs]
+        self.healthy[r, :k] = [d.healthy for d in devs]
+        self.model[r, :k] = [self._model_id(d.model) for d in devs]
+        self.uuids[r, :k] = [d.uuid for d in devs]
+        self.present[r, :k] = True
+        self.n_gpus[r] = k
+        self.cpu_total[r] = node.cpu_total
+        self.host_mem_total[r] = node.memory_total
+        self.sync_free(r, node)
+
+    def sync_free(self, r: int, node: NodeState) -> None:
+        """Copy what is free on ``node`` (per GPU and host) into row ``r``."""
+        k = len(node.devices)
+        if k:
+            self.free_mem[r, :k] = node.free_mem
+            self.free_cores[r, :k] = node.free_cores
+            self.free_slots[r, :k] = node.free_slots
+        self.cpu_free[r] = node.cpu_free
+        self.host_mem_free[r] = node.memory_free
+        self.used_fraction[r] = node.used_fraction()
+        self.milli_free[r] = sum(node.gpu_milli_free(i) for i in range(k))
+
+    def delete(self, r: int) -> None:
+        """Remove row ``r``; the rows after it move up by one."""
+        n = self.n
+        for a in (*self._GPU_INT, "present", "healthy", "uuids", *self._NODE_INT, "used_fraction"):
+            arr = getattr(self, a)
+            arr[r:n - 1] = arr[r + 1:n]
+            arr[n - 1] = "" if a == "uuids" else 0
+        self.n = n - 1
+
+
 def _models_host(node: NodeState) -> int:
     return 1 if node.cpu_total or node.memory_total else 0
 
@@ -119,6 +234,8 @@ class ClusterState:
         self.versions = np.zeros(0, dtype=np.int64)
         #: how many nodes model host CPU or memory (``cpu_total`` or ``memory_total`` > 0)
         self.host_nodes = 0
+        #: the same nodes as numpy arrays, row = node index (the vectorised fit reads them)
+        self.table = GpuTable()
 
     @property
     def models_host(self) -> bool:
@@ -145,9 +262,11 @@ class ClusterState:
             self.node_list.append(node)
             self.versions = np.append(self.versions, 0)
             self.generation += 1
+            self.table.write(idx, node)
         else:
             self.node_list[idx] = node
             node.version = old.version + 1
+            self.table.write(idx, node)
             for b in list(old.pods.values()):
                 rebased = self._usage_for(node, b.allocation)
                 b2 = Booking(b.pod, name, b.allocation, b.cpu_milli, b.memory_mib, rebased)
@@ -170,6 +289,7 @@ class ClusterState:
             self.bookings.pop(pod, None)
         self.host_nodes -= _models_host(node)
         self.node_list.pop(node.idx)
+        self.table.delete(node.idx)
         self.versions = np.delete(self.versions, node.idx)
         for i, n in enumerate(self.node_list):
             n.idx = i
@@ -196,6 +316,7 @@ class ClusterState:
         node.version += 1
         if node.idx < len(self.versions) and self.node_list[node.idx] is node:
             self.versions[node.idx] = node.version
+            self.table.sync_free(node.idx, node)
 
     def book(self, pod: str, alloc: PodAllocation, cpu_milli: int = 0, memory_mib: int = 0,
              check: bool = True) -> Booking:

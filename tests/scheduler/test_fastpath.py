@@ -46,7 +46,7 @@ def _cluster(seed: int, n_nodes: int) -> list[tuple[str, tuple[GPUDevice, ...], 
 def test_evaluate_names_equals_engine_evaluate(seed: int, n_nodes: int, limits: dict[str, str], policy: str) -> None:
     states = (ClusterState(), ClusterState())
     ref = Engine(states[0], policy, "spread")
-    fast = ExtenderEngine(states[1], policy, "spread")
+    fast = ExtenderEngine(states[1], policy, "spread", vector_min=0)  # every changed node vectorised
     for name, devs, allocs in _cluster(seed, n_nodes):
         for s in states:
             s.set_node(name, devs)
