@@ -26,9 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kube_vgpu.codec import decode_allocation
-from kube_vgpu.errors import CodecError
-from kube_vgpu.resources import ANN_ALLOCATION
+from kube_vgpu.codec import allocation_or_none
 
 from . import shimcache
 
@@ -94,12 +92,8 @@ class PluginCollector(Collector):
                                 labels=["namespace", "pod", "container", "vdevice_index", "device_uuid"])
         for pod in self.p.trusted_pods():  # a tenant's edited record never labels the metrics
             meta = pod.get("metadata") or {}
-            raw = (meta.get("annotations") or {}).get(ANN_ALLOCATION)
-            if not raw:
-                continue
-            try:
-                rec = decode_allocation(raw)
-            except CodecError:
+            rec = allocation_or_none(pod)
+            if rec is None:
                 continue
             for c in rec.containers:
                 uid = str(meta.get("uid", ""))

@@ -54,10 +54,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kube_vgpu import envcontract
-from kube_vgpu.codec import decode_allocation
-from kube_vgpu.errors import CodecError
+from kube_vgpu.codec import allocation_or_none, decode_allocation, read_allocation
+from kube_vgpu.errors import CodecError, QuantityError
 from kube_vgpu.model import DeviceBooking
-from kube_vgpu.podspec import resource_value
+from kube_vgpu.podlife import active
+from kube_vgpu.podspec import whole_resource
 from kube_vgpu.resources import (
     ANN_ALLOCATED_CONTAINERS,
     ANN_ALLOCATION,
@@ -164,31 +165,23 @@ def allocated_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(n for n in (s.strip() for s in raw.split(",")) if n)
 
 
-def _quantity_positive(v: Any) -> bool:
-    try:
-        return float(str(v)) > 0
-    except ValueError:
-        return True  # a quantity we cannot read still names the resource
-
-
 def _requests_gpu(ctr: Mapping[str, Any], gpu: str) -> bool:
-    res = ctr.get("resources") or {}
-    for part in ("limits", "requests"):
-        v = (res.get(part) or {}).get(gpu)
-        if v is not None and _quantity_positive(v):
-            return True
-    return False
+    """Whether the container asks for ``gpu`` (a whole count > 0, read by podspec's exact rule); a
+    value that is not a whole quantity still names the resource (the webhook and the extender
+    refuse such a pod, kubelet would still call Allocate for it)."""
+    try:
+        n = whole_resource(ctr, gpu)
+    except QuantityError:
+        return True
+    return n is not None and n > 0
 
 
 def _int_resource(ctr: Mapping[str, Any], name: str) -> int | None:
-    """Resource ``name`` of a container (limits first, requests as fallback) as a whole number,
-    or None when absent or not a whole number (the webhook and the extender report bad values)."""
-    v = resource_value(ctr, name)
-    if v is None:
-        return None
+    """Resource ``name`` of a container by podspec's exact whole-number rule, or None when absent
+    or not a whole number (the webhook and the extender report bad values)."""
     try:
-        return int(str(v))
-    except ValueError:
+        return whole_resource(ctr, name)
+    except QuantityError:
         return None
 
 
@@ -246,11 +239,9 @@ def arrival_key(pod: Mapping[str, Any], arrivals: Mapping[str, Arrival] | None) 
     meta = pod.get("metadata") or {}
     ann = _ann(pod)
     rec_time = 0.0
-    if ANN_BIND_TIME not in ann and ANN_ALLOCATION in ann:
-        try:
-            rec_time = decode_allocation(ann[ANN_ALLOCATION]).time
-        except CodecError:
-            pass
+    if ANN_BIND_TIME not in ann:
+        rec = allocation_or_none(pod)
+        rec_time = rec.time if rec is not None else 0.0
     fallback = (_scheduled_time(pod), _float(ann.get(ANN_BIND_TIME), rec_time),
                 meta.get("creationTimestamp") or "", meta.get("namespace", ""), meta.get("name", ""))
     if arrivals is None:
@@ -386,9 +377,8 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
     for pod in pods:
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
-        status = pod.get("status") or {}
         ann = _ann(pod)
-        if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+        if not active(pod):
             continue
         why = refused.get(meta.get("uid", ""), "")
         if why:
@@ -400,11 +390,8 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
                 continue
             if spec.get("nodeName") not in (None, "", node):
                 continue
-            try:
-                alloc = decode_allocation(ann[ANN_ALLOCATION])
-            except CodecError:
-                continue
-            if alloc.node != node:
+            alloc = allocation_or_none(pod)
+            if alloc is None or alloc.node != node:
                 continue
         done = allocated_names(pod)
         spec_ctrs = [(c, True) for c in spec.get("initContainers") or ()] + \
@@ -468,11 +455,12 @@ def identified(pod: Mapping[str, Any], container: str, node: str, names: Resourc
     ctr, init = found
     if not _requests_gpu(ctr, names.gpu):
         raise MatchError(f"{where}: does not request {names.gpu} in its spec, yet kubelet assigned it GPUs")
-    ann = _ann(pod)
     try:
-        alloc = decode_allocation(str(ann.get(ANN_ALLOCATION, "")))
+        alloc = read_allocation(pod)
     except CodecError as e:
         raise MatchError(f"{where}: allocation record undecodable: {e}") from e
+    if alloc is None:
+        raise MatchError(f"{where}: no allocation record ({ANN_ALLOCATION})")
     if alloc.node != node:
         raise MatchError(f"{where}: allocation record is for node {alloc.node!r}, not {node!r}")
     rec = alloc.container(container, init)

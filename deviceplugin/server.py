@@ -46,12 +46,11 @@ from typing import Any
 
 import grpc
 
-from kube_vgpu.codec import decode_allocation, encode_inventory
+from kube_vgpu.codec import allocation_or_none, encode_inventory
 from kube_vgpu.config import Config
-from kube_vgpu.errors import CodecError
 from kube_vgpu.model import GPUDevice
+from kube_vgpu.podlife import active
 from kube_vgpu.resources import (
-    ANN_ALLOCATION,
     ANN_ALLOCATION_SIGNATURE,
     ANN_BIND_PHASE,
     ANN_NODE_INVENTORY,
@@ -461,17 +460,10 @@ class DevicePlugin:
         out: dict[str, list[int]] = {}
         views, _ = trusted_view(self._pods, self.opts.node_name, self.keys.current())
         for pod in views:
-            meta = pod.get("metadata") or {}
-            if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            if not active(pod):
                 continue
-            raw = (meta.get("annotations") or {}).get(ANN_ALLOCATION)
-            if not raw:
-                continue
-            try:
-                alloc = decode_allocation(raw)
-            except CodecError:
-                continue
-            if alloc.node != self.opts.node_name:
+            alloc = allocation_or_none(pod)
+            if alloc is None or alloc.node != self.opts.node_name:
                 continue
             for uuid, (mem, cores, n) in alloc.usage().items():
                 cur = out.setdefault(uuid, [0, 0, 0])

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from .codec import decode_allocation, decode_inventory
+from .codec import decode_allocation, decode_inventory, read_allocation
 from .config import Config, rfc3339_seconds
 from .errors import CodecError, QuantityError
 from .model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
@@ -60,6 +60,7 @@ from .placement.fastpath import NO_INVENTORY, ExtenderEngine
 from .placement.liveshapes import default_shapes
 from .placement.state import NodeState
 from .placement.status import Code, FitFailure
+from .podlife import holds_gpus
 from .podspec import parse_pod
 from .quantity import parse_quantity
 from .resources import (
@@ -477,9 +478,11 @@ class ClusterCache:
             return None, (f"not adopted: created {created}, not before scheduling.adoptUnsignedBefore "
                           f"{self.config.scheduling.adopt_unsigned_before}")
         try:
-            alloc = decode_allocation(str((m.get("annotations") or {}).get(ANN_ALLOCATION)))
+            alloc = read_allocation(pod)
         except CodecError as e:
             return None, f"not adopted: allocation record undecodable: {e}"
+        if alloc is None:  # MISSING signature on a record that is there: cannot happen; never adopt nothing
+            return None, "not adopted: no allocation record"
         log.info("adopting an unsigned allocation record (scheduling.adoptUnsignedBefore); it will be signed",
                  extra={"pod": key, "node": node})
         if self.on_resign is not None:
@@ -537,8 +540,7 @@ class ClusterCache:
             self._rejected.pop(uid, None)
             self._forget(key, uid)
             return
-        phase = (pod.get("status") or {}).get("phase")
-        if phase in ("Succeeded", "Failed"):
+        if not holds_gpus(pod):  # finished: its containers stopped for good (terminating pods keep theirs)
             self._rejected.pop(uid, None)
             self._forget(key, uid)
             return

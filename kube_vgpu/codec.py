@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import CodecError
 from .model import ContainerAllocation, DeviceBooking, GPUDevice, NodeInventory, PodAllocation
+from .resources import ANN_ALLOCATION
 
 VERSION = 1
 
@@ -162,3 +164,39 @@ def decode_allocation(text: str) -> PodAllocation:
         names.add(key)
         conts.append(ContainerAllocation(name=key[0], init=key[1], devices=tuple(devs)))
     return PodAllocation(node=_get(obj, "node", str, what), containers=tuple(conts), time=t)
+
+
+# -- reading the record off a Pod (the one place that does; callers choose raise or skip) --------
+
+
+def allocation_text(pod: Mapping[str, Any]) -> str | None:
+    """The raw ``kube-vgpu.io/allocation`` annotation of a Pod JSON object, or None when the pod
+    carries none (absent or empty). Reads only: the signature is not checked here
+    (:mod:`kube_vgpu.signing`). Raises CodecError when the value is not a string."""
+    meta = pod.get("metadata")
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    text = ann.get(ANN_ALLOCATION) if isinstance(ann, Mapping) else None
+    if text is None or text == "":
+        return None
+    if not isinstance(text, str):
+        raise CodecError(f"allocation: annotation value must be a string, got {type(text).__name__}")
+    return text
+
+
+def read_allocation(pod: Mapping[str, Any]) -> PodAllocation | None:
+    """The pod's decoded allocation record, or None when it carries none. Not verified: call it on
+    pods whose record was verified, or where an unverified record only informs (inspect).
+    Raises CodecError naming what is wrong with a record that is there."""
+    text = allocation_text(pod)
+    return None if text is None else decode_allocation(text)
+
+
+def allocation_or_none(pod: Mapping[str, Any]) -> PodAllocation | None:
+    """:func:`read_allocation`, with an undecodable record treated as no record: for readers that
+    skip such pods (metrics, ordering, a listing of verified pods); the scheduler owns the record
+    and reports it. Never raises."""
+    try:
+        return read_allocation(pod)
+    except CodecError:
+        return None
+

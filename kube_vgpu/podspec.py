@@ -72,6 +72,14 @@ def resource_value(container: Mapping[str, Any], name: str) -> Any:
     return requests.get(name)
 
 
+def whole_resource(container: Mapping[str, Any], name: str) -> int | None:
+    """Resource ``name`` of a container (limits first, requests as fallback) as an exact whole
+    number, the rule :func:`parse_container` applies (``"2"``, ``"2.0"``, ``"2e0"``), or None when
+    absent. Raises QuantityError for a value that is not a whole quantity (``"1.5"``, ``"500m"``)."""
+    v = resource_value(container, name)
+    return None if v is None else parse_whole(v)
+
+
 def container_asks(container: Mapping[str, Any], names: ResourceNames) -> bool:
     """True if the container names any vGPU resource (gpu, gpumem, percentage, cores) at all.
     Never raises: a malformed container asks for nothing (:func:`parse_pod` reports it)."""

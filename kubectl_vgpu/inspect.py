@@ -12,11 +12,12 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-from kube_vgpu.codec import decode_allocation, decode_inventory
+from kube_vgpu.codec import decode_inventory, read_allocation
 from kube_vgpu.config import Config
 from kube_vgpu.errors import CodecError
-from kube_vgpu.model import GPUDevice, PodAllocation
-from kube_vgpu.resources import ANN_ALLOCATION, ANN_BIND_PHASE, ANN_NODE_INVENTORY
+from kube_vgpu.model import GPUDevice
+from kube_vgpu.podlife import holds_gpus
+from kube_vgpu.resources import ANN_BIND_PHASE, ANN_NODE_INVENTORY
 
 from .cluster import Cluster
 from .text import safe
@@ -118,15 +119,16 @@ def build(cluster: Cluster, config: Config | None = None) -> Report:
         nodes[name] = NodeReport(name, gpus, inv.heartbeat, age, stale)
     for p in sorted(cluster.pods, key=lambda p: (_meta(p).get("namespace") or "", _meta(p).get("name") or "")):
         m = _meta(p)
-        text = (m.get("annotations") or {}).get(ANN_ALLOCATION)
-        phase = str((p.get("status") or {}).get("phase") or "Pending")
-        if not text or phase in ("Succeeded", "Failed"):
+        if not holds_gpus(p):
             continue
+        phase = str((p.get("status") or {}).get("phase") or "Pending")
         key = f"{m.get('namespace') or 'default'}/{m.get('name') or ''}"
         try:
-            alloc: PodAllocation = decode_allocation(text)
+            alloc = read_allocation(p)
         except CodecError as e:
             warnings.append(f"pod {key}: {e}")
+            continue
+        if alloc is None:
             continue
         node = nodes.get(alloc.node)
         if node is None:

@@ -365,3 +365,28 @@ def test_gpu_container_without_booking_is_refused_not_given_the_next_containers_
         started([p], "p", "first", ids(A, 0))
     assert "default/p container first" in str(e.value) and "refusing to hand out an unlimited limit" in str(e.value)
     assert started([p], "p", "second", ids(A, 1)).devices[0].memory_mib == 3000
+
+
+@pytest.mark.parametrize(("gpu", "waited_for"), [("1", True), ("1.0", True), ("1e0", True), ("0", False),
+                                                  ("0.0", False), ("500m", True), ("lots", True)])
+def test_gpu_count_is_read_by_podspecs_exact_rule(gpu: str, waited_for: bool) -> None:
+    # podspec's whole-number rule (kube_vgpu.quantity): "1.0" and "1e0" are one GPU, "0.0" none; a
+    # value that is no whole quantity ("500m", junk) still names the resource, so kubelet's Allocate
+    # for it is waited for (and then refused by the record check), never silently ignored
+    pod = bound_pod("p", [("c", False, [(A, 1000, 0)], {})])
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = gpu
+    assert bool(pending_containers([pod], NODE)) is waited_for
+
+
+@pytest.mark.parametrize(("prio", "want"), [("1", 1), ("1.0", 1), ("0", 0), ("1e0", 1), ("0.5", None),
+                                            ("high", None)])
+def test_priority_is_read_by_podspecs_exact_rule(prio: str, want: int | None) -> None:
+    q = bound_pod("q", [("c", False, [(A, 1000, 10)], {"resources": {"limits": {"nvidia.com/priority": prio}}})])
+    assert pending_containers([q], NODE)[0].priority == want
+
+
+def test_identified_container_without_a_record_is_refused() -> None:
+    pod = with_uid(bound_pod("p", [("c", False, [(A, 1000, 0)], {})]))
+    del pod["metadata"]["annotations"][ANN_ALLOCATION]
+    with pytest.raises(MatchError, match="no allocation record"):
+        identified(pod, "c", NODE)
