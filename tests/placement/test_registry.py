@@ -91,3 +91,11 @@ def test_no_policy_name_literal_outside_the_registry() -> None:
                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
                     found.append(f"{rel}:{node.lineno}: {node.value!r}")
     assert not found, "policy names written outside kube_vgpu/policyregistry.py:\n" + "\n".join(found)
+
+
+def test_placement_docs_describe_exactly_the_registered_policies() -> None:
+    text = (ROOT / "docs" / "placement.md").read_text()
+    section = text.split("## Policies", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1].strip().strip("`") for line in section.splitlines()
+            if line.startswith("| `")]
+    assert rows == list(NODE_POLICIES)
