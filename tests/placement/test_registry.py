@@ -99,3 +99,14 @@ def test_placement_docs_describe_exactly_the_registered_policies() -> None:
     rows = [line.split("|")[1].strip().strip("`") for line in section.splitlines()
             if line.startswith("| `")]
     assert rows == list(NODE_POLICIES)
+
+
+def test_config_validation_stays_light() -> None:
+    # the webhook and the device plugin validate the config (and its policy names) without
+    # loading the placement engine or numpy
+    import subprocess
+    import sys
+    code = ("import sys, kube_vgpu.config, kube_vgpu.policyregistry; "
+            "print(sorted(m for m in ('numpy', 'kube_vgpu.placement') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
