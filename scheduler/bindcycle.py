@@ -35,11 +35,12 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kube_vgpu.cluster import pod_key
-from kube_vgpu.codec import encode_allocation
+from kube_vgpu.codec import allocation_text, encode_allocation
 from kube_vgpu.config import Config
-from kube_vgpu.errors import RequestError
+from kube_vgpu.errors import CodecError, RequestError
 from kube_vgpu.model import PodAllocation, PodRequest
 from kube_vgpu.placement import Booking
+from kube_vgpu.podlife import finished, terminating
 from kube_vgpu.podspec import parse_pod, pod_asks
 from kube_vgpu.resources import (
     ANN_ALLOCATION,
@@ -141,7 +142,10 @@ def judge(pod: Obj | None, uid: str, node: str, allocation: str) -> str:
     meta = pod.get("metadata") or {}
     if uid and str(meta.get("uid") or "") != uid:
         return "gone"
-    ours = bool(allocation) and (meta.get("annotations") or {}).get(ANN_ALLOCATION) == allocation
+    try:
+        ours = bool(allocation) and allocation_text(pod) == allocation
+    except CodecError:
+        ours = False
     bound_to = str((pod.get("spec") or {}).get("nodeName") or "")
     if bound_to:
         return "bound" if bound_to == node and ours else "elsewhere"
@@ -233,7 +237,7 @@ def write_binding(api: KubeAPI, ns: str, name: str, uid: str, rv: str, annotatio
             return WriteResult("failed", error=f"binding {key} to {node}: the pod changed, and reading it again "
                                f"failed: {api_error_text(got)}", outcome="api_error", binding_posted=True)
         fm = (got or {}).get("metadata") or {}
-        if got is None or str(fm.get("uid") or "") != uid or fm.get("deletionTimestamp") \
+        if got is None or str(fm.get("uid") or "") != uid or terminating(got) \
                 or (got.get("spec") or {}).get("nodeName"):
             raise BindError(f"pod {key} changed while binding (deleted, recreated or already bound)", "conflict")
         rv = _rv(got)
@@ -389,12 +393,12 @@ class BindCycle:
                             f"schedulerName {cfg.scheduler_name!r}", "refused")
         if spec.get("nodeName"):
             raise BindError(f"pod {key} is already bound: spec.nodeName={spec['nodeName']!r}", "refused")
-        if meta.get("deletionTimestamp"):
+        if terminating(pod):
             raise BindError(f"pod {key} is being deleted: metadata.deletionTimestamp="
                             f"{meta['deletionTimestamp']!r}", "not_found")
-        phase = (pod.get("status") or {}).get("phase")
-        if phase in ("Succeeded", "Failed"):
-            raise BindError(f"pod {key} has finished: status.phase={phase!r}", "refused")
+        if finished(pod):
+            raise BindError(f"pod {key} has finished: status.phase={(pod.get('status') or {}).get('phase')!r}",
+                            "refused")
         info = self.cache.nodes.get(node)
         if info is None:
             raise BindError(f"cannot bind pod {key}: node {node!r} is not known to the kube-vgpu scheduler",

@@ -32,6 +32,7 @@ from kube_vgpu.placement import Booking, OvercommitError
 from kube_vgpu.placement.fastpath import NO_INVENTORY
 from kube_vgpu.placement.render import detail
 from kube_vgpu.placement.status import FitFailure
+from kube_vgpu.podlife import active
 from kube_vgpu.signing import KeySource
 
 
@@ -96,8 +97,7 @@ class BindCache(ClusterCache):
         elif (pod.get("spec") or {}).get("nodeName"):
             self._bound_seen[key] = uid
             self.unbound.pop(key, None)
-        elif (pod.get("metadata") or {}).get("deletionTimestamp") or \
-                (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        elif not active(pod):
             self.unbound.pop(key, None)
         else:
             self.unbound[key] = pod
