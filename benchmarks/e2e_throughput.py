@@ -26,7 +26,8 @@ pods, 0 Warning events on bound pods, extender CPU <= 5 ms per pod. Nothing here
 
 Profiling: with ``KV_BENCH_PYSPY=/tmp/ext.txt`` (and ``py-spy`` on PATH), py-spy samples the extender
 during the vGPU phase and writes collapsed stacks there (``--format raw``; CPU figures then include
-the sampling overhead); the webhook's go to the same path + ``.webhook``. ``KV_BENCH_PYSPY_ARGS``:
+the sampling overhead); the webhook's and the device plugin's go to the same path + ``.webhook`` and
+``.device-plugin``. ``KV_BENCH_PYSPY_ARGS``:
 extra py-spy flags (e.g. ``--gil``: only the thread holding the GIL, i.e. Python CPU).
 """
 
@@ -238,6 +239,10 @@ def main() -> int:
             assert wh is not None
             spy_wh = subprocess.Popen(["py-spy", "record", *os.environ.get("KV_BENCH_PYSPY_ARGS", "").split(), "--format", "raw", "-r", "250", "--pid",
                                        str(wh.pid), "-o", os.environ["KV_BENCH_PYSPY"] + ".webhook"])
+            dp = comps.procs["device-plugin"].p
+            assert dp is not None
+            spy_dp = subprocess.Popen(["py-spy", "record", *os.environ.get("KV_BENCH_PYSPY_ARGS", "").split(), "--format", "raw", "-r", "250", "--pid",
+                                       str(dp.pid), "-o", os.environ["KV_BENCH_PYSPY"] + ".device-plugin"])
             time.sleep(2)  # let it attach
         cpu0, binds0 = cpu_seconds(ext.p.pid), binds_by_outcome(comps.extender_port)
         lat0 = handler_seconds(comps.extender_port)
@@ -247,7 +252,7 @@ def main() -> int:
         cpu1, binds1 = cpu_seconds(ext.p.pid), binds_by_outcome(comps.extender_port)
         lat1 = handler_seconds(comps.extender_port)
         if spy is not None:
-            for sp in (spy, spy_wh):
+            for sp in (spy, spy_wh, spy_dp):
                 sp.send_signal(signal.SIGINT)
                 sp.wait(timeout=30)
         print(f"vgpu pods: {args.pods} in {vgpu_s:.2f} s = {vgpu_rate:.1f} pods/s", flush=True)
