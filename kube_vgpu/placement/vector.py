@@ -92,10 +92,19 @@ class _Failures:
         rows = np.flatnonzero(self.done)
         if not len(rows):
             return out
-        uniq, inv = np.unique(self.rec[rows], axis=0, return_inverse=True)
+        rec = self.rec[rows]
+        # equal records -> one id: each column's values numbered and combined with the id so far
+        # (renumbered after each column, so ids stay below len(rows) and never overflow)
+        key = np.zeros(len(rows), dtype=np.int64)
+        for col in range(rec.shape[1]):
+            vals, inv = np.unique(rec[:, col], return_inverse=True)
+            if len(vals) > 1:
+                key = key * len(vals) + inv.reshape(-1)
+                key = np.unique(key, return_inverse=True)[1].reshape(-1)  # renumber: stays small
+        first, inv = np.unique(key, return_index=True, return_inverse=True)[1:]
         conts = pod.containers
-        objs = np.empty(len(uniq), dtype=object)
-        for j, (k, code, need, have, gpu) in enumerate(uniq.tolist()):
+        objs = np.empty(len(first), dtype=object)
+        for j, (k, code, need, have, gpu) in enumerate(rec[first].tolist()):
             if k == _HOST:
                 objs[j] = FitFailure(_CODES[code], need=need, have=have)
             else:
