@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--signing-keys-dir", required=True,
                    help="directory of the allocation signing keys: 'active' (the key id that signs) and one "
                         "'key.<kid>' file per key (>= 32 random bytes); reloaded when its files change")
+    p.add_argument("--filter-best-node", type=_bool_flag, nargs="?", const=True, default=False, metavar="true|false",
+                   help="/filter answers only the node the policy ranks first (as HAMi does): kube-scheduler "
+                        "then skips scoring and never calls /prioritize, which saves a round trip per pod but "
+                        "leaves kube-scheduler's own scores (preferred affinity, spreading) out of the choice")
     return p
 
 
@@ -110,7 +114,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     return Options(config_path=args.config, leader_elect=args.leader_elect, leader_mode=args.leader_elect_mode,
                    hostname=socket.gethostname(), lease_name=args.lease_name or DEFAULT_LEASE[args.leader_elect_mode],
                    lease_namespace=args.lease_namespace, identity=identity, resync_seconds=args.resync_seconds,
-                   freeze_gc=True)
+                   freeze_gc=True, filter_best_node=args.filter_best_node)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -115,6 +115,9 @@ class Options:
     sync_wait: float = 5.0
     shapes_interval: float = 300.0
     assume_seconds: float = 30.0
+    #: /filter answers only the node the policy ranks first (HAMi's behaviour: kube-scheduler then
+    #: skips scoring, and /prioritize is not called), instead of every feasible node
+    filter_best_node: bool = False
     api_workers: int = 48
     #: first and longest wait (s) between read-backs of a pod whose bind outcome is unknown
     unknown_retry: tuple[float, float] = (0.2, 10.0)
@@ -521,11 +524,20 @@ class SchedulerService:
         if self.cache.state.assumed:
             self.binds.expire_promises()
             self.cache.state.forget_assumed(req.key)  # a new scheduling cycle ends the pod's promise
-        ok, failed, _ = self.cache.evaluate(req, names, want_scores=False)
+        best_only = self.opts.filter_best_node
+        ok, failed, scores = self.cache.evaluate(req, names, want_scores=best_only)
         own = self.cache.own_unbound_booking(req.key, str((pod.get("metadata") or {}).get("uid") or ""))
         if own is not None and own in failed and own not in self.cache.unavailable:
             del failed[own]  # the pod's own booking there is what it needs (see own_unbound_booking)
             ok.append(own)
+        if best_only and len(ok) > 1:
+            # only the node prioritize would rank first (its own booking, else the first of the
+            # best-scoring names in request order): kube-scheduler skips scoring for one feasible node
+            if own is not None and own in ok:
+                ok = [own]
+            else:
+                order = {n: i for i, n in enumerate(names)}
+                ok = [min(ok, key=lambda n: (-scores.get(n, float("-inf")), order.get(n, 0)))]
         if not failed:
             resolvable: dict[str, str] = {}
             unresolvable: dict[str, str] = {}

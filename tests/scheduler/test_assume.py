@@ -89,14 +89,16 @@ async def _pipeline(ext: Extender, pods: list[dict[str, Any]], nodes: list[dict[
     (4, 2, 20, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000}),  # 16 fit exactly: the cluster fills up
     (1, 2, 8, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000}),  # one node: promised at filter
 ])
+@pytest.mark.parametrize("best_only", [False, True])
 def test_pipelined_pods_bind_without_races_and_leave_no_promise(fake: FakeKubeAPI, n_nodes: int, gpus: int,
-                                                                 n_pods: int, limits: dict[str, int]) -> None:
+                                                                 n_pods: int, limits: dict[str, int],
+                                                                 best_only: bool) -> None:
     nodes = [fake.create_object("nodes", node_obj(f"node-{i:02d}", gpus)) for i in range(n_nodes)]
     pods = _create(fake, n_pods, limits)
     fits = min(n_pods, n_nodes * gpus * (24576 // limits["nvidia.com/gpumem"]), n_nodes * gpus * 10)
 
     async def go() -> None:
-        async with extender(fake) as ext:
+        async with extender(fake, filter_best_node=best_only) as ext:
             svc = ext.svc
             decided, errors = await _pipeline(ext, pods, nodes)
             assert sum(1 for n in decided.values() if n) == fits  # promises told later pods what is left
@@ -163,6 +165,36 @@ def test_a_new_scheduling_cycle_replaces_the_pods_promise() -> None:
         assert res["NodeNames"] == ["n0"] and list(svc.cache.state.assumed) == ["default/p"]
         res = await svc.filter(filter_args(p, nodes))  # retried: its own promise does not block it
         assert res["NodeNames"] == ["n0"] and len(svc.cache.state.assumed) == 1
+    run(go)
+
+
+def test_filter_best_node_answers_the_node_prioritize_would_promise() -> None:
+    """With ``filter_best_node`` /filter answers one node, the one /prioritize ranks first (and
+    promises it, as for any single feasible node), so kube-scheduler skips scoring; the other
+    feasible nodes are left out, not reported as failed. Nodes of different sizes, so the policy's
+    scores differ; a pod that fits nowhere still gets every node's reason."""
+    nodes = [node_obj("n0", 1, mem=16384), node_obj("n1", 2, mem=24576), node_obj("n2", 4, mem=40960),
+             node_obj("n3", 8, mem=81920)]
+
+    async def go() -> None:
+        for i, mib in enumerate((1000, 8000, 20000, 30000)):
+            pod = pod_obj(f"p{i}", limits={"nvidia.com/gpumem": mib})
+            ref = offline_service(nodes)
+            feasible = (await ref.filter(filter_args(pod, nodes)))["NodeNames"]
+            assert len(feasible) > 1, (mib, feasible)
+            ref = offline_service(nodes)
+            scores = {e["Host"]: e["Score"] for e in json.loads(await ref.prioritize(filter_args(pod, nodes)))}
+            top = max(scores.values())
+            (expected,) = [n for n, sc in scores.items() if sc == top]
+            best = offline_service(nodes, filter_best_node=True)
+            res = await best.filter(filter_args(pod, nodes))
+            assert res["NodeNames"] == [expected], (mib, res)
+            assert set(res["FailedNodes"]) == {n["metadata"]["name"] for n in nodes} - set(feasible)
+            assert {a.node for a in best.cache.state.assumed.values()} == {expected}
+        res = await offline_service(nodes, filter_best_node=True).filter(
+            filter_args(pod_obj("huge", limits={"nvidia.com/gpumem": 90000}), nodes))
+        assert res["NodeNames"] == [] and set(res["FailedNodes"]) | set(res.get("FailedAndUnresolvableNodes") or {}) \
+            == {"n0", "n1", "n2", "n3"}
     run(go)
 
 
