@@ -63,6 +63,7 @@ from .placement.status import Code, FitFailure
 from .podlife import holds_gpus
 from .podspec import parse_pod
 from .quantity import parse_quantity
+from .quota import Amount, QuotaBook, exceeded, usage_of
 from .resources import (
     ANN_ALLOCATED_CONTAINERS,
     ANN_ALLOCATION,
@@ -127,6 +128,15 @@ def _meta(obj: dict[str, Any]) -> dict[str, Any]:
     return obj.get("metadata") or {}
 
 
+def allocation_amount(alloc: PodAllocation) -> Amount:
+    """GPU memory and compute an allocation holds (init containers collapsed as booked)."""
+    mib = cores = 0
+    for m, c, _s in alloc.usage().values():
+        mib += m
+        cores += c
+    return Amount(mib, cores)
+
+
 def pod_key(pod: dict[str, Any]) -> str:
     """``namespace/name`` of a Pod dict."""
     m = _meta(pod)
@@ -145,6 +155,8 @@ class ClusterCache:
         self.config = config
         self.clock = clock
         self.keys = keys
+        #: the ResourceQuotas that name our memory or cores resources (kube_vgpu/quota.py)
+        self.quotas = QuotaBook(config.resource_names)
         #: pod key -> (the inputs of its last verified record, that Record): see read_record;
         #: dropped when the pod is forgotten
         self._record_memo: dict[str, tuple[tuple[Any, ...], Record]] = {}
@@ -175,6 +187,7 @@ class ClusterCache:
         if (s.node_policy, s.gpu_policy) != (self.engine.node_policy, self.engine.gpu_policy):
             self.engine.configure(s.node_policy, s.gpu_policy)
         self.config = config
+        self.quotas.set_names(config.resource_names)
         self._adopt_before = self._cutoff(config)
         self.refresh_availability()
 
@@ -647,6 +660,70 @@ class ClusterCache:
         """Pod keys a relist at ``resource_version`` (pods ``seen``) must not release although
         absent. None here."""
         return set()
+
+    # -- GPU quota per namespace (kube_vgpu/quota.py) ----------------------------------------
+    def on_quota(self, kind: str, quota: dict[str, Any]) -> None:
+        """A ResourceQuota watch event."""
+        self.quotas.on_quota(kind, quota)
+
+    def replace_quotas(self, items: Iterable[dict[str, Any]], resource_version: str = "") -> None:
+        """A relist of ResourceQuotas."""
+        self.quotas.replace(items)
+
+    def namespace_usage(self, namespace: str, exclude: str = "") -> Amount:
+        """GPU memory and compute booked or promised in ``namespace`` (pods ``ns/...``), leaving out
+        the pod key ``exclude`` (the pod being placed: its own earlier promise or booking is
+        replaced, not added)."""
+        prefix = namespace + "/"
+        total = Amount()
+        bookings = self.state.bookings
+        for key, b in bookings.items():
+            if key.startswith(prefix) and key != exclude:
+                total += usage_of(b.usage)
+        for key, a in self.state.assumed.items():
+            if key.startswith(prefix) and key != exclude and key not in bookings:
+                total += usage_of(a.usage)
+        return total
+
+    def quota_failure(self, pod: PodRequest, asked: Amount) -> FitFailure | None:
+        """The failure when ``asked`` on top of what ``pod``'s namespace already holds goes over a
+        GPU quota there (tightest first), else None. Cheap when the namespace has no GPU quota."""
+        lims = self.quotas.limits(pod.namespace)
+        if not lims:
+            return None
+        over = exceeded(pod.namespace, lims, self.namespace_usage(pod.namespace, exclude=pod.key), asked)
+        if over is None:
+            return None
+        return FitFailure(Code.QUOTA_EXCEEDED, need=over.asked, have=over.used, detail=over.text())
+
+    def asked_on(self, pod: PodRequest, node: str) -> Amount | None:
+        """What ``pod`` would book on ``node`` (its plan there: percentages resolved on the GPUs it
+        would get), or None when it does not fit there."""
+        plan = self.engine.plan_for(pod, node)
+        if isinstance(plan, FitFailure):
+            return None
+        return allocation_amount(self.engine.allocation(pod, node, plan, now=0.0))
+
+    def filter_quota(self, pod: PodRequest, ok: list[str], failed: dict[str, FitFailure]) -> list[str]:
+        """Move the nodes of ``ok`` where ``pod`` would go over a GPU quota of its namespace into
+        ``failed``; returns the nodes that stay. Plans once per distinct GPU-size layout (a
+        percentage request books by the size of the GPUs it gets)."""
+        if not self.quotas.limits(pod.namespace):
+            return ok
+        keep: list[str] = []
+        seen: dict[tuple[int, ...], FitFailure | None] = {}
+        for name in ok:
+            ns = self.state.nodes.get(name)
+            layout = tuple(d.memory_mib for d in ns.devices) if ns is not None else ()
+            if layout not in seen:
+                asked = self.asked_on(pod, name)
+                seen[layout] = None if asked is None else self.quota_failure(pod, asked)
+            f = seen[layout]
+            if f is None:
+                keep.append(name)
+            else:
+                failed[name] = f
+        return keep
 
     # -- placement ----------------------------------------------------------------------------
     def evaluate(self, pod: PodRequest, names: Sequence[str], want_scores: bool = True

@@ -44,6 +44,8 @@ class Cluster:
     now: float
     source: str = "live"
     warnings: list[str] = field(default_factory=list)
+    #: ResourceQuota objects (``kubectl vgpu quota``; a snapshot may leave them out)
+    quotas: list[Obj] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.nodes = self._keep(self.nodes, "node")
@@ -165,9 +167,11 @@ def load_snapshot(path: str | Path) -> Cluster:
         raise ClusterError(f'snapshot {p} must be an object {{"nodes": NodeList, "pods": PodList}}')
     nodes = _items(raw["nodes"], "nodes")
     pods = _items(raw["pods"], "pods")
+    quotas = _items(raw["resourcequotas"], "resourcequotas") if "resourcequotas" in raw else []
     t = raw.get("time")
     now = float(t) if isinstance(t, int | float) and not isinstance(t, bool) else newest_heartbeat(nodes)
-    return Cluster(nodes=nodes, pods=pods, now=now, source=str(p))
+    return Cluster(nodes=nodes, pods=pods, now=now, source=str(p),
+                   quotas=[q for q in quotas if isinstance(q, dict)])
 
 
 def load_live(kubeconfig: str | None = None, context: str | None = None) -> Cluster:
@@ -197,4 +201,12 @@ def load_live(kubeconfig: str | None = None, context: str | None = None) -> Clus
         status = getattr(e, "status", None)
         raise ClusterError(f"listing nodes/pods failed{f' (HTTP {status})' if status else ''}: "
                            f"{getattr(e, 'reason', None) or e}") from e
-    return Cluster(nodes=_items(nodes, "nodes"), pods=_items(pods, "pods"), now=time.time(), source="live")
+    warnings: list[str] = []
+    quotas: list[Any] = []
+    try:
+        quota_resp: Any = core.list_resource_quota_for_all_namespaces(_preload_content=False)
+        quotas = _items(json.loads(quota_resp.data), "resourcequotas")
+    except Exception as e:  # noqa: BLE001 - e.g. not allowed to list quotas: report without them
+        warnings.append(f"resourcequotas not listed ({getattr(e, 'status', None) or e}); GPU quotas not shown")
+    return Cluster(nodes=_items(nodes, "nodes"), pods=_items(pods, "pods"), now=time.time(), source="live",
+                   warnings=warnings, quotas=[q for q in quotas if isinstance(q, dict)])

@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--snapshot", metavar="FILE",
-                       help='recorded cluster JSON {"nodes": NodeList, "pods": PodList} instead of the live API')
+                       help='recorded cluster JSON {"nodes": NodeList, "pods": PodList, "resourcequotas": '
+                            'ResourceQuotaList (optional)} instead of the live API')
         p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
         p.add_argument("--context", help="kubeconfig context")
         p.add_argument("--config", metavar="FILE",
@@ -50,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="per node and GPU: allocated/total memory, cores, slots and pods")
     common(ins)
     ins.add_argument("-d", "--details", action="store_true", help="list each pod's share per container")
+
+    quo = sub.add_parser("quota", help="per namespace with a GPU quota: memory and cores booked against each "
+                                       "ResourceQuota hard value (percentages resolved)")
+    common(quo)
 
     sim = sub.add_parser("what-if", aliases=["simulate"],
                          help="where each policy would place one pod on this cluster, and why not elsewhere "
@@ -91,6 +96,20 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quota(args: argparse.Namespace) -> int:
+    from . import quota
+
+    cluster = _cluster(args)
+    for w in cluster.warnings:
+        _err(f"warning: {w}")
+    rows = quota.build(cluster, _config(args))
+    if args.output == "json":
+        print(json.dumps(quota.to_json(rows), indent=2))
+    else:
+        sys.stdout.write(quota.render_table(rows))
+    return 0
+
+
 def _simulate(args: argparse.Namespace) -> int:
     from kube_vgpu.podspec import parse_pod
 
@@ -125,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.print_help()
         return 2
     try:
-        return _inspect(args) if args.command == "inspect" else _simulate(args)
+        if args.command == "inspect":
+            return _inspect(args)
+        return _quota(args) if args.command == "quota" else _simulate(args)
     except ClusterError as e:
         _err(f"{e}")
         return 1

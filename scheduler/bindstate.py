@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kube_vgpu.cluster import ClusterCache, PodInfo
+from kube_vgpu.cluster import ClusterCache, PodInfo, allocation_amount
 from kube_vgpu.config import Config
 from kube_vgpu.model import PodAllocation, PodRequest
 from kube_vgpu.placement import Booking, OvercommitError
@@ -227,6 +227,9 @@ class BindCache(ClusterCache):
         if isinstance(plan, FitFailure):
             return detail(plan, self.state.nodes[node])
         alloc = self.engine.allocation(pod, node, plan, now=self.clock())
+        over = self.quota_failure(pod, allocation_amount(alloc))
+        if over is not None:
+            return detail(over)
         try:
             b = self.engine.book(pod, alloc)
         except OvercommitError as e:  # cannot happen after a fresh plan; kept as a guard

@@ -165,13 +165,13 @@ class KubeAPI:
     # -- list / watch -------------------------------------------------------------------------
     def list_objects(self, kind: str, label_selector: str | None = None,
                      field_selector: str | None = None) -> tuple[list[Obj], str]:
-        """List ``nodes`` or ``pods`` (all namespaces): (items, list resourceVersion)."""
+        """List ``nodes``, ``pods`` or ``resourcequotas`` (all namespaces): (items, list resourceVersion)."""
         kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": 120}
         if label_selector:
             kw["label_selector"] = label_selector
         if field_selector:
             kw["field_selector"] = field_selector
-        resp: Any = self.core.list_node(**kw) if kind == "nodes" else self.core.list_pod_for_all_namespaces(**kw)
+        resp: Any = self._lister(kind)(**kw)
         obj = _json(resp)
         return list(obj.get("items") or []), str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -185,9 +185,14 @@ class KubeAPI:
             kw["label_selector"] = label_selector
         if field_selector:
             kw["field_selector"] = field_selector
+        return self._lister(kind)(**kw)
+
+    def _lister(self, kind: str) -> Callable[..., Any]:
         if kind == "nodes":
-            return self.core.list_node(**kw)
-        return self.core.list_pod_for_all_namespaces(**kw)
+            return self.core.list_node
+        if kind == "resourcequotas":
+            return self.core.list_resource_quota_for_all_namespaces
+        return self.core.list_pod_for_all_namespaces
 
     # -- leases -------------------------------------------------------------------------------
     def get_lease(self, namespace: str, name: str) -> Obj | None:

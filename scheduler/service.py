@@ -175,7 +175,7 @@ class SchedulerService:
         self.metrics = Metrics()
         self._gpu_seen: dict[str, tuple[Any, int, tuple[GpuRow, ...]]] = {}
         self._executor = ThreadPoolExecutor(self.opts.api_workers, thread_name_prefix="kube-api")
-        self._synced = {"nodes": False, "pods": False}
+        self._synced = {"nodes": False, "pods": False, "resourcequotas": False}
         self.synced = asyncio.Event()
         self._events: asyncio.Queue[tuple[str, dict[str, FitFailure]]] = asyncio.Queue(maxsize=1000)
         self._tasks: list[asyncio.Task[Any]] = []
@@ -252,9 +252,10 @@ class SchedulerService:
         return self.elector is None or self.elector.is_leader
 
     def mark_synced(self, kind: str = "all") -> None:
-        """Record that ``kind`` (nodes | pods | all) has been listed; ready once both are."""
+        """Record that ``kind`` (nodes | pods | resourcequotas | all) has been listed; ready once
+        all are."""
         if kind == "all":
-            self._synced = {"nodes": True, "pods": True}
+            self._synced = dict.fromkeys(self._synced, True)
         else:
             self._synced[kind] = True
         if all(self._synced.values()) and not self.synced.is_set():
@@ -288,6 +289,9 @@ class SchedulerService:
                           field_selector=self.opts.pod_field_selector
                           or f"spec.schedulerName={self.config.scheduler_name}",
                           resync_seconds=self.opts.resync_seconds, on_list_start=self.cache.listing),
+                Reflector(api, "resourcequotas", marshal(self.cache.replace_quotas), marshal(self.cache.on_quota),
+                          marshal(partial(self.mark_synced, "resourcequotas")),
+                          resync_seconds=self.opts.resync_seconds),
             ]
             for r in self._reflectors:
                 r.start()
@@ -530,6 +534,7 @@ class SchedulerService:
         if own is not None and own in failed and own not in self.cache.unavailable:
             del failed[own]  # the pod's own booking there is what it needs (see own_unbound_booking)
             ok.append(own)
+        ok = self.cache.filter_quota(req, ok, failed)  # GPU quota of the pod's namespace
         if best_only and len(ok) > 1:
             # only the node prioritize would rank first (its own booking, else the first of the
             # best-scoring names in request order): kube-scheduler skips scoring for one feasible node

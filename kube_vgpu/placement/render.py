@@ -74,6 +74,8 @@ def summary(f: FitFailure) -> str:
         return f.detail
     if c is Code.ALREADY_BOUND:
         return f"pod is already bound to {f.detail}"
+    if c is Code.QUOTA_EXCEEDED:
+        return f"GPU quota exceeded: {f.detail}"
     return str(c.value)  # pragma: no cover - every code is listed above
 
 

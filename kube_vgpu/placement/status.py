@@ -42,6 +42,9 @@ class Code(StrEnum):
     NO_ALLOCATABLE = "no_allocatable"  #: detail: the GPU resource name whose allocatable is 0
     INVALID_REQUEST = "invalid_request"  #: detail: the request parser's error (same on every node)
     ALREADY_BOUND = "already_bound"  #: detail: the node the pod is bound to (bind only)
+    #: need: asked, have: used (MiB or percent units); detail: namespace, ResourceQuota, key and
+    #: the numbers (kube_vgpu/quota.py); the same on every node with GPUs of the same size
+    QUOTA_EXCEEDED = "quota_exceeded"
 
 
 #: codes where evicting pods from the node could make room (kube-scheduler's ``Unschedulable``);

@@ -172,9 +172,11 @@ EXTENDER_METHODS: dict[str, Callable[[Any, FakeKubeAPI], None]] = {
     "remove_pod_metadata": lambda k, f: k.remove_pod_metadata("team-a", "p", "", ["a"], [LABEL_NODE]),
     "create_binding": lambda k, f: k.create_binding("team-a", "p", f.get_object("pods", "p", "team-a")["metadata"]["uid"],
                                                     "n1", f.get_object("pods", "p", "team-a")["metadata"]["resourceVersion"]),
-    "list_objects": lambda k, f: (k.list_objects("nodes"), k.list_objects("pods", LABEL_NODE)),
+    "list_objects": lambda k, f: (k.list_objects("nodes"), k.list_objects("pods", LABEL_NODE),
+                                  k.list_objects("resourcequotas")),
     "watch_objects": lambda k, f: (_drain(k.watch_objects("nodes", f.resource_version, 1)),
-                                   _drain(k.watch_objects("pods", f.resource_version, 1, LABEL_NODE))),
+                                   _drain(k.watch_objects("pods", f.resource_version, 1, LABEL_NODE)),
+                                   _drain(k.watch_objects("resourcequotas", f.resource_version, 1))),
     "get_lease": lambda k, f: k.get_lease(NAMESPACE, "l"),
     "create_lease": lambda k, f: k.create_lease(NAMESPACE, {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                                                             "metadata": {"name": "l", "namespace": NAMESPACE}}),
@@ -284,7 +286,7 @@ def test_running_extender_stays_within_its_api_layer(renderer: Renderer, fake: F
     # a bind is one Binding carrying the record (pods are patched only to fence a lost Binding or
     # to re-sign after a key rotation: the method table above covers those)
     assert {("list", "", "nodes"), ("watch", "", "nodes"), ("list", "", "pods"), ("watch", "", "pods"),
-            ("create", "", "pods/binding")} <= verbs
+            ("list", "", "resourcequotas"), ("watch", "", "resourcequotas"), ("create", "", "pods/binding")} <= verbs
     assert not any(c.resource == "events" for c in service)  # kube-scheduler posts FailedScheduling
     docs = renderer.render()
     given = grants(docs, f"{FULL}-extender")

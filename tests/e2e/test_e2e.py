@@ -224,3 +224,53 @@ def test_helm_install_chart(env: dict[str, Any]) -> None:
     assert service_webhooks() == []
     print("\nE2E helm: charts/kube-vgpu installed (--no-hooks, webhook off: no Service-named webhook at any "
           "time), STATUS: deployed, uninstalled")
+
+
+def test_gpu_quota_counts_percentage_requests(env: dict[str, Any]) -> None:
+    """A real ResourceQuota: kube-apiserver's quota admission sees no gpumem in a pod that asks
+    gpumem-percentage, so it admits it; the extender counts what it books and refuses it with a
+    reason naming the quota. A pod within quota still binds; raising the quota lets the refused
+    pod bind (live)."""
+    from kubernetes.client.exceptions import ApiException
+
+    core, ns = env["core"], env["ns"]
+    hard = GPU_MEM // 2  # MiB
+    # extended resources are quota'd with the requests. prefix (or bare); record what the API
+    # server says about HAMi's limits. form
+    try:
+        core.create_namespaced_resource_quota(ns, {"metadata": {"name": "hami-form"},
+                                                   "spec": {"hard": {"limits.nvidia.com/gpumem": str(hard)}}})
+        limits_form = "accepted"
+        core.delete_namespaced_resource_quota("hami-form", ns)
+    except ApiException as e:
+        limits_form = f"refused ({e.status})"
+    core.create_namespaced_resource_quota(ns, {"metadata": {"name": "gpu"},
+                                               "spec": {"hard": {"requests.nvidia.com/gpumem": str(hard)}}})
+    try:
+        wait_for(lambda: (core.read_namespaced_resource_quota("gpu", ns).status.hard or {}), 60,
+                 "the quota controller to fill in the quota's status")
+        big = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pct"}, "spec": {"containers": [
+            {"name": c, "image": "busybox", "resources": {"limits": {"nvidia.com/gpumem-percentage": "40"}}}
+            for c in ("a", "b")]}}
+        core.create_namespaced_pod(ns, big)  # admitted: the spec names no gpumem
+        asked = 2 * (GPU_MEM * 40 // 100)
+
+        def event() -> str | None:
+            for ev in core.list_namespaced_event(ns, field_selector="involvedObject.name=pct").items:
+                if ev.reason == "FailedScheduling" and "GPU quota exceeded" in (ev.message or ""):
+                    return str(ev.message)
+            return None
+        msg = wait_for(event, 90, "FailedScheduling event naming the GPU quota")
+        assert (f"namespace {ns}, ResourceQuota gpu: requests.nvidia.com/gpumem used 0 + asked {asked} > "
+                f"hard {hard}") in msg, msg
+        core.create_namespaced_pod(ns, pod("small", 1000, 0))
+        wait_for(lambda: core.read_namespaced_pod("small", ns).spec.node_name, 90, "the pod within quota bound")
+        assert not core.read_namespaced_pod("pct", ns).spec.node_name
+        core.patch_namespaced_resource_quota("gpu", ns, {"spec": {"hard": {"requests.nvidia.com/gpumem":
+                                                                           str(asked + 1000)}}})
+        wait_for(lambda: core.read_namespaced_pod("pct", ns).spec.node_name, 120,
+                 "the refused pod bound once the quota was raised")
+    finally:
+        core.delete_namespaced_resource_quota("gpu", ns)
+    print(f"\nE2E quota: percentage pod refused ({msg[msg.find('GPU quota'):][:110]}), bound after the quota "
+          f"was raised; ResourceQuota with limits.nvidia.com/gpumem: {limits_form}")

@@ -170,6 +170,8 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "namespaces", "Namespace", False, frozenset({"status"}),
                  field_labels=frozenset({"status.phase"}), short_names=("ns",), has_status=True),
     ResourceType("", "v1", "secrets", "Secret", True, field_labels=frozenset({"type"})),
+    ResourceType("", "v1", "resourcequotas", "ResourceQuota", True, frozenset({"status"}), short_names=("quota",),
+                 has_status=True),
     ResourceType("", "v1", "configmaps", "ConfigMap", True, short_names=("cm",)),
     ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, short_names=("sa",)),
     ResourceType("", "v1", "services", "Service", True, frozenset({"status"}), short_names=("svc",), has_status=True),
