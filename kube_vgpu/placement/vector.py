@@ -80,11 +80,19 @@ class _Failures:
         if not sel.any():
             return
         rows = np.flatnonzero(sel)
+        self.set_rows(rows, k, *(v[rows] if isinstance(v, np.ndarray) else v for v in (code, need, have, gpu)))
+
+    def set_rows(self, rows: np.ndarray, k: int, code: int | np.ndarray, need: int | np.ndarray,
+                 have: int | np.ndarray, gpu: int | np.ndarray = -1) -> None:
+        """Record a failure for the nodes at ``rows`` (indexes, none failed before); array values
+        are aligned with ``rows``."""
         rec = self.rec
         rec[rows, 0] = k
-        for col, v in ((1, code), (2, need), (3, have), (4, gpu)):
-            rec[rows, col] = v[rows] if isinstance(v, np.ndarray) else v
-        self.done |= sel
+        rec[rows, 1] = code
+        rec[rows, 2] = need
+        rec[rows, 3] = have
+        rec[rows, 4] = gpu
+        self.done[rows] = True
 
     def objects(self, pod: PodRequest) -> np.ndarray:
         """One FitFailure per failed node (equal failures share one object); FEASIBLE elsewhere."""
@@ -188,12 +196,16 @@ def evaluate(t: GpuTable, rows: np.ndarray, pod: PodRequest, scorer: type[Policy
     usable = present & (excl == 0)
     n_excl = np.count_nonzero(excl, axis=1)
     w = present.shape[1]
+    safe_c, safe_m = np.maximum(cores_t, 1), np.maximum(mem_t, 1)
+    slot_used: np.ndarray | None = None  # fit._used_score's slot term, the same for every container
+    if order in (ORDER_BINPACK, ORDER_SPREAD):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            slot_used = (split - fs0) / split
     #: per GPU, what the pod would hold (MiB, cores): only BestFit and DotProd score it
     usage = scorer in (BestFit, DotProd)
     if usage:
         app_mem, app_cores = np.zeros((m, w), dtype=np.int64), np.zeros((m, w), dtype=np.int64)
         ini_mem, ini_cores = np.zeros((m, w), dtype=np.int64), np.zeros((m, w), dtype=np.int64)
-    r_all = np.arange(m)
 
     def container(k: int, req: ContainerRequest, mem: np.ndarray, cores: np.ndarray, slots: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, int | np.ndarray, int | np.ndarray]:
@@ -211,8 +223,10 @@ def evaluate(t: GpuTable, rows: np.ndarray, pod: PodRequest, scorer: type[Policy
         if req.exclusive:
             busy = u & (slots < split)
             u &= ~busy
-        exh = u & (cores <= 0) & (gc == 0) & (cores_t > 0)
-        u &= ~exh
+        exh = None  # a request with cores (or per-GPU cores: exclusive) never meets compute_full
+        if not isinstance(gc, np.ndarray) and gc == 0:
+            exh = u & (cores <= 0) & (cores_t > 0)
+            u &= ~exh
         fit = u & (mem >= gm) & (cores >= gc)
         n_cand = np.count_nonzero(fit, axis=1)
         ok = alive & (n_cand >= req.count)
@@ -222,69 +236,71 @@ def evaluate(t: GpuTable, rows: np.ndarray, pod: PodRequest, scorer: type[Policy
         ok_rows = np.flatnonzero(ok)
         if not len(ok_rows):
             return ok_rows, np.zeros((0, req.count), dtype=np.int64), gm, gc
-        f = fit[ok_rows]
         if order == ORDER_INDEX:
-            key: np.ndarray = np.where(f, 0, 1)
+            key: np.ndarray = np.where(fit, 0, 1)
         elif order == ORDER_BESTFIT:
-            share = np.minimum(cores[ok_rows] * 1000 // np.maximum(cores_t[ok_rows], 1),
-                               mem[ok_rows] * 1000 // np.maximum(mem_t[ok_rows], 1))
-            key = np.where(f, share, np.iinfo(np.int64).max)
+            share = np.minimum(cores * 1000 // safe_c, mem * 1000 // safe_m)
+            key = np.where(fit, share, np.iinfo(np.int64).max)
         else:  # spread / binpack: fit._used_score with this node's free slots, before this pod
-            sign = -1.0 if order == ORDER_BINPACK else 1.0
-            sp = split[ok_rows]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                used = ((sp - fs0[ok_rows]) / sp + (cores_t[ok_rows] - cores[ok_rows]) / np.maximum(cores_t[ok_rows], 1)
-                        + (mem_t[ok_rows] - mem[ok_rows]) / np.maximum(mem_t[ok_rows], 1))
-            key = np.where(f, sign * used, np.inf)
-        chosen = np.argsort(key, axis=1, kind="stable")[:, : req.count]
+            assert slot_used is not None
+            used = slot_used + (cores_t - cores) / safe_c + (mem_t - mem) / safe_m
+            key = np.where(fit, -used if order == ORDER_BINPACK else used, np.inf)
+        key = key[ok_rows]
+        if req.count == 1:  # the first smallest key, as the stable sort's first
+            chosen = np.argmin(key, axis=1)[:, None]
+        else:
+            chosen = np.argsort(key, axis=1, kind="stable")[:, : req.count]
         return ok_rows, chosen, gm, gc
 
     def _reasons(k: int, req: ContainerRequest, bad: np.ndarray, fit: np.ndarray, u: np.ndarray,
-                 busy: np.ndarray | None, no_slot: np.ndarray, exh: np.ndarray, n_cand: np.ndarray,
+                 busy: np.ndarray | None, no_slot: np.ndarray, exh: np.ndarray | None, n_cand: np.ndarray,
                  mem: np.ndarray, cores: np.ndarray, gm: int | np.ndarray, gc: int | np.ndarray) -> None:
-        """The most useful reason per failed node, in fit._fit_container's order."""
+        """The most useful reason per failed node, in fit._fit_container's order (computed on the
+        failed nodes only)."""
         cnt = req.count
-        rem = bad.copy()
-        all_excl = rem & (n_excl == n_gpus)
+        b = np.flatnonzero(bad)
+        rl = np.arange(len(b))
+        ng, nx = n_gpus[b], n_excl[b]
+        rem = np.ones(len(b), dtype=bool)
+
+        def put(sel: np.ndarray, code: int | np.ndarray, need: int | np.ndarray, have: int | np.ndarray,
+                gpu: int | np.ndarray = -1) -> None:
+            if sel.any():
+                fail.set_rows(b[sel], k, *(v[sel] if isinstance(v, np.ndarray) else v
+                                           for v in (code, need, have, gpu)))
+                rem[sel] = False
+
+        all_excl = nx == ng
         if all_excl.any():
-            n_type = np.count_nonzero(excl == _TYPE, axis=1)
-            n_uuid = np.count_nonzero(excl == _UUID, axis=1)
-            n_unh = np.count_nonzero(excl == _UNHEALTHY, axis=1)
+            ex = excl[b]
+            n_type = np.count_nonzero(ex == _TYPE, axis=1)
+            n_uuid = np.count_nonzero(ex == _UUID, axis=1)
+            n_unh = np.count_nonzero(ex == _UNHEALTHY, axis=1)
             code = np.where(n_type > 0, _TYPE, np.where(n_uuid > 0, _UUID, _UNHEALTHY))
             have = np.where(n_type > 0, n_type, np.where(n_uuid > 0, n_uuid, n_unh))
-            fail.set(all_excl, k, code, n_gpus, have)
-            rem &= ~all_excl
+            put(all_excl, code, ng, have)
         if busy is not None:
-            n_busy = np.count_nonzero(busy, axis=1)
-            sel = rem & (n_busy > 0)
-            fail.set(sel, k, _ID[Code.EXCLUSIVE_BUSY], cnt, n_busy)
-            rem &= ~sel
-        n_slots = np.count_nonzero(no_slot, axis=1)
-        sel = rem & (n_slots > 0) & (n_slots + n_excl == n_gpus)
-        fail.set(sel, k, _ID[Code.NO_FREE_SLOT], cnt, n_slots)
-        rem &= ~sel
+            n_busy = np.count_nonzero(busy[b], axis=1)
+            put(rem & (n_busy > 0), _ID[Code.EXCLUSIVE_BUSY], cnt, n_busy)
+        n_slots = np.count_nonzero(no_slot[b], axis=1)
+        put(rem & (n_slots > 0) & (n_slots + nx == ng), _ID[Code.NO_FREE_SLOT], cnt, n_slots)
         # the GPU with the most free memory (first on ties) among those that got that far
-        bm_all = np.where(u, mem, -1)
+        ub = u[b]
+        bm_all = np.where(ub, mem[b], -1)
         bmi = np.argmax(bm_all, axis=1)
-        bm = bm_all[r_all, bmi]
-        bc_all = np.where(u, cores, -1)
+        bm = bm_all[rl, bmi]
+        bc_all = np.where(ub, cores[b], -1)
         bci = np.argmax(bc_all, axis=1)
-        bc = np.maximum(bc_all[r_all, bci], -1)  # fit starts from -1 and keeps the first strictly larger
+        bc = np.maximum(bc_all[rl, bci], -1)  # fit starts from -1 and keeps the first strictly larger
         bci = np.where(bc > -1, bci, -1)
-        has = rem & (bm >= 0)
-        nm = _at(gm, r_all, bmi)
-        sel = has & (bm < nm)
-        fail.set(sel, k, _ID[Code.INSUFFICIENT_MEMORY], nm, bm, bmi)
-        rem &= ~sel
-        nc = _at(gc, r_all, bmi)  # sampled on the GPU with the most free memory, as fit does
-        sel = rem & (bm >= 0) & (bc < nc)
-        fail.set(sel, k, _ID[Code.INSUFFICIENT_CORES], nc, bc, bci)
-        rem &= ~sel
-        n_exh = np.count_nonzero(exh, axis=1)
-        sel = rem & (n_exh > 0)
-        fail.set(sel, k, _ID[Code.COMPUTE_FULL], cnt, n_exh)
-        rem &= ~sel
-        fail.set(rem, k, _ID[Code.TOO_FEW_QUALIFY], cnt, n_cand)
+        nm = gm[b][rl, bmi] if isinstance(gm, np.ndarray) else gm
+        put(rem & (bm >= 0) & (bm < nm), _ID[Code.INSUFFICIENT_MEMORY], nm, bm, bmi)
+        nc = gc[b][rl, bmi] if isinstance(gc, np.ndarray) else gc  # on the most-free-memory GPU, as fit
+        put(rem & (bm >= 0) & (bc < nc), _ID[Code.INSUFFICIENT_CORES], nc, bc, bci)
+        if exh is not None:
+            n_exh = np.count_nonzero(exh[b], axis=1)
+            put(rem & (n_exh > 0), _ID[Code.COMPUTE_FULL], cnt, n_exh)
+        put(rem, _ID[Code.TOO_FEW_QUALIFY], cnt, n_cand[b])
 
     for k, req in enumerate(pod.init):  # one at a time, on the node as it is
         ok_rows, chosen, gm, gc = container(k, req, fm0, fc0, fs0)
@@ -314,7 +330,6 @@ def evaluate(t: GpuTable, rows: np.ndarray, pod: PodRequest, scorer: type[Policy
     else:
         # BestFit / DotProd: the node's free milli-GPU, and policies.pod_gpu_milli of the pod
         gfree = t.milli_free[sel_rows]
-        safe_c, safe_m = np.maximum(cores_t, 1), np.maximum(mem_t, 1)
         u_mem = np.maximum(app_mem, ini_mem)
         u_cores = np.maximum(app_cores, ini_cores)
         pgm = np.maximum(u_cores * 1000 // safe_c, -(-u_mem * 1000 // safe_m)).sum(axis=1)
