@@ -20,6 +20,7 @@ from kube_vgpu.signing import KeyDir, SigningKeyError
 from .metrics import HealthServer
 from .nvml import NVMLError
 from .server import DevicePlugin, Options
+from .simgpu import SimulatedGPUs, SimulateSpecError
 
 log = logging.getLogger("kube_vgpu.deviceplugin")
 
@@ -48,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
                    help="kubelet's PodResources API socket: names the pod and container holding the device IDs "
                         "of a PreStartContainer call")
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--simulate-gpus", metavar="COUNTxMIB[:MODEL],...", default="",
+                   help="GPU-less trial: advertise these simulated GPUs instead of asking NVML (e.g. 4x24576). "
+                        "NOTHING IS ISOLATED; never for workloads")
     p.add_argument("--signing-keys-dir", required=True,
                    help="directory of the allocation signing keys (the scheduler's): 'active' and 'key.<kid>' "
                         "files; only pods whose allocation record verifies are served; reloaded when it changes")
@@ -79,6 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     except SigningKeyError as e:
         log.error("signing keys unusable (--signing-keys-dir)", extra={"error": str(e)})
         return 2
+    gpus = None
+    if args.simulate_gpus:
+        try:
+            gpus = SimulatedGPUs(args.simulate_gpus, args.node_name)
+        except SimulateSpecError as e:
+            log.error("invalid --simulate-gpus", extra={"error": str(e)})
+            return 2
+        log.warning("SIMULATED GPUs: this node has no GPU and NOTHING IS ISOLATED; for trying kube-vgpu only, "
+                    "never for workloads", extra={"gpu": f"{len(gpus.gpus)} x {args.simulate_gpus}",
+                                                  "node": args.node_name})
     try:
         from .kube import ApiKubeClient
 
@@ -90,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                    shim_host_path=args.shim_host_path, cache_host_dir=args.cache_host_dir,
                    heartbeat_seconds=args.heartbeat_seconds, pending_stale_seconds=args.pending_stale_seconds,
                    pod_resources_socket=args.pod_resources_socket)
-    plugin = DevicePlugin(cfg, opts, kube, keys=keys)
+    plugin = DevicePlugin(cfg, opts, kube, nvml=gpus, keys=keys)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pynvml
 
@@ -64,6 +64,20 @@ def _addr(handle: Any) -> int | None:
         return ctypes.cast(handle, ctypes.c_void_p).value
     except (TypeError, ctypes.ArgumentError):
         return None
+
+
+class GPUBackend(Protocol):
+    """What the device plugin asks of the GPUs: :class:`NVML` (the driver) or
+    :class:`deviceplugin.simgpu.SimulatedGPUs` (a GPU-less trial)."""
+
+    def init(self) -> None: ...
+    def shutdown(self) -> None: ...
+    def driver_version(self) -> str: ...
+    def discover(self) -> tuple[list[PhysicalGPU], list[str]]: ...
+    def probe(self, uuid: str) -> str | None: ...
+    def usage(self, uuid: str) -> GPUUsage | None: ...
+    def watch_events(self, uuids: Iterable[str]) -> list[str]: ...
+    def wait_event(self, timeout_ms: int) -> tuple[str, int, int] | None: ...
 
 
 class NVML:

@@ -63,7 +63,7 @@ from kube_vgpu.signing import KeyDir, KeyRing, KeySource, sign_progress
 from . import inventory as inv
 from .api import api_pb2, api_pb2_grpc
 from .kube import KubeClient, PodWatchClient
-from .nvml import NVML, HealthTracker, NVMLError, PhysicalGPU
+from .nvml import NVML, GPUBackend, HealthTracker, NVMLError, PhysicalGPU
 from .podmatch import (
     ANN_ALLOCATED_CONTAINERS,
     Arrival,
@@ -149,14 +149,15 @@ class Status:
 class DevicePlugin:
     """One plugin instance for one node. Construct, :meth:`start`, later :meth:`stop`.
 
-    nvml: an initialised-or-not :class:`deviceplugin.nvml.NVML`; kube: a
+    nvml: an initialised-or-not :class:`deviceplugin.nvml.NVML`, or simulated GPUs
+    (:class:`deviceplugin.simgpu.SimulatedGPUs`); kube: a
     :class:`deviceplugin.kube.KubeClient`; keys: the signing key ring records must verify with (a
     :class:`~kube_vgpu.signing.KeyDir` is reloaded when its files change; None: a fresh random
     key, so no record verifies and no pod is served). Raises NVMLError from :meth:`start` when NVML
     cannot be initialised.
     """
 
-    def __init__(self, cfg: Config, opts: Options, kube: KubeClient, nvml: NVML | None = None,
+    def __init__(self, cfg: Config, opts: Options, kube: KubeClient, nvml: GPUBackend | None = None,
                  keys: KeySource | None = None) -> None:
         self.cfg = cfg
         self.opts = opts
@@ -164,7 +165,7 @@ class DevicePlugin:
         self.keys: KeySource = keys if keys is not None else KeyRing.generate()
         #: pod uid -> what this plugin wrote on it (trusted over the pod's annotations)
         self._written: dict[str, Progress] = {}
-        self.nvml = nvml or NVML()
+        self.nvml: GPUBackend = nvml or NVML()
         self.names = cfg.resource_names
         self.settings = inv.settings_for(cfg, opts.node_name)
         self.status = Status()

@@ -251,6 +251,9 @@ schema = {
             "cacheHostDir": HOSTDIR("Host directory of the shared accounting files (mounted read-write)"),
             "metricsPort": PORT,
             "heartbeatSeconds": i("Heartbeat period.", minimum=1),
+            "simulateGPUs": {"type": "string", "pattern": r"^$|^\d{1,3}x\d{1,8}(:[A-Za-z0-9][A-Za-z0-9 ._()-]{0,63})?"
+                             r"(,\s*\d{1,3}x\d{1,8}(:[A-Za-z0-9][A-Za-z0-9 ._()-]{0,63})?)*$",
+                             "description": "GPU-less trial: simulated GPUs COUNTxMIB[:MODEL],... (no isolation)."},
             "extraArgs": STRLIST,
             "securityContext": {"type": "object"},
             "env": {"type": "array", "items": {"type": "object", "required": ["name"]}},

@@ -612,3 +612,22 @@ def test_device_plugin_gets_the_pod_resources_socket_and_no_hand_over_flag(rende
     assert m == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}
     (v,) = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "pod-resources"]
     assert v["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+
+
+def test_device_plugin_trial_mode_value(renderer: Renderer) -> None:
+    """devicePlugin.simulateGPUs reaches the device plugin as --simulate-gpus (off by default), the
+    rendered flag parses with the device plugin's own parser and spec check, and the schema refuses
+    a value the device plugin would refuse."""
+    from deviceplugin.main import parser
+    from deviceplugin.simgpu import parse_spec
+
+    plain = containers(find(renderer.render(), "DaemonSet", f"{FULL}-device-plugin"))["device-plugin"]["args"]
+    assert not any(a.startswith("--simulate-gpus") for a in plain)
+    ds = find(renderer.render({"devicePlugin": {"simulateGPUs": "2x81920:H100-sim,1x16384"}}), "DaemonSet",
+              f"{FULL}-device-plugin")
+    args = containers(ds)["device-plugin"]["args"]
+    assert "--simulate-gpus=2x81920:H100-sim,1x16384" in args
+    ns = parser().parse_args([a.replace("$(NODE_NAME)", "n1") for a in args[1:]])
+    assert parse_spec(ns.simulate_gpus) == [(2, 81920, "H100-sim"), (1, 16384, "Simulated GPU (no isolation)")]
+    r = renderer.template({"devicePlugin": {"simulateGPUs": "4xlots"}})
+    assert r.returncode != 0 and "simulateGPUs" in r.stderr, r.stderr
