@@ -232,7 +232,7 @@ def evaluate(t: GpuTable, rows: np.ndarray, pod: PodRequest, scorer: type[Policy
         ok = alive & (n_cand >= req.count)
         bad = alive & ~ok
         if bad.any():
-            _reasons(k, req, bad, fit, u, busy, no_slot, exh, n_cand, mem, cores, gm, gc)
+            _reasons(k, req, bad, u, busy, no_slot, exh, n_cand, mem, cores, gm, gc)
         ok_rows = np.flatnonzero(ok)
         if not len(ok_rows):
             return ok_rows, np.zeros((0, req.count), dtype=np.int64), gm, gc
@@ -252,7 +252,7 @@ def evaluate(t: GpuTable, rows: np.ndarray, pod: PodRequest, scorer: type[Policy
             chosen = np.argsort(key, axis=1, kind="stable")[:, : req.count]
         return ok_rows, chosen, gm, gc
 
-    def _reasons(k: int, req: ContainerRequest, bad: np.ndarray, fit: np.ndarray, u: np.ndarray,
+    def _reasons(k: int, req: ContainerRequest, bad: np.ndarray, u: np.ndarray,
                  busy: np.ndarray | None, no_slot: np.ndarray, exh: np.ndarray | None, n_cand: np.ndarray,
                  mem: np.ndarray, cores: np.ndarray, gm: int | np.ndarray, gc: int | np.ndarray) -> None:
         """The most useful reason per failed node, in fit._fit_container's order (computed on the
