@@ -53,6 +53,7 @@ import numpy as np
 
 from .codec import decode_allocation, decode_inventory, read_allocation
 from .config import Config, rfc3339_seconds
+from .cordon import apply_cordon, cordoned_tokens
 from .errors import CodecError, QuantityError
 from .model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
 from .placement import Booking, ClusterState, OvercommitError
@@ -249,7 +250,8 @@ class ClusterCache:
                 info.heartbeat = inv.heartbeat
                 known = name in self.state.nodes
                 before = self.state.nodes[name] if known else None
-                n = self.state.set_node(name, inv.devices, 0, 0, inv.heartbeat)
+                devices = apply_cordon(inv.devices, cordoned_tokens(_meta(node).get("annotations")))
+                n = self.state.set_node(name, devices, 0, 0, inv.heartbeat)
                 if n is not before:
                     self._rebook_node(name)
         self.nodes[name] = info

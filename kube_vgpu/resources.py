@@ -38,6 +38,8 @@ ANN_BIND_TIME = "kube-vgpu.io/bind-time"  #: on Pod: unix seconds
 #: on Pod, written by the device plugin: comma-separated names of the containers it answered
 #: Allocate for (init and app container names are unique within a pod)
 ANN_ALLOCATED_CONTAINERS = "kube-vgpu.io/allocated-containers"
+ANN_GPU_CORDON = "kube-vgpu.io/gpu-cordon"  #: on Node (admin): cordoned GPUs, uuids or indexes, comma-separated
+ANN_HAMI_DEVICE_CORDON = "hami.io/device-cordon"  #: on Node (admin): HAMi's form of the same (uuids)
 LABEL_NODE = "kube-vgpu.io/node"  #: reserved pod label (older versions wrote the node name); system-owned
 
 #: on Pod, written by the scheduler with the allocation: ``v1:<key id>:<base64url HMAC-SHA256>`` over

@@ -174,10 +174,8 @@ def load_snapshot(path: str | Path) -> Cluster:
                    quotas=[q for q in quotas if isinstance(q, dict)])
 
 
-def load_live(kubeconfig: str | None = None, context: str | None = None) -> Cluster:
-    """List nodes and pods with the official client (kubeconfig, else in-cluster). Read-only."""
-    import time
-
+def core_api(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A CoreV1Api from the kubeconfig (else in-cluster). Raises ClusterError when none loads."""
     try:
         from kubernetes import client, config
     except ImportError as e:  # pragma: no cover - kubernetes is a dependency
@@ -191,7 +189,14 @@ def load_live(kubeconfig: str | None = None, context: str | None = None) -> Clus
             config.load_incluster_config()
     except Exception as e:  # noqa: BLE001 - no kubeconfig, bad file, not in a cluster
         raise ClusterError(f"cannot load a kubeconfig ({e}); pass --kubeconfig or --snapshot") from e
-    core = client.CoreV1Api()
+    return client.CoreV1Api()
+
+
+def load_live(kubeconfig: str | None = None, context: str | None = None) -> Cluster:
+    """List nodes and pods with the official client (kubeconfig, else in-cluster). Read-only."""
+    import time
+
+    core = core_api(kubeconfig, context)
     try:
         node_resp: Any = core.list_node(_preload_content=False)
         pod_resp: Any = core.list_pod_for_all_namespaces(_preload_content=False)

@@ -14,6 +14,7 @@ from typing import Any
 
 from kube_vgpu.codec import decode_inventory, read_allocation
 from kube_vgpu.config import Config
+from kube_vgpu.cordon import cordoned_tokens, is_cordoned
 from kube_vgpu.errors import CodecError
 from kube_vgpu.model import GPUDevice
 from kube_vgpu.podlife import holds_gpus
@@ -53,6 +54,7 @@ class PodOnGpu:
 class GpuRow:
     device: GPUDevice
     pods: list[PodOnGpu] = field(default_factory=list)
+    cordoned: bool = False  #: an admin cordoned it (kube_vgpu/cordon.py): no new pods
 
     @property
     def memory(self) -> int:
@@ -108,13 +110,14 @@ def build(cluster: Cluster, config: Config | None = None) -> Report:
         stale = age is not None and age > cfg.scheduling.inventory_stale_seconds
         gpus: list[GpuRow] = []
         seen: dict[str, int] = {}
+        cordon = cordoned_tokens(_meta(n).get("annotations"))
         for d in inv.devices:
             if d.uuid in seen:
                 warnings.append(f"node {name}: inventory lists GPU {d.uuid} twice (index {seen[d.uuid]} and "
                                 f"{d.index}); only index {seen[d.uuid]} is shown")
                 continue
             seen[d.uuid] = d.index
-            gpus.append(GpuRow(d))
+            gpus.append(GpuRow(d, cordoned=is_cordoned(d, cordon)))
         gpus.sort(key=lambda g: g.device.index)
         nodes[name] = NodeReport(name, gpus, inv.heartbeat, age, stale)
     for p in sorted(cluster.pods, key=lambda p: (_meta(p).get("namespace") or "", _meta(p).get("name") or "")):
@@ -240,6 +243,8 @@ def render_table(report: Report, details: bool = False) -> str:
                                   pods=len(g.pods)))
             if not d.healthy:
                 out.append("       ! unhealthy: not offered to new pods")
+            if g.cordoned:
+                out.append("       ! cordoned: not offered to new pods (kubectl vgpu uncordon)")
             if details:
                 for p in g.pods:
                     state = "" if p.phase == "Running" else f" [{p.phase}{'/' + p.bind_phase if p.bind_phase else ''}]"
@@ -274,6 +279,7 @@ def to_json(report: Report) -> dict[str, Any]:
             d = g.device
             gpus.append({
                 "index": d.index, "uuid": d.uuid, "model": d.model, "healthy": d.healthy, "numa": d.numa,
+                "cordoned": g.cordoned,
                 "memoryMiB": {"allocated": g.memory, "total": d.memory_mib},
                 "cores": {"allocated": g.cores, "total": d.cores},
                 "slots": {"allocated": g.slots, "total": d.split},

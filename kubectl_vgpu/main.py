@@ -52,6 +52,14 @@ def _parser() -> argparse.ArgumentParser:
     common(ins)
     ins.add_argument("-d", "--details", action="store_true", help="list each pod's share per container")
 
+    for verb, what in (("cordon", "mark one GPU of a node unschedulable: running pods stay, new pods avoid it"),
+                       ("uncordon", "make a cordoned GPU schedulable again")):
+        cp = sub.add_parser(verb, help=what)
+        cp.add_argument("node", metavar="NODE")
+        cp.add_argument("gpu", metavar="GPU", help="the GPU's uuid or NVML index (as kubectl vgpu inspect shows)")
+        cp.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
+        cp.add_argument("--context", help="kubeconfig context")
+
     quo = sub.add_parser("quota", help="per namespace with a GPU quota: memory and cores booked against each "
                                        "ResourceQuota hard value (percentages resolved)")
     common(quo)
@@ -146,6 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "inspect":
             return _inspect(args)
+        if args.command in ("cordon", "uncordon"):
+            from .cordon import set_cordon
+
+            print(set_cordon(args.node, args.gpu, args.command == "cordon", args.kubeconfig, args.context))
+            return 0
         return _quota(args) if args.command == "quota" else _simulate(args)
     except ClusterError as e:
         _err(f"{e}")

@@ -53,7 +53,7 @@ def summary(f: FitFailure) -> str:
         return (f"GPU compute fully booked: {_who(f)} reserves no compute and the GPUs with room have "
                 "their compute fully booked by an exclusive holder")
     if c is Code.GPU_UNHEALTHY:
-        return f"no usable GPU: {_who(f)}: the node's GPUs are unhealthy"
+        return f"no usable GPU: {_who(f)}: the node's GPUs are unhealthy or cordoned"
     if c is Code.TYPE_EXCLUDED:
         return f"no usable GPU: {_who(f)}: GPU model excluded by the pod's GPU type constraints"
     if c is Code.UUID_EXCLUDED:
