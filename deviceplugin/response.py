@@ -140,17 +140,19 @@ def allocate_spec(device_ids: Sequence[str], *, shim_host_path: str, cache_host_
 
 
 def prestart_files(pc: PendingContainer, device_ids: Sequence[str], *, cache_host_dir: str,
-                   core_policy: str = "default") -> tuple[HostFile, ...]:
+                   core_policy: str = "default", core_sharing: str = "strict") -> tuple[HostFile, ...]:
     """The files ``PreStartContainer`` writes for the identified container ``pc`` holding
     ``device_ids``: its limits file (the booking in booking order; ``disable_control=true`` for an
     opted-out container) and the owner file (``<pod uid> <container>``), both in the allocation's
-    read-only limits directory.
+    read-only limits directory. core_policy / core_sharing: the admin's SM-limit policy
+    (``envcontract.CORE_POLICIES`` / ``envcontract.CORE_SHARING``).
 
     Raises ValueError (from :func:`kube_vgpu.envcontract.limits_file`, naming the field) for a booking
     that cannot be written (0 MiB, cores outside 0..100, ...)."""
     limits_dir = os.path.join(cache_host_dir, alloc_key(device_ids) + LIMITS_SUFFIX)
     text = envcontract.limits_file(pc.devices, envcontract.CACHE_CONTAINER_PATH, priority=pc.priority,
-                                   core_policy=core_policy, disable_control=pc.disable_control)
+                                   core_policy=core_policy, disable_control=pc.disable_control,
+                                   core_sharing=core_sharing)
     return (HostFile(os.path.join(limits_dir, envcontract.LIMITS_FILE_NAME), text),
             HostFile(os.path.join(limits_dir, OWNER_FILE), f"{pc.uid} {pc.container}\n"))
 
@@ -167,9 +169,10 @@ def read_owner(cache_host_dir: str, key: str) -> tuple[str, str] | None:
 
 
 def container_spec(pc: PendingContainer, *, shim_host_path: str, cache_host_dir: str,
-                   core_policy: str = "default") -> ContainerSpec:
+                   core_policy: str = "default", core_sharing: str = "strict") -> ContainerSpec:
     """Env, mounts and the limits file for the pending container ``pc`` (visible devices in booking
-    order). core_policy: the admin's SM-limit policy (``envcontract.CORE_POLICIES``).
+    order). core_policy / core_sharing: the admin's SM-limit policy (``envcontract.CORE_POLICIES`` /
+    ``envcontract.CORE_SHARING``).
 
     Raises ValueError (from :func:`kube_vgpu.envcontract.limits_file`) for a booking it cannot write."""
     if pc.disable_control:
@@ -179,7 +182,8 @@ def container_spec(pc: PendingContainer, *, shim_host_path: str, cache_host_dir:
     envs = envcontract.container_env(pc.devices, cache_in_ctr, pc.priority)
     limits_dir = os.path.join(cache_host_dir, limits_dir_name(pc.uid, pc.container))
     limits = HostFile(os.path.join(limits_dir, envcontract.LIMITS_FILE_NAME),
-                      envcontract.limits_file(pc.devices, cache_in_ctr, priority=pc.priority, core_policy=core_policy))
+                      envcontract.limits_file(pc.devices, cache_in_ctr, priority=pc.priority, core_policy=core_policy,
+                                              core_sharing=core_sharing))
     mounts = (
         MountSpec(envcontract.SHIM_CONTAINER_PATH, shim_host_path, True),
         MountSpec(envcontract.PRELOAD_CONTAINER_PATH, preload_host_path(shim_host_path), True),

@@ -45,6 +45,9 @@ LIMITS_CONTAINER_PATH = f"{LIMITS_CONTAINER_DIR}/{LIMITS_FILE_NAME}"
 LIMITS_FILE_VERSION = 1
 #: SM-limit policies: ``default`` enforces the booked cores, ``disable`` turns the SM limit off
 CORE_POLICIES = ("default", "disable")
+#: how an SM limit shares the GPU: ``strict`` holds a container to its cores even on an idle GPU,
+#: ``work_conserving`` lets it use what other containers leave idle (never less than its cores)
+CORE_SHARING = ("strict", "work_conserving")
 
 
 def container_env(devices: Sequence[DeviceBooking], cache_path: str, priority: int | None = None) -> dict[str, str]:
@@ -73,24 +76,27 @@ def _check_value(field: str, value: str) -> None:
 
 
 def limits_file(devices: Sequence[DeviceBooking], cache_path: str = CACHE_CONTAINER_PATH, *,
-                priority: int | None = None, core_policy: str = "default", disable_control: bool = False) -> str:
+                priority: int | None = None, core_policy: str = "default", disable_control: bool = False,
+                core_sharing: str = "strict") -> str:
     """Contents of the container's limits file (format version ``LIMITS_FILE_VERSION``, docs/env-contract.md).
 
     devices: the container's bookings in visible-device order, the same list :func:`container_env`
     gets (memory MiB > 0, cores percent 0..100, 0 or 100 = no SM limit); cache_path: the shared
     accounting file inside the container; priority: ``nvidia.com/priority`` (0 high, 1 low) or None;
-    core_policy: one of ``CORE_POLICIES``, the admin's choice; disable_control: no enforcement at all.
-    Returns the text (``key=value`` lines).
+    core_policy: one of ``CORE_POLICIES``, the admin's choice; disable_control: no enforcement at all;
+    core_sharing: one of ``CORE_SHARING``, the admin's choice. Returns the text (``key=value`` lines).
 
     Raises:
         ValueError: no devices or more than 16, a booking of 0 MiB or less, cores outside 0..100, a
             UUID or path with spaces, ``=`` or ``#``, a relative cache path, an unknown core policy or
-            a priority other than 0/1. The message names the field and the value.
+            core sharing, or a priority other than 0/1. The message names the field and the value.
     """
     if not 1 <= len(devices) <= 16:
         raise ValueError(f"limits file: devices={len(devices)}: between 1 and 16 devices are allowed")
     if core_policy not in CORE_POLICIES:
         raise ValueError(f"limits file: core_policy={core_policy!r}: allowed values are {', '.join(CORE_POLICIES)}")
+    if core_sharing not in CORE_SHARING:
+        raise ValueError(f"limits file: core_sharing={core_sharing!r}: allowed values are {', '.join(CORE_SHARING)}")
     if priority is not None and priority not in (0, 1):
         raise ValueError(f"limits file: priority={priority!r}: allowed values are 0 (high) and 1 (low)")
     _check_value("shared_cache", cache_path)
@@ -105,7 +111,7 @@ def limits_file(devices: Sequence[DeviceBooking], cache_path: str = CACHE_CONTAI
         if isinstance(d.cores, bool) or not isinstance(d.cores, int) or not 0 <= d.cores <= 100:
             raise ValueError(f"limits file: cores_{i}={d.cores!r}: must be an integer percent 0..100")
         lines += [f"uuid_{i}={d.uuid}", f"memory_mib_{i}={d.memory_mib}", f"cores_{i}={d.cores}"]
-    lines += [f"shared_cache={cache_path}", f"core_policy={core_policy}",
+    lines += [f"shared_cache={cache_path}", f"core_policy={core_policy}", f"core_sharing={core_sharing}",
               f"disable_control={'true' if disable_control else 'false'}"]
     if priority is not None:
         lines.append(f"priority={priority}")

@@ -304,7 +304,7 @@ static void env_config(struct vgpu_config *c, int quiet)
  * "key=value" lines, '#' comments and blank lines ignored, unknown keys ignored, no key twice.
  * Required: version=1, devices=<1..16>, and per device i: uuid_<i>, memory_mib_<i> (> 0),
  * cores_<i> (0..100). Optional: shared_cache=<absolute path>, core_policy=default|disable,
- * disable_control=true|false, priority=0|1. A "state" key other than "ready" (the device plugin's
+ * core_sharing=strict|work_conserving, disable_control=true|false, priority=0|1. A "state" key other than "ready" (the device plugin's
  * placeholder at Allocate says "pending") makes the file unusable. */
 struct limits_file {
     int version, ndev;
@@ -312,7 +312,7 @@ struct limits_file {
     int cores[VGPU_MAX_DEV];
     char uuid[VGPU_MAX_DEV][96];
     char cache[512];
-    int core_disable, disable_control, priority;
+    int core_disable, core_conserving, disable_control, priority;
 };
 
 static int lf_uint(const char *key, const char *v, uint64_t max, uint64_t *out, char *err, size_t errlen)
@@ -469,6 +469,15 @@ static int load_limits_file(const char *path, struct limits_file *L, char *err, 
                 snprintf(err, errlen, "core_policy=\"%.30s\": expected default or disable", v);
                 return -1;
             }
+        } else if (!strcmp(key, "core_sharing")) {
+            if (!strcmp(v, "strict"))
+                L->core_conserving = 0;
+            else if (!strcmp(v, "work_conserving"))
+                L->core_conserving = 1;
+            else {
+                snprintf(err, errlen, "core_sharing=\"%.30s\": expected strict or work_conserving", v);
+                return -1;
+            }
         } else if (!strcmp(key, "disable_control")) {
             if (strcmp(v, "true") && strcmp(v, "false")) {
                 snprintf(err, errlen, "disable_control=\"%.30s\": expected true or false", v);
@@ -590,6 +599,7 @@ static void read_config(void)
         g_cfg.from_file = 1;
         g_cfg.enabled = !L.disable_control;
         g_cfg.core_disabled = L.core_disable;
+        g_cfg.sm_conserving = L.core_conserving;
         g_cfg.nuuid = L.ndev;
         for (int i = 0; i < VGPU_MAX_DEV; i++) {
             /* a GPU that is not the container's gets nothing */

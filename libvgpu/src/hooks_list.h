@@ -84,6 +84,7 @@ HOOK(cuGraphLaunch_ptsz, CUresult, (CUgraphExec exec, CUstream s), (exec, s))
 /* called, never intercepted */
 REAL(cuCtxGetCurrent, CUresult, (CUcontext *pctx))
 REAL(cuCtxGetDevice, CUresult, (CUdevice *dev))
+REAL(cuDeviceGetCount, CUresult, (int *count))
 REAL(cuDeviceGetUuid, CUresult, (CUuuid *uuid, CUdevice dev))
 REAL(cuStreamIsCapturing, CUresult, (CUstream s, int *status))
 REAL(cuGraphGetNodes, CUresult, (CUgraph graph, CUgraphNode *nodes, size_t *count))

@@ -1,17 +1,27 @@
 /*
- * SM (compute) limit: a token bucket per device, in units of thread blocks, throttles kernel
+ * SM (compute) limit: a budget of GPU time per device, counted in thread blocks, throttles kernel
  * launches (cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch, and their
  * _ptsz forms).  A background thread samples utilisation through NVML every
  * LIBVGPU_SM_PERIOD_MS (default 100 ms) and sets the refill rate:
  *
  *   cost  = GPU time per block, estimated as (own busy fraction * period) / blocks launched
- *   share = limit - (container busy - own busy) + integral correction
+ *   share = target - (container busy - own busy) + integral correction, capped for priority
  *   rate  = share / cost   blocks per ns
  *
- * Own busy time comes from nvmlDeviceGetProcessUtilization for this container's pids (the
- * processes in the shared region); if per-process figures are unavailable, from the device's
- * utilisation.  The integral term corrects the residual error while launches are being held back.
- * With no SM limit the launch hooks are a single predictable branch in front of the driver.
+ * target is the SM limit (strict), or in work-conserving mode whatever other containers leave idle
+ * (never less than the limit). Own busy time comes from nvmlDeviceGetProcessUtilization for this
+ * container's pids (the processes in the shared region); if per-process figures are unavailable,
+ * from the device's utilisation.
+ *
+ * Launch path: one atomic subtraction from the budget (`credit`, in blocks). While the budget was not
+ * in debt the launch goes on (it may overdraw); only a launch that finds debt takes the slow path,
+ * which refills by elapsed time and sleeps until the debt is repaid. No clock read, lock or driver
+ * call on the fast path.
+ *
+ * Real duration: a launch is charged blocks * cost, an estimate. Every sample replaces the estimates
+ * of the period by the GPU time NVML measured for this process (refunding an over-estimate, charging
+ * the rest as debt), so long kernels, kernels still running after the period of their launch, and a
+ * change of kernel shape (a wrong cost per block) are charged what they really used.
  */
 #include "vgpu.h"
 
@@ -22,32 +32,42 @@
 #include <unistd.h>
 
 #define BURST_NS 10000000.0 /* bucket depth: 10 ms of budget */
+#define DEBT_NS 2000000000.0 /* the debt is kept below 2 s of budget */
+#define STOP_NS 20000000.0   /* a measured overrun stops launches for at most 20 ms; the rest is deferred */
 /* Task priority (a low-priority process yields to busy neighbours): GPU busy fraction of the others above
  * which it yields, the headroom it leaves them to grow into, and the share it always keeps. */
 #define PRIO_BUSY 0.02
 #define PRIO_HEADROOM 0.10
 #define PRIO_FLOOR 0.02
+/* Work-conserving mode: the idle capacity a bursting container leaves, so newcomers show up */
+#define WC_HEADROOM 0.10
 
 struct smdev {
-    pthread_mutex_t mu;
+    int64_t credit;    /* budget in 1/1024 blocks (atomic); launches subtract, refills and corrections add */
     int limit;
-    double tokens;
-    double rate; /* blocks per ns */
-    double cost; /* GPU ns per block */
+    int prio_only;     /* no SM limit: limited only to yield to busier neighbours (low priority) */
+    char pad[64];      /* the launch path's line apart from the slow path's */
+    pthread_mutex_t mu; /* slow path and sampler */
+    double rate;       /* blocks per ns */
+    double cost;       /* GPU ns per block */
     double integ;
-    uint64_t last_ns;
-    uint64_t launched; /* blocks, atomic */
+    double deferred_ns; /* GPU time used beyond the budget, repaid by a lower rate (see update) */
+    uint64_t last_ns;  /* last refill */
+    int64_t added;     /* total added to credit (refills and corrections, 1/1024 blocks), under mu */
     int throttled;     /* a launch waited since the last sample */
     int have_cost;
-    int prio_only;     /* no SM limit: limited only to yield to busier neighbours (low priority) */
     /* sampler state */
-    uint64_t prev_launched, prev_ns, prev_rt_us;
+    int64_t prev_used; /* taken from the budget up to the previous sample (1/1024 blocks) */
+    uint64_t prev_ns, prev_rt_us;
     nvmlDevice_t nvh;
     int nvh_state; /* 0 unknown, 1 ok, -1 unavailable */
 };
 
 static struct smdev g_sm[VGPU_MAX_DEV];
 static int g_pid_match;
+/* The container GPU of every launch when the process sees exactly one device (no context lookup then);
+ * -1: look it up per launch; -2: not known yet. */
+static int g_only_dev = -2;
 
 static uint64_t realtime_us(void)
 {
@@ -62,44 +82,74 @@ static void sleep_ns(uint64_t ns)
     nanosleep(&ts, NULL);
 }
 
+#define Q 1024.0 /* credit units per block */
+
+/* The budget in blocks. */
+static double credit_blocks(const struct smdev *d)
+{
+    return (double)__atomic_load_n(&d->credit, __ATOMIC_RELAXED) / Q;
+}
+
+/* Caller holds d->mu. Adds x blocks to the budget, keeping it within [-DEBT_NS, BURST_NS] of budget. */
+static void credit_add_locked(struct smdev *d, double x)
+{
+    double c = credit_blocks(d);
+    double full = d->limit / 100.0 / d->cost; /* blocks per ns at the limit (rate may be 0 while repaying) */
+    double hi = d->rate * BURST_NS, lo = -full * DEBT_NS;
+    if (hi < 1.0)
+        hi = 1.0;
+    if ((double)c + x > hi)
+        x = hi - (double)c;
+    if ((double)c + x < lo)
+        x = lo - (double)c;
+    x *= Q;
+    if (x > 9e18 || x < -9e18)
+        return;
+    int64_t add = (int64_t)x;
+    __atomic_add_fetch(&d->credit, add, __ATOMIC_RELAXED);
+    d->added += add;
+}
+
 static void refill_locked(struct smdev *d, uint64_t now)
 {
     if (now > d->last_ns) {
-        d->tokens += d->rate * (double)(now - d->last_ns);
+        double x = d->rate * (double)(now - d->last_ns);
         d->last_ns = now;
+        credit_add_locked(d, x > 0 ? x : 0);
     }
-    double burst = d->rate * BURST_NS;
-    if (burst < 1.0)
-        burst = 1.0;
-    if (d->tokens > burst)
-        d->tokens = burst;
 }
 
-void limiter_throttle(uint64_t blocks, CUstream s)
+static int only_device(void)
 {
+    int n = 0;
     CUdevice dev;
-    if (current_device(&dev, NULL) || dev >= VGPU_MAX_DEV)
-        return;
-    struct smdev *d = &g_sm[dev];
-    if (!d->limit)
-        return;
+    int d = -1;
+    if (real_cuDeviceGetCount && real_cuDeviceGetCount(&n) == CUDA_SUCCESS && n == 1 && !current_device(&dev, NULL))
+        d = dev;
+    __atomic_store_n(&g_only_dev, d, __ATOMIC_RELAXED);
+    return d;
+}
+
+/* A launch found the budget in debt (its blocks are charged already): wait until the debt is repaid.
+ * A launch into a stream being captured is recorded into a graph, not run: it never waits (the graph is
+ * charged when launched; what this launch was charged is refunded at the next sample, which charges
+ * only measured GPU time). */
+static void throttle_slow(struct smdev *d, int64_t blocks, CUstream s)
+{
     if (real_cuStreamIsCapturing) {
         int st = 0;
         if (real_cuStreamIsCapturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_ACTIVE)
-            return; /* recorded into a graph, charged when the graph is launched */
+            return;
     }
-    if (!blocks)
-        blocks = 1;
     for (;;) {
         pthread_mutex_lock(&d->mu);
         refill_locked(d, now_ns());
-        if (d->tokens >= 0) {
-            d->tokens -= (double)blocks;
+        double c = credit_blocks(d) + (double)blocks; /* as it was before this launch */
+        if (c >= 0 || !d->limit) {
             pthread_mutex_unlock(&d->mu);
-            __atomic_fetch_add(&d->launched, blocks, __ATOMIC_RELAXED);
             return;
         }
-        double wait = d->rate > 0 ? -d->tokens / d->rate : 1e6;
+        double wait = d->rate > 0 ? -c / d->rate : 1e6;
         d->throttled = 1;
         pthread_mutex_unlock(&d->mu);
         if (wait > 50e6)
@@ -110,20 +160,47 @@ void limiter_throttle(uint64_t blocks, CUstream s)
     }
 }
 
+void limiter_throttle(uint64_t blocks, CUstream s)
+{
+    int dev = __atomic_load_n(&g_only_dev, __ATOMIC_RELAXED);
+    if (UNLIKELY(dev < 0)) {
+        CUdevice cd;
+        if (dev == -2)
+            dev = only_device();
+        if (dev < 0) {
+            if (current_device(&cd, NULL))
+                return;
+            dev = cd;
+        }
+    }
+    if (UNLIKELY(dev >= VGPU_MAX_DEV))
+        return;
+    struct smdev *d = &g_sm[dev];
+    if (!d->limit)
+        return;
+    int64_t b = blocks == 0 ? 1 : blocks > (1ull << 40) ? (int64_t)(1ull << 40) : (int64_t)blocks;
+    if (LIKELY(__atomic_fetch_sub(&d->credit, b << 10, __ATOMIC_RELAXED) >= 0))
+        return;
+    throttle_slow(d, b, s);
+}
+
 /* ------------------------------------------------------------------ sampling */
 static int nvml_handle(int dev, nvmlDevice_t *out)
 {
     return vgpu_nvml_of_dev(dev, out);
 }
 
-/* Busy fractions over [since_us, now]: of this process (self), of the whole container (all), and the
- * busy fraction a low-priority process yields to (yield): every process on the GPU that is not a
- * low-priority process of this container — other containers' processes (whose priority cannot be seen
- * from here) and this container's high-priority ones. Returns 0 when NVML has no sample for the window
- * yet (no information), 1 otherwise. */
-static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *self, double *all, double *yield)
+/* Busy fractions over [since_us, now]: of this process (self), of the whole container (all), of other
+ * containers' processes (foreign), and the busy fraction a low-priority process yields to (yield):
+ * every process on the GPU that is not a low-priority process of this container — other containers'
+ * processes (whose priority cannot be seen from here) and this container's high-priority ones.
+ * *exact: the figures are per process (host pids matched). Returns 0 when NVML has no sample for the
+ * window yet (no information), 1 otherwise. */
+static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *self, double *all, double *foreign,
+                   double *yield, int *exact)
 {
-    *self = *all = *yield = 0;
+    *self = *all = *foreign = *yield = 0;
+    *exact = 0;
     if (g_nvml.proc_util) {
         nvmlProcessUtilizationSample_t buf[256];
         unsigned n = 256;
@@ -133,7 +210,7 @@ static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *
         if (rc == NVML_SUCCESS) {
             int pids[256], prio[256], np = 0, me = vgpu_host_pid();
             region_procs(pids, prio, &np, 256);
-            double s = 0, a = 0, y = 0;
+            double s = 0, a = 0, f = 0, y = 0;
             int matched = 0;
             for (unsigned i = 0; i < n && i < 256; i++) {
                 int p = (int)buf[i].pid, k;
@@ -147,7 +224,7 @@ static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *
                         y += buf[i].smUtil; /* a high-priority process of this container */
                     matched = 1;
                 } else {
-                    y += buf[i].smUtil; /* another container's process */
+                    f += buf[i].smUtil; /* another container's process */
                 }
             }
             if (matched)
@@ -155,7 +232,9 @@ static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *
             if (matched || g_pid_match || blocks == 0) {
                 *self = s / 100.0;
                 *all = a / 100.0;
-                *yield = y / 100.0;
+                *foreign = f / 100.0;
+                *yield = (f + y) / 100.0;
+                *exact = g_pid_match;
                 return 1;
             }
             /* our pids are not NVML's (pid namespace): fall through to device utilisation */
@@ -163,7 +242,7 @@ static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *
     }
     nvmlUtilization_t u;
     if (g_nvml.util && g_nvml.util(d->nvh, &u) == NVML_SUCCESS) {
-        *self = *all = u.gpu / 100.0; /* nothing can be told apart: no yielding */
+        *self = *all = u.gpu / 100.0; /* nothing can be told apart: no yielding, no bursting */
         return 1;
     }
     return 0;
@@ -172,29 +251,62 @@ static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *
 static void update(struct smdev *d)
 {
     uint64_t now = now_ns(), rt = realtime_us();
-    uint64_t launched = __atomic_load_n(&d->launched, __ATOMIC_RELAXED);
-    uint64_t blocks = launched - d->prev_launched;
+    pthread_mutex_lock(&d->mu);
+    int64_t used = d->added - __atomic_load_n(&d->credit, __ATOMIC_RELAXED); /* taken so far */
+    pthread_mutex_unlock(&d->mu);
+    uint64_t blocks = used > d->prev_used ? (uint64_t)((double)(used - d->prev_used) / Q + 0.5) : 0;
     uint64_t dt = now - d->prev_ns;
-    double self, all, yield;
-    if (!measure(d, d->prev_rt_us, blocks, &self, &all, &yield) && dt < 1000000000ull)
+    double self, all, foreign, yield;
+    int exact;
+    if (!measure(d, d->prev_rt_us, blocks, &self, &all, &foreign, &yield, &exact) && dt < 1000000000ull)
         return; /* no sample yet: keep the window open (up to 1 s), then treat it as idle */
-    d->prev_launched = launched;
+    d->prev_used = used;
     d->prev_ns = now;
     d->prev_rt_us = rt;
     if (dt == 0)
         return;
     double L = d->limit / 100.0;
     pthread_mutex_lock(&d->mu);
+    double old_cost = d->cost;
     if (blocks > 0) {
+        double c = self * (double)dt / (double)blocks;
         if (self > 0.005) {
-            double c = self * (double)dt / (double)blocks;
-            d->cost = d->have_cost ? 0.5 * d->cost + 0.5 * c : c;
+            /* smoothed, except after a change of kernel shape (off by more than 2x): take it at once */
+            d->cost = d->have_cost && c < 2 * d->cost && c > 0.5 * d->cost ? 0.5 * d->cost + 0.5 * c : c;
             d->have_cost = 1;
         } else {
             d->cost *= 0.5; /* launches left no trace: blocks are cheaper than assumed */
             if (d->cost < 0.01)
                 d->cost = 0.01;
         }
+    }
+    refill_locked(d, now); /* what accrued at the old rate, in blocks at the old cost */
+    /* Charge the period what NVML measured for this process instead of the launches' estimates: refund
+     * what was charged (its blocks) and charge the measured GPU time (in blocks at the period's cost).
+     * Only with per-process figures (device-wide figures include other processes). */
+    if (exact) {
+        double x = (double)blocks - self * (double)dt / old_cost;
+        double c = credit_blocks(d);
+        if (x < 0) {
+            /* A debt that would stop the process for more than STOP_NS (GPU time it used beyond its
+             * estimates: a long kernel, a change of kernel shape) is deferred: repaid below by running at a
+             * lower rate for a while rather than by stopping at once. Nothing is forgiven. */
+            double room = c + d->limit / 100.0 / old_cost * STOP_NS, take = -x < room ? -x : room > 0 ? room : 0;
+            d->deferred_ns += (-x - take) * old_cost;
+            x = -take;
+        } else if (d->deferred_ns > 0) { /* a refund first pays the deferred debt */
+            double pay = x * old_cost < d->deferred_ns ? x * old_cost : d->deferred_ns;
+            d->deferred_ns -= pay;
+            x -= pay / old_cost;
+        }
+        credit_add_locked(d, x);
+    }
+    /* Target: the limit, or in work-conserving mode what the other containers leave (never less). */
+    double target = L;
+    int bursting = 0;
+    if (g_cfg.sm_conserving && exact && 1.0 - foreign - WC_HEADROOM > L) {
+        target = 1.0 - foreign - WC_HEADROOM;
+        bursting = 1;
     }
     /* Low priority: while others are busy, keep at most what they leave, minus headroom for them to grow
      * into (they are throttled by their own limits only, so they take the GPU back within a few periods). */
@@ -204,9 +316,11 @@ static void update(struct smdev *d)
         if (cap < PRIO_FLOOR)
             cap = PRIO_FLOOR;
     }
-    int yielding = cap < L - (all - self);
-    /* integral correction only while the bucket is the bottleneck (anti-windup), never while yielding */
-    if (yielding) {
+    double base = target - (all - self);
+    int yielding = cap < base;
+    /* integral correction only without per-process figures (with them every period is charged what it
+     * used), and only while the limit is the bottleneck (anti-windup) */
+    if (yielding || bursting || exact) {
         d->integ *= 0.5;
     } else if (d->throttled || all > L) {
         d->integ += 0.3 * (L - all);
@@ -216,17 +330,31 @@ static void update(struct smdev *d)
             d->integ = -0.5 * L;
     }
     d->throttled = 0;
-    double share = L - (all - self) + d->integ;
+    double share = base + d->integ;
     if (share < 0.02 * L)
         share = 0.02 * L;
     if (share > cap)
         share = cap;
     if (share > 1.0)
         share = 1.0;
+    if (d->deferred_ns > 0) { /* repay a deferred debt by a lower rate: a debt of x ms takes x % off */
+        double r = d->deferred_ns / 1e9;
+        if (r > share)
+            r = share;
+        share -= r;
+        d->deferred_ns -= r * (double)dt;
+        if (d->deferred_ns < 0)
+            d->deferred_ns = 0;
+    }
     d->rate = share / d->cost;
+    if (d->cost != old_cost) { /* the budget is GPU time: keep it, in blocks at the new cost */
+        double c = credit_blocks(d);
+        credit_add_locked(d, c * (old_cost / d->cost) - c);
+    }
     pthread_mutex_unlock(&d->mu);
-    LOG_DEBUG("sm: limit %d%% self %.1f%% container %.1f%% yield-to %.1f%% blocks %llu cost %.1fns rate %.3g/ms",
-              d->limit, self * 100, all * 100, yield * 100, (unsigned long long)blocks, d->cost, d->rate * 1e6);
+    LOG_DEBUG("sm: limit %d%% self %.1f%% container %.1f%% others %.1f%% yield-to %.1f%% blocks %llu cost %.1fns "
+              "rate %.3g/ms", d->limit, self * 100, all * 100, foreign * 100, yield * 100, (unsigned long long)blocks,
+              d->cost, d->rate * 1e6);
 }
 
 static void *sampler(void *arg)
@@ -275,7 +403,8 @@ void limiter_start(void)
         }
         d->cost = 1000.0; /* initial guess: 1 us of GPU time per block */
         d->rate = d->limit / 100.0 / d->cost;
-        d->tokens = 1.0;
+        d->credit = (int64_t)Q;
+        d->added = (int64_t)Q;
         d->last_ns = now;
         if (d->limit)
             LOG_INFO("device %d: SM limit %d%%", i, d->limit);

@@ -71,6 +71,7 @@ struct vgpu_config {
     int priority;                       /* 0 high, 1 low, -1 unset */
     int core_disabled;                  /* the SM limit is switched off (core policy "disable") */
     int sm_yield;                       /* low priority: yield compute to busy neighbours (limiter.c) */
+    int sm_conserving;                  /* work-conserving SM limit (limits file core_sharing, admin's policy) */
 };
 
 /* The container's limits file: fixed path, read-only mount (see docs/env-contract.md). Not taken

@@ -7,7 +7,8 @@
  * with simulated execution time, stream capture and CUDA graphs, and cuGetProcAddress.
  *
  * Kernel time: a launch of gridDimX*gridDimY*gridDimZ blocks keeps its device busy for
- * blocks * FAKE_CUDA_NS_PER_BLOCK ns (default 1000).  Work on one device runs serially, across
+ * FAKE_CUDA_NS_PER_LAUNCH + blocks * FAKE_CUDA_NS_PER_BLOCK ns (defaults 0 and 1000; a fixed cost
+ * per launch makes the cost per block depend on the kernel's shape, as on a real GPU).  Work on one device runs serially, across
  * all processes that share FAKE_GPU_STATE.  A launch blocks while the device has more than
  * FAKE_CUDA_MAX_QUEUE_US of queued work (default 5000), like a full hardware queue.
  * Busy intervals go to the shared state so the fake NVML reports utilisation.
@@ -30,6 +31,7 @@ static int g_inited;
 static struct fg_config g_cfg;
 static struct fg_state *g_st;
 static uint64_t g_ns_per_block = 1000;
+static uint64_t g_ns_per_launch = 0;
 static uint64_t g_ctx_bytes = 300 * MIB;
 static uint64_t g_max_queue_ns = 5000000;
 static uint64_t g_next_addr = 0x7f0000000000ull;
@@ -419,6 +421,7 @@ EXPORT CUresult cuInit(unsigned int flags)
             return CUDA_ERROR_NO_DEVICE;
         }
         g_ns_per_block = env_u64("FAKE_CUDA_NS_PER_BLOCK", 1000);
+        g_ns_per_launch = env_u64("FAKE_CUDA_NS_PER_LAUNCH", 0);
         g_ctx_bytes = env_u64("FAKE_CUDA_CTX_MIB", 300) * MIB;
         g_max_queue_ns = env_u64("FAKE_CUDA_MAX_QUEUE_US", 5000) * 1000;
         __atomic_store_n(&g_inited, 1, __ATOMIC_RELEASE);
@@ -1381,7 +1384,7 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
         n->p.sharedMemBytes = shmem;
         return CUDA_SUCCESS;
     }
-    schedule(t_cur, fs, (uint64_t)gx * gy * gz * g_ns_per_block);
+    schedule(t_cur, fs, g_ns_per_launch + (uint64_t)gx * gy * gz * g_ns_per_block);
     return CUDA_SUCCESS;
 }
 

@@ -196,13 +196,14 @@ def test_writer_output_and_validation() -> None:
     assert lines == ["version=1", "devices=2", f"uuid_0={UUID0}", "memory_mib_0=4000", "cores_0=30",
                      f"uuid_1={UUID1}", "memory_mib_1=2000", "cores_1=100",
                      "shared_cache=/usr/local/vgpu/cache/vgpu.cache", "core_policy=default",
-                     "disable_control=false", "priority=1"]
+                     "core_sharing=strict", "disable_control=false", "priority=1"]
     bad: list[tuple[list[DeviceBooking], dict[str, object], str]] = [
         ([DeviceBooking(UUID0, 0, 30)], {}, "memory_mib_0=0"),
         ([DeviceBooking(UUID0, 10, 101)], {}, "cores_0=101"),
         ([DeviceBooking("GPU a", 10, 1)], {}, "uuid_0='GPU a'"),
         ([DeviceBooking(UUID0, 10, 1)], {"core_policy": "burst"}, "core_policy='burst'"),
         ([DeviceBooking(UUID0, 10, 1)], {"priority": 2}, "priority=2"),
+        ([DeviceBooking(UUID0, 10, 1)], {"core_sharing": "burst"}, "core_sharing='burst'"),
         ([], {}, "devices=0"),
     ]
     for devs, kw, msg in bad:

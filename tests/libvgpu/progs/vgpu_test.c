@@ -494,6 +494,51 @@ static int sc_sm(double seconds, unsigned blocks, double window, int use_ex)
     return 0;
 }
 
+/* ---- kernel-shape change: `small`-block kernels for `before` s, then `big`-block kernels for `after` s.
+ * Every launch's simulated duration (FAKE_CUDA_NS_PER_LAUNCH + blocks * FAKE_CUDA_NS_PER_BLOCK) is booked
+ * to the bin of its launch time; prints the busy share of each `bin`-second bin after the change, and
+ * of the last second before it and the last second of the run. */
+static int sc_shape(double before, double after, unsigned small, unsigned big, double bin)
+{
+    init_ctx(0);
+    CUmodule mod;
+    CUfunction f;
+    p_cuModuleLoadData(&mod, "fake");
+    p_cuModuleGetFunction(&f, mod, "busy");
+    CUstream s;
+    p_cuStreamCreate(&s, 0);
+    double per_block = getenv("FAKE_CUDA_NS_PER_BLOCK") ? atof(getenv("FAKE_CUDA_NS_PER_BLOCK")) : 1000.0;
+    double per_launch = getenv("FAKE_CUDA_NS_PER_LAUNCH") ? atof(getenv("FAKE_CUDA_NS_PER_LAUNCH")) : 0.0;
+    size_t nbins = (size_t)((before + after) / bin) + 2;
+    double *busy = calloc(nbins, sizeof *busy);
+    if (!busy)
+        return 1;
+    double t0 = now_s(), t;
+    while ((t = now_s()) - t0 < before + after) {
+        unsigned blocks = t - t0 < before ? small : big;
+        if (p_cuLaunchKernel(f, blocks, 1, 1, 1, 1, 1, 0, s, NULL, NULL)) {
+            printf("error=launch\n");
+            return 1;
+        }
+        size_t b = (size_t)((t - t0) / bin);
+        if (b < nbins)
+            busy[b] += (per_launch + blocks * per_block) / 1e9;
+    }
+    p_cuStreamSynchronize(s);
+    size_t change = (size_t)(before / bin), last = (size_t)((before + after) / bin);
+    size_t per_s = (size_t)(1.0 / bin);
+    double pre = 0, post = 0;
+    for (size_t b = change - per_s; b < change; b++)
+        pre += busy[b];
+    for (size_t b = last - per_s; b < last; b++)
+        post += busy[b];
+    printf("before util=%.2f\nafter util=%.2f\n", 100.0 * pre / (per_s * bin), 100.0 * post / (per_s * bin));
+    for (size_t b = change; b < last; b++)
+        printf("bin t=%.0f util=%.2f\n", (double)(b - change) * bin * 1000, 100.0 * busy[b] / bin);
+    free(busy);
+    return 0;
+}
+
 /* ---- KF-26: 1000 kernels captured into a graph, graph launched in a loop */
 static int sc_graph(double seconds, unsigned kernels, unsigned blocks)
 {
@@ -666,6 +711,9 @@ int main(int argc, char **argv)
         return sc_hold_lock();
     if (!strcmp(sc, "sm") && argc >= 6)
         return sc_sm(atof(argv[3]), (unsigned)atoi(argv[4]), atof(argv[5]), argc >= 7 && !strcmp(argv[6], "ex"));
+    if (!strcmp(sc, "shape") && argc >= 8)
+        return sc_shape(atof(argv[3]), atof(argv[4]), (unsigned)atoi(argv[5]), (unsigned)atoi(argv[6]),
+                        atof(argv[7]));
     if (!strcmp(sc, "graph") && argc >= 6)
         return sc_graph(atof(argv[3]), (unsigned)atoi(argv[4]), (unsigned)atoi(argv[5]));
     if (!strcmp(sc, "tiny"))
