@@ -53,6 +53,7 @@ HOOK(cuArrayDestroy, CUresult, (CUarray arr), (arr))
 HOOK(cuMipmappedArrayDestroy, CUresult, (CUmipmappedArray arr), (arr))
 HOOK(cuMemPoolCreate, CUresult, (CUmemoryPool *pool, const CUmemPoolProps *props), (pool, props))
 HOOK(cuMemPoolDestroy, CUresult, (CUmemoryPool pool), (pool))
+HOOK(cuMemPoolTrimTo, CUresult, (CUmemoryPool pool, size_t keep), (pool, keep))
 HOOK(cuLaunchKernel, CUresult,
      (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
       unsigned int bz, unsigned int shmem, CUstream s, void **params, void **extra),
@@ -87,6 +88,8 @@ REAL(cuCtxGetDevice, CUresult, (CUdevice *dev))
 REAL(cuDeviceGetCount, CUresult, (int *count))
 REAL(cuDeviceGetUuid, CUresult, (CUuuid *uuid, CUdevice dev))
 REAL(cuStreamIsCapturing, CUresult, (CUstream s, int *status))
+REAL(cuDeviceGetMemPool, CUresult, (CUmemoryPool *pool, CUdevice dev))
+REAL(cuMemPoolGetAttribute, CUresult, (CUmemoryPool pool, int attr, void *value))
 REAL(cuGraphGetNodes, CUresult, (CUgraph graph, CUgraphNode *nodes, size_t *count))
 REAL(cuGraphNodeGetType, CUresult, (CUgraphNode node, int *type))
 REAL(cuGraphKernelNodeGetParams, CUresult, (CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *params))

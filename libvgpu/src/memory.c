@@ -21,6 +21,7 @@ struct entry {
     uint8_t kind;     /* 0 = empty */
     uint8_t released; /* TK_HANDLE: cuMemRelease done, physical memory lives on while mapped */
     uint32_t maps;    /* TK_HANDLE: live mappings */
+    uint16_t pool;    /* TK_PTR from a memory pool: index + 1 in g_pools */
 };
 
 static pthread_mutex_t g_tmu = PTHREAD_MUTEX_INITIALIZER;
@@ -111,7 +112,7 @@ int track_put(int kind, uint64_t key, uint64_t size, int dev, CUcontext ctx)
     struct entry *e = t_find(kind, key);
     if (!e) {
         struct entry n = {.key = key, .size = size, .ctx = ctx, .dev = (int16_t)dev, .kind = (uint8_t)kind,
-                          .released = 0, .maps = 0};
+                          .released = 0, .maps = 0, .pool = 0};
         t_insert_raw(g_tab, g_cap, &n);
         g_cnt++;
     } else {
@@ -150,16 +151,24 @@ int track_take(int kind, uint64_t key, uint64_t *size, int *dev)
     return e != NULL;
 }
 
-/* Drops every memory entry owned by ctx (the driver freed them with the context). */
+static uint64_t pool_freed_locked(int ix, uint64_t bytes);
+static void pools_sync_all(void);
+static void pools_after_fork_child(void);
+
+/* Drops every memory entry owned by ctx (the driver freed them with the context; memory from a pool
+ * goes back to the pool's reserve). */
 static void drop_context_entries(CUcontext ctx)
 {
     uint64_t freed[VGPU_MAX_DEV] = {0};
+    int pooled = 0;
     pthread_mutex_lock(&g_tmu);
     for (size_t i = 0; i < g_cap;) {
         struct entry *e = &g_tab[i];
         if (e->kind && e->kind <= TK_HANDLE && e->ctx == ctx) {
+            uint64_t b = e->pool ? pool_freed_locked(e->pool, e->size) : e->size;
+            pooled |= e->pool != 0;
             if (e->dev >= 0 && e->dev < VGPU_MAX_DEV)
-                freed[e->dev] += e->size;
+                freed[e->dev] += b;
             t_remove(e); /* may move a later entry into i: look at i again */
             continue;
         }
@@ -169,6 +178,8 @@ static void drop_context_entries(CUcontext ctx)
     for (int d = 0; d < VGPU_MAX_DEV; d++)
         if (freed[d])
             region_release(d, freed[d]);
+    if (pooled)
+        pools_sync_all();
 }
 
 void memory_after_fork_child(void)
@@ -179,12 +190,146 @@ void memory_after_fork_child(void)
         memset(g_tab, 0, g_cap * sizeof *g_tab);
     g_cnt = 0;
     g_nmaps = 0;
+    pools_after_fork_child();
     region_after_fork_child();
 }
 
 __attribute__((constructor)) static void memory_atfork(void)
 {
     pthread_atfork(NULL, NULL, memory_after_fork_child);
+}
+
+/* ------------------------------------------------------------------ memory pools
+ * A pool keeps freed memory reserved (device memory the container holds) until the driver releases it:
+ * at a synchronisation beyond the pool's release threshold, at cuMemPoolTrimTo, or when the pool is
+ * destroyed. Each pool an allocation of this process came from is charged to this process for
+ * max(reserved, live): its live allocations (each charged when allocated) plus `excess`, the reserve
+ * beyond them, re-read from the driver (cuMemPoolGetAttribute RESERVED_MEM_CURRENT) after every
+ * allocation, free and trim from it, before refusing an allocation, and on every memory report. An
+ * allocation first takes from the pool's excess (already charged) before reserving more. Memory is
+ * uncharged only when the driver says the pool no longer reserves it; if it cannot be asked, it stays
+ * charged. */
+#define MAX_POOLS 64
+#define POOL_ATTR_RESERVED_MEM_CURRENT 5 /* CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT */
+struct poolacct {
+    CUmemoryPool pool;
+    int dev;          /* container GPU */
+    int gone;         /* destroyed: its memory returns to the driver as it is freed */
+    uint64_t live;    /* bytes of this process's live allocations from it */
+    uint64_t excess;  /* bytes of reserve beyond them, charged to this process */
+};
+static struct poolacct g_pools[MAX_POOLS]; /* under g_tmu */
+static int g_npools;
+/* Serialises every operation on pools (allocation, free, re-read), so a re-read never sees an allocation
+ * half done; recursive: a refused reservation re-reads the pools from inside an allocation. */
+static pthread_mutex_t g_pool_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+#define POOL_GRAIN (2ull << 20) /* the driver reserves device memory in 2 MiB steps */
+
+/* Index + 1 of pool in g_pools (registered on first use), 0 when the table is full. */
+static int pool_index(CUmemoryPool pool, int dev)
+{
+    pthread_mutex_lock(&g_tmu);
+    int ix = 0;
+    for (int i = 0; i < g_npools && !ix; i++)
+        if (g_pools[i].pool == pool && !g_pools[i].gone)
+            ix = i + 1;
+    if (!ix && g_npools < MAX_POOLS) {
+        g_pools[g_npools] = (struct poolacct){.pool = pool, .dev = dev};
+        ix = ++g_npools;
+    }
+    pthread_mutex_unlock(&g_tmu);
+    return ix;
+}
+
+/* Re-reads pool ix's reserve from the driver and charges (or, when the driver released it, uncharges)
+ * the part beyond its live allocations. */
+static void pool_sync(int ix)
+{
+    if (ix <= 0 || !real_cuMemPoolGetAttribute)
+        return;
+    pthread_mutex_lock(&g_pool_mu);
+    pthread_mutex_lock(&g_tmu);
+    struct poolacct p = g_pools[ix - 1];
+    pthread_mutex_unlock(&g_tmu);
+    uint64_t reserved = 0;
+    if (p.gone || real_cuMemPoolGetAttribute(p.pool, POOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS) {
+        pthread_mutex_unlock(&g_pool_mu);
+        return; /* not known: what is charged stays charged */
+    }
+    pthread_mutex_lock(&g_tmu);
+    struct poolacct *q = &g_pools[ix - 1];
+    uint64_t want = reserved > q->live ? reserved - q->live : 0, have = q->excess;
+    q->excess = want;
+    pthread_mutex_unlock(&g_tmu);
+    if (want > have)
+        region_reserve(p.dev, want - have, 1, NULL, NULL); /* held by the driver already: never refused */
+    else if (want < have)
+        region_release(p.dev, have - want);
+    pthread_mutex_unlock(&g_pool_mu);
+}
+
+static void pools_after_fork_child(void)
+{
+    g_npools = 0; /* the child holds no allocation of the parent's */
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&g_pool_mu, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
+static void pools_sync_all(void)
+{
+    pthread_mutex_lock(&g_tmu);
+    int n = g_npools;
+    pthread_mutex_unlock(&g_tmu);
+    for (int i = 1; i <= n; i++)
+        pool_sync(i);
+}
+
+/* Moves up to `bytes` of pool ix's charged excess to its live allocations; returns how much. */
+static uint64_t pool_take(int ix, uint64_t bytes)
+{
+    if (ix <= 0)
+        return 0;
+    pthread_mutex_lock(&g_tmu);
+    struct poolacct *q = &g_pools[ix - 1];
+    uint64_t t = bytes < q->excess ? bytes : q->excess;
+    q->excess -= t;
+    q->live += t;
+    pthread_mutex_unlock(&g_tmu);
+    return t;
+}
+
+/* An allocation of `bytes` from pool ix ended (freed, or never made: `failed`, with `taken` of it from
+ * the excess). Freed memory goes back to the pool's reserve, still charged, until pool_sync learns the
+ * driver released it. Returns the bytes to uncharge now (a destroyed pool, a failed allocation). */
+static uint64_t pool_put(int ix, uint64_t bytes, int failed, uint64_t taken)
+{
+    pthread_mutex_lock(&g_tmu);
+    struct poolacct *q = &g_pools[ix - 1];
+    uint64_t now;
+    if (failed) {
+        q->live = q->live > taken ? q->live - taken : 0;
+        q->excess += taken;
+        now = bytes - taken;
+    } else {
+        now = pool_freed_locked(ix, bytes);
+    }
+    pthread_mutex_unlock(&g_tmu);
+    return now;
+}
+
+/* Caller holds g_tmu. A live allocation of pool ix was freed: back to the reserve (still charged), or
+ * to the driver if the pool is destroyed. Returns the bytes to uncharge now. */
+static uint64_t pool_freed_locked(int ix, uint64_t bytes)
+{
+    struct poolacct *q = &g_pools[ix - 1];
+    q->live = q->live > bytes ? q->live - bytes : 0;
+    if (q->gone)
+        return bytes;
+    q->excess += bytes;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ helpers */
@@ -206,6 +351,11 @@ static CUresult reserve(int dev, uint64_t bytes, const char *api)
     uint64_t used = 0, limit = 0;
     if (region_reserve(dev, bytes, 0, &used, &limit) == 0)
         return CUDA_SUCCESS;
+    if (__atomic_load_n(&g_npools, __ATOMIC_RELAXED)) { /* pools may have released reserve since */
+        pools_sync_all();
+        if (region_reserve(dev, bytes, 0, &used, &limit) == 0)
+            return CUDA_SUCCESS;
+    }
     /* one line per second at most: programs probe memory by allocating in a loop */
     static uint64_t last_ns, suppressed;
     uint64_t now = now_ns(), skipped = 0;
@@ -552,17 +702,86 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     return finish(rc, TK_PTR, *dptr, actual, dev, ctx);
 }
 
+/* An allocation from pool `pool` (NULL: unknown) of container GPU dev: takes from the pool's charged
+ * excess first, reserves the rest, records the pool with the allocation and re-reads its reserve. */
+static CUresult pooled_alloc(CUresult (*call)(void *), void *arg, CUdeviceptr *dptr, size_t bytesize,
+                             CUmemoryPool pool, int dev, CUcontext ctx, const char *api)
+{
+    int ix = pool ? pool_index(pool, dev) : 0;
+    if (!ix) { /* no pool known: the allocation alone */
+        CUresult rc = reserve(dev, bytesize, api);
+        if (rc)
+            return rc;
+        rc = call(arg);
+        return finish(rc, TK_PTR, rc ? 0 : *dptr, bytesize, dev, ctx);
+    }
+    pthread_mutex_lock(&g_pool_mu);
+    uint64_t taken = pool_take(ix, bytesize), need = bytesize - taken;
+    /* what the pool's reserve grows by, in the driver's steps, is charged before the driver is called */
+    uint64_t charge = need ? (need + POOL_GRAIN - 1) & ~(POOL_GRAIN - 1) : 0;
+    if (charge < need)
+        charge = need;
+    CUresult rc = charge ? reserve(dev, charge, api) : CUDA_SUCCESS;
+    if (rc) {
+        pool_put(ix, bytesize, 1, taken); /* nothing was reserved for the rest */
+        pthread_mutex_unlock(&g_pool_mu);
+        return rc;
+    }
+    rc = call(arg);
+    if (rc != CUDA_SUCCESS) {
+        uint64_t back = pool_put(ix, bytesize, 1, taken) + (charge - need);
+        if (back)
+            region_release(dev, back);
+        pthread_mutex_unlock(&g_pool_mu);
+        return rc;
+    }
+    pthread_mutex_lock(&g_tmu);
+    g_pools[ix - 1].live += need;
+    g_pools[ix - 1].excess += charge - need; /* until the re-read below says what the pool holds */
+    pthread_mutex_unlock(&g_tmu);
+    if (track_put(TK_PTR, *dptr, bytesize, dev, ctx) != 0)
+        LOG_ERROR("cannot record allocation of %llu bytes; usage stays charged", (unsigned long long)bytesize);
+    else {
+        pthread_mutex_lock(&g_tmu);
+        struct entry *e = t_find(TK_PTR, *dptr);
+        if (e)
+            e->pool = (uint16_t)ix;
+        pthread_mutex_unlock(&g_tmu);
+    }
+    pool_sync(ix);
+    pthread_mutex_unlock(&g_pool_mu);
+    return rc;
+}
+
+struct async_args {
+    cuMemAllocAsync_fn fn;
+    cuMemAllocFromPoolAsync_fn pfn;
+    CUdeviceptr *dptr;
+    size_t bytes;
+    CUmemoryPool pool;
+    CUstream s;
+};
+
+static CUresult call_async(void *a)
+{
+    struct async_args *x = a;
+    return x->fn ? x->fn(x->dptr, x->bytes, x->s) : x->pfn(x->dptr, x->bytes, x->pool, x->s);
+}
+
 static CUresult alloc_async(cuMemAllocAsync_fn fn, CUdeviceptr *dptr, size_t bytesize, CUstream s)
 {
     CUdevice dev;
     CUcontext ctx;
     if (!g_cfg.enabled || !dptr || !bytesize || current_device(&dev, &ctx))
         return fn(dptr, bytesize, s);
-    CUresult rc = reserve(dev, bytesize, "cuMemAllocAsync");
-    if (rc)
-        return rc;
-    rc = fn(dptr, bytesize, s);
-    return finish(rc, TK_PTR, rc ? 0 : *dptr, bytesize, dev, ctx);
+    /* the device's current pool, which cuMemAllocAsync allocates from */
+    CUdevice ord;
+    CUmemoryPool pool = NULL;
+    if (!real_cuCtxGetDevice || real_cuCtxGetDevice(&ord) != CUDA_SUCCESS || !real_cuDeviceGetMemPool ||
+        real_cuDeviceGetMemPool(&pool, ord) != CUDA_SUCCESS)
+        pool = NULL;
+    struct async_args a = {.fn = fn, .dptr = dptr, .bytes = bytesize, .s = s};
+    return pooled_alloc(call_async, &a, dptr, bytesize, pool, dev, ctx, "cuMemAllocAsync");
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
@@ -590,11 +809,8 @@ static CUresult alloc_pool(cuMemAllocFromPoolAsync_fn fn, CUdeviceptr *dptr, siz
     int pdev;
     if (track_get(TK_POOL, (uint64_t)(uintptr_t)pool, &unused, &pdev))
         dev = pdev; /* a pool created for another device */
-    CUresult rc = reserve(dev, bytesize, "cuMemAllocFromPoolAsync");
-    if (rc)
-        return rc;
-    rc = fn(dptr, bytesize, pool, s);
-    return finish(rc, TK_PTR, rc ? 0 : *dptr, bytesize, dev, ctx);
+    struct async_args a = {.pfn = fn, .dptr = dptr, .bytes = bytesize, .pool = pool, .s = s};
+    return pooled_alloc(call_async, &a, dptr, bytesize, pool, dev, ctx, "cuMemAllocFromPoolAsync");
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
@@ -630,6 +846,40 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
         uint64_t s;
         int d;
         track_take(TK_POOL, (uint64_t)(uintptr_t)pool, &s, &d);
+        /* the driver releases the pool's reserve; live allocations stay charged until freed */
+        uint64_t excess[MAX_POOLS];
+        int devs[MAX_POOLS], n = 0;
+        pthread_mutex_lock(&g_pool_mu);
+        pthread_mutex_lock(&g_tmu);
+        for (int i = 0; i < g_npools; i++)
+            if (g_pools[i].pool == pool && !g_pools[i].gone) {
+                g_pools[i].gone = 1;
+                excess[n] = g_pools[i].excess;
+                devs[n++] = g_pools[i].dev;
+                g_pools[i].excess = 0;
+            }
+        pthread_mutex_unlock(&g_tmu);
+        for (int i = 0; i < n; i++)
+            if (excess[i])
+                region_release(devs[i], excess[i]);
+        pthread_mutex_unlock(&g_pool_mu);
+    }
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemPoolTrimTo);
+    CUresult rc = real_cuMemPoolTrimTo(pool, keep);
+    if (rc == CUDA_SUCCESS && g_cfg.enabled) {
+        int ix = 0;
+        pthread_mutex_lock(&g_tmu);
+        for (int i = 0; i < g_npools && !ix; i++)
+            if (g_pools[i].pool == pool && !g_pools[i].gone)
+                ix = i + 1;
+        pthread_mutex_unlock(&g_tmu);
+        pool_sync(ix);
     }
     return rc;
 }
@@ -743,27 +993,76 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D
         return rc_;                                                 \
     } while (0)
 
+/* Frees of device pointers: as FREE_BODY, but memory from a pool goes back to the pool's reserve. */
+#define FREE_PTR_BODY(key, call)                                    \
+    do {                                                            \
+        if (!g_cfg.enabled)                                         \
+            return call;                                            \
+        uint64_t size_ = 0;                                         \
+        int dev_ = -1, ix_ = 0;                                     \
+        CUcontext ctx_ = NULL;                                      \
+        pthread_mutex_lock(&g_tmu);                                 \
+        struct entry *e_ = t_find(TK_PTR, key);                     \
+        if (e_) {                                                   \
+            size_ = e_->size;                                       \
+            dev_ = e_->dev;                                         \
+            ix_ = e_->pool;                                         \
+            ctx_ = e_->ctx;                                         \
+            t_remove(e_);                                           \
+        }                                                           \
+        pthread_mutex_unlock(&g_tmu);                               \
+        CUresult rc_ = call;                                        \
+        if (!e_)                                                    \
+            return rc_;                                             \
+        if (rc_ != CUDA_SUCCESS) {                                  \
+            free_failed(key, size_, dev_, ctx_, ix_);               \
+        } else if (ix_) {                                           \
+            pthread_mutex_lock(&g_pool_mu);                         \
+            uint64_t now_ = pool_put(ix_, size_, 0, 0);             \
+            if (now_)                                               \
+                region_release(dev_, now_);                         \
+            pool_sync(ix_);                                         \
+            pthread_mutex_unlock(&g_pool_mu);                       \
+        } else {                                                    \
+            region_release(dev_, size_);                            \
+        }                                                           \
+        return rc_;                                                 \
+    } while (0)
+
+/* The driver kept an allocation the program tried to free: record it again. */
+static void free_failed(uint64_t key, uint64_t size, int dev, CUcontext ctx, int ix)
+{
+    track_put(TK_PTR, key, size, dev, ctx);
+    if (ix) {
+        pthread_mutex_lock(&g_tmu);
+        struct entry *e = t_find(TK_PTR, key);
+        if (e)
+            e->pool = (uint16_t)ix;
+        pthread_mutex_unlock(&g_tmu);
+    }
+}
+
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemFree_v2);
     if (!dptr)
         return real_cuMemFree_v2(dptr);
-    FREE_BODY(TK_PTR, dptr, real_cuMemFree_v2(dptr));
+    FREE_PTR_BODY(dptr, real_cuMemFree_v2(dptr));
 }
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemFreeAsync);
-    FREE_BODY(TK_PTR, dptr, real_cuMemFreeAsync(dptr, s));
+    FREE_PTR_BODY(dptr, real_cuMemFreeAsync(dptr, s));
 }
 
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemFreeAsync_ptsz);
-    FREE_BODY(TK_PTR, dptr, real_cuMemFreeAsync_ptsz(dptr, s));
+    FREE_PTR_BODY(dptr, real_cuMemFreeAsync_ptsz(dptr, s));
 }
 
 /* ---- VMM: cuMemCreate's physical memory stays charged until the handle is released *and* every
@@ -882,6 +1181,8 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemGetInfo_v2);
+    if (g_cfg.enabled && __atomic_load_n(&g_npools, __ATOMIC_RELAXED))
+        pools_sync_all(); /* report what the pools hold now */
     CUresult rc = real_cuMemGetInfo_v2(free_b, total_b);
     CUdevice dev;
     if (rc != CUDA_SUCCESS || !g_cfg.enabled || !free_b || !total_b || current_device(&dev, NULL))

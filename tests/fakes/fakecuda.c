@@ -62,6 +62,7 @@ struct falloc {
     int kind;
     int maps;     /* K_HANDLE: live mappings of this physical allocation */
     int released; /* K_HANDLE: cuMemRelease was called; freed when the last mapping goes */
+    int pool;     /* K_PTR from a memory pool: index + 1 in g_pool (its memory goes back to the pool) */
 };
 #define ATAB (1u << 17)
 static struct falloc g_alloc[ATAB];
@@ -127,12 +128,18 @@ struct fstream {
 #define MAX_STREAM 4096
 static struct fstream g_stream[MAX_STREAM];
 
+/* Memory pools as the driver keeps them: an allocation takes from the pool's reserve, growing it (in
+ * 2 MiB steps) when short; a free returns it to the pool, which keeps it reserved (device memory stays
+ * used) until a synchronisation (cuStreamSynchronize, cuCtxSynchronize) releases what exceeds the
+ * pool's release threshold (default 0), or cuMemPoolTrimTo. cuMemPoolGetAttribute reports it. */
 struct fpool {
     int used;
     int dev;
+    uint64_t reserved, in_use, threshold;
 };
 #define MAX_POOL 256
 static struct fpool g_pool[MAX_POOL]; /* index < FG_MAX_DEV: default pools */
+static void pools_sync(int dev);
 
 struct fnode {
     int type;
@@ -283,7 +290,7 @@ static CUresult new_alloc(unsigned long long *out, uint64_t size, int dev, struc
     CUresult rc = charge(dev, size);
     if (rc)
         return rc;
-    struct falloc a = {next_addr(size), size, ctx, dev, kind, 0, 0};
+    struct falloc a = {next_addr(size), size, ctx, dev, kind, 0, 0, 0};
     pthread_mutex_lock(&g_mu);
     int ok = a_insert(&a);
     pthread_mutex_unlock(&g_mu);
@@ -305,7 +312,13 @@ static CUresult free_alloc(uint64_t key, int kind)
     }
     int dev = e->dev;
     uint64_t size = e->size;
+    int pool = e->pool;
     a_remove(e);
+    if (pool) { /* back to its pool, which keeps it reserved */
+        g_pool[pool - 1].in_use -= size;
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_SUCCESS;
+    }
     pthread_mutex_unlock(&g_mu);
     uncharge(dev, size);
     return CUDA_SUCCESS;
@@ -342,7 +355,10 @@ static void ctx_free(struct fctx *c)
     c->used = 0;
     for (unsigned i = 0; i < ATAB;) {
         if (g_alloc[i].key && g_alloc[i].ctx == c) {
-            freed += g_alloc[i].size;
+            if (g_alloc[i].pool)
+                g_pool[g_alloc[i].pool - 1].in_use -= g_alloc[i].size;
+            else
+                freed += g_alloc[i].size;
             a_remove(&g_alloc[i]); /* may shift a later entry into i: re-examine i */
             continue;
         }
@@ -701,6 +717,7 @@ EXPORT CUresult cuCtxSynchronize(void)
     if (!t_cur || !t_cur->used)
         return CUDA_ERROR_INVALID_CONTEXT;
     fg_sleep_until(t_cur->tail_ns);
+    pools_sync(t_cur->dev);
     return CUDA_SUCCESS;
 }
 
@@ -834,6 +851,82 @@ static struct fpool *pool_of(CUmemoryPool p)
     return fp;
 }
 
+/* An allocation from pool fp: taken from its reserve, which grows (2 MiB steps) when short. */
+static CUresult pool_alloc(unsigned long long *out, uint64_t size, struct fpool *fp, struct fctx *ctx)
+{
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    uint64_t avail = fp->reserved - fp->in_use;
+    uint64_t grow = size > avail ? ((size - avail) + (2 * MIB - 1)) & ~(2 * MIB - 1) : 0;
+    pthread_mutex_unlock(&g_mu);
+    if (grow && charge(fp->dev, grow))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct falloc a = {next_addr(size), size, ctx, fp->dev, K_PTR, 0, 0, (int)(fp - g_pool) + 1};
+    pthread_mutex_lock(&g_mu);
+    fp->reserved += grow;
+    int ok = a_insert(&a);
+    if (ok == 0)
+        fp->in_use += size;
+    pthread_mutex_unlock(&g_mu);
+    if (ok != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = a.key;
+    return CUDA_SUCCESS;
+}
+
+/* Releases what pool fp holds beyond max(in use, keep). */
+static void pool_trim(struct fpool *fp, uint64_t keep)
+{
+    pthread_mutex_lock(&g_mu);
+    uint64_t floor = fp->in_use > keep ? fp->in_use : keep, drop = 0;
+    if (floor < fp->reserved)
+        floor = (floor + (2 * MIB - 1)) & ~(2 * MIB - 1);
+    if (fp->reserved > floor) {
+        drop = fp->reserved - floor;
+        fp->reserved = floor;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (drop)
+        uncharge(fp->dev, drop);
+}
+
+/* A synchronisation: every pool of the device releases what exceeds its release threshold. */
+static void pools_sync(int dev)
+{
+    for (int i = 0; i < MAX_POOL; i++)
+        if (g_pool[i].used && g_pool[i].dev == dev)
+            pool_trim(&g_pool[i], g_pool[i].threshold);
+}
+
+enum { FAKE_POOL_THRESHOLD = 4, FAKE_POOL_RESERVED = 5, FAKE_POOL_USED = 7 }; /* CUmemPool_attribute */
+
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    CHECK_INIT();
+    struct fpool *fp = pool_of(pool);
+    if (!fp || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    uint64_t v = attr == FAKE_POOL_THRESHOLD ? fp->threshold : attr == FAKE_POOL_RESERVED ? fp->reserved
+                 : attr == FAKE_POOL_USED ? fp->in_use : UINT64_MAX;
+    pthread_mutex_unlock(&g_mu);
+    if (v == UINT64_MAX && attr != FAKE_POOL_THRESHOLD)
+        return CUDA_ERROR_INVALID_VALUE;
+    *(uint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    CHECK_INIT();
+    struct fpool *fp = pool_of(pool);
+    if (!fp || !value || attr != FAKE_POOL_THRESHOLD)
+        return CUDA_ERROR_INVALID_VALUE;
+    fp->threshold = *(uint64_t *)value;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d)
 {
     CHECK_INIT();
@@ -883,9 +976,12 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 
 EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
-    (void)keep;
     CHECK_INIT();
-    return pool_of(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    struct fpool *fp = pool_of(pool);
+    if (!fp)
+        return CUDA_ERROR_INVALID_VALUE;
+    pool_trim(fp, keep);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s)
@@ -895,7 +991,12 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s)
         return CUDA_ERROR_INVALID_VALUE;
     struct fstream *fs = stream_of(s);
     struct fctx *c = fs ? fs->ctx : t_cur;
-    return new_alloc(p, size, c->dev, c, K_PTR);
+    int ord = 0;
+    while (ord < g_nvis - 1 && PH(ord) != c->dev)
+        ord++;
+    CUmemoryPool def;
+    cuDeviceGetDefaultMemPool(&def, ord); /* the device's current pool */
+    return pool_alloc(p, size, pool_of(def), c);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s)
@@ -909,7 +1010,7 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPoo
     struct fpool *fp = pool_of(pool);
     if (!p || !fp || !stream_valid(s))
         return CUDA_ERROR_INVALID_VALUE;
-    return new_alloc(p, size, fp->dev, t_cur, K_PTR);
+    return pool_alloc(p, size, fp, t_cur);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, CUmemoryPool pool, CUstream s)
@@ -1241,6 +1342,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream s)
         return CUDA_ERROR_INVALID_HANDLE;
     struct fstream *fs = stream_of(s);
     fg_sleep_until(fs ? fs->tail_ns : t_cur->tail_ns);
+    pools_sync(t_cur->dev);
     return CUDA_SUCCESS;
 }
 
@@ -1642,6 +1744,7 @@ static const struct procent g_proc[] = {
     PE(cuMemGetInfo, 3020, cuMemGetInfo_v2), PE(cuDeviceGetDefaultMemPool, 11020, cuDeviceGetDefaultMemPool),
     PE(cuDeviceGetMemPool, 11020, cuDeviceGetMemPool), PE(cuMemPoolCreate, 11020, cuMemPoolCreate),
     PE(cuMemPoolDestroy, 11020, cuMemPoolDestroy), PE(cuMemPoolTrimTo, 11020, cuMemPoolTrimTo),
+    PE(cuMemPoolGetAttribute, 11020, cuMemPoolGetAttribute), PE(cuMemPoolSetAttribute, 11020, cuMemPoolSetAttribute),
     PT(cuMemAllocAsync, 11020, cuMemAllocAsync), PT(cuMemAllocFromPoolAsync, 11020, cuMemAllocFromPoolAsync),
     PT(cuMemFreeAsync, 11020, cuMemFreeAsync), PE(cuMemCreate, 10020, cuMemCreate),
     PE(cuMemRelease, 10020, cuMemRelease), PE(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity),

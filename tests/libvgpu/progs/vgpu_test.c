@@ -49,6 +49,9 @@ CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
 CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
 CUresult cuMemPoolDestroy(CUmemoryPool);
+CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
+CUresult cuMemPoolSetAttribute(CUmemoryPool, int, void *);
 CUresult cuStreamCreate(CUstream *, unsigned int);
 CUresult cuStreamDestroy_v2(CUstream);
 CUresult cuStreamSynchronize(CUstream);
@@ -73,7 +76,8 @@ CUresult cuGraphDestroy(CUgraph);
     X(cuMemPoolDestroy) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)                       \
     X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuModuleLoadData) X(cuModuleGetFunction)              \
     X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch)                    \
-    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap)
+    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap)  \
+    X(cuMemPoolTrimTo) X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute)
 
 /* name as passed to cuGetProcAddress (unversioned) */
 static const char *base_name(const char *n, char *buf, size_t len)
@@ -199,6 +203,49 @@ static int sc_basic(void)
     return 0;
 }
 
+/* ---- memory pools keep freed memory reserved (limit expected 1 GiB, context cost 0) */
+static int sc_pool(void)
+{
+    init_ctx(0);
+    CUstream s;
+    p_cuStreamCreate(&s, 0);
+    CUdeviceptr a = 0, b = 0;
+    SHOW("async600", p_cuMemAllocAsync(&a, 600 * MIB, s));
+    SHOW("freeasync", p_cuMemFreeAsync(a, s)); /* back to the pool, which keeps it reserved */
+    SHOW("alloc600_pool_holds", p_cuMemAlloc_v2(&b, 600 * MIB));
+    SHOW("async600_reuse", p_cuMemAllocAsync(&a, 600 * MIB, s)); /* from the pool's reserve */
+    SHOW("freeasync2", p_cuMemFreeAsync(a, s));
+    SHOW("sync", p_cuStreamSynchronize(s)); /* release threshold 0: the pool gives the memory back */
+    SHOW("alloc600_released", p_cuMemAlloc_v2(&b, 600 * MIB));
+    SHOW("free", p_cuMemFree_v2(b));
+    CUmemoryPool pool;
+    unsigned long long keep = ~0ull;
+    p_cuDeviceGetDefaultMemPool(&pool, 0);
+    p_cuMemPoolSetAttribute(pool, 4 /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */, &keep);
+    SHOW("async600_keep", p_cuMemAllocAsync(&a, 600 * MIB, s));
+    SHOW("freeasync3", p_cuMemFreeAsync(a, s));
+    SHOW("sync_keep", p_cuStreamSynchronize(s)); /* threshold: the pool keeps it */
+    SHOW("alloc600_kept", p_cuMemAlloc_v2(&b, 600 * MIB));
+    SHOW("trim", p_cuMemPoolTrimTo(pool, 0));
+    SHOW("alloc600_trimmed", p_cuMemAlloc_v2(&b, 600 * MIB));
+    return 0;
+}
+
+/* ---- allocate `mib` with cuMemAllocAsync, free it (the pool keeps it reserved), then wait */
+static int sc_pool_hold(unsigned long long mib, double seconds)
+{
+    init_ctx(0);
+    CUstream s;
+    p_cuStreamCreate(&s, 0);
+    CUdeviceptr a = 0;
+    CUresult r = p_cuMemAllocAsync(&a, mib * MIB, s);
+    printf("held=%d:%llu\n", r ? r : p_cuMemFreeAsync(a, s), usage(0));
+    fflush(stdout);
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    nanosleep(&ts, NULL);
+    return 0;
+}
+
 static int sc_kf20(void)
 {
     init_ctx(0);
@@ -219,7 +266,10 @@ static int sc_kf22(void)
     p_cuStreamCreate(&s, 0);
     CUdeviceptr p = 0;
     SHOW("alloc", p_cuMemAllocAsync(&p, GIB, s));
-    SHOW("free1", p_cuMemFreeAsync(p, s));
+    SHOW("free1", p_cuMemFreeAsync(p, s)); /* back to the device's pool, which keeps it reserved */
+    CUmemoryPool pool;
+    p_cuDeviceGetDefaultMemPool(&pool, 0);
+    SHOW("trim", p_cuMemPoolTrimTo(pool, 0));
     SHOW("free2", p_cuMemFreeAsync(p, s));
     SHOW("unknown", p_cuMemFree_v2((CUdeviceptr)0x1234567000ull));
     CUdeviceptr q = 0;
@@ -255,6 +305,8 @@ static int sc_kf23(void)
             errs++;
         p_cuStreamSynchronize(s);
     }
+    size_t fr = 0, tot = 0;
+    p_cuMemGetInfo_v2(&fr, &tot); /* a memory report re-reads what the pool still holds */
     printf("ooms=%d errs=%d base=%llu max=%llu end=%llu\n", ooms, errs, base, maxu, usage(0));
     return 0;
 }
@@ -277,8 +329,8 @@ static int sc_kf24(void)
     SHOW("small", p_cuMemAllocFromPoolAsync(&q, 512 * MIB, pool, s));
     CUdeviceptr r = 0;
     SHOW("second", p_cuMemAllocFromPoolAsync(&r, 600 * MIB, pool, s));
-    SHOW("free", p_cuMemFreeAsync(q, s));
-    p_cuMemPoolDestroy(pool);
+    SHOW("free", p_cuMemFreeAsync(q, s)); /* the pool keeps it reserved */
+    SHOW("destroy", p_cuMemPoolDestroy(pool));
     return 0;
 }
 
@@ -711,6 +763,10 @@ int main(int argc, char **argv)
         return sc_hold_lock();
     if (!strcmp(sc, "sm") && argc >= 6)
         return sc_sm(atof(argv[3]), (unsigned)atoi(argv[4]), atof(argv[5]), argc >= 7 && !strcmp(argv[6], "ex"));
+    if (!strcmp(sc, "pool"))
+        return sc_pool();
+    if (!strcmp(sc, "pool_hold") && argc >= 5)
+        return sc_pool_hold(strtoull(argv[3], NULL, 10), atof(argv[4]));
     if (!strcmp(sc, "shape") && argc >= 8)
         return sc_shape(atof(argv[3]), atof(argv[4]), (unsigned)atoi(argv[5]), (unsigned)atoi(argv[6]),
                         atof(argv[7]));
