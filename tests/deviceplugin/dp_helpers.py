@@ -252,7 +252,8 @@ class FakeKubelet:
         self.start()
 
     def wait(self, pred: Callable[[FakeKubelet], bool], timeout: float = 10.0, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout
+        """Wait for ``pred``; ``timeout`` is a safety net, stretched 6x for loaded machines."""
+        deadline = time.monotonic() + timeout * 6
         with self._cv:
             while not pred(self):
                 left = deadline - time.monotonic()

@@ -158,12 +158,18 @@ def offline_service(nodes: list[dict[str, Any]] = (), config: Config | None = No
 
 def run(fn: Callable[[], Awaitable[T]], timeout: float = 30.0) -> T:
     async def main() -> T:
-        return await asyncio.wait_for(fn(), timeout)
+        return await asyncio.wait_for(fn(), timeout * SAFETY_SCALE)
     return asyncio.run(main())
 
 
+#: every timeout in these helpers is a safety net against a hang, never what a test measures: on a
+#: loaded machine (CI under load) waits take longer, so each is stretched by this factor
+SAFETY_SCALE = 6.0
+
+
 async def wait_until(cond: Callable[[], bool], timeout: float = 5.0, step: float = 0.01) -> None:
-    deadline = time.monotonic() + timeout
+    """Wait for ``cond`` (polled every ``step`` s) for up to ``timeout`` x SAFETY_SCALE seconds."""
+    deadline = time.monotonic() + timeout * SAFETY_SCALE
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
