@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test lint bench demo e2e clean shim
+.PHONY: install test lint bench demo e2e clean shim chart
 
 install: $(BIN)/kube-vgpu
 
@@ -29,6 +29,15 @@ demo: install
 
 e2e: install
 	$(BIN)/python -m pytest tests/e2e -m e2e -v
+
+# Package the chart into dist/ (helm from $$HELM, else scripts/get_helm.py). VERSION=x.y.z (a
+# release) must equal the chart's version and appVersion.
+chart:
+	@v="$$(sed -n 's/^version: *//p' charts/kube-vgpu/Chart.yaml)"; a="$$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' charts/kube-vgpu/Chart.yaml)"; \
+	if [ -n "$(VERSION)" ] && { [ "$(VERSION)" != "$$v" ] || [ "$(VERSION)" != "$$a" ]; }; then \
+		echo "VERSION=$(VERSION) but Chart.yaml has version $$v, appVersion $$a" >&2; exit 1; fi
+	mkdir -p dist
+	"$${HELM:-$$($(PY) scripts/get_helm.py)}" package charts/kube-vgpu --destination dist
 
 clean:
 	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache

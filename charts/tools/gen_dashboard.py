@@ -1,7 +1,8 @@
 # ruff: noqa: E701, E702, E731, E741
 """Regenerate charts/kube-vgpu/dashboards/kube-vgpu.json (run from anywhere; commit the result).
 
-The chart tests check the output: valid JSON, and every kube_vgpu_* series it queries is exported by a component."""
+The chart tests check the output: valid JSON, and every kube_vgpu_* series and label it queries is in a component's
+exposition (tests/observability/test_exposition.py)."""
 import json
 import os
 
@@ -33,47 +34,48 @@ def stat(title, expr, x, y, w=4, h=4, unit="short", desc=""):
                    "targets": [{"refId": "A", "datasource": DS, "expr": expr}]})
 
 N = 'node=~"$node"'
+GI = "{{node}} #{{gpu_index}}"
 y = 0
 row("Cluster", y); y += 1
-stat("GPUs", f'count(kube_vgpu_gpu_memory_limit_bytes{{{N}}})', 0, y, desc="GPUs advertised by the device plugins.")
-stat("Memory allocated", f'sum(kube_vgpu_gpu_memory_allocated_bytes{{{N}}}) / sum(kube_vgpu_gpu_memory_limit_bytes{{{N}}})', 4, y, unit="percentunit")
-stat("Memory used (NVML)", f'sum(kube_vgpu_gpu_memory_used_bytes{{{N}}}) / sum(kube_vgpu_gpu_memory_limit_bytes{{{N}}})', 8, y, unit="percentunit")
-stat("Cores allocated", f'sum(kube_vgpu_gpu_core_allocated_percent{{{N}}}) / (100 * count(kube_vgpu_gpu_core_allocated_percent{{{N}}}))', 12, y, unit="percentunit")
+stat("GPUs", f'count(kube_vgpu_gpu_memory_capacity_bytes{{{N}}})', 0, y, desc="GPUs advertised by the device plugins.")
+stat("Memory allocated", f'sum(kube_vgpu_gpu_memory_allocated_bytes{{{N}}}) / sum(kube_vgpu_gpu_memory_capacity_bytes{{{N}}})', 4, y, unit="percentunit")
+stat("Memory used (NVML)", f'sum(kube_vgpu_gpu_memory_used_bytes{{{N}}}) / sum(kube_vgpu_gpu_memory_capacity_bytes{{{N}}})', 8, y, unit="percentunit")
+stat("Cores allocated", f'sum(kube_vgpu_gpu_cores_allocated_percent{{{N}}}) / sum(kube_vgpu_gpu_cores_capacity_percent{{{N}}})', 12, y, unit="percentunit")
 stat("Pods holding GPUs", 'max(kube_vgpu_scheduler_bookings)', 16, y, desc="Bookings in the scheduler's state (leader).")
 stat("Unhealthy GPUs", f'count(kube_vgpu_gpu_healthy{{{N}}} == 0) or vector(0)', 20, y)
 y += 4
 row("Per GPU: allocated vs used", y); y += 1
 ts("GPU memory: allocated vs used", [
-    (f'kube_vgpu_gpu_memory_allocated_bytes{{{N}}}', "allocated {{node}} #{{device_index}}"),
-    (f'kube_vgpu_gpu_memory_used_bytes{{{N}}}', "used {{node}} #{{device_index}}"),
-    (f'kube_vgpu_gpu_memory_limit_bytes{{{N}}}', "capacity {{node}} #{{device_index}}")], 0, y, unit="bytes",
-   desc="Allocated: booked by pods (allocation annotations). Used: NVML. Capacity: schedulable memory.")
+    (f'kube_vgpu_gpu_memory_allocated_bytes{{{N}}}', "allocated " + GI),
+    (f'kube_vgpu_gpu_memory_used_bytes{{{N}}}', "used " + GI),
+    (f'kube_vgpu_gpu_memory_capacity_bytes{{{N}}}', "capacity " + GI)], 0, y, unit="bytes",
+   desc="Allocated: booked by pods (allocation records). Used: NVML. Capacity: schedulable memory.")
 ts("GPU compute: allocated vs utilisation", [
-    (f'kube_vgpu_gpu_core_allocated_percent{{{N}}}', "allocated {{node}} #{{device_index}}"),
-    (f'kube_vgpu_gpu_utilization_percent{{{N}}}', "utilisation {{node}} #{{device_index}}")], 12, y, unit="percent",
+    (f'kube_vgpu_gpu_cores_allocated_percent{{{N}}}', "allocated " + GI),
+    (f'kube_vgpu_gpu_utilization_percent{{{N}}}', "utilisation " + GI)], 12, y, unit="percent",
    desc="Allocated: gpucores booked. Utilisation: NVML SM utilisation.")
 y += 8
 ts("vGPU slots in use", [
-    (f'kube_vgpu_gpu_shared_count{{{N}}}', "{{node}} #{{device_index}}")], 0, y, unit="short")
-ts("Scheduler view: allocated memory per GPU", [
-    (f'kube_vgpu_scheduler_gpu_allocated_memory_mib{{{N}}} * 1048576', "{{node}} {{uuid}}"),
-    (f'kube_vgpu_scheduler_gpu_capacity_memory_mib{{{N}}} * 1048576', "capacity {{node}} {{uuid}}")], 12, y, unit="bytes",
-   desc="What the scheduler has booked (its in-memory state); should match the device plugin's view.")
+    (f'kube_vgpu_gpu_slots_allocated{{{N}}}', GI),
+    (f'kube_vgpu_gpu_slots_capacity{{{N}}}', "capacity " + GI)], 0, y, unit="short")
+ts("Scheduler vs device plugins: memory allocated", [
+    ('sum by (model) (kube_vgpu_scheduler_memory_allocated_bytes)', "scheduler {{model}}"),
+    ('sum by (model) (kube_vgpu_gpu_memory_allocated_bytes)', "device plugins {{model}}")], 12, y, unit="bytes",
+   desc="The extender's bookings (promises included) and what the device plugins read from the pods' "
+        "allocation records, per GPU model, cluster-wide. They should agree within a bind's time.")
 y += 8
 row("Per namespace", y); y += 1
 ts("GPU memory used by namespace", [
     ('sum by (namespace) (kube_vgpu_container_memory_used_bytes)', "{{namespace}}")], 0, y, unit="bytes", stack=True,
-   desc="From each container's shim accounting file.")
-ts("GPU memory requested by namespace (running pods)", [
-    ('sum by (namespace) (kube_pod_container_resource_limits{resource="nvidia_com_gpumem"} * 1048576'
-     ' * on (namespace, pod) group_left () (kube_pod_status_phase{phase="Running"} == 1))', "{{namespace}}")],
+   desc="From each container's shim accounting file (the container's own report).")
+ts("GPU memory allocated by namespace", [
+    ('sum by (namespace) (kube_vgpu_container_memory_allocated_bytes)', "{{namespace}}")],
    12, y, unit="bytes", stack=True,
-   desc="Needs kube-state-metrics. Requests given in MiB (gpumem) per GPU; percentage requests are not included.")
+   desc="Booked by live pods (allocation records, percentage requests resolved): the hard limits the shim enforces.")
 y += 8
-ts("GPU cores requested by namespace (running pods)", [
-    ('sum by (namespace) (kube_pod_container_resource_limits{resource="nvidia_com_gpucores"}'
-     ' * on (namespace, pod) group_left () (kube_pod_status_phase{phase="Running"} == 1))', "{{namespace}}")],
-   0, y, unit="percent", stack=True, desc="Needs kube-state-metrics. Percent of one GPU, per GPU.")
+ts("GPU cores allocated by namespace", [
+    ('sum by (namespace) (kube_vgpu_container_cores_allocated_percent)', "{{namespace}}")],
+   0, y, unit="percent", stack=True, desc="Percent of one GPU, summed over GPUs.")
 ts("Top containers by GPU memory used", [
     ('topk(10, sum by (namespace, pod, container) (kube_vgpu_container_memory_used_bytes))', "{{namespace}}/{{pod}}/{{container}}")],
    12, y, unit="bytes")
@@ -100,7 +102,7 @@ y += 8
 ts("Webhook requests by outcome", [
     ('sum by (outcome) (rate(kube_vgpu_webhook_requests_total[5m]))', "{{outcome}}")], 0, y, unit="ops", stack=True)
 ts("Device plugin Allocate calls by result", [
-    ('sum by (result) (rate(kube_vgpu_device_plugin_allocations_total[5m]))', "{{result}}")], 12, y, unit="ops", stack=True)
+    (f'sum by (result) (rate(kube_vgpu_device_plugin_allocations_total{{{N}}}[5m]))', "{{result}}")], 12, y, unit="ops", stack=True)
 y += 8
 row("Health", y); y += 1
 stat("Scheduler leader", 'max(kube_vgpu_scheduler_is_leader)', 0, y, desc="1 when a replica may bind.")
@@ -120,8 +122,8 @@ dash = {
         {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source",
          "current": {}, "hide": 0, "refresh": 1},
         {"name": "node", "type": "query", "label": "Node", "datasource": DS,
-         "query": {"query": "label_values(kube_vgpu_gpu_memory_limit_bytes, node)", "refId": "node"},
-         "definition": "label_values(kube_vgpu_gpu_memory_limit_bytes, node)",
+         "query": {"query": "label_values(kube_vgpu_gpu_memory_capacity_bytes, node)", "refId": "node"},
+         "definition": "label_values(kube_vgpu_gpu_memory_capacity_bytes, node)",
          "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "refresh": 2, "sort": 1, "hide": 0},
     ]},
     "annotations": {"list": []},

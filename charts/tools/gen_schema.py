@@ -169,7 +169,9 @@ schema = {
         "fullnameOverride": {"type": "string", "maxLength": 40},
         "commonLabels": {"type": "object", "additionalProperties": {"type": "string"}},
         "imagePullSecrets": {"type": "array", "items": {"type": "string"}},
-        "image": IMAGE,
+        "image": obj({**IMAGE["properties"], "overrides": obj({
+            c: obj({"repository": {"type": "string"}, "tag": {"type": "string"}})
+            for c in ("extender", "webhook", "devicePlugin", "certs")})}),
         "logLevel": {**LEVEL, "description": "Log level of every component."},
         "config": config,
         "scheduler": obj({

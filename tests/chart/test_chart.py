@@ -631,3 +631,23 @@ def test_device_plugin_trial_mode_value(renderer: Renderer) -> None:
     assert parse_spec(ns.simulate_gpus) == [(2, 81920, "H100-sim"), (1, 16384, "Simulated GPU (no isolation)")]
     r = renderer.template({"devicePlugin": {"simulateGPUs": "4xlots"}})
     assert r.returncode != 0 and "simulateGPUs" in r.stderr, r.stderr
+
+
+def test_each_component_image_can_be_overridden(renderer: Renderer) -> None:
+    """image.overrides.<component> replaces repository and/or tag for that component only; the
+    others keep the global image (the published name and the chart's appVersion by default)."""
+    def images(values: dict[str, Any] | None) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for w in _pods(renderer.render(values)):
+            spec = w["spec"]["template"]["spec"] if "template" in w["spec"] else w["spec"]
+            for c in spec.get("containers", []) + spec.get("initContainers", []):
+                if c["image"].split(":")[0].endswith(("kube-vgpu", "mirror/kv-webhook")):
+                    out.setdefault(w["metadata"]["name"], set()).add(c["image"])
+        return out
+    default = images(None)
+    assert {i for s in default.values() for i in s} == {"ghcr.io/kube-vgpu/kube-vgpu:0.1.0"}
+    got = images({"image": {"tag": "0.2.0", "overrides": {"webhook": {"repository": "mirror/kv-webhook"},
+                                                          "devicePlugin": {"tag": "0.2.1"}}}})
+    assert got[f"{FULL}-webhook"] == {"mirror/kv-webhook:0.2.0"}
+    assert got[f"{FULL}-device-plugin"] == {"ghcr.io/kube-vgpu/kube-vgpu:0.2.1"}
+    assert got[f"{FULL}-scheduler"] == {"ghcr.io/kube-vgpu/kube-vgpu:0.2.0"}

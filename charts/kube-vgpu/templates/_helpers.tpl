@@ -47,8 +47,11 @@ app.kubernetes.io/part-of: kube-vgpu
 {{ include "kube-vgpu.selectorLabels" . }}
 {{- end -}}
 
+{{/* The image of one component: (dict "root" $ "component" "webhook"), overrides from image.overrides. */}}
 {{- define "kube-vgpu.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- $img := .root.Values.image -}}
+{{- $o := get (default (dict) $img.overrides) .component | default (dict) -}}
+{{- printf "%s:%s" (default $img.repository $o.repository) (default (default .root.Chart.AppVersion $img.tag) $o.tag) -}}
 {{- end -}}
 
 {{/* kube-scheduler tag: the value, else the cluster version without vendor suffix (v1.31.4-eks-x -> v1.31.4). */}}
