@@ -1,0 +1,77 @@
+"""The docs stay true to the code: every relative link in README.md and docs/ resolves to a file in
+the repository; every flag written after a ``kube-vgpu <command>`` or ``kubectl vgpu <command>``
+exists in that command's parser; every port in observability.md's table is the chart's."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+#: command -> (module, parser factory)
+PARSERS = {
+    "kube-vgpu scheduler": ("scheduler.server", "build_parser"),
+    "kube-vgpu webhook": ("webhook.server", "build_parser"),
+    "kube-vgpu device-plugin": ("deviceplugin.main", "parser"),
+    "kube-vgpu certs": ("certs.main", "build_parser"),
+    "kube-vgpu replay": ("replay.main", "_parser"),
+    "kube-vgpu simulate": ("replay.main", "_parser"),
+    "kubectl vgpu": ("kubectl_vgpu.main", "_parser"),
+}
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    out: set[str] = set()
+    for a in parser._actions:
+        out.update(a.option_strings)
+        if isinstance(a, argparse._SubParsersAction):
+            for sub in a.choices.values():
+                out |= _options(sub)
+    return out
+
+
+OPTIONS = {cmd: _options(getattr(importlib.import_module(m), f)()) for cmd, (m, f) in PARSERS.items()}
+OPTIONS["kube-vgpu certs"] |= _options(importlib.import_module("certs.signing_keys").build_parser())
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_relative_links_resolve(doc: Path) -> None:
+    text = doc.read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = target.split("#", 1)[0]
+        assert (doc.parent / path).exists(), f"{doc.name}: link to {target} which does not exist"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_flags_named_after_a_command_exist(doc: Path) -> None:
+    text = doc.read_text()
+    spans = re.findall(r"`([^`\n]+)`", text) + [ln for b in re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+                                                 for ln in b.splitlines()]
+    for span in spans:
+        for m in re.finditer(r"\b(kube-vgpu (?:scheduler|webhook|device-plugin|certs|replay|simulate)|kubectl vgpu)\b"
+                             r"([^|#;]*)", span):
+            for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", m.group(2)):
+                assert flag in OPTIONS[m.group(1)], f"{doc.name}: `{m.group(0).strip()}`: {m.group(1)} has no {flag}"
+
+
+def test_observability_ports_are_the_charts() -> None:
+    values = yaml.safe_load((ROOT / "charts" / "kube-vgpu" / "values.yaml").read_text())
+    ports = {values["scheduler"]["extender"]["metricsPort"], values["devicePlugin"]["metricsPort"],
+             values["webhook"]["port"]}
+    text = (ROOT / "docs" / "observability.md").read_text()
+    named = {int(p) for p in re.findall(r"^\| (?:scheduler extender|extender|webhook|device plugin) \| (\d+)", text, re.M)}
+    assert len(named) == 3 and named <= ports, (named, ports)
+
+
+def test_changelog_exists_with_a_section_per_chart_version() -> None:
+    chart = yaml.safe_load((ROOT / "charts" / "kube-vgpu" / "Chart.yaml").read_text())
+    assert f"## {chart['version']}" in (ROOT / "CHANGELOG.md").read_text()
