@@ -83,6 +83,7 @@ extern struct vgpu_config g_cfg;
 extern int g_cuda_ready;
 extern int g_sm_active;
 
+void vgpu_read_config(void); /* config.c: the limits file, else the environment, into g_cfg (once) */
 void vgpu_cuda_init_slow(void);
 void vgpu_base_init(void);
 int vgpu_nvml_load(void);
