@@ -1,10 +1,14 @@
 """Prometheus metrics of the extender (own registry per service instance).
 
-Names (all prefixed ``kube_vgpu_scheduler_``):
+Names (all prefixed ``kube_vgpu_scheduler_``; memory in bytes, compute in percent of one GPU,
+the project's naming scheme in docs/observability.md):
 
-* ``gpu_allocated_memory_mib`` / ``gpu_allocated_cores_percent`` / ``gpu_allocated_slots`` and the
-  matching ``gpu_capacity_*`` gauges, labels ``node``, ``uuid``, ``model`` - computed from the
-  bookings at scrape time (nothing on the hot path), rendered by :class:`GpuMetricsText`.
+* ``gpus``, ``memory_capacity_bytes`` / ``memory_allocated_bytes``, ``cores_capacity_percent`` /
+  ``cores_allocated_percent``, ``slots_capacity`` / ``slots_allocated``: cluster totals per GPU
+  ``model`` in the extender's own state (bookings and promises), summed at scrape time
+  (:class:`GpuTotals`). Per-GPU allocation is exported by the device plugins only
+  (``kube_vgpu_gpu_*``, one scrape target per node): the extender's scrape stays small at any
+  cluster size.
 * ``filter_seconds`` / ``prioritize_seconds`` / ``bind_seconds`` histograms (handler time).
 * ``filter_rejections_total{reason}`` - rejected (pod, node) pairs by fit failure code
   (:class:`kube_vgpu.placement.status.Code` values, e.g. ``insufficient_memory``).
@@ -23,85 +27,99 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.utils import floatToGoString
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25,
                    0.5, 1.0, 2.5)
+MIB = 1024 * 1024
 
 #: per GPU: (node, uuid, model, alloc MiB, alloc cores, alloc slots, cap MiB, cap cores, cap slots)
 GpuRow = tuple[str, str, str, int, int, int, int, int, int]
 
-#: the per-GPU gauges: (name suffix, help), in the order of a GpuRow's values
-GPU_FAMILIES = (
-    ("allocated_memory_mib", "Device memory booked on the GPU (MiB)"),
-    ("allocated_cores_percent", "Compute booked on the GPU (percent of one GPU)"),
-    ("allocated_slots", "vGPU slots (containers) booked on the GPU"),
-    ("capacity_memory_mib", "Schedulable device memory of the GPU (MiB)"),
-    ("capacity_cores_percent", "Schedulable compute of the GPU (percent)"),
-    ("capacity_slots", "vGPU slots of the GPU"),
+#: the cluster totals per model: (name, help, index in a GpuRow or None for the GPU count, scale)
+TOTAL_FAMILIES: tuple[tuple[str, str, int | None, int], ...] = (
+    ("kube_vgpu_scheduler_gpus", "GPUs in the extender's state, by model", None, 1),
+    ("kube_vgpu_scheduler_memory_allocated_bytes", "GPU memory booked (bookings and promises), bytes", 3, MIB),
+    ("kube_vgpu_scheduler_cores_allocated_percent", "GPU compute booked, percent of one GPU summed", 4, 1),
+    ("kube_vgpu_scheduler_slots_allocated", "vGPU slots (containers) booked", 5, 1),
+    ("kube_vgpu_scheduler_memory_capacity_bytes", "Schedulable GPU memory, bytes", 6, MIB),
+    ("kube_vgpu_scheduler_cores_capacity_percent", "Schedulable GPU compute, percent of one GPU summed", 7, 1),
+    ("kube_vgpu_scheduler_slots_capacity", "vGPU slots", 8, 1),
 )
-GPU_PREFIX = "kube_vgpu_scheduler_gpu_"
 
 
-def _label_value(v: str) -> str:
-    """A label value escaped for the text exposition format (backslash, quote, newline)."""
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+def _sums(rows: tuple[GpuRow, ...]) -> dict[str, list[int]]:
+    """Per model: [GPUs, alloc MiB, alloc cores, alloc slots, cap MiB, cap cores, cap slots]."""
+    out: dict[str, list[int]] = {}
+    for _node, _uuid, model, *vals in rows:
+        cur = out.get(model)
+        if cur is None:
+            cur = out[model] = [0] * 7
+        cur[0] += 1
+        for i, v in enumerate(vals, 1):
+            cur[i] += v
+    return out
 
 
-class GpuMetricsText:
-    """The per-GPU gauges (:data:`GPU_FAMILIES`, labels ``model``, ``node``, ``uuid``) in the
-    Prometheus text exposition format, rendered per node and reused while the node's rows are
-    unchanged.
+class GpuTotals:
+    """The cluster totals per GPU model (:data:`TOTAL_FAMILIES`) from the per-node GPU rows the
+    service snapshots on its event loop (:meth:`scheduler.service.SchedulerService.gpu_rows`).
 
-    A 5,000-node x 8-GPU cluster has 240,000 such samples: prometheus_client renders them in
-    about 2 s of CPU per scrape, holding the GIL the extender needs. This renders each node's
-    lines once (the same text prometheus_client writes: sorted labels, values as floats) and
-    afterwards only the nodes whose bookings changed. Thread-safe (one render at a time)."""
+    A node's sums are kept while its rows tuple is the same object (the service reuses it while
+    the node is unchanged), so a scrape costs O(nodes) plus O(GPUs) of the changed nodes, and its
+    text is a few lines whatever the cluster size. Thread-safe (one render at a time)."""
 
     def __init__(self) -> None:
-        self._nodes: dict[str, tuple[tuple[GpuRow, ...], tuple[bytes, ...]]] = {}
+        self._nodes: dict[str, tuple[tuple[GpuRow, ...], dict[str, list[int]]]] = {}
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _chunks(rows: tuple[GpuRow, ...]) -> tuple[bytes, ...]:
-        out: list[list[str]] = [[] for _ in GPU_FAMILIES]
-        for row in rows:
-            labels = f'{{model="{_label_value(row[2])}",node="{_label_value(row[0])}",uuid="{_label_value(row[1])}"}} '
-            for lines, v in zip(out, row[3:], strict=True):
-                lines.append(f"{labels}{floatToGoString(v)}\n")
-        return tuple("".join(GPU_PREFIX + suffix + line for line in lines).encode()
-                     for (suffix, _), lines in zip(GPU_FAMILIES, out, strict=True))
+    def totals(self, nodes: Iterable[tuple[str, tuple[GpuRow, ...]]]) -> dict[str, list[int]]:
+        """Per model: [GPUs, alloc MiB, alloc cores, alloc slots, cap MiB, cap cores, cap slots]."""
+        with self._lock:
+            fresh: dict[str, tuple[tuple[GpuRow, ...], dict[str, list[int]]]] = {}
+            total: dict[str, list[int]] = {}
+            for name, rows in nodes:
+                hit = self._nodes.get(name)
+                if hit is None or (hit[0] is not rows and hit[0] != rows):
+                    hit = (rows, _sums(rows))
+                fresh[name] = hit
+                for model, vals in hit[1].items():
+                    cur = total.get(model)
+                    if cur is None:
+                        cur = total[model] = [0] * 7
+                    for i, v in enumerate(vals):
+                        cur[i] += v
+            self._nodes = fresh  # nodes gone from the cluster are dropped
+            return total
 
     def render(self, nodes: Iterable[tuple[str, tuple[GpuRow, ...]]], head: bytes = b"") -> bytes:
-        """``nodes``: (node name, its GPUs' rows) -> ``head`` (other families' text) followed by
-        the six families, as UTF-8 text (one copy of the whole body)."""
-        with self._lock:
-            fams: list[list[bytes]] = [[] for _ in GPU_FAMILIES]
-            cache = self._nodes
-            fresh: dict[str, tuple[tuple[GpuRow, ...], tuple[bytes, ...]]] = {}
-            for name, rows in nodes:
-                hit = cache.get(name)
-                if hit is None or hit[0] != rows:
-                    hit = (rows, self._chunks(rows))
-                fresh[name] = hit
-                for parts, chunk in zip(fams, hit[1], strict=True):
-                    parts.append(chunk)
-            self._nodes = fresh  # nodes gone from the cluster are dropped
-            out = [head]
-            for (suffix, help_), parts in zip(GPU_FAMILIES, fams, strict=True):
-                name = GPU_PREFIX + suffix
-                out.append(f"# HELP {name} {help_}\n# TYPE {name} gauge\n".encode())
-                out.extend(parts)
-            return b"".join(out)
+        """``nodes``: (node name, its GPUs' rows) -> ``head`` (the registry's text) followed by the
+        totals families, in the Prometheus text format (UTF-8)."""
+        total = self.totals(nodes)
+        fams = []
+        for k, (name, help_, _, scale) in enumerate(TOTAL_FAMILIES):
+            fam = GaugeMetricFamily(name, help_, labels=["model"])
+            for model in sorted(total):
+                fam.add_metric([model], total[model][k] * scale)
+            fams.append(fam)
+
+        class _Once:
+            def collect(self) -> Iterable[GaugeMetricFamily]:
+                return fams
+
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(_Once())  # type: ignore[arg-type]
+        return head + generate_latest(reg)
 
 
 class Metrics:
-    """All metrics of one service: /metrics renders ``registry`` followed by ``gpus``."""
+    """All metrics of one service: /metrics renders ``registry`` followed by ``gpus`` (the
+    cluster totals, :class:`GpuTotals`)."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.gpus = GpuMetricsText()
+        self.gpus = GpuTotals()
         p = "kube_vgpu_scheduler_"
         self.filter_seconds = Histogram(p + "filter_seconds", "Filter handler latency", registry=r,
                                         buckets=LATENCY_BUCKETS)

@@ -186,71 +186,53 @@ def test_metrics_expose_per_gpu_usage_latency_and_rejections() -> None:
                 await asyncio.sleep(0.01)
             st, text = await ext.get("/metrics")
             assert st == 200
-            assert ('kube_vgpu_scheduler_gpu_allocated_memory_mib{model="NVIDIA A10",node="n1",uuid="GPU-n1-01"} '
-                    '3000.0') in text
-            assert 'kube_vgpu_scheduler_gpu_allocated_cores_percent{model="NVIDIA A10",node="n1",uuid="GPU-n1-01"} 30.0' in text
-            assert 'kube_vgpu_scheduler_gpu_allocated_slots{model="NVIDIA A10",node="n1",uuid="GPU-n1-00"} 0.0' in text
+            assert 'kube_vgpu_scheduler_memory_allocated_bytes{model="NVIDIA A10"} 3.145728e+09' in text
+            assert 'kube_vgpu_scheduler_cores_allocated_percent{model="NVIDIA A10"} 30.0' in text
+            assert 'kube_vgpu_scheduler_slots_allocated{model="NVIDIA A10"} 1.0' in text
+            assert 'kube_vgpu_scheduler_gpus{model="NVIDIA A10"} 2.0' in text
+            assert "kube_vgpu_scheduler_gpu_" not in text  # per-GPU series come from the device plugins only
             assert "kube_vgpu_scheduler_filter_seconds_bucket" in text
             assert "kube_vgpu_scheduler_prioritize_seconds_count 1.0" in text
             assert 'kube_vgpu_scheduler_filter_rejections_total{reason="too_few_gpus"} 1.0' in text
             svc.cache.state.book("default/y", PodAllocation("n1", (ContainerAllocation("c", False, (
                 DeviceBooking("GPU-n1-00", 2048, 0),)),)))  # a scrape after a bind sees it
             _, text = await ext.get("/metrics")
-            assert 'kube_vgpu_scheduler_gpu_allocated_slots{model="NVIDIA A10",node="n1",uuid="GPU-n1-00"} 1.0' in text
-            assert ('kube_vgpu_scheduler_gpu_allocated_memory_mib{model="NVIDIA A10",node="n1",uuid="GPU-n1-00"} '
-                    '2048.0') in text
+            assert 'kube_vgpu_scheduler_slots_allocated{model="NVIDIA A10"} 2.0' in text
+            from prometheus_client.parser import text_string_to_metric_families
+            got = {(s.name, s.labels.get("model")): s.value for f in text_string_to_metric_families(text)
+                   for s in f.samples}
+            assert got[("kube_vgpu_scheduler_memory_allocated_bytes", "NVIDIA A10")] == (3000 + 2048) * 1024 * 1024
+            assert got[("kube_vgpu_scheduler_memory_capacity_bytes", "NVIDIA A10")] == 2 * 24576 * 1024 * 1024
     run(go)
 
 
-_LABEL_TEXT = st.text(st.sampled_from(list('ab-."\\\n{}= é')), max_size=6)
+_ROWS = st.lists(st.tuples(st.sampled_from(["n1", "n2", "n3"]), st.lists(st.tuples(
+    st.sampled_from(["A10", "H200", 'odd "model"\\']), st.lists(st.integers(0, 1 << 24), min_size=6, max_size=6)),
+    max_size=3)), max_size=4, unique_by=lambda t: t[0])
 
 
-@given(st.lists(st.tuples(_LABEL_TEXT, st.lists(st.tuples(_LABEL_TEXT, _LABEL_TEXT, st.lists(
-    st.integers(0, 1 << 24), min_size=6, max_size=6)), max_size=3)), max_size=4, unique_by=lambda t: t[0]))
-@settings(max_examples=150, deadline=None)
-def test_gpu_metrics_text_is_what_prometheus_client_renders(nodes: list) -> None:
-    """The cached per-GPU text is byte for byte prometheus_client's rendering of the same gauges
-    (escaping included), before and after the cache is warm, and parses back to the values."""
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import GaugeMetricFamily
+@given(_ROWS, _ROWS)
+@settings(max_examples=100, deadline=None)
+def test_gpu_totals_are_the_sums_per_model_cached_or_not(first: list, second: list) -> None:
+    """The cluster totals per model equal a direct sum over every GPU row, on a cold cache and
+    after the nodes changed (a node's cached sums are reused only while its rows are the same)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from scheduler.metrics import GPU_FAMILIES, GPU_PREFIX, GpuMetricsText
-    snapshot = [(name, tuple((name, u, m, *vals) for u, m, vals in gpus)) for name, gpus in nodes]
-
-    class Ref:
-        def collect(self):  # type: ignore[no-untyped-def]
-            fams = [GaugeMetricFamily(GPU_PREFIX + n, h, labels=["node", "uuid", "model"]) for n, h in GPU_FAMILIES]
-            for _, rows in snapshot:
-                for row in rows:
-                    for f, v in zip(fams, row[3:], strict=True):
-                        f.add_metric([row[0], row[1], row[2]], v)
-            yield from fams
-
-    reg = CollectorRegistry()
-    reg.register(Ref())  # type: ignore[arg-type]
-    want = generate_latest(reg)
-    text = GpuMetricsText()
-    assert text.render(snapshot) == want
-    assert text.render(snapshot) == want  # from the cache
-    parsed = {(s.name, s.labels["node"], s.labels["uuid"]): s.value
-              for fam in text_string_to_metric_families(want.decode()) for s in fam.samples}
-    assert parsed == {(GPU_PREFIX + suffix, r[0], r[1]): float(v) for _, rows in snapshot for r in rows
-                      for (suffix, _), v in zip(GPU_FAMILIES, r[3:], strict=True)}
-
-
-def test_gpu_metrics_text_rerenders_only_changed_nodes() -> None:
-    from scheduler.metrics import GpuMetricsText
-    text = GpuMetricsText()
-    a = ("a", (("a", "GPU-a", "A10", 0, 0, 0, 100, 100, 10),))
-    b = ("b", (("b", "GPU-b", "A10", 0, 0, 0, 100, 100, 10),))
-    text.render([a, b])
-    chunks_b = text._nodes["b"][1]
-    a2 = ("a", (("a", "GPU-a", "A10", 50, 20, 1, 100, 100, 10),))
-    out = text.render([a2, b]).decode()
-    assert text._nodes["b"][1] is chunks_b  # unchanged node: reused
-    assert 'kube_vgpu_scheduler_gpu_allocated_memory_mib{model="A10",node="a",uuid="GPU-a"} 50.0' in out
-    assert 'node="b"' not in text.render([a2]).decode() and "b" not in text._nodes  # gone: dropped
+    from scheduler.metrics import TOTAL_FAMILIES, GpuTotals
+    totals = GpuTotals()
+    for nodes in (first, second, second):
+        snapshot = [(name, tuple((name, f"GPU-{name}-{i}", m, *vals) for i, (m, vals) in enumerate(gpus)))
+                    for name, gpus in nodes]
+        want: dict[tuple[str, str], float] = {}
+        for _, rows in snapshot:
+            for r in rows:
+                for name, _, idx, scale in TOTAL_FAMILIES:
+                    key = (name, r[2])
+                    want[key] = want.get(key, 0) + (1 if idx is None else r[idx] * scale)
+        text = totals.render(snapshot).decode()
+        got = {(s.name, s.labels["model"]): s.value for fam in text_string_to_metric_families(text)
+               for s in fam.samples}
+        assert got == want
 
 
 def test_kf06_allocation_recorded_for_app_container_by_name() -> None:
