@@ -8,7 +8,9 @@ as on a real GPU, so a cost per block learnt on one shape is wrong for the other
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,3 +104,34 @@ def test_work_conserving_tenant_gives_way_to_a_neighbour(tc: Toolchain, tc_limit
     u_wc, u_other = sum(w[1:3]) / 2, sum(o[1:3]) / 2
     assert u_other >= 55, (u_wc, u_other)  # the neighbour gets its limit
     assert 25 <= u_wc <= 45, (u_wc, u_other)  # the bursting tenant keeps its own 30 % and takes what is idle
+
+
+IN_CONTAINER = ("mkdir -p \"$FAKE_HOST_PROC\" && mount --bind /proc \"$FAKE_HOST_PROC\" && "
+                "mount -t proc proc /proc && exec \"$@\"")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare (PID and mount namespaces)")
+def test_shape_change_next_to_a_neighbour_in_pid_namespaces(tc: Toolchain, tmp_path: Path) -> None:
+    # two containers without hostPID on one GPU: a 30 % tenant switches from 1-block to 1024-block
+    # kernels while a 60 % tenant runs steadily; neither drops below half its limit for over 100 ms
+    state = tmp_path / "gpu.state"
+    procs = []
+    for name, lim, args in (("a", "30", ["shape", "2", "2", "1", "1024", "0.02"]),
+                            ("b", "60", ["shape", "2", "2", "1024", "1024", "0.02"])):
+        env = tc.env(LIBVGPU_SM_PERIOD_MS="50", FAKE_CUDA_NS_PER_BLOCK="1000", FAKE_CUDA_NS_PER_LAUNCH="100000",
+                     CUDA_DEVICE_SM_LIMIT=lim, FAKE_GPU_STATE=str(state),
+                     CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / f"{name}.cache"),
+                     FAKE_HOST_PROC=str(tmp_path / f"{name}-proc"))
+        cmd = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--",
+               "sh", "-c", IN_CONTAINER, "sh", str(tc.prog), "direct", *args]
+        procs.append((int(lim), subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                   text=True)))
+    for limit, p in procs:
+        out = _out(p)
+        bins = [float(v) for v in re.findall(r"bin t=\d+ util=([0-9.]+)", out)]
+        after = float(re.search(r"after util=([0-9.]+)", out).group(1))  # type: ignore[union-attr]
+        means = [sum(bins[i:i + 6]) / 6 for i in range(len(bins) - 5)]
+        assert min(means) >= limit / 2, (limit, [round(b) for b in bins])
+        # the saturated pair loses a few points to the simulated device's queueing on a loaded machine
+        assert abs(after - limit) <= (10 if limit > 50 else 5), (limit, after)
