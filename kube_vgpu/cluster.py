@@ -103,6 +103,10 @@ class PodInfo:
     #: key id that signed the record it was booked from (None: our own bind, not seen back yet, or
     #: booked without a signed record: adopted, running pod's request, no keys)
     kid: str | None = None
+    #: ``spec.priority`` (set by the API server's Priority admission from the PriorityClass, immutable;
+    #: 0 when absent, as kube-scheduler reads it); None until a watch event of the pod was seen
+    #: (our own bind, not seen back yet): such a pod is never proposed as a preemption victim
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,14 @@ def allocation_amount(alloc: PodAllocation) -> Amount:
         mib += m
         cores += c
     return Amount(mib, cores)
+
+
+def pod_priority(pod: dict[str, Any]) -> int:
+    """A Pod dict's ``spec.priority`` as kube-scheduler reads it (``corev1helpers.PodPriority``): the
+    integer the API server's Priority admission set from the pod's PriorityClass, 0 when absent (or
+    not an integer)."""
+    v = (pod.get("spec") or {}).get("priority")
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 def pod_key(pod: dict[str, Any]) -> str:
@@ -591,6 +603,7 @@ class ClusterCache:
                 if booked:  # a removed or edited record keeps the booking of the verified one
                     assert prev is not None
                     prev.bound = prev.bound or bound
+                    prev.priority = pod_priority(pod)
                 return
             alloc = adopted
         else:
@@ -606,6 +619,7 @@ class ClusterCache:
         if (prev is not None and prev.uid == uid and prev.allocation == alloc and b is not None
                 and self.booked_uid.get(key) == uid):
             prev.bound = prev.bound or bound
+            prev.priority = pod_priority(pod)
             if kid is not None:
                 prev.kid = kid
             return  # unchanged (e.g. our own bind's patch coming back)
@@ -613,7 +627,7 @@ class ClusterCache:
             s = self.pods_by_node.get(prev.node)
             if s is not None:
                 s.discard(key)
-        info = PodInfo(uid, alloc.node, bound, alloc, self._request(key, pod), kid)
+        info = PodInfo(uid, alloc.node, bound, alloc, self._request(key, pod), kid, pod_priority(pod))
         self.pods[key] = info
         self.pods_by_node.setdefault(alloc.node, set()).add(key)
         if b is not None:

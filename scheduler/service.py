@@ -73,6 +73,7 @@ from .hostpriority import HostPriorityEncoder
 from .kube import KubeAPI, Reflector, api_error_text
 from .leader import LeaseElector, LeaseFollower
 from .metrics import GpuRow, Metrics
+from .preempt import Preemption, PreemptMetrics, check_preemption_args
 from .wire import check_binding_args, check_extender_args
 
 log = logging.getLogger("kube_vgpu.scheduler")
@@ -186,6 +187,8 @@ class SchedulerService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics.is_leader.set(0 if self.opts.leader_elect else 1)
         self.binds = BindCycle(self)  #: the bind cycle (scheduler/bindcycle.py)
+        #: the preempt verb (scheduler/preempt.py): advice only, never changes the cache
+        self.preemption = Preemption(self.cache, PreemptMetrics(self.metrics.registry))
         self.cache.on_reject = lambda code: self.metrics.records_rejected.labels(reason=code).inc()
         self.cache.on_resign = self._resign_soon
 
@@ -226,6 +229,7 @@ class SchedulerService:
         app.router.add_post("/filter", self.handle_filter)
         app.router.add_post("/prioritize", self.handle_prioritize)
         app.router.add_post("/bind", self.handle_bind)
+        app.router.add_post("/preempt", self.handle_preempt)
         app.router.add_get("/livez", self.handle_livez)
         app.router.add_get("/healthz", self.handle_livez)
         app.router.add_get("/readyz", self.handle_readyz)
@@ -613,6 +617,22 @@ class SchedulerService:
             return web.json_response({"Error": self._bad_request("ExtenderBindingArgs", e)}, status=400)
         self.metrics.bind_seconds.observe(time.perf_counter() - t0)
         return web.json_response({"Error": err})
+
+    async def handle_preempt(self, request: web.Request) -> web.Response:
+        """``preemptVerb``: ExtenderPreemptionArgs -> ExtenderPreemptionResult (scheduler/preempt.py).
+        A malformed body: HTTP 400 naming the field. Before the first sync no node is kept."""
+        args, err = await self._json(request)
+        if not err:
+            err = check_preemption_args(args) or ""
+        if err:
+            return web.json_response({"Error": f"invalid ExtenderPreemptionArgs: {err}"}, status=400)
+        if not await self._wait_synced():
+            return web.json_response({"NodeNameToMetaVictims": {}})
+        try:
+            res = self.preemption.handle(args)
+        except Exception as e:  # noqa: BLE001 - see _bad_request
+            return web.json_response({"Error": self._bad_request("ExtenderPreemptionArgs", e)}, status=400)
+        return web.Response(body=orjson.dumps(res), content_type="application/json")
 
     # -- signed records -----------------------------------------------------------------------
     def refresh_keys(self) -> bool:

@@ -174,6 +174,7 @@ def test_kube_scheduler_configuration(renderer: Renderer) -> None:
     assert set(ext) <= EXTENDER_FIELDS
     assert ext["urlPrefix"] == "http://127.0.0.1:8888"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert ext["preemptVerb"] == "preempt"  # GPU-aware victims (scheduler/preempt.py)
     assert ext["weight"] == 1 and ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is False
     assert re.fullmatch(r"\d+s", ext["httpTimeout"]) and int(ext["httpTimeout"][:-1]) <= 30
     assert ext["managedResources"] == [
@@ -294,7 +295,10 @@ def test_device_plugin_daemonset(renderer: Renderer) -> None:
     ds = find(docs, "DaemonSet", f"{FULL}-device-plugin")
     spec = ds["spec"]["template"]["spec"]
     assert spec["priorityClassName"] == "system-node-critical"
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert "nodeSelector" not in spec
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [t["matchExpressions"][0]["key"] for t in terms] == ["feature.node.kubernetes.io/pci-10de.present",
+                                                                "nvidia.com/gpu.present"]
     vols = {v["name"]: v for v in spec["volumes"]}
     assert vols["device-plugins"]["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
     assert vols["shim"]["hostPath"]["path"] == "/usr/local/vgpu"
@@ -319,7 +323,7 @@ def test_device_plugin_daemonset(renderer: Renderer) -> None:
 def test_device_plugin_custom_paths(renderer: Renderer) -> None:
     ds = find(renderer.render(option_values("custom-paths")), "DaemonSet", f"{FULL}-device-plugin")
     spec = ds["spec"]["template"]["spec"]
-    assert spec["runtimeClassName"] == "nvidia" and spec["nodeSelector"] == {"gpu": "on"}
+    assert spec["runtimeClassName"] == "nvidia" and spec["nodeSelector"] == {"gpu": "on"} and "affinity" not in spec
     c = containers(ds)["device-plugin"]
     assert "--shim-host-path=/opt/kube-vgpu/lib/libvgpu.so" in c["args"]
     assert "--device-plugin-dir=/var/snap/microk8s/common/var/lib/kubelet/device-plugins" in c["args"]

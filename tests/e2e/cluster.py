@@ -296,7 +296,8 @@ def scheduler_config(kubeconfig: Path, extender_port: int, plain_profile: bool =
         "profiles": profiles,
         "extenders": [{
             "urlPrefix": f"http://127.0.0.1:{extender_port}", "filterVerb": "filter",
-            "prioritizeVerb": "prioritize", "bindVerb": "bind", "weight": 1, "enableHTTPS": False,
+            "prioritizeVerb": "prioritize", "preemptVerb": "preempt", "bindVerb": "bind", "weight": 1,
+            "enableHTTPS": False,
             "nodeCacheCapable": True, "ignorable": False, "httpTimeout": "30s",
             "managedResources": [{"name": r, "ignoredByScheduler": True} for r in GPU_RESOURCES],
         }],
