@@ -295,10 +295,7 @@ def test_device_plugin_daemonset(renderer: Renderer) -> None:
     ds = find(docs, "DaemonSet", f"{FULL}-device-plugin")
     spec = ds["spec"]["template"]["spec"]
     assert spec["priorityClassName"] == "system-node-critical"
-    assert "nodeSelector" not in spec
-    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert [t["matchExpressions"][0]["key"] for t in terms] == ["feature.node.kubernetes.io/pci-10de.present",
-                                                                "nvidia.com/gpu.present"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     vols = {v["name"]: v for v in spec["volumes"]}
     assert vols["device-plugins"]["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
     assert vols["shim"]["hostPath"]["path"] == "/usr/local/vgpu"
@@ -323,7 +320,7 @@ def test_device_plugin_daemonset(renderer: Renderer) -> None:
 def test_device_plugin_custom_paths(renderer: Renderer) -> None:
     ds = find(renderer.render(option_values("custom-paths")), "DaemonSet", f"{FULL}-device-plugin")
     spec = ds["spec"]["template"]["spec"]
-    assert spec["runtimeClassName"] == "nvidia" and spec["nodeSelector"] == {"gpu": "on"} and "affinity" not in spec
+    assert spec["runtimeClassName"] == "nvidia" and spec["nodeSelector"] == {"gpu": "on"}
     c = containers(ds)["device-plugin"]
     assert "--shim-host-path=/opt/kube-vgpu/lib/libvgpu.so" in c["args"]
     assert "--device-plugin-dir=/var/snap/microk8s/common/var/lib/kubelet/device-plugins" in c["args"]
