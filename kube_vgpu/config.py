@@ -18,6 +18,7 @@ not pass silently. Example (all defaults)::
               shmSizeLimit: "", foreignSchedulers: leave, systemUsers: [],
               allowDisableControlNamespaces: [], allowedRuntimeClasses: [nvidia],
               allowEnvFrom: false, protectedHostPaths: []}
+    compat: {gpushare: false, gpushareMemoryUnit: GiB, schedulerAliases: []}
 
 Errors: :class:`kube_vgpu.errors.ConfigError` with the dotted key (``scheduling.nodePolicy``).
 
@@ -269,6 +270,25 @@ class WebhookConfig:
                    allowed="an absolute path, optionally ending in '*'")))
 
 
+@dataclass(frozen=True, slots=True)
+class CompatConfig:
+    """Drop-in compatibility with other GPU-sharing systems (docs: each field's Rule; the
+    translations in docs/migration-from-gpushare.md and docs/migration-from-hami.md)."""
+
+    gpushare: bool = _key(False, Rule(
+        "gpushare", "translate Alibaba gpushare requests at pod CREATE: aliyun.com/gpu-mem (GiB, the pod's "
+        "total over its GPUs) becomes gpumem (MiB per GPU), aliyun.com/gpu-count (resource or pod label) the "
+        "GPU count, aliyun.com/gpu-core.percentage gpucores; the aliyun.com/ resources are removed"))
+    gpushare_memory_unit: str = _key("GiB", Rule(
+        "gpushareMemoryUnit", "the unit of aliyun.com/gpu-mem: gpushare's device plugin --memory-unit (GiB by "
+        "default, MiB when it ran with --memory-unit=MiB)", choices=("GiB", "MiB")))
+    scheduler_aliases: tuple[str, ...] = _key((), Rule(
+        "schedulerAliases", "spec.schedulerName values the webhook treats as ours and rewrites to schedulerName "
+        "(e.g. hami-scheduler once HAMi's scheduler is gone); empty = none",
+        items=Rule("item", "", pattern=DNS_SUBDOMAIN, min_length=1, max_length=253,
+                   allowed="a scheduler name: a DNS subdomain")))
+
+
 #: resourceNames: ResourceNames lives in kube_vgpu.resources (which cannot import this module),
 #: so its keys' rules are declared here, by field name; its defaults stay its own.
 _RESOURCE_NAME_RULES: dict[str, Rule] = {
@@ -302,6 +322,7 @@ class Config:
     devices: DeviceDefaults = _section("devices", "device-plugin defaults", DeviceDefaults)
     nodes: tuple[NodeOverride, ...] = _section("nodes", "per-node device-plugin overrides", NodeOverride, many=True)
     webhook: WebhookConfig = _section("webhook", "admission policy", WebhookConfig)
+    compat: CompatConfig = _section("compat", "drop-in compatibility with gpushare and HAMi pod specs", CompatConfig)
 
     def node_override(self, node: str) -> NodeOverride | None:
         """The override for ``node``, or None."""
@@ -616,7 +637,7 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     return out
 
 
-__all__ = ["API_VERSION", "Config", "Defaults", "DeviceDefaults", "Key", "NodeOverride", "Rule", "Scheduling",
+__all__ = ["API_VERSION", "CompatConfig", "Config", "Defaults", "DeviceDefaults", "Key", "NodeOverride", "Rule", "Scheduling",
            "Section", "WebhookConfig", "all_keys", "config_from_dict", "config_to_dict", "load_config",
            "load_config_text", "range_text", "replace", "rfc3339_seconds", "sections", "top_keys",
            "NODE_POLICIES", "GPU_POLICIES"]

@@ -3,7 +3,9 @@
 Everything comes from the two annotations of our protocol, decoded by the domain codec: the node
 inventory (``kube-vgpu.io/node-inventory``) and each pod's allocation (``kube-vgpu.io/allocation``).
 Pods in phase Succeeded or Failed hold nothing (the scheduler releases them); terminating pods
-still hold their GPUs. Output: an 80-column table, or JSON with ``-o json``.
+still hold their GPUs. Output: an 80-column table, or JSON with ``-o json``, or with ``--format
+gpushare`` the table layout of Alibaba gpushare's ``kubectl inspect gpushare`` (:func:`render_gpushare`),
+for operators and scripts that read that one.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class NodeReport:
     stale: bool
     problem: str | None = None  # inventory missing/invalid while pods hold GPUs there
     orphans: list[str] = field(default_factory=list)  # pods booked on GPUs not in the inventory
+    address: str = "unknown"  #: the node's InternalIP (status.addresses), as gpushare's inspect shows it
 
 
 @dataclass
@@ -89,6 +92,16 @@ class Report:
 
 def _meta(o: dict[str, Any]) -> dict[str, Any]:
     return o.get("metadata") or {}
+
+
+def _internal_ip(node: dict[str, Any]) -> str:
+    """The node's ``InternalIP`` from ``status.addresses``, or ``unknown``. Never raises."""
+    status = node.get("status")
+    addrs = status.get("addresses") if isinstance(status, dict) else None
+    for a in addrs if isinstance(addrs, list) else []:
+        if isinstance(a, dict) and a.get("type") == "InternalIP" and isinstance(a.get("address"), str):
+            return str(a["address"])
+    return "unknown"
 
 
 def build(cluster: Cluster, config: Config | None = None) -> Report:
@@ -119,7 +132,7 @@ def build(cluster: Cluster, config: Config | None = None) -> Report:
             seen[d.uuid] = d.index
             gpus.append(GpuRow(d, cordoned=is_cordoned(d, cordon)))
         gpus.sort(key=lambda g: g.device.index)
-        nodes[name] = NodeReport(name, gpus, inv.heartbeat, age, stale)
+        nodes[name] = NodeReport(name, gpus, inv.heartbeat, age, stale, address=_internal_ip(n))
     for p in sorted(cluster.pods, key=lambda p: (_meta(p).get("namespace") or "", _meta(p).get("name") or "")):
         m = _meta(p)
         if not holds_gpus(p):
@@ -296,3 +309,129 @@ def to_json(report: Report) -> dict[str, Any]:
                       "memoryMiB": {"allocated": t["memory_mib"], "total": t["memory_total_mib"]},
                       "cores": {"allocated": t["cores"], "total": t["cores_total"]},
                       "slots": {"allocated": t["slots"], "total": t["slots_total"]}}}
+
+
+# -- gpushare's layout ----------------------------------------------------------------------------
+#
+# AliyunContainerService/gpushare-device-plugin cmd/inspect (``kubectl inspect gpushare``) prints
+# through Go's text/tabwriter (minwidth 0, tabwidth 0, padding 2, pad with spaces, no flags):
+#
+#   NAME<TAB>IPADDRESS<TAB>GPU0(Allocated/Total)<TAB>...GPU Memory(GiB)
+#   <node><TAB><InternalIP or unknown><TAB><used>/<total><TAB>...<used>/<total of the node>
+#   <dashes: the first node row's length before alignment, tabs included, + 20>
+#   Allocated/Total GPU Memory In Cluster:
+#   <used>/<total> (<percent, truncated>%)<TAB>
+#
+# and with -d, per node: "NAME:<TAB>node", "IPADDRESS:<TAB>ip", a blank line, "NAME<TAB>NAMESPACE<TAB>
+# GPU0(Allocated)<TAB>...", one row per pod, "Allocated :<TAB>n (p%)<TAB>", "Total :<TAB>n <TAB>",
+# dashes (the node's pod rows' length + 10), and at the end, after two blank lines,
+# "Allocated/Total GPU Memory In Cluster:<TAB>used/total (p%)<TAB>". gpushare's columns are GPU
+# indexes 0..max-1 ("0/0" where a node has no such GPU). Its PENDING column (pods bound to a node
+# but to no GPU yet) never appears: a kube-vgpu allocation always names its GPUs.
+
+#: MiB per unit of the gpushare table
+GPUSHARE_UNITS = {"GiB": 1024, "MiB": 1}
+
+
+def tabwriter(text: str, padding: int = 2) -> str:
+    """``text`` aligned as Go's ``text/tabwriter.NewWriter(w, 0, 0, padding, ' ', 0)`` prints it.
+
+    Cells are tab-terminated; the text after a line's last tab is not part of any column. A column
+    block is a run of consecutive lines that have a cell in that column; its width is the widest
+    cell + padding.
+    """
+    lines = [line.split("\t") for line in text.split("\n")]
+    out: list[str] = []
+
+    def write(widths: list[int], line0: int, line1: int) -> None:
+        for i in range(line0, line1):
+            for j, cell in enumerate(lines[i]):
+                out.append(cell + " " * (widths[j] - len(cell)) if j < len(widths) else cell)
+            if i + 1 < len(lines):
+                out.append("\n")
+
+    def fmt(widths: list[int], line0: int, line1: int) -> None:
+        column = len(widths)
+        this = line0
+        while this < line1:
+            if column >= len(lines[this]) - 1:
+                this += 1
+                continue
+            write(widths, line0, this)
+            line0 = this
+            width = 0
+            while this < line1 and column < len(lines[this]) - 1:
+                width = max(width, len(lines[this][column]) + padding)
+                this += 1
+            fmt(widths + [width], line0, this)
+            line0 = this
+        write(widths, line0, line1)
+
+    fmt([], 0, len(lines))
+    return "".join(out)
+
+
+def _gpushare_cells(report: Report, per: int) -> list[tuple[NodeReport, dict[int, tuple[int, int]]]]:
+    """Per node with GPUs: {GPU index: (allocated, total)} in units of ``per`` MiB (allocated rounded
+    up, so a share is never shown smaller than it is; total rounded down, as gpushare's device plugin
+    counts whole units)."""
+    out = []
+    for n in report.nodes:
+        cells = {g.device.index: (-(-g.memory // per), g.device.memory_mib // per) for g in n.gpus}
+        if sum(t for _, t in cells.values()) > 0:
+            out.append((n, cells))
+    return out
+
+
+def _go_pct(used: int, total: int) -> int:
+    return int(used / total * 100) if total > 0 else 0  # gpushare: int64(float64 ratio * 100)
+
+
+def render_gpushare(report: Report, details: bool = False, unit: str = "GiB") -> str:
+    """The report in gpushare's ``kubectl inspect gpushare`` layout (see the comment above);
+    ``unit``: GiB or MiB (gpushare's device plugin ``--memory-unit``). Raises KeyError for another unit."""
+    per = GPUSHARE_UNITS[unit]
+    nodes = _gpushare_cells(report, per)
+    used_all = sum(a for _, c in nodes for a, _ in c.values())
+    total_all = sum(t for _, c in nodes for _, t in c.values())
+    if details:
+        return _gpushare_details(nodes, per, used_all, total_all)
+    width = max((max(c) + 1 for _, c in nodes), default=0)
+    buf = "NAME\tIPADDRESS\t" + "".join(f"GPU{i}(Allocated/Total)\t" for i in range(width))
+    buf += f"GPU Memory({unit})\n"
+    rule = 0
+    for n, cells in nodes:
+        row = f"{safe(n.name)}\t{safe(n.address)}\t"
+        row += "".join("{}/{}\t".format(*cells[i]) if i in cells else "0/0\t" for i in range(width))
+        row += f"{sum(a for a, _ in cells.values())}/{sum(t for _, t in cells.values())}\n"
+        rule = rule or len(row) + 20
+        buf += row
+    buf += "-" * rule + "\n"
+    buf += "Allocated/Total GPU Memory In Cluster:\n"
+    buf += f"{used_all}/{total_all} ({_go_pct(used_all, total_all)}%)\t\n"
+    return tabwriter(buf)
+
+
+def _gpushare_details(nodes: list[tuple[NodeReport, dict[int, tuple[int, int]]]], per: int, used_all: int,
+                      total_all: int) -> str:
+    buf = ""
+    rule = 0
+    for n, cells in nodes:
+        count = max(cells) + 1
+        buf += f"\nNAME:\t{safe(n.name)}\nIPADDRESS:\t{safe(n.address)}\n\n"
+        buf += "NAME\tNAMESPACE\t" + "".join(f"GPU{i}(Allocated)\t" for i in range(count)) + "\n"
+        pods: dict[tuple[str, str], dict[int, int]] = {}
+        for g in n.gpus:
+            for p in g.pods:
+                pods.setdefault((p.namespace, p.name), {})[g.device.index] = p.memory_mib
+        rows = ""
+        for (ns, name), mem in sorted(pods.items()):
+            rows += f"{safe(name)}\t{safe(ns)}\t" + "".join(f"{-(-mem.get(i, 0) // per)}\t" for i in range(count))
+            rows += "\n"
+        rule = rule or len(rows) + 10
+        buf += rows
+        used = sum(a for a, _ in cells.values())
+        total = sum(t for _, t in cells.values())
+        buf += f"Allocated :\t{used} ({_go_pct(used, total)}%)\t\nTotal :\t{total} \t\n" + "-" * rule + "\n"
+    buf += f"\n\nAllocated/Total GPU Memory In Cluster:\t{used_all}/{total_all} ({_go_pct(used_all, total_all)}%)\t\n"
+    return tabwriter(buf)

@@ -2,7 +2,8 @@
 
 Commands::
 
-    kubectl vgpu inspect [-d] [-o table|json] [--kubeconfig F] [--context C] [--snapshot FILE]
+    kubectl vgpu inspect [-d] [-o table|json] [--format kube-vgpu|gpushare] [--kubeconfig F] [--context C]
+                         [--snapshot FILE]
     kubectl vgpu what-if -f POD.yaml [--snapshot FILE] [--policy P]... [-o table|json]
 
 ``what-if`` (old name ``simulate``, still accepted) asks where one pod would go on a live cluster
@@ -51,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="per node and GPU: allocated/total memory, cores, slots and pods")
     common(ins)
     ins.add_argument("-d", "--details", action="store_true", help="list each pod's share per container")
+    ins.add_argument("--format", choices=["kube-vgpu", "gpushare"], default="kube-vgpu",
+                     help="table layout: ours, or gpushare's 'kubectl inspect gpushare' (GPU memory in GiB, or MiB "
+                          "with compat.gpushareMemoryUnit: MiB in --config); -o json ignores it")
 
     for verb, what in (("cordon", "mark one GPU of a node unschedulable: running pods stay, new pods avoid it"),
                        ("uncordon", "make a cordoned GPU schedulable again")):
@@ -96,9 +100,12 @@ def _read_pod(name: str) -> dict[str, Any]:
 def _inspect(args: argparse.Namespace) -> int:
     from . import inspect
 
-    report = inspect.build(_cluster(args), _config(args))
+    cfg = _config(args)
+    report = inspect.build(_cluster(args), cfg)
     if args.output == "json":
         print(json.dumps(inspect.to_json(report), indent=2))
+    elif args.format == "gpushare":
+        sys.stdout.write(inspect.render_gpushare(report, details=args.details, unit=cfg.compat.gpushare_memory_unit))
     else:
         sys.stdout.write(inspect.render_table(report, details=args.details))
     return 0

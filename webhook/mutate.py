@@ -12,6 +12,12 @@ isolation rules from :mod:`webhook.isolation`, the system-owned keys from
 
 CREATE (:func:`review_pod`), in this order:
 
+0. with ``compat.gpushare``, a pod whose containers name Alibaba gpushare resources
+   (``aliyun.com/gpu-mem``, ``gpu-count``, ``gpu-core.percentage``) and that is not a foreign
+   scheduler's is translated into our resources first (:mod:`webhook.compat`; a refused value is
+   denied with 400); every step below runs on the translated pod, and the translation ops come first
+   in the patch. A ``spec.schedulerName`` in ``compat.schedulerAliases`` (e.g. ``hami-scheduler``)
+   counts as ours (step 4) and is rewritten to ours (step 7);
 1. every system-owned ``kube-vgpu.io/`` annotation and label is removed (JSONPatch ``remove``, one
    admission warning per key), on every pod that reaches the webhook: a tenant cannot create a pod
    that carries a forged allocation, node label or bind phase;
@@ -59,7 +65,7 @@ from kube_vgpu.model import ContainerRequest
 from kube_vgpu.podspec import container_asks, parse_pod, resource_value
 from kube_vgpu.resources import ResourceNames, system_owned
 
-from . import isolation
+from . import compat, isolation
 
 DEFAULT_SCHEDULER = "default-scheduler"
 SHM_PATH = "/dev/shm"
@@ -131,8 +137,11 @@ def asks_vgpu(container: Mapping[str, Any], config: Config) -> bool:
 
 
 def is_foreign_scheduler(scheduler_name: Any, config: Config) -> bool:
-    """True if ``spec.schedulerName`` names a scheduler whose pods we must leave alone."""
-    if not scheduler_name or scheduler_name == config.scheduler_name:
+    """True if ``spec.schedulerName`` names a scheduler whose pods we must leave alone: not ours, not
+    one of ``compat.schedulerAliases`` (routed to ours like an empty name), not ``default-scheduler``
+    while ``webhook.forceOverwriteDefaultScheduler``."""
+    if not scheduler_name or scheduler_name == config.scheduler_name \
+            or scheduler_name in config.compat.scheduler_aliases:
         return False
     if scheduler_name == DEFAULT_SCHEDULER:
         return not config.webhook.force_overwrite_default_scheduler
@@ -271,6 +280,24 @@ def review_pod(pod: Mapping[str, Any], config: Config, namespace: str = "") -> D
     spec = pod.get("spec") or {}
     if not isinstance(spec, dict):
         raise TypeError("spec is not an object")
+    if not (config.compat.gpushare and compat.pod_names_gpushare(pod)) \
+            or is_foreign_scheduler(spec.get("schedulerName"), config):
+        return _review(pod, spec, config, namespace)
+    try:
+        compat_ops, compat_warnings = compat.translate_pod(pod, config)
+    except RequestError as e:
+        return _deny(400, "BadRequest", str(e))
+    translated = jsonpatch.apply_patch(pod, compat_ops)  # a copy; every rule below reads the translation
+    d = _review(translated, translated.get("spec") or {}, config, namespace)
+    if d.allowed:
+        d.patch = compat_ops + d.patch
+        d.warnings = compat_warnings + d.warnings
+        d.outcome = PATCHED
+    return d
+
+
+def _review(pod: Mapping[str, Any], spec: Mapping[str, Any], config: Config, namespace: str) -> Decision:
+    """Steps 1-7 of the module docstring (after the gpushare translation, if any)."""
     strip_ops, strip_warnings = strip_system_keys(pod)
     if not isolation.pod_is_ours(pod, config):
         return _with(Decision(allowed=True, outcome=SKIPPED), strip_ops, strip_warnings)
@@ -334,7 +361,8 @@ def _route_and_mutate(pod: Mapping[str, Any], spec: Mapping[str, Any], config: C
         if wh.foreign_schedulers == "deny":
             return _deny(403, "Forbidden",
                          f"spec.schedulerName={sched!r} is not allowed for a pod that requests a vGPU; "
-                         f"allowed: empty, {DEFAULT_SCHEDULER!r} or {config.scheduler_name!r} "
+                         f"allowed: empty, {DEFAULT_SCHEDULER!r}, {config.scheduler_name!r} or one of "
+                         f"compat.schedulerAliases ({', '.join(config.compat.scheduler_aliases) or 'none'}) "
                          f"(webhook.foreignSchedulers=deny)")
         return Decision(allowed=True, outcome=FOREIGN)
     if not any(asks_vgpu(c, config) for _, c in containers):
