@@ -102,8 +102,10 @@ def check_preemption_args(args: Any) -> str | None:
                 return f"{f}.Pods: must be an array, got {_type(pods)}"
             for i, p in enumerate(pods):
                 if meta:
-                    if not isinstance(p, dict) or not isinstance(p.get("UID"), str):
+                    if not isinstance(p, dict):
                         return f"{f}.Pods[{i}]: must be an object {{UID: string}}, got {_type(p)}"
+                    if not isinstance(p.get("UID"), str):
+                        return f"{f}.Pods[{i}].UID: must be a string, got {_type(p.get('UID'))}"
                 else:
                     err = check_pod(p, f"{f}.Pods[{i}]")
                     if err:

@@ -226,7 +226,7 @@ def test_full_victims_shape_and_pass_through_and_errors() -> None:
     for bad, field in [([], "ExtenderPreemptionArgs"), ({"Pod": preemptor(), "NodeNameToMetaVictims": []},
                                                          "NodeNameToMetaVictims"),
                        ({"Pod": preemptor(), "NodeNameToMetaVictims": {"n0": {"Pods": [{"UID": 5}]}}},
-                        "NodeNameToMetaVictims['n0'].Pods[0]"),
+                        "NodeNameToMetaVictims['n0'].Pods[0].UID: must be a string, got number"),
                        ({"Pod": preemptor(), "NodeNameToMetaVictims": {"n0": {"NumPDBViolations": -1}}},
                         "NumPDBViolations"), ({"NodeNameToMetaVictims": {}}, "Pod")]:
         status, res = preempt(svc, bad)
