@@ -47,7 +47,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from kube_vgpu.cluster import pod_key, pod_priority
 from kube_vgpu.errors import RequestError
 from kube_vgpu.placement.fit import gpu_order
-from kube_vgpu.placement.preempt import Holder, VictimSet, select_victims
+from kube_vgpu.placement.preempt import DEFAULT_BUDGET, Holder, VictimSet, select_victims
 from kube_vgpu.podspec import parse_pod, pod_asks
 
 from .wire import check_pod
@@ -167,6 +167,11 @@ class Preemption:
     """The preempt verb over the extender's cache (a :class:`scheduler.bindstate.BindCache`).
     Read-only: it never changes the cache."""
 
+    #: fit checks the exact searches of one request may spend over all its nodes together (the
+    #: handler runs on the event loop; kube-scheduler sends up to ~100 candidate nodes): nodes
+    #: beyond it get the greedy reprieve (about one check per pod on the node)
+    request_budget = 30_000
+
     def __init__(self, cache: BindCache, metrics: PreemptMetrics):
         self.cache = cache
         self.metrics = metrics
@@ -205,6 +210,7 @@ class Preemption:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         everywhere = {info.uid for info in self.cache.pods.values()}
         out: dict[str, NodeAnswer] = {}
+        left = self.request_budget  # fit checks for the exact search over all nodes of this request
         for node, (uids, _pdb) in victims.items():
             ns = self.cache.state.nodes.get(node)
             if ns is None:
@@ -219,7 +225,10 @@ class Preemption:
             forced = {by_uid[u].key for u in uids if u in by_uid and by_uid[u].priority < prio}
             passthrough = [u for u in uids if u not in everywhere]  # kube-scheduler's own, no GPUs
             give_back = promise.usage if promise is not None and promise.node == node and promise.uid == uid else ()
-            choice = select_victims(ns, req, prio, holders, forced, order, give_back)
+            choice = select_victims(ns, req, prio, holders, forced, order, give_back,
+                                    budget=max(0, min(DEFAULT_BUDGET, left)))
+            if choice is not None:
+                left -= choice.checks
             if choice is None:
                 out[node] = NodeAnswer((), "no set of lower-priority pods makes room")
                 continue

@@ -311,3 +311,12 @@ def test_victims_make_the_pod_fit_and_are_minimal(n_gpus: int, split: int, pods:
         pool = [h for h in eligible if h.priority <= level]
         smallest = next(k for k in range(len(pool) + 1) if any(fits(list(s)) for s in combinations(pool, k)))
         assert len(vs) == smallest and max(h.priority for h in vs) <= level
+
+
+def test_request_budget_spent_falls_back_to_a_minimal_greedy_set() -> None:
+    svc = offline_service([node_obj("n0", 2, split=4)])
+    cards = full_node(svc)
+    svc.preemption.request_budget = 0  # no exact search left: the greedy reprieve
+    _, res = preempt(svc, meta_args(preemptor(), {"n0": ["uid-cpu-hog"]}))
+    got = victims_of(res, "n0")
+    assert got[0] == "uid-cpu-hog" and sorted(got[1:]) in (sorted(cards[0]), sorted(cards[1])), got
