@@ -3,15 +3,21 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test lint bench demo e2e clean shim chart
+.PHONY: install test lint bench demo e2e clean shim chart constraints
 
 install: $(BIN)/kube-vgpu
 
-$(BIN)/kube-vgpu: pyproject.toml setup.py
+$(BIN)/kube-vgpu: pyproject.toml setup.py constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	@touch $@
+
+# Pin every installed package at its current version (after a change to pyproject.toml).
+constraints: install
+	{ echo "# Exact versions for reproducible installs: make install (CI) and docker/Dockerfile install with"; \
+	  echo "# -c constraints.txt. Regenerate after changing pyproject.toml: make constraints"; \
+	  $(BIN)/pip freeze | grep -v '^-e\|^kube-vgpu\|@ file\|^#' | sort -f; } > constraints.txt
 
 test: install
 	$(BIN)/python -m pytest tests

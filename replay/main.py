@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -118,8 +119,8 @@ def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str, se
     next_pct = 1
     t0 = time.perf_counter()
     it: Sequence[TracePod] = order
-    if progress:
-        from tqdm import tqdm
+    tqdm = _tqdm() if progress else None
+    if tqdm is not None:
         it = tqdm(order, desc=f"{policy} seed {seed}", unit="pod", leave=False, file=sys.stderr)
     for k, p in enumerate(it):
         t = time.perf_counter() if record_latency else 0.0
@@ -145,6 +146,19 @@ def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str, se
                         time.perf_counter() - t0, lat)
 
 
+class SimExtraMissing(RuntimeError):
+    """The optional ``kube-vgpu[sim]`` packages (matplotlib) are not installed."""
+
+
+def _tqdm() -> Any:
+    """tqdm's progress bar class, or None when the ``sim`` extra is not installed (no bar)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm
+
+
 def _run(args: tuple[Sequence[TraceNode], Sequence[TracePod], str, int, float, list[TaskShape]]) -> ReplayResult:
     nodes, pods, policy, seed, inflate, shapes = args
     return replay(nodes, pods, policy, seed, inflate, shapes)
@@ -157,8 +171,8 @@ def run_all(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policies: Sequ
     tasks = [(nodes, pods, pol, s, inflate, shapes) for pol in policies for s in seeds]
     results: list[ReplayResult] = []
     bar = None
-    if progress:
-        from tqdm import tqdm
+    tqdm = _tqdm() if progress else None
+    if tqdm is not None:
         bar = tqdm(total=len(tasks), desc="replays", unit="run", file=sys.stderr)
     if jobs > 1 and len(tasks) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as ex:
@@ -239,7 +253,10 @@ def write_outputs(results: Sequence[ReplayResult], out: Path) -> tuple[Path, Pat
                 if not np.isnan(r.curve[x]):
                     a = float(r.curve[x])
                     w.writerow([r.policy, r.seed, x, f"{a:.3f}", f"{(100 - a) * r.capacity_gpus / 100:.1f}"])
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise SimExtraMissing(f"wrote {csv_path}; the plot needs matplotlib: pip install 'kube-vgpu[sim]'") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -351,7 +368,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nfailed pods per run: " + ", ".join(f"{p} {v:.0f}" for p, v in failed.items()))
     print(f"elapsed {time.perf_counter() - t0:.1f} s, peak RSS {peak_rss_mib():.0f} MiB")
     if args.out:
-        c, png = write_outputs(results, args.out)
+        try:
+            c, png = write_outputs(results, args.out)
+        except SimExtraMissing as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return 1
         print(f"wrote {c} and {png}")
     return 0
 

@@ -244,6 +244,8 @@ schema = {
         }),
         "devicePlugin": obj({
             "enabled": b("Deploy the device plugin."),
+            "selectGPUNodes": b("Run on nodes NFD or GPU feature discovery label as NVIDIA GPU nodes."),
+            "seLinuxOptions": obj({k: {"type": "string"} for k in ("user", "role", "type", "level")}),
             "priorityClassName": {"type": "string"},
             "runtimeClassName": {"type": "string"},
             "pluginDir": HOSTDIR("kubelet's device-plugin directory"),

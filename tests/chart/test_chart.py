@@ -295,7 +295,10 @@ def test_device_plugin_daemonset(renderer: Renderer) -> None:
     ds = find(docs, "DaemonSet", f"{FULL}-device-plugin")
     spec = ds["spec"]["template"]["spec"]
     assert spec["priorityClassName"] == "system-node-critical"
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert "nodeSelector" not in spec
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [t["matchExpressions"][0]["key"] for t in terms] == ["feature.node.kubernetes.io/pci-10de.present",
+                                                                "nvidia.com/gpu.present"]
     vols = {v["name"]: v for v in spec["volumes"]}
     assert vols["device-plugins"]["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
     assert vols["shim"]["hostPath"]["path"] == "/usr/local/vgpu"
@@ -320,7 +323,7 @@ def test_device_plugin_daemonset(renderer: Renderer) -> None:
 def test_device_plugin_custom_paths(renderer: Renderer) -> None:
     ds = find(renderer.render(option_values("custom-paths")), "DaemonSet", f"{FULL}-device-plugin")
     spec = ds["spec"]["template"]["spec"]
-    assert spec["runtimeClassName"] == "nvidia" and spec["nodeSelector"] == {"gpu": "on"}
+    assert spec["runtimeClassName"] == "nvidia" and spec["nodeSelector"] == {"gpu": "on"} and "affinity" not in spec
     c = containers(ds)["device-plugin"]
     assert "--shim-host-path=/opt/kube-vgpu/lib/libvgpu.so" in c["args"]
     assert "--device-plugin-dir=/var/snap/microk8s/common/var/lib/kubelet/device-plugins" in c["args"]
@@ -652,3 +655,12 @@ def test_each_component_image_can_be_overridden(renderer: Renderer) -> None:
     assert got[f"{FULL}-webhook"] == {"mirror/kv-webhook:0.2.0"}
     assert got[f"{FULL}-device-plugin"] == {"ghcr.io/kube-vgpu/kube-vgpu:0.2.1"}
     assert got[f"{FULL}-scheduler"] == {"ghcr.io/kube-vgpu/kube-vgpu:0.2.0"}
+
+
+def test_device_plugin_selinux_options(renderer: Renderer) -> None:
+    """devicePlugin.seLinuxOptions reaches the pod's securityContext (OpenShift/SELinux); none by default."""
+    ds = find(renderer.render(), "DaemonSet", f"{FULL}-device-plugin")
+    assert "seLinuxOptions" not in (ds["spec"]["template"]["spec"].get("securityContext") or {})
+    ds = find(renderer.render({"devicePlugin": {"seLinuxOptions": {"type": "spc_t"}}}), "DaemonSet",
+              f"{FULL}-device-plugin")
+    assert ds["spec"]["template"]["spec"]["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
