@@ -193,7 +193,10 @@ static int nvml_handle(int dev, nvmlDevice_t *out)
 /* Busy fractions over [since_us, now]: of this process (self), of the whole container (all), of other
  * containers' processes (foreign), and the busy fraction a low-priority process yields to (yield):
  * every process on the GPU that is not a low-priority process of this container — other containers'
- * processes (whose priority cannot be seen from here) and this container's high-priority ones.
+ * processes (whose priority cannot be seen from here) and this container's high-priority ones. With a
+ * limits file every process of the container has the file's priority, and the shared file (which its
+ * processes can write) must not decide whom to yield to — a process that lists a neighbour's host pid
+ * in it would stop yielding to that neighbour — so then it yields to every process but itself.
  * *exact: the figures are per process (host pids matched). Returns 0 when NVML has no sample for the
  * window yet (no information), 1 otherwise. */
 static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *self, double *all, double *foreign,
@@ -220,8 +223,8 @@ static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *
                     a += buf[i].smUtil;
                     if (p == me)
                         s += buf[i].smUtil;
-                    else if (prio[k] == 0)
-                        y += buf[i].smUtil; /* a high-priority process of this container */
+                    else if (g_cfg.from_file || prio[k] == 0)
+                        y += buf[i].smUtil; /* see below */
                     matched = 1;
                 } else {
                     f += buf[i].smUtil; /* another container's process */

@@ -47,7 +47,8 @@ def test_long_kernels_are_charged_for_their_real_duration(tc: Toolchain, tmp_pat
                FAKE_GPU_STATE=str(tmp_path / "gpu.state"))
     windows = _windows(_out(p))
     assert len(windows) >= 2, windows
-    assert abs(windows[1] - 30) <= 7.5, windows  # one kernel is 5 points of a 4 s window
+    # one kernel is ~5 points of a 4 s window (measured 26-29); only the launches' estimates: 56-77
+    assert abs(windows[1] - 30) <= 10, windows
 
 
 @pytest.mark.parametrize("shape", [("1", "1024"), ("1024", "1")], ids=["1-to-1024-blocks", "1024-to-1-blocks"])

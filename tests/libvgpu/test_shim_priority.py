@@ -10,9 +10,11 @@ unless the test says otherwise.
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import pytest
 
 from kube_vgpu import envcontract
 from kube_vgpu.model import DeviceBooking
+from libvgpu.region import read_region
 from tests.libvgpu.shim_helpers import Toolchain, limits_path
 
 NS_PER_BLOCK = "2500"
@@ -124,3 +127,30 @@ def test_priority_is_recorded_in_the_process_slot(tc: Toolchain, tmp_path: Path)
         for p in procs:
             p.kill()
             p.wait(timeout=10)
+
+
+def _forge_slot(cache: Path, host_pid: int) -> None:
+    """Plays a tenant of the low-priority container: it writes a slot into its own (writable) accounting
+    file that is alive by every check (this process: its pid, start time and /proc) and claims the
+    neighbour's host pid, as a low-priority process of the container."""
+    with open("/proc/self/stat") as f:
+        start = int(f.read().rsplit(")", 1)[1].split()[19])
+    slot = struct.Struct("<iiQ16Q4Q")
+    data = slot.pack(os.getpid(), 0, start, *([0] * 16), os.stat("/proc/self").st_dev + 1, host_pid, 2, 0)
+    with open(cache, "r+b") as f:
+        f.seek(472 + 1023 * slot.size)  # the last slot: the shim fills slots from the first
+        f.write(data)
+
+
+def test_forged_slot_does_not_stop_a_low_priority_tenant_from_giving_way(
+        tc: Toolchain, tc_limits: Toolchain, low_priority_file: Path, tmp_path: Path) -> None:
+    state = tmp_path / "gpu.state"
+    hi = _tenant(tc, state, tmp_path / "hi.cache", CUDA_TASK_PRIORITY="0")
+    lo = _tenant(tc_limits, state, tmp_path / "ignored.cache")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (low_priority_file.exists() and read_region(low_priority_file).processes):
+        time.sleep(0.01)  # until the low tenant has joined its file (a condition, not a timed assertion)
+    _forge_slot(low_priority_file, hi.pid)  # without PID namespaces NVML reports the pid itself
+    assert any(p.pid == os.getpid() for p in read_region(low_priority_file).processes)
+    (u_hi, _), (u_lo, _) = _steady(hi), _steady(lo)
+    assert u_hi >= 80 and u_lo <= 15, (u_hi, u_lo)  # it still gives way (trusting the file: 62 / 35)
