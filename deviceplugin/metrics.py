@@ -1,17 +1,32 @@
 """``/livez``, ``/readyz`` and ``/metrics`` (Prometheus text format) of the device plugin.
 
-Metrics (gauges unless noted; labels ``node``, ``device_uuid``, ``device_index``, ``device_type``):
+Naming (docs/observability.md): memory in ``_bytes``, compute in ``_percent`` of one GPU, counts
+bare; every series carries ``node``; a GPU is ``gpu_uuid``, ``gpu_index``, ``model``; a workload
+``namespace``, ``pod``, ``container`` (and ``vgpu_index``, the device's index inside the container).
 
-* ``kube_vgpu_gpu_memory_limit_bytes``: schedulable memory (NVML total x memory scaling);
-* ``kube_vgpu_gpu_memory_allocated_bytes`` / ``kube_vgpu_gpu_core_allocated_percent`` /
-  ``kube_vgpu_gpu_shared_count``: booked by live pods on this node (allocation annotations);
+Per GPU (labels ``node``, ``gpu_uuid``, ``gpu_index``, ``model``); the device plugins are the one
+exporter of per-GPU allocation (the extender exports cluster totals only):
+
+* ``kube_vgpu_gpu_memory_capacity_bytes``, ``kube_vgpu_gpu_cores_capacity_percent``,
+  ``kube_vgpu_gpu_slots_capacity``: schedulable (after memory/core scaling and split count);
+* ``kube_vgpu_gpu_memory_allocated_bytes``, ``kube_vgpu_gpu_cores_allocated_percent``,
+  ``kube_vgpu_gpu_slots_allocated``: booked by live pods on this node (verified allocation records);
 * ``kube_vgpu_gpu_memory_used_bytes`` / ``kube_vgpu_gpu_utilization_percent``: from NVML;
-* ``kube_vgpu_gpu_healthy``: 1 or 0;
-* ``kube_vgpu_container_memory_used_bytes`` (labels ``namespace``, ``pod``, ``container``,
-  ``vdevice_index``, ``device_uuid``): from the shim's shared cache file of each container, when
-  present and readable (:mod:`deviceplugin.shimcache`);
-* ``kube_vgpu_device_plugin_allocations_total{result}``, ``kube_vgpu_device_plugin_prestarts_total{result}``
-  (counters), ``..._registrations_total`` (counter), ``..._registered`` (gauge).
+* ``kube_vgpu_gpu_healthy``: 1 or 0.
+
+Per container and GPU (labels ``node``, ``namespace``, ``pod``, ``container``, ``vgpu_index``,
+``gpu_uuid``): ``kube_vgpu_container_memory_allocated_bytes`` / ``..._cores_allocated_percent``
+(the verified allocation record: the limits the shim enforces) and
+``kube_vgpu_container_memory_used_bytes`` (the shim's shared cache file, when present and
+readable, :mod:`deviceplugin.shimcache`; the container can write that file, so this figure is
+the tenant's own report).
+
+Plugin (label ``node``): ``kube_vgpu_device_plugin_allocations_total{result}``,
+``kube_vgpu_device_plugin_prestarts_total{result}``, ``..._registrations_total`` (counters),
+``..._registered`` (gauge).
+
+With config ``compat.hamiMetrics: true`` the same state is also exported under HAMi's names
+(:mod:`deviceplugin.hami_metrics`).
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +43,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kube_vgpu.codec import allocation_or_none
+from kube_vgpu.model import GPUDevice
+from kube_vgpu.podlife import active
 
 from . import shimcache
 
@@ -35,6 +53,77 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kube_vgpu.deviceplugin.metrics")
 MIB = 1024 * 1024
+
+#: labels of a per-GPU series, in order
+GPU_LABELS = ["node", "gpu_uuid", "gpu_index", "model"]
+#: labels of a per-container, per-GPU series, in order
+CONTAINER_LABELS = ["node", "namespace", "pod", "container", "vgpu_index", "gpu_uuid"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """One GPU at scrape time: the device, what live pods book on it (MiB, cores, containers) and
+    NVML's figures (bytes used, utilisation percent; None when NVML has none)."""
+
+    device: GPUDevice
+    alloc_mib: int
+    alloc_cores: int
+    alloc_slots: int
+    used_bytes: int | None
+    util_percent: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerState:
+    """One container's booking on one GPU at scrape time. ``vgpu_index`` is the device's index
+    inside the container; ``used_bytes`` is the shim's report (None without a readable file)."""
+
+    namespace: str
+    pod: str
+    container: str
+    init: bool
+    container_index: int
+    vgpu_index: int
+    gpu_uuid: str
+    alloc_mib: int
+    alloc_cores: int
+    used_bytes: int | None
+
+
+def gpu_states(plugin: DevicePlugin) -> list[GpuState]:
+    """The node's GPUs with their bookings and NVML usage, read now."""
+    booked = plugin.allocated_by_gpu()
+    out = []
+    for d in plugin.devices():
+        mem, c, n = booked.get(d.uuid, (0, 0, 0))
+        u = plugin.nvml.usage(d.uuid)
+        out.append(GpuState(d, mem, c, n, None if u is None else u.used_mib * MIB,
+                            None if u is None else u.util_percent))
+    return out
+
+
+def container_states(plugin: DevicePlugin) -> list[ContainerState]:
+    """Every GPU booking of every live pod on the node with a verified allocation record (a
+    tenant's edited record never labels the metrics), with the shim's usage where readable.
+    ``container_index`` counts the record's containers in order (init first), as HAMi does."""
+    out = []
+    node = plugin.opts.node_name
+    for pod in plugin.trusted_pods():
+        if not active(pod):
+            continue
+        rec = allocation_or_none(pod)
+        if rec is None or rec.node != node:
+            continue
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        for ci, c in enumerate(rec.containers):
+            usage = shimcache.read_container(plugin.opts.cache_host_dir, uid, c.name,
+                                             plugin.cache_dir_for(uid, c.name))
+            for i, d in enumerate(c.devices):
+                out.append(ContainerState(ns, name, c.name, c.init, ci, i, d.uuid, d.memory_mib, d.cores,
+                                          None if usage is None else usage.get(i)))
+    return out
 
 
 class PluginCollector(Collector):
@@ -45,67 +134,85 @@ class PluginCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         node = self.p.opts.node_name
-        labels = ["node", "device_uuid", "device_index", "device_type"]
-        limit = GaugeMetricFamily("kube_vgpu_gpu_memory_limit_bytes", "Schedulable GPU memory", labels=labels)
-        alloc = GaugeMetricFamily("kube_vgpu_gpu_memory_allocated_bytes", "GPU memory booked by pods", labels=labels)
-        cores = GaugeMetricFamily("kube_vgpu_gpu_core_allocated_percent", "GPU compute booked by pods (percent)",
-                                  labels=labels)
-        shared = GaugeMetricFamily("kube_vgpu_gpu_shared_count", "Containers booked on the GPU", labels=labels)
-        used = GaugeMetricFamily("kube_vgpu_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=labels)
-        util = GaugeMetricFamily("kube_vgpu_gpu_utilization_percent", "GPU utilisation (NVML, percent)",
-                                 labels=labels)
-        healthy = GaugeMetricFamily("kube_vgpu_gpu_healthy", "1 when the GPU is healthy", labels=labels)
-        booked = self.p.allocated_by_gpu()
-        for d in self.p.devices():
-            lv = [node, d.uuid, str(d.index), d.model]
-            limit.add_metric(lv, d.memory_mib * MIB)
-            mem, c, n = booked.get(d.uuid, (0, 0, 0))
-            alloc.add_metric(lv, mem * MIB)
-            cores.add_metric(lv, c)
-            shared.add_metric(lv, n)
-            healthy.add_metric(lv, 1 if d.healthy else 0)
-            u = self.p.nvml.usage(d.uuid)
-            if u is not None:
-                used.add_metric(lv, u.used_mib * MIB)
-                util.add_metric(lv, u.util_percent)
-        yield from (limit, alloc, cores, shared, used, util, healthy)
-        yield self._containers()
+        gpus = gpu_states(self.p)
+        ctrs = container_states(self.p)
+        yield from gpu_families(node, gpus)
+        yield from container_families(node, ctrs)
+        yield from self._plugin(node)
+        if self.p.cfg.compat.hami_metrics:
+            from .hami_metrics import hami_families
+
+            yield from hami_families(node, gpus, ctrs)
+
+    def _plugin(self, node: str) -> Iterator[Any]:
         st = self.p.status
         allocs = CounterMetricFamily("kube_vgpu_device_plugin_allocations", "Allocate calls answered",
-                                     labels=["result"])
+                                     labels=["node", "result"])
         for k, v in st.allocations.items():
-            allocs.add_metric([k], v)
+            allocs.add_metric([node, k], v)
         yield allocs
         pre = CounterMetricFamily("kube_vgpu_device_plugin_prestarts", "PreStartContainer calls answered "
-                                  "(ok: limits written; error: the container was not started)", labels=["result"])
+                                  "(ok: limits written; error: the container was not started)",
+                                  labels=["node", "result"])
         for k, v in st.prestarts.items():
-            pre.add_metric([k], v)
+            pre.add_metric([node, k], v)
         yield pre
-        yield CounterMetricFamily("kube_vgpu_device_plugin_registrations", "Registrations with kubelet",
-                                  value=st.registrations)
-        yield GaugeMetricFamily("kube_vgpu_device_plugin_registered", "1 while registered with kubelet",
-                                value=1 if st.registered else 0)
+        reg = CounterMetricFamily("kube_vgpu_device_plugin_registrations", "Registrations with kubelet",
+                                  labels=["node"])
+        reg.add_metric([node], st.registrations)
+        yield reg
+        up = GaugeMetricFamily("kube_vgpu_device_plugin_registered", "1 while registered with kubelet",
+                               labels=["node"])
+        up.add_metric([node], 1 if st.registered else 0)
+        yield up
 
-    def _containers(self) -> GaugeMetricFamily:
-        fam = GaugeMetricFamily("kube_vgpu_container_memory_used_bytes",
-                                "GPU memory used by a container (shim shared cache)",
-                                labels=["namespace", "pod", "container", "vdevice_index", "device_uuid"])
-        for pod in self.p.trusted_pods():  # a tenant's edited record never labels the metrics
-            meta = pod.get("metadata") or {}
-            rec = allocation_or_none(pod)
-            if rec is None:
-                continue
-            for c in rec.containers:
-                uid = str(meta.get("uid", ""))
-                usage = shimcache.read_container(self.p.opts.cache_host_dir, uid, c.name,
-                                                 self.p.cache_dir_for(uid, c.name))
-                if usage is None:
-                    continue
-                for i, d in enumerate(c.devices):
-                    if i in usage:
-                        fam.add_metric([meta.get("namespace", ""), meta.get("name", ""), c.name, str(i), d.uuid],
-                                       usage[i])
-        return fam
+
+def gpu_families(node: str, gpus: list[GpuState]) -> list[GaugeMetricFamily]:
+    """The per-GPU families (names in the module docstring)."""
+    def fam(name: str, help_: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, help_, labels=GPU_LABELS)
+    cap_mem = fam("kube_vgpu_gpu_memory_capacity_bytes", "Schedulable GPU memory (NVML total x memory scaling)")
+    cap_cores = fam("kube_vgpu_gpu_cores_capacity_percent", "Schedulable GPU compute (100 x core scaling)")
+    cap_slots = fam("kube_vgpu_gpu_slots_capacity", "vGPU slots of the GPU (split count)")
+    mem = fam("kube_vgpu_gpu_memory_allocated_bytes", "GPU memory booked by live pods")
+    cores = fam("kube_vgpu_gpu_cores_allocated_percent", "GPU compute booked by live pods (percent of one GPU)")
+    slots = fam("kube_vgpu_gpu_slots_allocated", "Containers booked on the GPU")
+    used = fam("kube_vgpu_gpu_memory_used_bytes", "GPU memory in use (NVML)")
+    util = fam("kube_vgpu_gpu_utilization_percent", "GPU utilisation (NVML, percent)")
+    healthy = fam("kube_vgpu_gpu_healthy", "1 when the GPU is healthy")
+    for g in gpus:
+        d = g.device
+        lv = [node, d.uuid, str(d.index), d.model]
+        cap_mem.add_metric(lv, d.memory_mib * MIB)
+        cap_cores.add_metric(lv, d.cores)
+        cap_slots.add_metric(lv, d.split)
+        mem.add_metric(lv, g.alloc_mib * MIB)
+        cores.add_metric(lv, g.alloc_cores)
+        slots.add_metric(lv, g.alloc_slots)
+        healthy.add_metric(lv, 1 if d.healthy else 0)
+        if g.used_bytes is not None:
+            used.add_metric(lv, g.used_bytes)
+        if g.util_percent is not None:
+            util.add_metric(lv, g.util_percent)
+    return [cap_mem, cap_cores, cap_slots, mem, cores, slots, used, util, healthy]
+
+
+def container_families(node: str, ctrs: list[ContainerState]) -> list[GaugeMetricFamily]:
+    """The per-container families (names in the module docstring)."""
+    mem = GaugeMetricFamily("kube_vgpu_container_memory_allocated_bytes",
+                            "GPU memory booked by a container on a GPU (its hard limit)", labels=CONTAINER_LABELS)
+    cores = GaugeMetricFamily("kube_vgpu_container_cores_allocated_percent",
+                              "GPU compute booked by a container on a GPU (percent of one GPU)",
+                              labels=CONTAINER_LABELS)
+    used = GaugeMetricFamily("kube_vgpu_container_memory_used_bytes",
+                             "GPU memory used by a container (the shim's shared cache file)", labels=CONTAINER_LABELS)
+    for c in ctrs:
+        lv = [node, c.namespace, c.pod, c.container, str(c.vgpu_index), c.gpu_uuid]
+        mem.add_metric(lv, c.alloc_mib * MIB)
+        cores.add_metric(lv, c.alloc_cores)
+        if c.used_bytes is not None:
+            used.add_metric(lv, c.used_bytes)
+    return [mem, cores, used]
 
 
 def make_registry(plugin: DevicePlugin) -> CollectorRegistry:

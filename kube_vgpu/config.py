@@ -18,7 +18,7 @@ not pass silently. Example (all defaults)::
               shmSizeLimit: "", foreignSchedulers: leave, systemUsers: [],
               allowDisableControlNamespaces: [], allowedRuntimeClasses: [nvidia],
               allowEnvFrom: false, protectedHostPaths: []}
-    compat: {gpushare: false, gpushareMemoryUnit: GiB, schedulerAliases: []}
+    compat: {gpushare: false, gpushareMemoryUnit: GiB, schedulerAliases: [], hamiMetrics: false}
 
 Errors: :class:`kube_vgpu.errors.ConfigError` with the dotted key (``scheduling.nodePolicy``).
 
@@ -287,6 +287,10 @@ class CompatConfig:
         "(e.g. hami-scheduler once HAMi's scheduler is gone); empty = none",
         items=Rule("item", "", pattern=DNS_SUBDOMAIN, min_length=1, max_length=253,
                    allowed="a scheduler name: a DNS subdomain")))
+    hami_metrics: bool = _key(False, Rule(
+        "hamiMetrics", "the device plugins also export HAMi's metric names and labels (hami_* of v2.10 and the "
+        "legacy names such as GPUDeviceMemoryAllocated, vGPU_device_memory_usage_in_bytes), computed from "
+        "kube-vgpu's own state, so HAMi dashboards and alerts keep working (docs/observability.md)"))
 
 
 #: resourceNames: ResourceNames lives in kube_vgpu.resources (which cannot import this module),

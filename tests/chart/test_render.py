@@ -14,7 +14,8 @@ from .conftest import CHART, Renderer
 
 OPTION_SETS = sorted(p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml"))
 #: kinds from CRDs, not in kubernetes-validate's bundled schemas; checked structurally below
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("cert-manager.io/v1", "Certificate"),
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule"),
+             ("cert-manager.io/v1", "Certificate"),
              ("cert-manager.io/v1", "Issuer")}
 #: minimum supported version (kubescheduler.config.k8s.io/v1) and a recent one
 KUBE_VERSIONS = ["1.25.0", "1.31.0", "1.34.0"]

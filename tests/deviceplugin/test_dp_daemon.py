@@ -447,25 +447,30 @@ def test_health_endpoints_and_metrics(start_plugin: Callable[..., DevicePlugin],
         assert code == 200
         samples = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
                    for fam in text_string_to_metric_families(text) for smp in fam.samples}
-        lab = tuple(sorted({"node": NODE, "device_uuid": U[0], "device_index": "0",
-                            "device_type": "NVIDIA H200"}.items()))
+        lab = tuple(sorted({"node": NODE, "gpu_uuid": U[0], "gpu_index": "0", "model": "NVIDIA H200"}.items()))
         assert samples[("kube_vgpu_gpu_memory_allocated_bytes", lab)] == 3000 * 1024 * 1024
-        assert samples[("kube_vgpu_gpu_core_allocated_percent", lab)] == 30
-        assert samples[("kube_vgpu_gpu_shared_count", lab)] == 1
-        assert samples[("kube_vgpu_gpu_memory_limit_bytes", lab)] == 143771 * 1024 * 1024
+        assert samples[("kube_vgpu_gpu_cores_allocated_percent", lab)] == 30
+        assert samples[("kube_vgpu_gpu_slots_allocated", lab)] == 1
+        assert samples[("kube_vgpu_gpu_memory_capacity_bytes", lab)] == 143771 * 1024 * 1024
+        assert samples[("kube_vgpu_gpu_cores_capacity_percent", lab)] == 100
+        assert ("kube_vgpu_gpu_slots_capacity", lab) in samples
         assert ("kube_vgpu_gpu_memory_used_bytes", lab) in samples
         assert ("kube_vgpu_gpu_utilization_percent", lab) in samples
         assert samples[("kube_vgpu_gpu_healthy", lab)] == 1
-        assert samples[("kube_vgpu_device_plugin_allocations_total", (("result", "ok"),))] == 1
-        assert samples[("kube_vgpu_device_plugin_prestarts_total", (("result", "ok"),))] == 1
+        assert samples[("kube_vgpu_device_plugin_allocations_total", (("node", NODE), ("result", "ok")))] == 1
+        assert samples[("kube_vgpu_device_plugin_prestarts_total", (("node", NODE), ("result", "ok")))] == 1
+        assert samples[("kube_vgpu_device_plugin_registered", (("node", NODE),))] == 1
+        clab = tuple(sorted({"node": NODE, "namespace": "default", "pod": "m", "container": "c", "vgpu_index": "0",
+                             "gpu_uuid": U[0]}.items()))
+        assert samples[("kube_vgpu_container_memory_allocated_bytes", clab)] == 3000 * 1024 * 1024
+        assert samples[("kube_vgpu_container_cores_allocated_percent", clab)] == 30
+        assert not any(n.startswith(("hami_", "GPUDevice", "vGPU")) for n, _ in samples)  # compat is opt-in
         # per-container usage appears once the shim's cache file exists
         uid = kube_api.get_object("pods", "m", "default")["metadata"]["uid"]
         assert plugin.cache_dir_for(uid, "c") == alloc_key(a.ids)
         write_region(Path(cache_path(plugin.opts.cache_host_dir, uid, "c", alloc_key(a.ids))), {0: 700 * 1024 * 1024})
         samples = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
                    for fam in text_string_to_metric_families(_get(base + "/metrics")[1]) for smp in fam.samples}
-        clab = tuple(sorted({"namespace": "default", "pod": "m", "container": "c", "vdevice_index": "0",
-                             "device_uuid": U[0]}.items()))
         assert samples[("kube_vgpu_container_memory_used_bytes", clab)] == 700 * 1024 * 1024
         assert _get(base + "/nope")[0] == 404
     finally:
