@@ -21,6 +21,18 @@ def fake_kube_api() -> Iterator[FakeKubeAPI]:
 
 
 @pytest.fixture
+def fake() -> Iterator[FakeKubeAPI]:
+    """A started FakeKubeAPI sending watch bookmarks every 0.5 s (the extender's and device
+    plugin's reflectors follow them), stopped after the test."""
+    api = FakeKubeAPI(bookmark_interval=0.5)
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+@pytest.fixture
 def fake_kube_client(fake_kube_api: FakeKubeAPI):
     """A `kubernetes.client.ApiClient` talking to `fake_kube_api`."""
     client = fake_kube_api.api_client()

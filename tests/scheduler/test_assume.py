@@ -7,37 +7,24 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from vgpu_sched_util import KEYS, Extender, bind_args, filter_args, node_obj, offline_service, pod_obj, run
+from vgpu_sched_util import (
+    Extender,
+    api_extender,
+    bind_args,
+    filter_args,
+    node_obj,
+    offline_service,
+    pod_obj,
+    run,
+)
 
 from kube_vgpu.codec import decode_allocation
-from kube_vgpu.config import Config
 from kube_vgpu.resources import ANN_ALLOCATION
-from scheduler.kube import KubeAPI
-from scheduler.service import Options, SchedulerService
+from scheduler.service import SchedulerService
 from tests.fakeapi import FakeKubeAPI
-
-
-@pytest.fixture
-def fake() -> Any:
-    api = FakeKubeAPI(bookmark_interval=0.5)
-    api.start()
-    try:
-        yield api
-    finally:
-        api.stop()
-
-
-@asynccontextmanager
-async def extender(fake: FakeKubeAPI, **opts: Any) -> AsyncIterator[Extender]:
-    svc = SchedulerService(Config(), KubeAPI(fake.api_client()), Options(sync_wait=5.0, **opts), keys=KEYS)
-    async with Extender(svc) as ext:
-        await asyncio.wait_for(svc.synced.wait(), 10)
-        yield ext
 
 
 def _create(fake: FakeKubeAPI, n: int, limits: dict[str, int]) -> list[dict[str, Any]]:
@@ -98,7 +85,7 @@ def test_pipelined_pods_bind_without_races_and_leave_no_promise(fake: FakeKubeAP
     fits = min(n_pods, n_nodes * gpus * (24576 // limits["nvidia.com/gpumem"]), n_nodes * gpus * 10)
 
     async def go() -> None:
-        async with extender(fake, filter_best_node=best_only) as ext:
+        async with api_extender(fake, filter_best_node=best_only) as ext:
             svc = ext.svc
             decided, errors = await _pipeline(ext, pods, nodes)
             assert sum(1 for n in decided.values() if n) == fits  # promises told later pods what is left
@@ -119,7 +106,7 @@ def test_without_promises_the_same_pipeline_loses_races(fake: FakeKubeAPI) -> No
     pods = _create(fake, 8, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000})
 
     async def go() -> None:
-        async with extender(fake, assume_seconds=0.0) as ext:
+        async with api_extender(fake, assume_seconds=0.0) as ext:
             decided, errors = await _pipeline(ext, pods, nodes)
             assert all(decided.values()) and len(errors) == 4
             assert ext.svc.cache.state.assumed == {}

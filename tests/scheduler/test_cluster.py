@@ -34,16 +34,6 @@ from scheduler.service import Options, SchedulerService
 from tests.fakeapi import FakeKubeAPI
 
 
-@pytest.fixture
-def fake() -> Any:
-    api = FakeKubeAPI(bookmark_interval=0.5)
-    api.start()
-    try:
-        yield api
-    finally:
-        api.stop()
-
-
 @asynccontextmanager
 async def extender(fake: FakeKubeAPI, device_plugin: bool = False, keys: Any = None,
                    **opts: Any) -> AsyncIterator[Extender]:

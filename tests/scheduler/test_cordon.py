@@ -4,39 +4,15 @@ new pod; pods already on it keep their bookings; uncordon makes it usable again,
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from vgpu_sched_util import KEYS, Extender, bind_args, filter_args, node_obj, pod_obj, run, wait_until
+from vgpu_sched_util import Extender, api_extender, bind_args, filter_args, node_obj, pod_obj, run, wait_until
 
 from kube_vgpu.codec import decode_allocation
-from kube_vgpu.config import Config
 from kube_vgpu.cordon import cordoned_tokens, edit
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_GPU_CORDON, ANN_HAMI_DEVICE_CORDON
-from scheduler.kube import KubeAPI
-from scheduler.service import Options, SchedulerService
 from tests.fakeapi import FakeKubeAPI
-
-
-@pytest.fixture
-def fake() -> Any:
-    api = FakeKubeAPI(bookmark_interval=0.5)
-    api.start()
-    try:
-        yield api
-    finally:
-        api.stop()
-
-
-@asynccontextmanager
-async def extender(fake: FakeKubeAPI) -> AsyncIterator[Extender]:
-    svc = SchedulerService(Config(), KubeAPI(fake.api_client()), Options(sync_wait=5.0), keys=KEYS)
-    async with Extender(svc) as ext:
-        await asyncio.wait_for(svc.synced.wait(), 10)
-        yield ext
 
 
 def create_pod(fake: FakeKubeAPI, name: str, **limits: int) -> dict[str, Any]:
@@ -67,7 +43,7 @@ def test_cordoned_gpu_is_never_chosen_and_running_pods_stay(fake: FakeKubeAPI, h
     nodes = [fake.create_object("nodes", node_obj("n0", 2))]
 
     async def go() -> None:
-        async with extender(fake) as ext:
+        async with api_extender(fake) as ext:
             svc = ext.svc
             uuids = [d.uuid for d in svc.cache.state.nodes["n0"].devices]
             gpu0 = uuids[0]

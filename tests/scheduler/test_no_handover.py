@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,16 +17,6 @@ from kube_vgpu.config import load_config_text
 from kube_vgpu.resources import ANN_BIND_PHASE, BIND_ALLOCATING
 from scheduler.service import Options, SchedulerService
 from tests.fakeapi import FakeKubeAPI
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeKubeAPI]:
-    api = FakeKubeAPI(bookmark_interval=0.5)
-    api.start()
-    try:
-        yield api
-    finally:
-        api.stop()
 
 
 async def bind(ext: Extender, pod: dict[str, Any], node: str = "node-0") -> str:

@@ -9,43 +9,35 @@ asked and hard."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from vgpu_sched_util import KEYS, Extender, bind_args, ctr, filter_args, node_obj, pod_obj, run, wait_until
+from vgpu_sched_util import (
+    Extender,
+    api_extender,
+    bind_args,
+    ctr,
+    filter_args,
+    node_obj,
+    pod_obj,
+    run,
+    wait_until,
+)
 
-from kube_vgpu.config import Config
 from kube_vgpu.quota import Amount, Limit, QuotaBook, exceeded, limits_of
 from kube_vgpu.resources import ResourceNames
-from scheduler.kube import KubeAPI
-from scheduler.service import Options, SchedulerService
 from tests.fakeapi import FakeKubeAPI
 
 NS = "team-a"
 GPU_MIB = 40000
 
 
-@pytest.fixture
-def fake() -> Any:
-    api = FakeKubeAPI(bookmark_interval=0.5)
-    api.start()
-    for ns in (NS, "team-b"):
-        api.create_object("namespaces", {"metadata": {"name": ns}})
-    try:
-        yield api
-    finally:
-        api.stop()
-
-
-@asynccontextmanager
-async def extender(fake: FakeKubeAPI) -> AsyncIterator[Extender]:
-    svc = SchedulerService(Config(), KubeAPI(fake.api_client()), Options(sync_wait=5.0), keys=KEYS)
-    async with Extender(svc) as ext:
-        await asyncio.wait_for(svc.synced.wait(), 10)
-        yield ext
+@pytest.fixture(autouse=True)
+def _namespaces(request: pytest.FixtureRequest) -> None:
+    """The tenants' namespaces, for the tests that use the fake API server."""
+    if "fake" in request.fixturenames:
+        for ns in (NS, "team-b"):
+            request.getfixturevalue("fake").create_object("namespaces", {"metadata": {"name": ns}})
 
 
 def quota(hard: dict[str, str], name: str = "gpu", ns: str = NS) -> dict[str, Any]:
@@ -81,7 +73,7 @@ def test_percentage_pods_cannot_bypass_a_memory_quota(fake: FakeKubeAPI) -> None
     with_init = create_pod(fake, pod_obj("two-init", containers=two, init=[ctr("i", gpumem_percentage=10)], ns=NS))
 
     async def go() -> None:
-        async with extender(fake) as ext:
+        async with api_extender(fake) as ext:
             for p in (plain, with_init):
                 node, res = await place(ext, p, nodes)
                 assert node is None
@@ -105,7 +97,7 @@ def test_quota_counts_bookings_and_promises_and_applies_live(fake: FakeKubeAPI) 
     c = create_pod(fake, pod_obj("c", limits={"nvidia.com/gpumem": 16000}, ns="team-b"))  # another namespace
 
     async def go() -> None:
-        async with extender(fake) as ext:
+        async with api_extender(fake) as ext:
             svc = ext.svc
             # a passes filter (promised on the single feasible node) but is not bound yet: its
             # promise already counts against the namespace
@@ -132,7 +124,7 @@ def test_cores_quota_and_deleted_quota(fake: FakeKubeAPI) -> None:
                                               "nvidia.com/gpucores": 30}, ns=NS))
 
     async def go() -> None:
-        async with extender(fake) as ext:
+        async with api_extender(fake) as ext:
             node, res = await place(ext, p, nodes)
             assert node is None and reasons(res) == {"GPU quota exceeded: namespace team-a, ResourceQuota compute: "
                                                      "nvidia.com/gpucores used 0 + asked 60 > hard 50"}, res

@@ -7,7 +7,8 @@ import asyncio
 import copy
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -144,6 +145,18 @@ class Extender:
         assert self.session is not None
         async with self.session.get(path) as r:
             return r.status, await r.text()
+
+
+@asynccontextmanager
+async def api_extender(fake: Any, config: Config | None = None, **opts: Any) -> AsyncIterator[Extender]:
+    """A SchedulerService against the fake kube-apiserver ``fake`` (the official client over real
+    HTTP), served over HTTP, its caches synced. ``opts``: Options fields."""
+    from scheduler.kube import KubeAPI
+
+    svc = SchedulerService(config or Config(), KubeAPI(fake.api_client()), Options(sync_wait=5.0, **opts), keys=KEYS)
+    async with Extender(svc) as ext:
+        await asyncio.wait_for(svc.synced.wait(), 10 * SAFETY_SCALE)
+        yield ext
 
 
 def offline_service(nodes: list[dict[str, Any]] = (), config: Config | None = None,  # type: ignore[assignment]

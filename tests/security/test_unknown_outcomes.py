@@ -7,8 +7,6 @@ booked MiB per GPU equal to what the live, bound pods' records say)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from bind_support import bind, check_books, create_nodes, create_pod, extender, node_obj, pod_obj, writes
 from vgpu_sched_util import KEYS, filter_args, run, wait_until
@@ -20,16 +18,6 @@ from scheduler.bindstate import BindCache, compare_resource_versions
 from tests.fakeapi import FakeKubeAPI
 
 GPU_MIB = 24576
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeKubeAPI]:
-    api = FakeKubeAPI(bookmark_interval=0.5)
-    api.start()
-    try:
-        yield api
-    finally:
-        api.stop()
 
 
 def pod(fake: FakeKubeAPI, name: str, mib: int = 20000) -> dict:
