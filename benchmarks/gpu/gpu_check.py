@@ -34,6 +34,9 @@ Rows (expected value -> measured):
   a fresh proc mount, as a container without hostPID), 30/70 and 30/30,
   each a back-to-back spin-kernel loop; busy % = kernels/s over the unlimited rate; a miss is more than
   ``SM_TOLERANCE`` points from the limit.
+- task priority: a priority-0 and a priority-1 tenant (``CUDA_TASK_PRIORITY``), neither with an SM
+  limit, the same way: the priority-0 one keeps at least ``PRIO_HIGH_MIN`` % and the priority-1 one
+  gives way (at most ``PRIO_LOW_MAX`` %).
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ SHIM_SRC = ROOT / "libvgpu" / "src"
 MIB = 1024 * 1024
 SM_TOLERANCE = 5.0  # percentage points
 SM_MIXES = ((30, 70), (30, 30))
+#: task priority rows: a priority-0 and a priority-1 tenant, no SM limits, on one GPU
+PRIO_HIGH, PRIO_LOW = "SM priority 0 next to 1: the priority-0 tenant", "SM priority 0 next to 1: the priority-1 tenant"
+PRIO_HIGH_MIN, PRIO_LOW_MAX = 80.0, 15.0  # busy % of the unlimited rate
 TIMEOUT = 120.0  # seconds for any one probe run
 #: inherited variables that would change what is checked
 SCRUB = ("CUDA_DEVICE_", "CUDA_DISABLE_CONTROL", "GPU_CORE_UTILIZATION_POLICY", "LIBVGPU_", "FAKE_", "LD_PRELOAD")
@@ -310,46 +316,67 @@ def torch_rows(s: Setup) -> list[Row]:
     return rows
 
 
-def sm_rows(s: Setup) -> list[Row]:
-    """Two tenants in separate PID namespaces; each one's busy % against its limit."""
-    names = [f"SM {a}/{b}: tenant {i + 1} at {lim}%" for a, b in SM_MIXES for i, lim in enumerate((a, b))]
-    if s.fakes and not os.environ.get("VGPU_CHECK_FAKE_SM"):
-        return [Row(n, "-", "fakes (VGPU_CHECK_FAKE_SM=1 runs them)", None) for n in names]
-    if shutil.which("unshare") is None:
-        return [Row(n, "-", "unshare not installed", False) for n in names]
-    # each tenant as a container without hostPID: its own PID namespace and its own /proc (the fakes,
-    # which model the driver, find host pids in the host's /proc, kept at FAKE_HOST_PROC)
+def _tenants(s: Setup, tag: str, envs: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Runs one spin-loop tenant per env at once, each as a container without hostPID (its own PID namespace
+    and /proc; the fakes, which model the driver, find host pids in the host's /proc, kept at FAKE_HOST_PROC),
+    each with its own accounting file; returns each one's parsed output ("error" on failure)."""
     ns = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--", "sh", "-c",
           '{ [ -z "$FAKE_HOST_PROC" ] || { mkdir -p "$FAKE_HOST_PROC" && mount --bind /proc "$FAKE_HOST_PROC"; }; } '
           '&& mount -t proc proc /proc && exec "$@"', "sh"]
     if os.geteuid() != 0:
         ns[1:1] = ["--user", "--map-root-user"]
+    procs = []
+    for i, extra in enumerate(envs):
+        env = s.env(True, s.work / f"{tag}-{i}.cache", **extra)
+        if s.fakes:
+            env["FAKE_HOST_PROC"] = str(s.work / f"hostproc-{tag}-{i}")
+        procs.append(subprocess.Popen([*ns, str(s.probe), "spin", "3", "8"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    results = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        kv = parse(out)
+        if "kernels_per_s" not in kv:
+            kv["error"] = out.strip()[-200:]
+        results.append(kv)
+    return results
+
+
+def sm_rows(s: Setup) -> list[Row]:
+    """Two tenants in separate PID namespaces; each one's busy % against its limit. Then task priority: a
+    priority-0 and a priority-1 tenant without SM limits; the priority-1 one gives way."""
+    names = [f"SM {a}/{b}: tenant {i + 1} at {lim}%" for a, b in SM_MIXES for i, lim in enumerate((a, b))]
+    names += [PRIO_HIGH, PRIO_LOW]
+    if s.fakes and not os.environ.get("VGPU_CHECK_FAKE_SM"):
+        return [Row(n, "-", "fakes (VGPU_CHECK_FAKE_SM=1 runs them)", None) for n in names]
+    if shutil.which("unshare") is None:
+        return [Row(n, "-", "unshare not installed", False) for n in names]
     base = s.run(["spin", "1", "3"], s.env(False))
     if "kernels_per_s" not in base:
         return [Row(n, "-", f"unlimited run failed: {base.get('error', '')}", False) for n in names]
     rate = float(base["kernels_per_s"])
     rows: list[Row] = []
     for mix in SM_MIXES:
-        procs = []
-        for i, lim in enumerate(mix):
-            env = s.env(True, s.work / f"sm{mix[0]}-{mix[1]}-{i}.cache", CUDA_DEVICE_SM_LIMIT=str(lim))
-            if s.fakes:
-                env["FAKE_HOST_PROC"] = str(s.work / f"hostproc-{mix[0]}-{mix[1]}-{i}")
-            procs.append(subprocess.Popen([*ns, str(s.probe), "spin", "3", "8"], env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
-        for i, (lim, p) in enumerate(zip(mix, procs, strict=True)):
-            try:
-                out, _ = p.communicate(timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, _ = p.communicate()
-            kv = parse(out)
+        got = _tenants(s, f"sm{mix[0]}-{mix[1]}", [{"CUDA_DEVICE_SM_LIMIT": str(lim)} for lim in mix])
+        for i, (lim, kv) in enumerate(zip(mix, got, strict=True)):
             name = f"SM {mix[0]}/{mix[1]}: tenant {i + 1} at {lim}%"
-            if "kernels_per_s" not in kv:
-                rows.append(Row(name, f"{lim} ± {SM_TOLERANCE:.0f}", f"failed: {out.strip()[-200:]}", False))
+            if "error" in kv:
+                rows.append(Row(name, f"{lim} ± {SM_TOLERANCE:.0f}", f"failed: {kv['error']}", False))
                 continue
             busy = 100.0 * float(kv["kernels_per_s"]) / rate
             rows.append(Row(name, f"{lim} ± {SM_TOLERANCE:.0f} %", f"{busy:.1f} %", abs(busy - lim) <= SM_TOLERANCE))
+    got = _tenants(s, "prio", [{"CUDA_TASK_PRIORITY": "0"}, {"CUDA_TASK_PRIORITY": "1"}])
+    for name, kv, expect, ok in ((PRIO_HIGH, got[0], f">= {PRIO_HIGH_MIN:.0f} %", lambda b: b >= PRIO_HIGH_MIN),
+                                 (PRIO_LOW, got[1], f"<= {PRIO_LOW_MAX:.0f} %", lambda b: b <= PRIO_LOW_MAX)):
+        if "error" in kv:
+            rows.append(Row(name, expect, f"failed: {kv['error']}", False))
+            continue
+        busy = 100.0 * float(kv["kernels_per_s"]) / rate
+        rows.append(Row(name, expect, f"{busy:.1f} %", ok(busy)))
     return rows
 
 

@@ -45,7 +45,7 @@ def test_gpu_check_passes_on_the_fakes(tc: Toolchain) -> None:
         assert rows.get(name) == "PASS", out
     assert any(k.startswith("kill -9 reclaim") and v == "PASS" for k, v in rows.items()), out
     sm = {k: v for k, v in rows.items() if k.startswith("SM ")}
-    assert len(sm) == 4 and set(sm.values()) == {"n/a"}, out  # off on the fakes unless VGPU_CHECK_FAKE_SM=1
+    assert len(sm) == 6 and set(sm.values()) == {"n/a"}, out  # off on the fakes unless VGPU_CHECK_FAKE_SM=1
     assert "all checks passed" in out
 
 
@@ -70,6 +70,7 @@ def test_gpu_check_sm_rows_on_the_fakes(tc: Toolchain) -> None:
     """VGPU_CHECK_FAKE_SM=1: the SM rows run on the fakes, tenants in their own PID namespace and /proc."""
     _, rows, out = _check(tc, VGPU_CHECK_FAKE_SM="1")
     sm = {k: v for k, v in rows.items() if k.startswith("SM ")}
-    assert len(sm) == 4 and "n/a" not in sm.values(), out
+    assert len(sm) == 6 and "n/a" not in sm.values(), out
     # the 30 % tenants are the ones a device-wide signal starved; the 70 % one depends on the loaded machine
     assert all(v == "PASS" for k, v in sm.items() if k.endswith("at 30%")), out
+    assert all(v == "PASS" for k, v in sm.items() if k.startswith("SM priority")), out
