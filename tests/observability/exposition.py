@@ -73,10 +73,12 @@ def webhook_text() -> tuple[str, dict[str, set[str]]]:
     return generate_latest(m.registry).decode(), declared_labels(m.registry)
 
 
-def device_plugin_text(api: Any, tmp: Path, *, hami: bool = False) -> str:
+def device_plugin_text(api: Any, tmp: Path, *, hami: bool = False, overbook: bool = False) -> str:
     """A device plugin on simulated GPUs (2 x 24 GiB) with two signed pods bound to it: ``train``
     (container ``c``: GPU 0 3000 MiB 30 %, GPU 1 2000 MiB 0 %) and ``infer`` (init ``i`` then ``c``,
-    GPU 0), the shim's usage file of ``train/c`` (700 MiB on its device 0). No gRPC, no threads:
+    GPU 0), the shim's usage file of ``train/c`` (700 MiB on its device 0). With ``overbook``, also
+    ``hog`` on GPU 1 (``c``: 23000 MiB 90 %, using 22400 MiB; ``d``: 100 MiB 20 %): GPU 1 is then
+    booked beyond its memory and compute, and ``hog/c`` is near its limit. No gRPC, no threads:
     only what /metrics reads."""
     from deviceplugin.kube import ApiKubeClient
     from deviceplugin.metrics import make_registry
@@ -101,6 +103,10 @@ def device_plugin_text(api: Any, tmp: Path, *, hami: bool = False) -> str:
     create_signed(api, bound_pod("infer", [("i", True, [(u[0], 1000, 10)], {}), ("c", False, [(u[0], 4000, 20)], {})],
                                  namespace="team-b"))
     write_region(Path(cache_path(opts.cache_host_dir, train["metadata"]["uid"], "c")), {0: 700 * 1024 * 1024})
+    if overbook:
+        hog = create_signed(api, bound_pod("hog", [("c", False, [(u[1], 23000, 90)], {}),
+                                                   ("d", False, [(u[1], 100, 20)], {})], namespace="team-a"))
+        write_region(Path(cache_path(opts.cache_host_dir, hog["metadata"]["uid"], "c")), {0: 22400 * 1024 * 1024})
     p._pods = kube.list_node_pods(NODE)  # noqa: SLF001 - what the pod watch would have listed
     return generate_latest(make_registry(p)).decode()
 

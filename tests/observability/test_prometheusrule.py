@@ -141,3 +141,45 @@ def test_runbook_links_name_existing_docs_and_sections(rules: list[dict[str, Any
         path, _, anchor = url.split("/docs/", 1)[1].partition("#")
         assert (docs_dir / path).is_file(), url
         assert not anchor or anchor in _anchors(docs_dir / path), url
+
+
+#: the per-series rules, evaluated on real expositions: (alert, fires on the plain state, fires when overbooked)
+SEMANTIC = {"KubeVgpuDevicePluginNotRegistered": (1, 1), "KubeVgpuGPUUnhealthy": (0, 0),
+            "KubeVgpuGPUMemoryOverAllocated": (0, 1), "KubeVgpuGPUCoresOverAllocated": (0, 1),
+            "KubeVgpuContainerMemoryNearLimit": (0, 1)}
+
+
+def test_per_series_rules_fire_exactly_on_the_state_they_describe(rules: list[dict[str, Any]],
+                                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each per-series rule's expression, evaluated on a device plugin's exposition: nothing fires on
+    a sane node (the plugin is not registered in this in-process setup: that one fires), and GPU 1
+    booked beyond its memory and compute, and a container at 97 % of its limit, fire their alerts
+    with the labels the annotations name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.fakeapi.server import FakeKubeAPI
+
+    from .exposition import device_plugin_text
+    from .promql import evaluate
+
+    by_name = {r["alert"]: r for r in rules}
+    for col, overbook in enumerate((False, True)):
+        api = FakeKubeAPI()
+        api.start()
+        try:
+            text = device_plugin_text(api, tmp_path_factory.mktemp("eval"), overbook=overbook)
+        finally:
+            api.stop()
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in text_string_to_metric_families(text) for s in f.samples}
+        for alert, want in SEMANTIC.items():
+            got = evaluate(by_name[alert]["expr"], samples)
+            assert isinstance(got, dict)
+            assert len(got) == want[col], (alert, overbook, got)
+            for labels in got:
+                names = dict(labels)
+                for lab in re.findall(r"\$labels\.(\w+)", " ".join(by_name[alert]["annotations"].values())):
+                    assert lab in names, (alert, lab, names)
+        if overbook:
+            (near,) = evaluate(by_name["KubeVgpuContainerMemoryNearLimit"]["expr"], samples)  # type: ignore[misc]
+            assert dict(near)["pod"] == "hog" and dict(near)["container"] == "c"
