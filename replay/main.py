@@ -210,21 +210,15 @@ def format_table(results: Sequence[ReplayResult], against: dict[str, dict[int, f
     cap = results[0].capacity_gpus if results else 0
     head = f"{'policy':<18}" + "".join(f"{x:>8}%" for x in REPORT_POINTS) + f"{'unalloc@100':>13}"
     lines = [head, "-" * len(head)]
+
+    def row(label: str, alloc: dict[int, float]) -> str:
+        out = f"{label:<18}" + "".join(f"{alloc[x]:>9.2f}" if x in alloc else f"{'-':>9}" for x in REPORT_POINTS)
+        return out + (f"{(100 - alloc[100]) * cap / 100:>13.0f}" if 100 in alloc else "")
+
     for pol, pts in summ.items():
-        row = f"{pol:<18}"
-        for x in REPORT_POINTS:
-            row += f"{pts[x][0]:>9.2f}" if x in pts else f"{'-':>9}"
-        if 100 in pts:
-            row += f"{(100 - pts[100][0]) * cap / 100:>13.0f}"
-        lines.append(row)
+        lines.append(row(pol, {x: v[0] for x, v in pts.items()}))
         if against and pol in against:
-            ref = against[pol]
-            row = f"{'  published':<18}"
-            for x in REPORT_POINTS:
-                row += f"{ref[x]:>9.2f}" if x in ref else f"{'-':>9}"
-            if 100 in ref:
-                row += f"{(100 - ref[100]) * cap / 100:>13.0f}"
-            lines.append(row)
+            lines.append(row("  published", against[pol]))
     return "\n".join(lines)
 
 
