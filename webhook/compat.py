@@ -20,6 +20,13 @@ ACK's documented extensions), per container, ``resources.limits`` (``requests`` 
   ``gpu-mem`` and one GPU (ACK refuses compute with multi-GPU sharing; per GPU it would hand out
   M times the compute asked for).
 
+The containers also get gpushare's informational env (unless they set it themselves), so programs
+that size their memory from it, as gpushare's user guide shows for TensorFlow, run unchanged:
+``ALIYUN_COM_GPU_MEM_CONTAINER`` = the container's gpu-mem, ``ALIYUN_COM_GPU_MEM_DEV`` = the
+memory of each of its GPUs as the container sees it (gpu-mem / M: inside a kube-vgpu container a
+GPU shows its limit as its total), both in gpushare's unit. gpushare's device index
+(``ALIYUN_COM_GPU_MEM_IDX``) and pod total (``_POD``) are not set.
+
 Result, with the configured resource names: ``nvidia.com/gpu`` = M, ``nvidia.com/gpumem`` =
 gpu-mem x 1024 / M (MiB per GPU; x 1 for MiB), ``nvidia.com/gpucores`` = percentage; written to
 ``limits`` (and to ``requests`` when the container had gpushare names there); every
@@ -51,6 +58,9 @@ GPUSHARE_CORE = "aliyun.com/gpu-core.percentage"
 GPUSHARE_NAMES = (GPUSHARE_MEM, GPUSHARE_COUNT, GPUSHARE_CORE)
 #: ACK's pod label for multi-GPU sharing (same key as the resource)
 LABEL_GPUSHARE_COUNT = GPUSHARE_COUNT
+#: gpushare's env: the container's GPU memory, and one GPU's memory as the container sees it (its unit)
+ENV_MEM_CONTAINER = "ALIYUN_COM_GPU_MEM_CONTAINER"
+ENV_MEM_DEV = "ALIYUN_COM_GPU_MEM_DEV"
 #: MiB per unit of aliyun.com/gpu-mem, by ``compat.gpushareMemoryUnit``
 UNIT_MIB = {"GiB": 1024, "MiB": 1}
 
@@ -170,6 +180,23 @@ def translate_container(container: Mapping[str, Any], init: bool, config: Config
     return out
 
 
+def gpushare_env(container: Mapping[str, Any], config: Config, label_count: int | None = None) -> dict[str, str]:
+    """gpushare's env for a container that asks ``aliyun.com/gpu-mem`` (see module docstring), less
+    the names the container sets itself; {} without gpu-mem. Call after :func:`translate_container`
+    accepted the container (values are read without re-checking)."""
+    limits, requests = _maps(container)
+    raw = limits.get(GPUSHARE_MEM, requests.get(GPUSHARE_MEM))
+    if raw is None:
+        return {}
+    mem = parse_whole(raw)
+    count_raw = limits.get(GPUSHARE_COUNT, requests.get(GPUSHARE_COUNT))
+    gpus = parse_whole(count_raw) if count_raw is not None else (label_count or 1)
+    env = container.get("env")
+    taken = {e.get("name") for e in env if isinstance(e, dict)} if isinstance(env, list) else set()
+    want = {ENV_MEM_CONTAINER: str(mem), ENV_MEM_DEV: str(mem // gpus)}
+    return {k: v for k, v in want.items() if k not in taken}
+
+
 def translate_pod(pod: Mapping[str, Any], config: Config) -> tuple[list[dict[str, Any]], list[str]]:
     """JSONPatch operations (RFC 6902, paths into the Pod) that replace every container's gpushare
     resources with ours, and one admission warning per translated container. Empty when no
@@ -199,6 +226,12 @@ def translate_pod(pod: Mapping[str, Any], config: Config) -> tuple[list[dict[str
                 ops += [{"op": "add", "path": f"{path}/{where}/{escape(n)}", "value": v} for n, v in ours.items()]
             elif isinstance(res, dict):
                 ops.append({"op": "add", "path": f"{path}/{where}", "value": dict(ours)})
+        env = gpushare_env(c, config, label_count)
+        items = [{"name": k, "value": v} for k, v in env.items()]
+        if items and isinstance(c.get("env"), list):
+            ops += [{"op": "add", "path": f"/spec/{key}/{i}/env/-", "value": e} for e in items]
+        elif items:
+            ops.append({"op": "add", "path": f"/spec/{key}/{i}/env", "value": items})
         asked = ", ".join(f"{n}={(limits if n in limits else requests)[n]}" for n in GPUSHARE_NAMES
                           if n in limits or n in requests)
         got = ", ".join(f"{n}={v}" for n, v in ours.items())
@@ -207,5 +240,5 @@ def translate_pod(pod: Mapping[str, Any], config: Config) -> tuple[list[dict[str
     return ops, warnings
 
 
-__all__ = ["GPUSHARE_CORE", "GPUSHARE_COUNT", "GPUSHARE_MEM", "GPUSHARE_NAMES", "LABEL_GPUSHARE_COUNT", "UNIT_MIB",
-           "names_gpushare", "pod_names_gpushare", "translate_container", "translate_pod"]
+__all__ = ["ENV_MEM_CONTAINER", "ENV_MEM_DEV", "GPUSHARE_CORE", "GPUSHARE_COUNT", "GPUSHARE_MEM", "GPUSHARE_NAMES",
+           "LABEL_GPUSHARE_COUNT", "UNIT_MIB", "gpushare_env", "names_gpushare", "pod_names_gpushare", "translate_container", "translate_pod"]

@@ -171,6 +171,9 @@ def test_readme_pod_runs_unchanged_translated_placed_and_hard_limited(hooks: Hoo
     assert not any(n in part for part in res_of(out).values() for n in GPUSHARE_NAMES)
     assert out["spec"]["schedulerName"] == cfg.scheduler_name
     assert {"name": "kube-vgpu-shm", "mountPath": "/dev/shm"} in out["spec"]["containers"][0]["volumeMounts"]
+    # gpushare's env, as its user guide reads it for TensorFlow's memory fraction (3 of 3 GiB visible)
+    env = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
+    assert env == {"ALIYUN_COM_GPU_MEM_CONTAINER": "3", "ALIYUN_COM_GPU_MEM_DEV": "3"}
     # the request every component parses from the admitted pod
     req = parse_pod(out, cfg)
     (c,) = req.app
@@ -208,6 +211,13 @@ def test_gpu_count_splits_the_total_and_the_ack_label_works_too(hooks: Hooks) ->
     labelled["metadata"]["labels"] = {"aliyun.com/gpu-count": "2"}
     out = admitted(create(hooks, labelled)[0], labelled)
     assert (res_of(out)["limits"]["nvidia.com/gpu"], res_of(out)["limits"]["nvidia.com/gpumem"]) == ("2", "4096")
+    env = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
+    assert (env["ALIYUN_COM_GPU_MEM_CONTAINER"], env["ALIYUN_COM_GPU_MEM_DEV"]) == ("8", "4")
+    own = gs_pod({"aliyun.com/gpu-mem": 2})
+    own["spec"]["containers"][0]["env"] = [{"name": "ALIYUN_COM_GPU_MEM_DEV", "value": "16"}]
+    out = admitted(create(hooks, own)[0], own)
+    assert out["spec"]["containers"][0]["env"] == [{"name": "ALIYUN_COM_GPU_MEM_DEV", "value": "16"},
+                                                   {"name": "ALIYUN_COM_GPU_MEM_CONTAINER", "value": "2"}]
     only_count = gs_pod({"aliyun.com/gpu-count": 1})
     out = admitted(create(hooks, only_count)[0], only_count)
     assert res_of(out)["limits"]["nvidia.com/gpu"] == "1"  # a whole card (defaults.bareGpuExclusive)
