@@ -457,6 +457,21 @@ class ClusterCache:
             self._record_memo[pod_key(pod)] = (memo, rec)
         return rec
 
+    def remember_written(self, key: str, uid: str, node: str, annotations: dict[str, str],
+                         allocation: PodAllocation) -> None:
+        """Seed the record memo with a record this process has just signed and written (its own
+        bind): the watch event that brings it back then needs no HMAC and no decode. It is used
+        only for a pod whose annotations are exactly these, under the key ring that signed them."""
+        if self.keys is None:
+            return
+        ring = self.keys.current()
+        text = annotations.get(ANN_ALLOCATION)
+        sig = annotations.get(ANN_ALLOCATION_SIGNATURE)
+        if not text or not sig:
+            return
+        memo = (ring, uid, node, text, sig, annotations.get(ANN_BIND_TIME))
+        self._record_memo[key] = (memo, Record(allocation, text, sig, ring.active))
+
     def stale_key(self, pod: dict[str, Any], rec: Record) -> bool:
         """True if the verified record ``rec``, or its verified progress, is signed with a key that is
         no longer the active one (signing it again lets the retired key be removed)."""

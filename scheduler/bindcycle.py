@@ -480,6 +480,7 @@ class BindCycle:
         self.unmark(p)
         if result.state == "bound":
             self.cache.record_bound(p.key, p.uid, p.booking, p.request, result.resource_version, p.fence_rv)
+            self.cache.remember_written(p.key, p.uid, p.node, p.annotations, p.booking.allocation)
             return None
         if result.state == "unknown":
             if self.cache.state.bookings.get(p.key) is not p.booking:

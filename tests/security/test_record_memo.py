@@ -101,3 +101,20 @@ def test_memo_entry_goes_with_the_pod() -> None:
     c.on_pod("ADDED", pod)
     c.replace_pods([], "100")
     assert c._record_memo == {}
+
+
+def test_a_record_this_process_wrote_is_trusted_only_as_written() -> None:
+    """The extender seeds the memo with the record it signed at bind: the watch event bringing
+    exactly that record back needs no HMAC; the same pod with any other signature or text is
+    verified (and refused) as usual."""
+    c = cache(Ring(K1))
+    pod = signed_pod()
+    ann = pod["metadata"]["annotations"]
+    from kube_vgpu.codec import decode_allocation
+    written = decode_allocation(ann[ANN_ALLOCATION])
+    c.remember_written("default/p", "uid-p", "n1", dict(ann), written)
+    rec = c.read_record(pod)
+    assert isinstance(rec, Record) and rec.allocation is written and rec.kid == "k1"
+    forged = copy.deepcopy(pod)
+    forged["metadata"]["annotations"][ANN_ALLOCATION_SIGNATURE] = "v1:k1:" + "A" * 43
+    assert isinstance(c.read_record(forged), Rejected)
