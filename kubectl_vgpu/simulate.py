@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import logging
 import textwrap
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kube_vgpu.cluster import ClusterCache
 from kube_vgpu.config import NODE_POLICIES, Config
 from kube_vgpu.model import PodRequest
 from kube_vgpu.placement import Plan
+from kube_vgpu.placement.engine import normalise_scores
 from kube_vgpu.placement.liveshapes import shapes_from_state
 from kube_vgpu.placement.render import detail
+from kube_vgpu.policyregistry import node_policy
 
 from .cluster import Cluster
 from .text import safe
@@ -34,11 +36,16 @@ WIDTH = 80
 
 @dataclass
 class PolicyResult:
+    """One policy's choice. score: the policy's own (raw) score of the chosen node, on the
+    policy's own scale (not comparable across policies); normalised: node -> the 0..10 score the
+    extender's prioritize gives kube-scheduler (best feasible node 10, worst 0: comparable)."""
+
     policy: str
     node: str | None
     score: float | None
     gpus: list[list[dict[str, Any]]]  # per container: [{uuid, index, memoryMiB, cores}]
-    ranking: list[tuple[str, float]]  # feasible nodes, best first
+    ranking: list[tuple[str, float]]  # feasible nodes, best first (raw scores)
+    normalised: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,11 +114,12 @@ def simulate(cluster: Cluster, pod: PodRequest, config: Config | None = None,
             first = False
         ranking = sorted(scores.items(), key=lambda kv: (-kv[1], cache.state.nodes[kv[0]].idx))
         decision = cache.engine.choose(probe, ok) if ok else None
+        norm = normalise_scores(dict(scores))
         if decision is None:
-            results.append(PolicyResult(policy, None, None, [], ranking))
+            results.append(PolicyResult(policy, None, None, [], ranking, norm))
         else:
             results.append(PolicyResult(policy, decision.node, decision.score,
-                                        _plan_gpus(cache, decision.node, probe, decision.plan), ranking))
+                                        _plan_gpus(cache, decision.node, probe, decision.plan), ranking, norm))
     return Simulation(pod, results, rejected, codes, gpu_policy, len(cache.nodes))
 
 
@@ -140,19 +148,20 @@ def render_table(sim: Simulation) -> str:
     pw = max([6] + [len(r.policy) for r in sim.results])
     nw = 24
     out.append(f"{'POLICY':<{pw}}  {'NODE':<{nw}}  {'SCORE':>9}  GPUS (MiB)")
+    out += _wrap("  SCORE: 0-10 as the extender gives kube-scheduler (best feasible node 10, worst 0), "
+                 "comparable across policies; each policy's raw score and its scale are in the rankings", "  ")
     for r in sim.results:
         if r.node is None:
             out.append(f"{r.policy:<{pw}}  {'(fits nowhere)':<{nw}}  {'-':>9}  -")
             continue
         gpus = " ".join(f"#{g['index']}:{g['memoryMiB']}" for cont in r.gpus for g in cont)
-        assert r.score is not None
-        out.append(_cut(f"{r.policy:<{pw}}  {_cut(r.node, nw):<{nw}}  {r.score:>9.4g}  {gpus}"))
+        out.append(_cut(f"{r.policy:<{pw}}  {_cut(r.node, nw):<{nw}}  {r.normalised.get(r.node, 0):>9}  {gpus}"))
     out.append("")
     ranked = [r for r in sim.results if len(r.ranking) > 1]
     for r in ranked:
-        ranks = ", ".join(f"{n} {s:.4g}" for n, s in r.ranking[:5])
+        ranks = ", ".join(f"{n} {r.normalised.get(n, 0)} (raw {s:.4g})" for n, s in r.ranking[:5])
         more = f" (+{len(r.ranking) - 5} more)" if len(r.ranking) > 5 else ""
-        out += _wrap(f"{r.policy} ranking: {ranks}{more}", "    ")
+        out += _wrap(f"{r.policy} ranking (raw: {node_policy(r.policy).doc}): {ranks}{more}", "    ")
     if ranked:
         out.append("")
     if sim.rejected:
@@ -167,8 +176,10 @@ def render_table(sim: Simulation) -> str:
 def to_json(sim: Simulation) -> dict[str, Any]:
     return {
         "pod": sim.pod.key, "gpuPolicy": sim.gpu_policy, "nodes": sim.nodes, "dryRun": True,
-        "policies": [{"policy": r.policy, "node": r.node, "score": r.score, "containers": r.gpus,
-                      "ranking": [{"node": n, "score": s} for n, s in r.ranking]} for r in sim.results],
+        "policies": [{"policy": r.policy, "node": r.node, "score": r.score,
+                      "extenderScore": r.normalised.get(r.node) if r.node else None, "containers": r.gpus,
+                      "ranking": [{"node": n, "score": s, "extenderScore": r.normalised.get(n, 0)}
+                                  for n, s in r.ranking]} for r in sim.results],
         "rejected": dict(sorted(sim.rejected.items())),
         "rejectedCodes": dict(sorted(sim.codes.items())),
     }

@@ -33,6 +33,8 @@ def test_every_policy_places_the_sample_pod(capsys: pytest.CaptureFixture[str]) 
         assert p["node"] in ("gpu-node-a", "gpu-node-b")
         assert {r["node"] for r in p["ranking"]} == {"gpu-node-a", "gpu-node-b"}
         assert p["ranking"][0]["node"] == p["node"]
+        # comparable across policies: the chosen node gets the extender's top score, the other 0
+        assert p["extenderScore"] == 10 and [r["extenderScore"] for r in p["ranking"]] == [10, 0]
         (cont,) = p["containers"]
         assert cont[0]["memoryMiB"] == 3000 and cont[0]["cores"] == 30
     # The spread GPU policy puts it on the emptier H200 (#1) on gpu-node-a, and never on the
