@@ -146,6 +146,10 @@ def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str, se
                         time.perf_counter() - t0, lat)
 
 
+#: the plot starts at this arrived % (below it every policy places everything)
+ZOOM_FROM = 50
+
+
 class SimExtraMissing(RuntimeError):
     """The optional ``kube-vgpu[sim]`` packages (matplotlib) are not installed."""
 
@@ -234,9 +238,12 @@ def load_expected(path: str | Path, workload: str) -> dict[str, dict[int, float]
     return out
 
 
-def write_outputs(results: Sequence[ReplayResult], out: Path) -> tuple[Path, Path]:
-    """Write ``allocation.csv`` (policy,seed,arrived_pct,alloc_pct,unallocated_gpus) and
-    ``allocation.png`` (mean allocation vs arrived, one line per policy) into ``out``."""
+def write_outputs(results: Sequence[ReplayResult], out: Path, against: dict[str, dict[int, float]] | None = None,
+                  workload: str = "") -> tuple[Path, Path]:
+    """Write ``allocation.csv`` (policy,seed,arrived_pct,alloc_pct,unallocated_gpus) and the plot
+    ``allocation.png`` / ``allocation.svg`` (mean allocation vs arrived from ZOOM_FROM %, one line
+    per policy, the published values of ``against`` as markers, a title naming ``workload`` and the
+    seeds) into ``out``. Raises SimExtraMissing (after the CSV) without matplotlib."""
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "allocation.csv"
     with csv_path.open("w", newline="") as f:
@@ -255,19 +262,37 @@ def write_outputs(results: Sequence[ReplayResult], out: Path) -> tuple[Path, Pat
     import matplotlib.pyplot as plt
 
     png = out / "allocation.png"
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for pol, pts in summarise(results).items():
-        xs = sorted(pts)
-        ax.plot(xs, [pts[x][0] for x in xs], label=pol)
-    ax.plot([0, MAX_PCT], [0, MAX_PCT], color="grey", linestyle=":", linewidth=0.8, label="ideal")
-    ax.set_xlabel("arrived GPU request (% of capacity)")
-    ax.set_ylabel("GPU allocation (% of capacity)")
-    ax.set_xlim(0, MAX_PCT)
-    ax.set_ylim(0, 100)
+    summ = summarise(results)
+    seeds = len({r.seed for r in results})
+    # the policies differ only once the cluster fills up: zoom on arrived >= ZOOM_FROM %, with the
+    # y axis from just below the lowest curve there to 100 %
+    lows = [pts[x][0] for pts in summ.values() for x in pts if x >= ZOOM_FROM]
+    lows += [v for ref in (against or {}).values() for x, v in ref.items() if x >= ZOOM_FROM]
+    y0 = max(0.0, float(np.floor(min(lows) / 5) * 5 - 5)) if lows else 0.0
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colours: dict[str, Any] = {}
+    for pol, pts in summ.items():
+        xs = [x for x in sorted(pts) if x >= ZOOM_FROM]
+        (line,) = ax.plot(xs, [pts[x][0] for x in xs], label=pol, gid=f"policy-{pol}", linewidth=1.6)
+        colours[pol] = line.get_color()
+    for pol, ref in (against or {}).items():
+        if pol in colours:
+            xs = [x for x in sorted(ref) if x >= ZOOM_FROM]
+            ax.plot(xs, [ref[x] for x in xs], linestyle="none", marker="o", markersize=4, color=colours[pol],
+                    label=f"{pol} (published)", gid=f"published-{pol}")
+    ax.plot([ZOOM_FROM, 100], [ZOOM_FROM, 100], color="grey", linestyle=":", linewidth=0.8, label="ideal",
+            gid="ideal")
+    ax.set_title(f"GPU allocation vs. arrived GPU requests: {workload or 'replay'}, mean of {seeds} "
+                 f"seed{'s' if seeds != 1 else ''}")
+    ax.set_xlabel("arrived GPU requests (% of GPU capacity)")
+    ax.set_ylabel("allocated GPUs (% of GPU capacity)")
+    ax.set_xlim(ZOOM_FROM, MAX_PCT)
+    ax.set_ylim(y0, 100)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize="small", ncol=2 if against else 1)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
+    fig.savefig(out / "allocation.svg")
     plt.close(fig)
     return csv_path, png
 
@@ -363,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"elapsed {time.perf_counter() - t0:.1f} s, peak RSS {peak_rss_mib():.0f} MiB")
     if args.out:
         try:
-            c, png = write_outputs(results, args.out)
+            c, png = write_outputs(results, args.out, against, workload)
         except SimExtraMissing as e:
             print(f"{PROG}: {e}", file=sys.stderr)
             return 1

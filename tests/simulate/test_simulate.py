@@ -150,3 +150,23 @@ def test_negative_trace_values_are_refused(tmp_path: Path, row: str, column: str
     (tmp_path / "n.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n" + row + "\n")
     with pytest.raises(ValueError, match=f"'{column}' = -"):
         load_nodes(tmp_path / "n.csv")
+
+
+def test_plot_has_title_units_one_line_per_policy_and_published_markers(tmp_path: Path) -> None:
+    """Read the written SVG back (no browser): the title names the workload and the seeds, both axes
+    their unit, one line per policy and, with --against, the published values as markers; the PNG
+    decodes to an image."""
+    import matplotlib.image
+
+    nodes = synthetic_nodes(n_nodes=30, seed=1)
+    pods = synthetic_pods(nodes, seed=2)
+    results = sim.run_all(nodes, pods, ["binpack", "fgd"], [42, 43], 1.3, jobs=1, progress=False)
+    against = {"fgd": {80: 70.0, 100: 85.0, 130: 90.0}}
+    _, png = sim.write_outputs(results, tmp_path, against, "synthetic")
+    svg = (tmp_path / "allocation.svg").read_text()
+    assert "synthetic, mean of 2 seeds" in svg
+    assert "arrived GPU requests (% of GPU capacity)" in svg and "allocated GPUs (% of GPU capacity)" in svg
+    assert 'id="policy-binpack"' in svg and 'id="policy-fgd"' in svg and 'id="published-fgd"' in svg
+    assert 'id="published-binpack"' not in svg  # nothing published for it
+    img = matplotlib.image.imread(png)
+    assert img.shape[0] > 300 and img.shape[1] > 600
