@@ -685,7 +685,9 @@ class DevicePlugin:
             cache = os.path.join(root, key)
             os.makedirs(cache, exist_ok=True)
             os.chmod(cache, 0o777)  # the container may run as any user
-            write_host_files(ContainerSpec(envs={}, mounts=(), files=prestart_files(pc, ids, cache_host_dir=root)))
+            write_host_files(ContainerSpec(envs={}, mounts=(), files=prestart_files(
+                pc, ids, cache_host_dir=root, core_policy=self.cfg.devices.core_policy,
+                core_sharing=self.cfg.devices.core_sharing)))
             self._owners[(uid, pc.container)] = key
             first = pc.container not in _allocated(view)
             if first:

@@ -47,6 +47,7 @@ from typing import Any
 
 import yaml
 
+from .envcontract import CORE_POLICIES, CORE_SHARING
 from .errors import ConfigError, QuantityError
 from .policyregistry import GPU_POLICIES, GPU_POLICY_SPECS, NODE_POLICIES, NODE_POLICY_SPECS
 from .quantity import parse_quantity
@@ -200,6 +201,13 @@ class DeviceDefaults:
         exclusive_minimum=0, maximum=100))
     core_scaling: float = _key(1.0, Rule(
         "coreScaling", "schedulable compute = 100 percent x this", exclusive_minimum=0, maximum=100))
+    core_policy: str = _key("default", Rule(
+        "corePolicy", "SM limit: default (enforced) or disable (no SM limit and no task priority, HAMi's "
+        "GPU_CORE_UTILIZATION_POLICY=disable), written to every container's limits file",
+        choices=CORE_POLICIES))
+    core_sharing: str = _key("strict", Rule(
+        "coreSharing", "when the GPU has idle time: strict (each container held to its SM limit) or "
+        "work_conserving (a container may use what the others leave idle; docs/shim.md)", choices=CORE_SHARING))
 
 
 @dataclass(frozen=True, slots=True)
