@@ -26,6 +26,8 @@ from typing import Any
 import jsonpatch
 import pytest
 import yaml
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from wh_helpers import Client, base_pod, decode_patch, review_of
 
 from certs import pki, store
@@ -342,3 +344,49 @@ def test_off_by_default_and_foreign_schedulers_left_alone(hooks: Hooks) -> None:
     foreign = gs_pod({"aliyun.com/gpu-mem": 3}, schedulerName="volcano")
     r = create(hooks, foreign)[0]["response"]
     assert r["allowed"] and "patch" not in r  # another scheduler's pod: not translated, not routed
+
+
+# --- property: never more than asked ----------------------------------------------------------------
+
+_VALUES = st.one_of(st.integers(-3, 2000), st.sampled_from(["0.5", "1.0", "2e0", "500m", "1Gi", "7", "12", "-2",
+                                                           "1e9", "junk", "100", "101"]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mem=st.none() | _VALUES, count=st.none() | _VALUES, core=st.none() | _VALUES,
+       label=st.none() | st.sampled_from(["1", "2", "4", "0", "x"]), in_requests=st.booleans(),
+       unit=st.sampled_from(["GiB", "MiB"]), default_count=st.integers(1, 8))
+def test_translation_books_exactly_what_was_asked_or_refuses(mem: Any, count: Any, core: Any, label: str | None,
+                                                             in_requests: bool, unit: str, default_count: int) -> None:
+    """Whatever a tenant writes: a refusal (400, naming the container or the pod label), or a pod
+    that books exactly gpu-mem in total, on as many GPUs as asked, with the compute asked."""
+    from kube_vgpu.quantity import parse_whole
+    from webhook.admission import answer
+
+    lim = {n: v for n, v in (("aliyun.com/gpu-mem", mem), ("aliyun.com/gpu-count", count),
+                             ("aliyun.com/gpu-core.percentage", core)) if v is not None}
+    if not lim:
+        return
+    pod = gs_pod(lim, dict(lim) if in_requests else None)
+    if label is not None:
+        pod["metadata"]["labels"] = {"aliyun.com/gpu-count": label}
+    cfg = config_from_dict({"compat": {"gpushare": True, "gpushareMemoryUnit": unit},
+                            "defaults": {"gpuCount": default_count}})
+    resp, _ = answer(review_of(copy.deepcopy(pod)), cfg)
+    r = resp["response"]
+    event("allowed" if r["allowed"] else "refused")
+    if not r["allowed"]:
+        assert r["status"]["code"] == 400, r["status"]
+        assert r["status"]["message"].startswith(("container 'train': ", "pod '(pod)': metadata.labels")), r["status"]
+        return
+    out = jsonpatch.apply_patch(pod, decode_patch(resp))
+    assert not any(n in part for part in res_of(out).values() for n in GPUSHARE_NAMES)
+    (c,) = parse_pod(out, cfg).app
+    asked_count = parse_whole(count) if count is not None else (int(label) if label and mem is not None else 1)
+    assert c.count == asked_count
+    if mem is not None:
+        assert c.count * c.memory_mib == parse_whole(mem) * {"GiB": 1024, "MiB": 1}[unit]
+    if core is not None:
+        assert c.cores == parse_whole(core) and c.count == 1
+    again, _ = answer(review_of(out), cfg)
+    assert again["response"]["allowed"] and "patch" not in again["response"]
