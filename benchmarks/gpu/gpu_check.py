@@ -37,6 +37,9 @@ Rows (expected value -> measured):
 - task priority: a priority-0 and a priority-1 tenant (``CUDA_TASK_PRIORITY``), neither with an SM
   limit, the same way: the priority-0 one keeps at least ``PRIO_HIGH_MIN`` % and the priority-1 one
   gives way (at most ``PRIO_LOW_MAX`` %).
+- SM accuracy with real workloads, when PyTorch with CUDA is installed: the same 30/70 and 30/30
+  mixes with 2048x2048 ``torch.matmul`` in a loop, and replayed from a CUDA Graph of 8 matmuls
+  (``torch.cuda.CUDAGraph``: graph launches, not kernel launches, reach the driver).
 """
 
 from __future__ import annotations
@@ -316,7 +319,7 @@ def torch_rows(s: Setup) -> list[Row]:
     return rows
 
 
-def _tenants(s: Setup, tag: str, envs: list[dict[str, str]]) -> list[dict[str, str]]:
+def _tenants(s: Setup, tag: str, envs: list[dict[str, str]], cmd: list[str] | None = None) -> list[dict[str, str]]:
     """Runs one spin-loop tenant per env at once, each as a container without hostPID (its own PID namespace
     and /proc; the fakes, which model the driver, find host pids in the host's /proc, kept at FAKE_HOST_PROC),
     each with its own accounting file; returns each one's parsed output ("error" on failure)."""
@@ -330,8 +333,8 @@ def _tenants(s: Setup, tag: str, envs: list[dict[str, str]]) -> list[dict[str, s
         env = s.env(True, s.work / f"{tag}-{i}.cache", **extra)
         if s.fakes:
             env["FAKE_HOST_PROC"] = str(s.work / f"hostproc-{tag}-{i}")
-        procs.append(subprocess.Popen([*ns, str(s.probe), "spin", "3", "8"], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        procs.append(subprocess.Popen([*ns, *(cmd or [str(s.probe), "spin", "3", "8"])], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     results = []
     for p in procs:
         try:
@@ -344,6 +347,80 @@ def _tenants(s: Setup, tag: str, envs: list[dict[str, str]]) -> list[dict[str, s
             kv["error"] = out.strip()[-200:]
         results.append(kv)
     return results
+
+
+TORCH_SM = """
+import sys, time, torch
+mode, warm, secs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+n = 2048
+a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
+c = torch.empty(n, n, device="cuda")
+def step():
+    torch.matmul(a, b, out=c)
+run, per = step, 1
+if mode == "graph":  # a CUDA Graph of 8 matmuls, replayed
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()  # cuBLAS sets up its workspace before the capture
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(8):
+            step()
+    run, per = g.replay, 8
+def loop(t):
+    k, end = 0, time.perf_counter() + t
+    while time.perf_counter() < end:
+        for _ in range(4):
+            run()
+        torch.cuda.synchronize()
+        k += 4 * per
+    return k
+loop(warm)
+t0 = time.perf_counter()
+k = loop(secs)
+print(f"kernels_per_s={k / (time.perf_counter() - t0)}")
+"""
+#: SM accuracy with real workloads (PyTorch): a matmul loop and a CUDA Graph replay of matmuls
+TORCH_SM_MODES = (("matmul", "a matmul loop"), ("graph", "a CUDA Graph replay"))
+
+
+def torch_sm_rows(s: Setup) -> list[Row]:
+    """The SM mixes of :data:`SM_MIXES` with PyTorch tenants (2048x2048 matmuls in a loop, and replayed
+    from a CUDA Graph), each in its own PID namespace: busy % of the unlimited rate against the limit."""
+    names = [f"SM {a}/{b} {what}: tenant {i + 1} at {lim}%" for _, what in TORCH_SM_MODES for a, b in SM_MIXES
+             for i, lim in enumerate((a, b))]
+    py = shutil.which("python3")
+    if s.fakes or py is None:
+        return [Row(n, "-", "fakes" if s.fakes else "python3 not installed", None) for n in names]
+    have = subprocess.run([py, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True,
+                          timeout=TIMEOUT, env=s.env(False))
+    if have.returncode:
+        return [Row(n, "-", "torch with CUDA not installed", None) for n in names]
+    if shutil.which("unshare") is None:
+        return [Row(n, "-", "unshare not installed", False) for n in names]
+    rows: list[Row] = []
+    for mode, what in TORCH_SM_MODES:
+        base = subprocess.run([py, "-c", TORCH_SM, mode, "2", "4"], env=s.env(False), capture_output=True, text=True,
+                              timeout=TIMEOUT)
+        rate = float(parse(base.stdout).get("kernels_per_s", "0") or 0)
+        for mix in SM_MIXES:
+            label = [f"SM {mix[0]}/{mix[1]} {what}: tenant {i + 1} at {lim}%" for i, lim in enumerate(mix)]
+            if rate <= 0:
+                rows += [Row(n, "-", f"unlimited run failed: {base.stderr.strip()[-200:]}", False) for n in label]
+                continue
+            got = _tenants(s, f"torch-{mode}-{mix[0]}-{mix[1]}", [{"CUDA_DEVICE_SM_LIMIT": str(lim)} for lim in mix],
+                           [py, "-c", TORCH_SM, mode, "3", "8"])
+            for name, lim, kv in zip(label, mix, got, strict=True):
+                if "error" in kv:
+                    rows.append(Row(name, f"{lim} ± {SM_TOLERANCE:.0f} %", f"failed: {kv['error']}", False))
+                    continue
+                busy = 100.0 * float(kv["kernels_per_s"]) / rate
+                rows.append(Row(name, f"{lim} ± {SM_TOLERANCE:.0f} %", f"{busy:.1f} %",
+                                abs(busy - lim) <= SM_TOLERANCE))
+    return rows
 
 
 def sm_rows(s: Setup) -> list[Row]:
@@ -393,7 +470,8 @@ def main() -> int:
     """Build, run every check, print the table; 0 when nothing missed, 1 otherwise."""
     with tempfile.TemporaryDirectory(prefix="vgpu-check-") as tmp:
         s = Setup(Path(tmp))
-        rows = procaddr_rows(s) + memory_rows(s) + reclaim_rows(s) + torch_rows(s) + sm_rows(s)
+        rows = (procaddr_rows(s) + memory_rows(s) + reclaim_rows(s) + torch_rows(s) + sm_rows(s)
+                + torch_sm_rows(s))
     print(f"libvgpu GPU check ({'fakes in ' + s.fakes if s.fakes else 'driver'}; limit {mib(s.limit)})")
     print(table(rows))
     missed = [r for r in rows if r.ok is False]
