@@ -64,7 +64,7 @@ from .placement.status import Code, FitFailure
 from .podlife import holds_gpus
 from .podspec import parse_pod
 from .quantity import parse_quantity
-from .quota import Amount, QuotaBook, exceeded, usage_of
+from .quota import Amount, QuotaBook, exceeded, uncapped_compute, usage_of
 from .resources import (
     ANN_ALLOCATED_CONTAINERS,
     ANN_ALLOCATION,
@@ -722,6 +722,9 @@ class ClusterCache:
         lims = self.quotas.limits(pod.namespace)
         if not lims:
             return None
+        uncapped = uncapped_compute(pod.namespace, lims, pod.containers, self.quotas.names.gpucores)
+        if uncapped is not None:
+            return FitFailure(Code.QUOTA_EXCEEDED, detail=uncapped)
         over = exceeded(pod.namespace, lims, self.namespace_usage(pod.namespace, exclude=pod.key), asked)
         if over is None:
             return None

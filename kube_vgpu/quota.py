@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .model import ContainerRequest
 from .quantity import QuantityError, parse_quantity
 from .resources import ResourceNames
 
@@ -70,8 +71,9 @@ class Exceeded:
 
 def limits_of(quota: Mapping[str, Any], names: ResourceNames) -> list[Limit]:
     """The hard values of a ResourceQuota object (JSON) for our memory and cores resources.
-    A value that is not a whole non-negative quantity is skipped (the API server validates
-    quantities; nothing here trusts more than it has to)."""
+    A fractional value is held as its whole part (kube-apiserver accepts ``requests.R: 1500500m``:
+    ``requests.``-prefixed keys are not integer resources, and reading it as "no limit" would fail
+    open); a value that is not a quantity, or is negative, is skipped (the API server rejects both)."""
     meta = quota.get("metadata") or {}
     spec = quota.get("spec") or {}
     hard = spec.get("hard") if isinstance(spec, Mapping) else None
@@ -89,9 +91,9 @@ def limits_of(quota: Mapping[str, Any], names: ResourceNames) -> list[Limit]:
                 q = parse_quantity(str(raw))
             except QuantityError:
                 continue
-            if q < 0 or q != int(q):
+            if q < 0:
                 continue
-            out.append(Limit(name, key, what, int(q)))
+            out.append(Limit(name, key, what, int(q)))  # floor: asked amounts are whole numbers
     return out
 
 
@@ -156,6 +158,23 @@ def exceeded(namespace: str, limits: Iterable[Limit], used: Amount, asked: Amoun
         if a > 0 and u + a > lim.hard and (worst is None or lim.hard - u < worst.limit.hard - worst.used):
             worst = Exceeded(namespace, lim, u, a)
     return worst
+
+
+def uncapped_compute(namespace: str, limits: Iterable[Limit], containers: Iterable[ContainerRequest],
+                     resource: str) -> str | None:
+    """Why a pod may not run where a compute quota applies, or None. A container that asks ``0``
+    percent (``resource`` unset with ``defaults.cores: 0``, or written as 0) books no compute but
+    runs with no SM limit: it may use the whole GPU. Where any of ``limits`` counts compute, such
+    a container is refused, as kube-apiserver refuses a pod without a CPU limit where a
+    ``limits.cpu`` quota applies. ``resource``: the configured compute resource name."""
+    lim = next((x for x in limits if x.what == "cores"), None)
+    if lim is None:
+        return None
+    bad = next((c.name for c in containers if c.cores <= 0), None)
+    if bad is None:
+        return None
+    return (f"namespace {namespace}, ResourceQuota {lim.quota}: {lim.key} limits GPU compute, and container "
+            f"{bad} asks no {resource} (0 or unset: no compute limit, the whole GPU); set {resource} to 1-100")
 
 
 def usage_of(entries: Iterable[tuple[int, int, int, int]]) -> Amount:

@@ -140,6 +140,7 @@ def test_limits_of_reads_the_three_key_forms_and_skips_bad_values() -> None:
                "limits.nvidia.com/gpucores": "1500m", "requests.nvidia.com/gpu": "2", "cpu": "4",
                "nvidia.com/gpumem": "lots"})
     assert sorted(limits_of(q, names), key=lambda x: x.key) == [
+        Limit("gpu", "limits.nvidia.com/gpucores", "cores", 1),  # fractional: its whole part, never "no limit"
         Limit("gpu", "limits.nvidia.com/gpumem", "mib", 30000),
         Limit("gpu", "nvidia.com/gpucores", "cores", 150),
         Limit("gpu", "requests.nvidia.com/gpumem", "mib", 24000),
