@@ -318,6 +318,13 @@ def test_a_count_label_that_disagrees_or_is_bad_is_refused(hooks: Hooks) -> None
     (lambda p: p["spec"].__setitem__("hostPID", True), "spec.hostPID"),
     (lambda p: p["spec"]["volumes"].append({"name": "dev", "hostPath": {"path": "/dev/nvidia0"}}), "hostPath.path"),
     (lambda p: p["spec"].__setitem__("runtimeClassName", "runc"), "spec.runtimeClassName"),
+    (lambda p: p["spec"]["containers"][0].__setitem__("securityContext", {"capabilities": {"add": ["SYS_ADMIN"]}}),
+     "securityContext.capabilities.add[0]"),
+    (lambda p: p["spec"]["containers"][0].__setitem__("envFrom", [{"configMapRef": {"name": "limits"}}]), "envFrom[0]"),
+    (lambda p: p["spec"]["containers"][0].__setitem__("env", [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]),
+     "env CUDA_DISABLE_CONTROL"),
+    (lambda p: p["spec"].__setitem__("initContainers", [{"name": "prep", "image": "x", "securityContext": {
+        "privileged": True}, "resources": {"limits": {"aliyun.com/gpu-mem": 1}}}]), "init container 'prep'"),
 ])
 def test_isolation_rules_run_on_the_translated_pod(hooks: Hooks, change: Any, field: str) -> None:
     pod = gs_pod({"aliyun.com/gpu-mem": 3})
@@ -326,6 +333,20 @@ def test_isolation_rules_run_on_the_translated_pod(hooks: Hooks, change: Any, fi
     assert code == 403 and field in msg, msg
     # control: the same pod without the escape is admitted
     assert create(hooks, gs_pod({"aliyun.com/gpu-mem": 3}))[0]["response"]["allowed"]
+
+
+def test_a_debug_container_added_to_a_translated_pod_is_checked(hooks: Hooks) -> None:
+    """UPDATE through pods/ephemeralcontainers: the stored pod names our resources after the
+    translation, so a privileged debug container is denied as for any vGPU pod."""
+    pod = gs_pod({"aliyun.com/gpu-mem": 3})
+    stored = admitted(create(hooks, pod)[0], pod)
+    new = copy.deepcopy(stored)
+    new["spec"]["ephemeralContainers"] = [{"name": "dbg", "image": "x", "securityContext": {"privileged": True}}]
+    rev = review_of(new)
+    rev["request"].update(operation="UPDATE", subResource="ephemeralcontainers", oldObject=stored)
+    client, _ = hooks.client(ON)
+    r = client.review(rev)["response"]
+    assert not r["allowed"] and "ephemeral container 'dbg': securityContext.privileged" in r["status"]["message"]
 
 
 def test_forged_system_keys_are_stripped_and_preset_node_refused(hooks: Hooks) -> None:
