@@ -66,17 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def api_client(kubeconfig: str | None) -> Any:
     """An official ``kubernetes.client.ApiClient``: ``kubeconfig`` if given, else in-cluster, else
-    the default kubeconfig. Raises kubernetes.config.ConfigException when none works."""
-    from kubernetes import client, config
+    the default kubeconfig (:func:`kube_vgpu.kubeapi.load_api_client`). Raises
+    kubernetes.config.ConfigException when none works."""
+    from kube_vgpu.kubeapi import load_api_client
 
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    try:
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-    except config.ConfigException:
-        return config.new_client_from_config()
+    return load_api_client(kubeconfig)
 
 
 def _not_after(pem: bytes) -> str:

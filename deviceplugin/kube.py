@@ -12,10 +12,9 @@ Objects are returned as plain API JSON (``dict``), which is what :mod:`deviceplu
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
-from kube_vgpu.streams import wake_reader
+from kube_vgpu.kubeapi import load_api_client, read_json
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -38,55 +37,15 @@ class KubeClient(Protocol):
 
 @runtime_checkable
 class PodWatchClient(Protocol):
-    """Optional: what the pod watch (:class:`deviceplugin.podwatch.PodWatcher`) needs. A client without
-    it leaves the plugin ordering pods by the listings it makes itself."""
+    """Optional: what the pod watch (:class:`deviceplugin.podwatch.PodWatcher`, a
+    :class:`kube_vgpu.kubeapi.Reflector`) needs: the shared :class:`kube_vgpu.kubeapi.ListWatch`. A
+    client without it leaves the plugin ordering pods by the listings it makes itself."""
 
-    def list_node_pods_rv(self, node: str) -> tuple[list[dict[str, Any]], str]:
-        """Like ``list_node_pods``, with the list's ``resourceVersion``."""
-        ...
+    def list_objects(self, kind: str, label_selector: str | None = None,
+                     field_selector: str | None = None) -> tuple[list[dict[str, Any]], str]: ...
 
-    def watch_node_pods(self, node: str, resource_version: str, timeout_seconds: int) -> PodStream:
-        """A watch from ``resource_version``; raises on API errors (410 Gone included)."""
-        ...
-
-
-class PodStream(Protocol):
-    """Watch events ``(type, object)`` as API JSON. ``wake()``, from any thread, makes the iteration
-    end soon (a reader blocked waiting for the next event returns); ``close()`` is called by the
-    thread that iterates (from another thread it would wait for the blocked read)."""
-
-    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]: ...
-
-    def wake(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class _RawPodStream:
-    def __init__(self, resp: Any) -> None:
-        self._resp = resp
-
-    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        from kubernetes.watch.watch import iter_resp_lines
-
-        try:
-            for line in iter_resp_lines(self._resp):
-                if not line:
-                    continue
-                ev = json.loads(line)
-                yield str(ev.get("type", "")), ev.get("object") or {}
-        finally:
-            self.close()
-
-    def wake(self) -> None:
-        wake_reader(self._resp)  # shutdown(SHUT_RD): the blocked read sees end-of-file
-
-    def close(self) -> None:
-        try:
-            self._resp.close()
-            self._resp.release_conn()
-        except Exception:  # noqa: BLE001, S110 - closing a stream that is already gone
-            pass
+    def watch_objects(self, kind: str, resource_version: str, timeout_seconds: int,
+                      label_selector: str | None = None, field_selector: str | None = None) -> Any: ...
 
 
 class ApiKubeClient:
@@ -98,17 +57,10 @@ class ApiKubeClient:
 
     def __init__(self, kubeconfig: str | None = None, timeout: float = 10.0,
                  api_client: Any = None) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
         if api_client is None:
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig)
-            else:
-                try:
-                    config.load_incluster_config()
-                except config.ConfigException:
-                    config.load_kube_config()
-            api_client = client.ApiClient()
+            api_client = load_api_client(kubeconfig)
         self.core = client.CoreV1Api(api_client)
         self.timeout = timeout
 
@@ -119,19 +71,25 @@ class ApiKubeClient:
         # a server that ignores the field selector must not leak other nodes' pods into matching
         return [p for p in items if (p.get("spec") or {}).get("nodeName") == node]
 
-    def list_node_pods_rv(self, node: str) -> tuple[list[dict[str, Any]], str]:
-        resp: Any = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}",
+    def list_objects(self, kind: str, label_selector: str | None = None,
+                     field_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        """Pods only (the pod watch's list): (items, the list's resourceVersion)."""
+        if kind != "pods":
+            raise ValueError(f"the device plugin lists only pods, not {kind!r}")
+        resp: Any = self.core.list_pod_for_all_namespaces(field_selector=field_selector, label_selector=label_selector,
                                                      _preload_content=False, _request_timeout=self.timeout)
-        body = json.loads(resp.data)
-        items = [p for p in body.get("items") or () if (p.get("spec") or {}).get("nodeName") == node]
-        return items, str((body.get("metadata") or {}).get("resourceVersion") or "")
+        body = read_json(resp)
+        return list(body.get("items") or ()), str((body.get("metadata") or {}).get("resourceVersion") or "")
 
-    def watch_node_pods(self, node: str, resource_version: str, timeout_seconds: int) -> PodStream:
-        resp: Any = self.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node}", watch=True, resource_version=resource_version,
-            allow_watch_bookmarks=True, timeout_seconds=timeout_seconds, _preload_content=False,
-            _request_timeout=(self.timeout, timeout_seconds + self.timeout))
-        return _RawPodStream(resp)
+    def watch_objects(self, kind: str, resource_version: str, timeout_seconds: int,
+                      label_selector: str | None = None, field_selector: str | None = None) -> Any:
+        """Pods only: a watch from ``resource_version`` (raw streaming response, bookmarks on)."""
+        if kind != "pods":
+            raise ValueError(f"the device plugin watches only pods, not {kind!r}")
+        return self.core.list_pod_for_all_namespaces(
+            field_selector=field_selector, label_selector=label_selector, watch=True,
+            resource_version=resource_version, allow_watch_bookmarks=True, timeout_seconds=timeout_seconds,
+            _preload_content=False, _request_timeout=(self.timeout, timeout_seconds + self.timeout))
 
     def patch_pod_annotations(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
         self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},

@@ -24,7 +24,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .kube import PodStream, PodWatchClient
+from kube_vgpu.kubeapi import Reflector
+
+from .kube import PodWatchClient
 from .podmatch import Arrival, arrival_key
 
 log = logging.getLogger("kube_vgpu.deviceplugin")
@@ -79,74 +81,35 @@ class ArrivalBook:
 
 
 class PodWatcher:
-    """Keeps an :class:`ArrivalBook` current from a watch on the node's pods (a daemon thread).
-
-    List, then watch from the list's resourceVersion; on any error or the end of a watch, list again
-    (after errors: ``retry_seconds``, doubling up to ``max_retry_seconds`` while they persist).
-    :meth:`stop` closes the open watch.
-    """
+    """Keeps an :class:`ArrivalBook` current from a watch on the node's pods: the shared
+    list+watch loop (:class:`kube_vgpu.kubeapi.Reflector`, in its daemon thread
+    ``deviceplugin-podwatch``) on ``spec.nodeName=<node>``. Every (re)list is a complete listing of
+    the node; watch events add (ADDED, MODIFIED) or forget (DELETED) pods. After errors it lists again
+    after ``retry_seconds``, doubling up to ``max_retry_seconds`` while they persist; :meth:`stop`
+    wakes and ends the open watch."""
 
     def __init__(self, kube: PodWatchClient, book: ArrivalBook, *, watch_timeout: int = 300,
                  retry_seconds: float = 1.0, max_retry_seconds: float = 30.0) -> None:
-        self.kube = kube
         self.book = book
-        self.watch_timeout = watch_timeout
-        self.retry_seconds = retry_seconds
-        self.max_retry_seconds = max_retry_seconds
         self.synced = threading.Event()
-        self._stop = threading.Event()
-        self._stream: PodStream | None = None
-        self._thread: threading.Thread | None = None
+        self.reflector = Reflector(
+            kube, "pods", on_replace=lambda items, _rv: book.saw(items, complete=True), on_event=self._event,
+            on_synced=self.synced.set, field_selector=f"spec.nodeName={book.node}", watch_timeout=watch_timeout,
+            backoff=(retry_seconds, max_retry_seconds), thread_name="deviceplugin-podwatch")
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind in ("ADDED", "MODIFIED"):
+            self.book.saw([obj])
+        elif kind == "DELETED":
+            self.book.forget((obj.get("metadata") or {}).get("uid", ""))
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="deviceplugin-podwatch", daemon=True)
-        self._thread.start()
+        self.reflector.start()
 
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self.reflector.alive()
 
     def stop(self, join: float = 2.0) -> None:
-        """Stop the watch thread: wake its blocked read (:meth:`PodStream.wake`; the thread closes
-        the stream itself, see :mod:`kube_vgpu.streams`) and join it for up to ``join`` seconds."""
-        self._stop.set()
-        s = self._stream
-        if s is not None:
-            s.wake()
-        if self._thread is not None:
-            self._thread.join(timeout=join)
-
-    def _run(self) -> None:
-        node = self.book.node
-        delay = self.retry_seconds
-        while not self._stop.is_set():
-            try:
-                pods, rv = self.kube.list_node_pods_rv(node)
-                self.book.saw(pods, complete=True)
-                self.synced.set()
-                stream = self.kube.watch_node_pods(node, rv, self.watch_timeout)
-                self._stream = stream
-                try:
-                    if self._stop.is_set():
-                        break
-                    for etype, obj in stream:
-                        delay = self.retry_seconds
-                        if etype in ("ADDED", "MODIFIED"):
-                            self.book.saw([obj])
-                        elif etype == "DELETED":
-                            self.book.forget((obj.get("metadata") or {}).get("uid", ""))
-                        elif etype == "ERROR":
-                            log.info("pod watch ended", extra={"reason": str(obj.get("message", obj))})
-                            break
-                        if self._stop.is_set():
-                            break
-                finally:
-                    stream.close()  # this thread's own stream: closing never waits on a reader
-            except Exception as e:  # noqa: BLE001 - any API failure: list again after a pause
-                if self._stop.is_set():
-                    break
-                log.warning("pod watch failed, listing again", extra={"node": node, "retry_s": round(delay),
-                                                                      "error": str(e)})
-                self._stop.wait(delay)
-                delay = min(delay * 2, self.max_retry_seconds)
-            finally:
-                self._stream = None
+        """Stop the watch thread: wake its blocked read (the thread closes the response itself, see
+        :mod:`kube_vgpu.streams`) and join it for up to ``join`` seconds."""
+        self.reflector.stop(join)

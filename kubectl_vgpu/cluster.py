@@ -176,20 +176,15 @@ def load_snapshot(path: str | Path) -> Cluster:
 
 def core_api(kubeconfig: str | None = None, context: str | None = None) -> Any:
     """A CoreV1Api from the kubeconfig (else in-cluster). Raises ClusterError when none loads."""
+    from kubernetes import client
+
+    from kube_vgpu.kubeapi import load_api_client
+
     try:
-        from kubernetes import client, config
-    except ImportError as e:  # pragma: no cover - kubernetes is a dependency
-        raise ClusterError("the 'kubernetes' package is required for live mode; use --snapshot") from e
-    try:
-        try:
-            config.load_kube_config(config_file=kubeconfig, context=context)
-        except config.ConfigException:
-            if kubeconfig or context:
-                raise
-            config.load_incluster_config()
+        api = load_api_client(kubeconfig, context=context, in_cluster_first=False)
     except Exception as e:  # noqa: BLE001 - no kubeconfig, bad file, not in a cluster
         raise ClusterError(f"cannot load a kubeconfig ({e}); pass --kubeconfig or --snapshot") from e
-    return client.CoreV1Api()
+    return client.CoreV1Api(api)
 
 
 def load_live(kubeconfig: str | None = None, context: str | None = None) -> Cluster:

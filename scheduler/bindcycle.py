@@ -38,6 +38,7 @@ from kube_vgpu.cluster import pod_key
 from kube_vgpu.codec import allocation_text, encode_allocation
 from kube_vgpu.config import Config
 from kube_vgpu.errors import CodecError, RequestError
+from kube_vgpu.kubeapi import api_error_text, is_conflict, is_not_found, outcome_unknown
 from kube_vgpu.model import PodAllocation, PodRequest
 from kube_vgpu.placement import Booking
 from kube_vgpu.podlife import finished, terminating
@@ -54,7 +55,7 @@ from kube_vgpu.signing import KeySource, sign_allocation
 from kube_vgpu.taints import untolerated
 
 from .bindstate import BindCache
-from .kube import KubeAPI, api_error_text, is_conflict, is_not_found, outcome_unknown
+from .kube import KubeAPI
 from .metrics import Metrics
 
 if TYPE_CHECKING:

@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .kube import KubeAPI, api_error_text
+from kube_vgpu.kubeapi import api_error_text
+
+from .kube import KubeAPI
 
 log = logging.getLogger("kube_vgpu.scheduler.leader")
 

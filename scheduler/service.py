@@ -50,6 +50,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kube_vgpu.cluster import Record, pod_key
 from kube_vgpu.config import Config, load_config_text
 from kube_vgpu.errors import ConfigError, RequestError
+from kube_vgpu.kubeapi import Reflector, api_error_text
 from kube_vgpu.model import PodAllocation
 from kube_vgpu.placement.fastpath import names_key, normalise_array
 from kube_vgpu.placement.liveshapes import shapes_from_state
@@ -70,7 +71,7 @@ from kube_vgpu.signing import KeyDir, KeyRing, KeySource, sign_allocation, sign_
 from .bindcycle import BindCycle
 from .bindstate import BindCache
 from .hostpriority import HostPriorityEncoder
-from .kube import KubeAPI, Reflector, api_error_text
+from .kube import KubeAPI
 from .leader import LeaseElector, LeaseFollower
 from .metrics import GpuRow, Metrics
 from .preempt import Preemption, PreemptMetrics, check_preemption_args

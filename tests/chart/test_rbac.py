@@ -297,8 +297,9 @@ def test_running_extender_stays_within_its_api_layer(renderer: Renderer, fake: F
 #: how to run each public method of deviceplugin.kube.ApiKubeClient once
 DEVICE_PLUGIN_METHODS: dict[str, Callable[[Any, FakeKubeAPI], None]] = {
     "list_node_pods": lambda k, f: k.list_node_pods("n1"),
-    "list_node_pods_rv": lambda k, f: k.list_node_pods_rv("n1"),
-    "watch_node_pods": lambda k, f: list(k.watch_node_pods("n1", f.resource_version, 1)),
+    "list_objects": lambda k, f: k.list_objects("pods", field_selector="spec.nodeName=n1"),
+    "watch_objects": lambda k, f: _drain(k.watch_objects("pods", f.resource_version, 1,
+                                                         field_selector="spec.nodeName=n1")),
     "patch_pod_annotations": lambda k, f: k.patch_pod_annotations("team-a", "p", {"kube-vgpu.io/bind-phase": "success"}),
     "patch_node_annotations": lambda k, f: k.patch_node_annotations("n1", {ANN_NODE_INVENTORY: "{}"}),
 }

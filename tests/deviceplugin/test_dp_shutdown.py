@@ -44,24 +44,24 @@ def test_pod_watcher_stop_wakes_its_thread_which_closes_the_watch(quiet_api: Fak
     """stop() returns with the watch thread ended; the stream was closed by that thread."""
     kube = ApiKubeClient(api_client=quiet_api.api_client())
     closed_by: list[str] = []
-    real_watch = kube.watch_node_pods
+    real_watch = kube.watch_objects
 
-    def watch_node_pods(*a: Any, **kw: Any) -> Any:
-        stream = real_watch(*a, **kw)
-        real_close = stream.close
+    def watch_objects(*a: Any, **kw: Any) -> Any:
+        resp = real_watch(*a, **kw)
+        real_close = resp.close
 
         def close() -> None:
             closed_by.append(threading.current_thread().name)
             real_close()
-        stream.close = close  # type: ignore[method-assign]
-        return stream
-    kube.watch_node_pods = watch_node_pods  # type: ignore[method-assign]
+        resp.close = close
+        return resp
+    kube.watch_objects = watch_objects  # type: ignore[method-assign]
     w = PodWatcher(kube, ArrivalBook(NODE))
     w.start()
     assert w.synced.wait(10)
     quiet_api.wait_for_watch("pods", timeout=10)
     deadline = time.monotonic() + 10
-    while w._stream is None:
+    while w.reflector._resp is None:
         assert time.monotonic() < deadline, "watch never noted"
         time.sleep(0.01)
     t0 = time.monotonic()

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 from vgpu_sched_util import node_obj, write_keys
 
-from scheduler.kube import KubeAPI, Reflector
+from kube_vgpu.kubeapi import Reflector
+from scheduler.kube import KubeAPI
 from tests.fakeapi import FakeKubeAPI
 from tests.sigterm import EXIT_BOUND, sigterm_and_wait
 
