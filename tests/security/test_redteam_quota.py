@@ -65,8 +65,9 @@ def test_no_compute_limit_is_refused_under_a_compute_quota(fake: FakeKubeAPI) ->
         create_pod(fake, pod_obj("mixed", containers=[ctr("a", gpumem=1000, gpucores=20), ctr("b", gpumem=1000)],
                                  ns=NS)),
     ]
-    limited = create_pod(fake, pod_obj("limited", limits={"nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 20},
-                                       ns=NS))
+    # a pod whose GPU containers set their compute limit places, sidecars without GPU included
+    limited = create_pod(fake, pod_obj("limited", containers=[ctr("gpu", gpumem=1000, gpucores=20),
+                                                              {"name": "sidecar", "image": "busybox"}], ns=NS))
     elsewhere = create_pod(fake, pod_obj("other-ns", limits={"nvidia.com/gpumem": 1000}, ns="team-b"))
 
     async def go() -> None:
@@ -82,7 +83,7 @@ def test_no_compute_limit_is_refused_under_a_compute_quota(fake: FakeKubeAPI) ->
                 _, b = await ext.post("/bind", bind_args(p, "n0"))
                 assert "asks no nvidia.com/gpucores" in b["Error"], b
             assert ext.svc.cache.state.bookings == {}
-            # a pod that sets its compute limit, and a namespace without a compute quota, still place
+            # the pod that sets its compute limit, and a namespace without a compute quota, still place
             for p in (limited, elsewhere):
                 _, res = await ext.post("/filter", filter_args(p, nodes))
                 assert res["NodeNames"] == ["n0"], res
