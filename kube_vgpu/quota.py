@@ -71,9 +71,9 @@ class Exceeded:
 
 def limits_of(quota: Mapping[str, Any], names: ResourceNames) -> list[Limit]:
     """The hard values of a ResourceQuota object (JSON) for our memory and cores resources.
-    A fractional value is held as its whole part (kube-apiserver accepts ``requests.R: 1500500m``:
-    ``requests.``-prefixed keys are not integer resources, and reading it as "no limit" would fail
-    open); a value that is not a quantity, or is negative, is skipped (the API server rejects both)."""
+    A fractional value is held as its whole part (``requests.``-prefixed keys are not integer
+    resources to kube-apiserver's validation, so ``requests.R: 1500500m`` can get through; reading it
+    as "no limit" would fail open); a value that is not a quantity, or is negative, is skipped (the API server rejects both)."""
     meta = quota.get("metadata") or {}
     spec = quota.get("spec") or {}
     hard = spec.get("hard") if isinstance(spec, Mapping) else None

@@ -10,9 +10,9 @@ Attacks played:
   without a CPU limit is refused where a CPU limit quota applies), the extender refuses a pod that
   asks for no compute limit where a compute quota applies, at filter and at bind, naming the
   container and the quota.
-* **A fractional hard value.** kube-apiserver accepts ``requests.nvidia.com/gpumem: 24000500m``
-  (``requests.``-prefixed quota keys are not integer resources), and its own admission holds pods to
-  it. Reading it as "no limit" would be fail-open: it is held as its whole part.
+* **A fractional hard value.** ``requests.``-prefixed quota keys are not integer resources to
+  kube-apiserver's validation, so ``requests.nvidia.com/gpumem: 24000500m`` can get through, and its
+  own admission holds pods to it. Reading it as "no limit" would be fail-open: it is held as its whole part.
 
 Who may write ResourceQuotas is the cluster's RBAC: Kubernetes' default ``admin`` and ``edit``
 roles give a namespace's admin read-only access to ResourceQuotas, so a tenant cannot raise its own
