@@ -142,6 +142,16 @@ def parse_container(
             return None
     else:
         count = d.gpu_count
+    if init and container.get("restartPolicy") == "Always":
+        # a native sidecar runs beside the app containers (and the init containers after it), but is
+        # booked as an init container, one at a time: it would get GPU memory nobody booked
+        resource, raw = next((n, v) for n, v in ((names.gpu, gpu_raw), (names.gpumem, mem_raw),
+                                                 (names.gpumem_percentage, pct_raw), (names.gpucores, core_raw))
+                             if v is not None)
+        raise RequestError(cname, resource, raw,
+                           "no vGPU resource in a sidecar (an init container with restartPolicy: Always runs "
+                           "beside the app containers, and kube-vgpu books init containers as running one at a "
+                           "time); request the GPU in spec.containers", "sidecar container")
     mem = pct = 0
     if mem_raw is not None:
         mem = _whole(cname, kind, names.gpumem, mem_raw, 1, MAX_GPUMEM_MIB,
