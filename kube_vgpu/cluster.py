@@ -134,12 +134,16 @@ def _meta(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def allocation_amount(alloc: PodAllocation) -> Amount:
-    """GPU memory and compute an allocation holds (init containers collapsed as booked)."""
+    """GPU memory and compute an allocation holds (init containers collapsed as booked); GPUs where
+    it books 100 percent or more of compute are listed in ``whole`` (see :class:`Amount`)."""
     mib = cores = 0
-    for m, c, _s in alloc.usage().values():
+    whole: list[tuple[str, str, int, int]] = []
+    for uuid, (m, c, _s) in alloc.usage().items():
         mib += m
         cores += c
-    return Amount(mib, cores)
+        if c >= 100:
+            whole.append((alloc.node, uuid, m, c))
+    return Amount(mib, cores, tuple(sorted(whole)))
 
 
 def pod_priority(pod: dict[str, Any]) -> int:
@@ -710,11 +714,35 @@ class ClusterCache:
         bookings = self.state.bookings
         for key, b in bookings.items():
             if key.startswith(prefix) and key != exclude:
-                total += usage_of(b.usage)
+                total += self._held(b.node, b.usage)
         for key, a in self.state.assumed.items():
             if key.startswith(prefix) and key != exclude and key not in bookings:
-                total += usage_of(a.usage)
+                total += self._held(a.node, a.usage)
         return total
+
+    def _held(self, node: str, usage: tuple[tuple[int, int, int, int], ...]) -> Amount:
+        """The quota Amount of per-GPU usage on ``node``: a GPU whose compute the pod books in full
+        takes no other pod, so it counts its whole memory (a pod asking 1 MiB with gpucores: 100
+        holds the card)."""
+        amount = usage_of(usage)
+        ns = self.state.nodes.get(node)
+        if ns is None:
+            return amount
+        extra = 0
+        for i, mib, cores, _s in usage:
+            if 0 <= i < len(ns.devices) and cores >= ns.devices[i].cores:
+                extra += max(0, ns.devices[i].memory_mib - mib)
+        return Amount(amount.mib + extra, amount.cores)
+
+    def _whole_gpus(self, asked: Amount) -> Amount:
+        """``asked`` with each GPU it books in full (``asked.whole``) charged its whole memory."""
+        extra = 0
+        for node, uuid, mib, cores in asked.whole:
+            ns = self.state.nodes.get(node)
+            dev = next((d for d in ns.devices if d.uuid == uuid), None) if ns is not None else None
+            if dev is not None and cores >= dev.cores:
+                extra += max(0, dev.memory_mib - mib)
+        return Amount(asked.mib + extra, asked.cores)
 
     def quota_failure(self, pod: PodRequest, asked: Amount) -> FitFailure | None:
         """The failure when ``asked`` on top of what ``pod``'s namespace already holds goes over a
@@ -725,7 +753,8 @@ class ClusterCache:
         uncapped = uncapped_compute(pod.namespace, lims, pod.containers, self.quotas.names.gpucores)
         if uncapped is not None:
             return FitFailure(Code.QUOTA_EXCEEDED, detail=uncapped)
-        over = exceeded(pod.namespace, lims, self.namespace_usage(pod.namespace, exclude=pod.key), asked)
+        over = exceeded(pod.namespace, lims, self.namespace_usage(pod.namespace, exclude=pod.key),
+                        self._whole_gpus(asked))
         if over is None:
             return None
         return FitFailure(Code.QUOTA_EXCEEDED, need=over.asked, have=over.used, detail=over.text())

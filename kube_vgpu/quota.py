@@ -31,13 +31,17 @@ PREFIXES = ("requests.", "limits.", "")
 
 @dataclass(frozen=True, slots=True)
 class Amount:
-    """GPU memory (MiB) and compute (percent units) booked or asked."""
+    """GPU memory (MiB) and compute (percent units) booked or asked. ``whole``: the GPUs among them
+    that may be booked in full, ``(node, gpu uuid, MiB booked there, percent booked there)``: a GPU
+    whose compute is all booked takes no other pod, so a memory quota charges its whole memory
+    (:meth:`kube_vgpu.cluster.ClusterCache.quota_failure` resolves the sizes)."""
 
     mib: int = 0
     cores: int = 0
+    whole: tuple[tuple[str, str, int, int], ...] = ()
 
     def __add__(self, other: Amount) -> Amount:
-        return Amount(self.mib + other.mib, self.cores + other.cores)
+        return Amount(self.mib + other.mib, self.cores + other.cores, self.whole + other.whole)
 
 
 @dataclass(frozen=True, slots=True)

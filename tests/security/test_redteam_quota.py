@@ -116,3 +116,37 @@ def test_fractional_quota_applies_over_http(fake: FakeKubeAPI) -> None:
             assert reasons(res) == {"GPU quota exceeded: namespace team-a, ResourceQuota gpu: "
                                     "requests.nvidia.com/gpumem used 0 + asked 20000 > hard 1500"}, res
     run(go)
+
+
+def test_whole_gpus_held_with_a_tiny_memory_request_count_their_memory(fake: FakeKubeAPI) -> None:
+    """``gpumem: 1, gpucores: 100`` is exclusive: the card takes no other pod. Counted as 1 MiB, a
+    tenant under a 100000 MiB quota would hold every 40000 MiB GPU of the cluster; counted as the
+    whole card's memory it holds two."""
+    nodes = [fake.create_object("nodes", node_obj("n0", 4, mem=40000))]
+    fake.create_object("resourcequotas", quota({"requests.nvidia.com/gpumem": "100000"}), namespace=NS)
+    squat = [create_pod(fake, pod_obj(f"squat-{i}", limits={"nvidia.com/gpumem": 1, "nvidia.com/gpucores": 100},
+                                      ns=NS)) for i in range(3)]
+    shared = create_pod(fake, pod_obj("shared", limits={"nvidia.com/gpumem": 10000, "nvidia.com/gpucores": 50},
+                                      ns=NS))
+    victim = create_pod(fake, pod_obj("victim", limits={"nvidia.com/gpumem": 1000}, ns="team-b"))
+
+    async def go() -> None:
+        async with api_extender(fake) as ext:
+            for p in squat[:2]:
+                _, res = await ext.post("/filter", filter_args(p, nodes))
+                assert res["NodeNames"] == ["n0"], res
+                _, b = await ext.post("/bind", bind_args(p, "n0"))
+                assert b["Error"] == "", b
+            assert ext.svc.cache.namespace_usage(NS).mib == 80000
+            _, res = await ext.post("/filter", filter_args(squat[2], nodes))
+            assert reasons(res) == {"GPU quota exceeded: namespace team-a, ResourceQuota gpu: "
+                                    "requests.nvidia.com/gpumem used 80000 + asked 40000 > hard 100000"}, res
+            _, b = await ext.post("/bind", bind_args(squat[2], "n0"))
+            assert "used 80000 + asked 40000 > hard 100000" in b["Error"], b
+            # a shared (non-exclusive) request still counts what it books
+            _, res = await ext.post("/filter", filter_args(shared, nodes))
+            assert res["NodeNames"] == ["n0"], res
+            # and the other tenant still finds GPUs
+            _, res = await ext.post("/filter", filter_args(victim, nodes))
+            assert res["NodeNames"] == ["n0"], res
+    run(go)
