@@ -42,8 +42,10 @@ def _windows(out: str) -> list[float]:
 
 def test_long_kernels_are_charged_for_their_real_duration(tc: Toolchain, tmp_path: Path) -> None:
     # 200 ms kernels under a 30 % limit (each spans four sampling periods; they ran at 56-77 % when only
-    # the launches' estimates were charged); the second 4 s window is steady state
-    p = _spawn(tc, ["sm", "9.5", "80000", "4.0"], FAKE_CUDA_NS_PER_BLOCK="2500", CUDA_DEVICE_SM_LIMIT="30",
+    # the launches' estimates were charged); the second 4 s window is steady state. A window closes
+    # after the launch that crosses it (a throttled launch waits), so the run is long enough for two
+    # windows however late the second closes on a loaded machine
+    p = _spawn(tc, ["sm", "12", "80000", "4.0"], FAKE_CUDA_NS_PER_BLOCK="2500", CUDA_DEVICE_SM_LIMIT="30",
                FAKE_GPU_STATE=str(tmp_path / "gpu.state"))
     windows = _windows(_out(p))
     assert len(windows) >= 2, windows
@@ -132,7 +134,11 @@ def test_shape_change_next_to_a_neighbour_in_pid_namespaces(tc: Toolchain, tmp_p
         out = _out(p)
         bins = [float(v) for v in re.findall(r"bin t=\d+ util=([0-9.]+)", out)]
         after = float(re.search(r"after util=([0-9.]+)", out).group(1))  # type: ignore[union-attr]
-        means = [sum(bins[i:i + 6]) / 6 for i in range(len(bins) - 5)]
+        # the switching tenant: never below half its limit for over 100 ms (6 bins of 20 ms); its
+        # steady neighbour shares the simulated device's queue with the switcher's one overrun period
+        # and with this machine's CPU scheduling, so it is held to the same bound over 200 ms
+        span = 6 if limit == 30 else 10
+        means = [sum(bins[i:i + span]) / span for i in range(len(bins) - span + 1)]
         assert min(means) >= limit / 2, (limit, [round(b) for b in bins])
         # the saturated pair loses a few points to the simulated device's queueing on a loaded machine
         assert abs(after - limit) <= (10 if limit > 50 else 5), (limit, after)
