@@ -71,10 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--signing-keys-dir", required=True,
                    help="directory of the allocation signing keys: 'active' (the key id that signs) and one "
                         "'key.<kid>' file per key (>= 32 random bytes); reloaded when its files change")
-    p.add_argument("--filter-best-node", type=_bool_flag, nargs="?", const=True, default=False, metavar="true|false",
-                   help="/filter answers only the node the policy ranks first (as HAMi does): kube-scheduler "
-                        "then skips scoring and never calls /prioritize, which saves a round trip per pod but "
-                        "leaves kube-scheduler's own scores (preferred affinity, spreading) out of the choice")
+    p.add_argument("--filter-best-node", type=_bool_flag, nargs="?", const=True, default=True, metavar="true|false",
+                   help="true (default): /filter answers only the node the policy ranks first (as HAMi does), so "
+                        "kube-scheduler skips scoring and never calls /prioritize (one round trip less per pod); "
+                        "false: every feasible node, scored by /prioritize together with kube-scheduler's own "
+                        "scores (preferred node affinity, topology spreading)")
     return p
 
 

@@ -118,8 +118,8 @@ class Options:
     shapes_interval: float = 300.0
     assume_seconds: float = 30.0
     #: /filter answers only the node the policy ranks first (HAMi's behaviour: kube-scheduler then
-    #: skips scoring, and /prioritize is not called), instead of every feasible node
-    filter_best_node: bool = False
+    #: skips scoring, and /prioritize is not called); False: every feasible node
+    filter_best_node: bool = True
     api_workers: int = 48
     #: first and longest wait (s) between read-backs of a pod whose bind outcome is unknown
     unknown_retry: tuple[float, float] = (0.2, 10.0)

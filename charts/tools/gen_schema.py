@@ -188,6 +188,7 @@ schema = {
                 "extraArgs": STRLIST, "resources": RES}),
             "extender": obj({
                 "port": PORT,
+                "filterBestNode": b("Filter answers only the best node (no prioritize round trip)."),
                 "bindAddress": {"type": "string", "minLength": 1,
                                 "description": "Bind address of the extender API; kube-scheduler calls 127.0.0.1, "
                                                "so 127.0.0.1 (default) or a wildcard."},

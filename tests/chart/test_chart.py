@@ -664,3 +664,16 @@ def test_device_plugin_selinux_options(renderer: Renderer) -> None:
     ds = find(renderer.render({"devicePlugin": {"seLinuxOptions": {"type": "spc_t"}}}), "DaemonSet",
               f"{FULL}-device-plugin")
     assert ds["spec"]["template"]["spec"]["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
+
+
+@pytest.mark.parametrize(("value", "want"), [(None, True), (False, False)])
+def test_extender_filter_best_node_value(renderer: Renderer, value: bool | None, want: bool) -> None:
+    """scheduler.extender.filterBestNode (default true) reaches the extender as --filter-best-node, and
+    the extender's own parser reads the value the chart meant."""
+    from scheduler.server import build_parser
+
+    values = {} if value is None else {"scheduler": {"extender": {"filterBestNode": value}}}
+    args = containers(find(renderer.render(values), "Deployment", f"{FULL}-scheduler"))["extender"]["args"]
+    assert f"--filter-best-node={str(want).lower()}" in args
+    assert build_parser().parse_args([a for a in args[1:] if a.startswith("--filter-best-node")] +
+                                     ["--signing-keys-dir", "/k"]).filter_best_node is want

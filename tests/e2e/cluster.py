@@ -353,13 +353,14 @@ class Components:
             }],
         }
 
-    def start_extender(self) -> None:
+    def start_extender(self, *extra: str) -> None:
+        """Start the extender (``extra``: more flags, e.g. ``--filter-best-node``)."""
         assert self.cp.kubeconfig is not None
         self.procs["extender"] = Proc("extender", kube_vgpu(
             "scheduler", "--config", str(self.policy), "--bind-address", "127.0.0.1", "--port",
             str(self.extender_port), "--kubeconfig", str(self.cp.kubeconfig), "--log-level", "info",
             "--signing-keys-dir", str(self.signing_keys),
-            "--leader-elect=false"), self.dir)  # one replica, restarted with SIGKILL: no Lease to wait out
+            "--leader-elect=false", *extra), self.dir)  # one replica, restarted with SIGKILL: no Lease to wait out
         wait_for(lambda: self.procs["extender"].check() or _https_ok(f"http://127.0.0.1:{self.extender_port}/readyz"),
                  60, "extender /readyz")
 

@@ -115,7 +115,7 @@ def test_without_promises_the_same_pipeline_loses_races(fake: FakeKubeAPI) -> No
 
 def _service(n_nodes: int = 2, now: list[float] | None = None) -> tuple[SchedulerService, list[dict[str, Any]]]:
     nodes = [node_obj(f"n{i}", 1) for i in range(n_nodes)]
-    svc = offline_service(nodes)
+    svc = offline_service(nodes, filter_best_node=False)  # these tests read every feasible node
     if now is not None:
         svc.clock = lambda: now[0]
     return svc, nodes
@@ -166,10 +166,10 @@ def test_filter_best_node_answers_the_node_prioritize_would_promise() -> None:
     async def go() -> None:
         for i, mib in enumerate((1000, 8000, 20000, 30000)):
             pod = pod_obj(f"p{i}", limits={"nvidia.com/gpumem": mib})
-            ref = offline_service(nodes)
+            ref = offline_service(nodes, filter_best_node=False)
             feasible = (await ref.filter(filter_args(pod, nodes)))["NodeNames"]
             assert len(feasible) > 1, (mib, feasible)
-            ref = offline_service(nodes)
+            ref = offline_service(nodes, filter_best_node=False)
             scores = {e["Host"]: e["Score"] for e in json.loads(await ref.prioritize(filter_args(pod, nodes)))}
             top = max(scores.values())
             (expected,) = [n for n, sc in scores.items() if sc == top]
