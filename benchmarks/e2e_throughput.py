@@ -166,8 +166,9 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=200)
     ap.add_argument("--nodes", type=int, default=50)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each phase's binds")
-    ap.add_argument("--filter-best-node", action="store_true",
-                    help="run the extender with --filter-best-node (filter answers one node, no prioritize)")
+    ap.add_argument("--all-feasible-nodes", action="store_true",
+                    help="run the extender with --filter-best-node=false (filter answers every feasible node, "
+                         "prioritize scores them)")
     args = ap.parse_args()
     if not os.environ.get("KUBE_BIN_DIR"):
         print("e2e_throughput: skipped (set KUBE_BIN_DIR to kube-apiserver, kube-scheduler and etcd binaries)")
@@ -213,7 +214,7 @@ def main() -> int:
         fk.wait(lambda k: k.updates > 0, timeout=60, what="device plugin registration")
         comps.start_webhook()
         adm.create_mutating_webhook_configuration(comps.webhook_configuration("bench-vgpu"))
-        comps.start_extender(*(["--filter-best-node"] if args.filter_best_node else []))
+        comps.start_extender(*(["--filter-best-node=false"] if args.all_feasible_nodes else []))
         comps.start_kube_scheduler(plain_profile=True)
         plain_loop = KubeletLoop(core, "bench-plain", names[0], fk, comps.signing_keys)
         loop = KubeletLoop(core, "bench-vgpu", names[0], fk, comps.signing_keys)
