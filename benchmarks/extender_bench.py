@@ -27,7 +27,7 @@ the two side by side with the machine's load average at the start and end of eac
 The extender's decision cache is keyed on the GPU request (see docs/scheduler.md): a new CPU or
 memory request alone would not make a pod cold, so the cold pods differ in their GPU request.
 
-Targets (issue 3): filter+prioritize p99 <= 10 ms at 5,000 nodes x 8 GPUs, bind p99 <= 20 ms,
+Targets: filter+prioritize p99 <= 10 ms at 5,000 nodes x 8 GPUs, bind p99 <= 20 ms,
 >= 300 decisions/s (warm); new-shape filter p99 <= 20 ms at 5,000 diverse nodes (cold).
 Usage: ``python benchmarks/extender_bench.py [--nodes 5000 --gpus 8] [--cold]``.
 Not a unit test; exits 0 and prints a table (``--check`` exits 1 if a target is missed).

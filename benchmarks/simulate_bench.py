@@ -1,4 +1,4 @@
-"""Placement-engine benchmark (issue 2): published-number reproduction, replay time, decision
+"""Placement-engine benchmark: published-number reproduction, replay time, decision
 latency and peak RSS. Prints numbers; asserts nothing (see tests for correctness).
 
   python benchmarks/simulate_bench.py [--seeds 10] [--trace ../shared/traces/alibaba-gpu-v2023]

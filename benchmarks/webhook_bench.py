@@ -9,7 +9,7 @@ patch), 10% invalid ones (denied).
 Printed: throughput (reviews/s), client round-trip p50/p99, handler p50/p99 (wall clock) and
 handler CPU time p50/p99, in milliseconds, from the server's ``Server-Timing`` header. Client and
 server share the machine's CPUs: on a small or busy machine the wall-clock tail is mostly time the
-OS scheduler gives to other processes (compare with the CPU figures and the load average printed). Targets (issue 4):
+OS scheduler gives to other processes (compare with the CPU figures and the load average printed). Targets:
 >= 1,000 reviews/s and handler p99 <= 5 ms. Exit code 0 when both are met, 1 otherwise.
 
 Usage: ``python benchmarks/webhook_bench.py [--requests 20000] [--concurrency 32] [--json]``
