@@ -50,7 +50,7 @@ from kube_vgpu.placement.fit import gpu_order
 from kube_vgpu.placement.preempt import DEFAULT_BUDGET, Holder, VictimSet, select_victims
 from kube_vgpu.podspec import parse_pod, pod_asks
 
-from .wire import check_pod
+from .wire import check_pod, json_type
 
 if TYPE_CHECKING:
     from .bindstate import BindCache
@@ -60,23 +60,11 @@ log = logging.getLogger("kube_vgpu.scheduler")
 Obj = dict[str, Any]
 
 
-def _type(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    return "array" if isinstance(v, list) else "object"
-
-
 def check_preemption_args(args: Any) -> str | None:
     """Shape check of ``ExtenderPreemptionArgs`` (only what is read); None when usable, else the
     error naming the field, the JSON type found and what is allowed."""
     if not isinstance(args, dict):
-        return f"ExtenderPreemptionArgs: must be an object, got {_type(args)}"
+        return f"ExtenderPreemptionArgs: must be an object, got {json_type(args)}"
     err = check_pod(args.get("Pod"))
     if err:
         return err
@@ -85,13 +73,13 @@ def check_preemption_args(args: Any) -> str | None:
         if m is None:
             continue
         if not isinstance(m, dict):
-            return f"{field}: must be an object of node name -> victims, got {_type(m)}"
+            return f"{field}: must be an object of node name -> victims, got {json_type(m)}"
         for node, v in m.items():
             f = f"{field}[{node!r}]"
             if v is None:
                 continue
             if not isinstance(v, dict):
-                return f"{f}: must be an object {{Pods, NumPDBViolations}}, got {_type(v)}"
+                return f"{f}: must be an object {{Pods, NumPDBViolations}}, got {json_type(v)}"
             n = v.get("NumPDBViolations")
             if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
                 return f"{f}.NumPDBViolations: must be a whole number >= 0, got {n!r}"[:300]
@@ -99,13 +87,13 @@ def check_preemption_args(args: Any) -> str | None:
             if pods is None:
                 continue
             if not isinstance(pods, list):
-                return f"{f}.Pods: must be an array, got {_type(pods)}"
+                return f"{f}.Pods: must be an array, got {json_type(pods)}"
             for i, p in enumerate(pods):
                 if meta:
                     if not isinstance(p, dict):
-                        return f"{f}.Pods[{i}]: must be an object {{UID: string}}, got {_type(p)}"
+                        return f"{f}.Pods[{i}]: must be an object {{UID: string}}, got {json_type(p)}"
                     if not isinstance(p.get("UID"), str):
-                        return f"{f}.Pods[{i}].UID: must be a string, got {_type(p.get('UID'))}"
+                        return f"{f}.Pods[{i}].UID: must be a string, got {json_type(p.get('UID'))}"
                 else:
                     err = check_pod(p, f"{f}.Pods[{i}]")
                     if err:

@@ -19,7 +19,8 @@ _STRING_MAPS = ("annotations", "labels")
 _META_STRINGS = ("name", "namespace", "uid", "generateName", "resourceVersion")
 
 
-def _type(v: Any) -> str:
+def json_type(v: Any) -> str:
+    """The JSON type name of a decoded value (null, boolean, number, string, array, object), for errors."""
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -34,7 +35,7 @@ def _type(v: Any) -> str:
 
 
 def _want(field: str, v: Any, kind: str) -> str:
-    return f"{field}: must be {kind}, got {_type(v)}"
+    return f"{field}: must be {kind}, got {json_type(v)}"
 
 
 def check_metadata(meta: Any, field: str) -> str | None:

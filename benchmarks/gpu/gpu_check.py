@@ -296,16 +296,22 @@ except torch.cuda.OutOfMemoryError:
 """
 
 
+def _torch_python(s: Setup) -> tuple[str | None, str]:
+    """(python3 that imports torch with CUDA, "") or (None, why the PyTorch rows are n/a)."""
+    py = shutil.which("python3")
+    if s.fakes or py is None:
+        return None, "fakes" if s.fakes else "python3 not installed"
+    have = subprocess.run([py, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True,
+                          timeout=TIMEOUT, env=s.env(False))
+    return (py, "") if have.returncode == 0 else (None, "torch with CUDA not installed")
+
+
 def torch_rows(s: Setup) -> list[Row]:
     """PyTorch's caching allocator and its cudaMallocAsync backend under the limit (n/a without torch)."""
     names = ("PyTorch caching allocator", "PyTorch cudaMallocAsync backend")
-    py = shutil.which("python3")
-    if s.fakes or py is None:
-        return [Row(n, "-", "fakes" if s.fakes else "python3 not installed", None) for n in names]
-    have = subprocess.run([py, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True,
-                          timeout=TIMEOUT, env=s.env(False))
-    if have.returncode:
-        return [Row(n, "-", "torch with CUDA not installed", None) for n in names]
+    py, why = _torch_python(s)
+    if py is None:
+        return [Row(n, "-", why, None) for n in names]
     rows: list[Row] = []
     for name, conf in zip(names, ("", "backend:cudaMallocAsync"), strict=True):
         env = s.env(True, s.work / f"torch{len(rows)}.cache")
@@ -392,13 +398,9 @@ def torch_sm_rows(s: Setup) -> list[Row]:
     from a CUDA Graph), each in its own PID namespace: busy % of the unlimited rate against the limit."""
     names = [f"SM {a}/{b} {what}: tenant {i + 1} at {lim}%" for _, what in TORCH_SM_MODES for a, b in SM_MIXES
              for i, lim in enumerate((a, b))]
-    py = shutil.which("python3")
-    if s.fakes or py is None:
-        return [Row(n, "-", "fakes" if s.fakes else "python3 not installed", None) for n in names]
-    have = subprocess.run([py, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True,
-                          timeout=TIMEOUT, env=s.env(False))
-    if have.returncode:
-        return [Row(n, "-", "torch with CUDA not installed", None) for n in names]
+    py, why = _torch_python(s)
+    if py is None:
+        return [Row(n, "-", why, None) for n in names]
     if shutil.which("unshare") is None:
         return [Row(n, "-", "unshare not installed", False) for n in names]
     rows: list[Row] = []
