@@ -146,6 +146,21 @@ class Status:
     started: float = field(default_factory=time.time)
 
 
+def _remove_dir(path: str, uid: str | None) -> bool:
+    """Remove the real directory ``path`` (never through a symlink; a tenant can write inside it).
+    True when removed; a failure is logged with ``uid`` and the error, and False returned."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return False
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        log.warning("cannot remove the cache directory of a gone pod or allocation", extra={"path": path, "uid": uid, "error": str(e)})
+        return False
+    return True
+
+
 class DevicePlugin:
     """One plugin instance for one node. Construct, :meth:`start`, later :meth:`stop`.
 
@@ -398,18 +413,9 @@ class DevicePlugin:
             if not sep or not uid or not ctr or uid in live or cache_dir_name(uid, ctr) != name:
                 continue
             path = os.path.join(root, name)
-            if os.path.islink(path) or not os.path.isdir(path):
-                continue
-            try:
-                shutil.rmtree(path)
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                log.warning("cannot remove the cache directory of a gone pod", extra={"path": path, "uid": uid,
-                                                                                     "error": str(e)})
-                continue
-            removed.append(path)
-            log.info("removed the cache directory of a pod no longer on this node", extra={"path": path, "uid": uid})
+            if _remove_dir(path, uid):
+                removed.append(path)
+                log.info("removed the cache directory of a pod no longer on this node", extra={"path": path, "uid": uid})
         return removed
 
     def _clean_alloc_dirs(self, names: list[str], live: set[Any]) -> list[str]:
@@ -435,14 +441,7 @@ class DevicePlugin:
                     continue
             for name in (key, key + LIMITS_SUFFIX):
                 path = os.path.join(root, name)
-                if os.path.islink(path) or not os.path.isdir(path):
-                    continue
-                try:
-                    shutil.rmtree(path)
-                except FileNotFoundError:
-                    continue
-                except OSError as e:
-                    log.warning("cannot remove the allocation directory", extra={"path": path, "error": str(e)})
+                if not _remove_dir(path, owner[0] if owner else None):
                     continue
                 removed.append(path)
                 log.info("removed the allocation directory", extra={
