@@ -55,13 +55,18 @@ def select(gpus: Iterable[PhysicalGPU], s: DeviceSettings) -> tuple[list[Physica
     return keep, skipped
 
 
-def to_devices(gpus: Iterable[PhysicalGPU], s: DeviceSettings, health: Mapping[str, bool]) -> tuple[GPUDevice, ...]:
+def to_devices(gpus: Iterable[PhysicalGPU], s: DeviceSettings, health: Mapping[str, bool],
+               links: list[list[int]] | None = None) -> tuple[GPUDevice, ...]:
     """Inventory devices: memory = NVML total MiB x memory scaling (rounded down), cores =
-    100 x core scaling, split = slots per GPU, healthy from ``health`` (missing = healthy)."""
+    100 x core scaling, split = slots per GPU, healthy from ``health`` (missing = healthy), links:
+    interconnect ranks by position (:mod:`kube_vgpu.topology`; None or a wrong size: none)."""
+    gpus = list(gpus)
+    ok = links is not None and len(links) == len(gpus) and all(len(r) == len(gpus) for r in links)
     return tuple(GPUDevice(uuid=g.uuid, index=g.index, model=g.model, memory_mib=int(g.memory_mib * s.memory_scaling),
                            cores=int(round(100 * s.core_scaling)), split=s.split_count,
-                           healthy=health.get(g.uuid, True), numa=g.numa)
-                 for g in gpus)
+                           healthy=health.get(g.uuid, True), numa=g.numa,
+                           links=tuple(links[i]) if ok and links is not None else ())
+                 for i, g in enumerate(gpus))
 
 
 def inventory(devices: tuple[GPUDevice, ...], now: float) -> NodeInventory:

@@ -78,6 +78,7 @@ class GPUBackend(Protocol):
     def usage(self, uuid: str) -> GPUUsage | None: ...
     def watch_events(self, uuids: Iterable[str]) -> list[str]: ...
     def wait_event(self, timeout_ms: int) -> tuple[str, int, int] | None: ...
+    def topology(self, uuids: list[str]) -> list[list[int]]: ...
 
 
 class NVML:
@@ -159,6 +160,48 @@ class NVML:
             except NVMLError as e:
                 return str(e)
         return None
+
+    def topology(self, uuids: list[str]) -> list[list[int]]:
+        """Interconnect rank between every two of ``uuids`` (:func:`kube_vgpu.topology.rank_of`, by
+        position), from NVML's common ancestor and NVLink links; [] when NVML cannot tell (a query
+        that fails makes that pair :data:`~kube_vgpu.topology.UNKNOWN`). Never raises."""
+        from kube_vgpu.topology import UNKNOWN, rank_of
+
+        n = len(uuids)
+        if n < 2:
+            return []
+        with self._lock:
+            handles = [self._handles.get(u) for u in uuids]
+            if any(h is None for h in handles):
+                return []
+            bus = []
+            for h in handles:
+                try:
+                    bus.append(_str(pynvml.nvmlDeviceGetPciInfo(h).busId).lower())
+                except NVMLError:
+                    bus.append("")
+            nvlinks = [[0] * n for _ in range(n)]
+            for i, h in enumerate(handles):
+                for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+                    try:
+                        if not pynvml.nvmlDeviceGetNvLinkState(h, link):
+                            continue
+                        peer = _str(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId).lower()
+                    except NVMLError:
+                        break  # no (more) NVLink on this GPU
+                    if peer in bus:
+                        nvlinks[i][bus.index(peer)] += 1
+            out = [[UNKNOWN] * n for _ in range(n)]
+            for i in range(n):
+                for j in range(n):
+                    if i == j:
+                        continue
+                    try:
+                        level: int | None = int(pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]))
+                    except NVMLError:
+                        level = None
+                    out[i][j] = rank_of(level, max(nvlinks[i][j], nvlinks[j][i]))
+        return out if any(any(r) for r in out) else []
 
     def usage(self, uuid: str) -> GPUUsage | None:
         """Used memory and utilisation, or None when NVML cannot tell."""

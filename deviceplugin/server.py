@@ -185,6 +185,7 @@ class DevicePlugin:
         self.settings = inv.settings_for(cfg, opts.node_name)
         self.status = Status()
         self._gpus: list[PhysicalGPU] = []
+        self._links: list[list[int]] = []
         self._devices: tuple[GPUDevice, ...] = ()
         self._health = HealthTracker((), opts.recovery_seconds)
         self._cond = threading.Condition()
@@ -285,10 +286,13 @@ class DevicePlugin:
         for p in self.nvml.watch_events([g.uuid for g in keep]):
             log.warning("no NVML events for a GPU; it is still probed", extra={"problem": str(p)})
         self._gpus = keep
+        self._links = self.nvml.topology([g.uuid for g in keep])  # fixed for the node's life
+        if self._links:
+            log.info("GPU interconnect published", extra={"gpu": ",".join(g.uuid for g in keep)})
         self._rebuild()
 
     def _rebuild(self) -> None:
-        devices = inv.to_devices(self._gpus, self.settings, self._health.snapshot())
+        devices = inv.to_devices(self._gpus, self.settings, self._health.snapshot(), self._links)
         with self._cond:
             self._devices = devices
             self._version += 1

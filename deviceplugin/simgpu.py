@@ -88,3 +88,6 @@ class SimulatedGPUs:
 
     def wait_event(self, timeout_ms: int) -> tuple[str, int, int] | None:
         return None
+
+    def topology(self, uuids: list[str]) -> list[list[int]]:
+        return []  # simulated GPUs have no interconnect to report

@@ -33,6 +33,10 @@ from .resources import ANN_ALLOCATION
 VERSION = 1
 
 
+#: the largest interconnect rank a links entry may carry (kube_vgpu.topology: NVLINK + links)
+MAX_LINK_RANK = 64
+
+
 def _dump(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True)
 
@@ -86,16 +90,17 @@ def _time(obj: dict[str, Any], key: str, what: str) -> float:
 
 
 def encode_inventory(inv: NodeInventory) -> str:
-    """Encode a node inventory to the annotation string (v1)."""
-    return _dump({
-        "v": VERSION,
-        "hb": inv.heartbeat,
-        "devices": [
-            {"uuid": d.uuid, "idx": d.index, "model": d.model, "mem": d.memory_mib, "cores": d.cores,
-             "split": d.split, "healthy": d.healthy, "numa": d.numa}
-            for d in inv.devices
-        ],
-    })
+    """Encode a node inventory to the annotation string (v1). ``links`` (each device's interconnect
+    rank to every device, :mod:`kube_vgpu.topology`) is written only when published: a reader that
+    does not know the field ignores it."""
+    devices = []
+    for d in inv.devices:
+        dev: dict[str, Any] = {"uuid": d.uuid, "idx": d.index, "model": d.model, "mem": d.memory_mib,
+                               "cores": d.cores, "split": d.split, "healthy": d.healthy, "numa": d.numa}
+        if d.links:
+            dev["links"] = list(d.links)
+        devices.append(dev)
+    return _dump({"v": VERSION, "hb": inv.heartbeat, "devices": devices})
 
 
 def decode_inventory(text: str) -> NodeInventory:
@@ -113,11 +118,19 @@ def decode_inventory(text: str) -> NodeInventory:
         if not uuid or uuid in seen:
             raise CodecError(f"{w}: uuid {uuid!r} is empty or listed twice")
         seen.add(uuid)
+        links: tuple[int, ...] = ()
+        if "links" in d:
+            raw = _get(d, "links", list, w)
+            if any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_LINK_RANK for x in raw):
+                raise CodecError(f"{w}: field 'links' must be a list of integers 0..{MAX_LINK_RANK}")
+            links = tuple(raw)
         devs.append(GPUDevice(
             uuid=uuid, index=_int_in(d, "idx", 0, 4096, w), model=_get(d, "model", str, w),
             memory_mib=_int_in(d, "mem", 1, MAX_MIB, w), cores=_int_in(d, "cores", 1, MAX_CORES, w),
             split=_int_in(d, "split", 1, MAX_SPLIT, w), healthy=_get(d, "healthy", bool, w),
-            numa=_int_in(d, "numa", -1, 4096, w)))
+            numa=_int_in(d, "numa", -1, 4096, w), links=links))
+    if any(d.links for d in devs) and any(len(d.links) != len(devs) for d in devs):
+        raise CodecError(f"{what}: every device's 'links' must list one rank per device ({len(devs)})")
     return NodeInventory(devices=tuple(devs), heartbeat=hb)
 
 

@@ -17,7 +17,9 @@ class GPUDevice:
     uuid: NVML UUID (``GPU-...``); index: NVML index on the node; model: NVML name
     (e.g. ``NVIDIA H200``); memory_mib: schedulable memory (NVML total x memory scaling);
     cores: schedulable compute in percent (100 x core scaling); split: vGPU slots (max containers
-    sharing it); healthy: False when NVML reports an XID/failure; numa: NUMA node (0 if unknown).
+    sharing it); healthy: False when NVML reports an XID/failure; numa: NUMA node (0 if unknown);
+    links: interconnect rank to each GPU of the node, by position in the inventory
+    (:mod:`kube_vgpu.topology`; empty when not published).
     """
 
     uuid: str
@@ -28,6 +30,7 @@ class GPUDevice:
     split: int = 10
     healthy: bool = True
     numa: int = 0
+    links: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
-from .fit import Plan
+from .fit import Plan, topology_plan
 from .memo import BoundedMemo
 from .policies import Policy, TaskShape, make_policy
 from .state import Assumption, Booking, ClusterState, NodeState
@@ -268,7 +268,8 @@ class Engine:
         n = self.state.nodes.get(node)
         if n is None:
             return NO_INVENTORY
-        return self._on(pod, n)
+        r = self._on(pod, n)
+        return topology_plan(n, pod, r) if isinstance(r, Plan) else r
 
     def assume_on(self, pod: PodRequest, uid: str, node: str, expires: float) -> Assumption | None:
         """Promise ``pod`` its current plan on ``node`` until ``expires`` (its previous promise
@@ -280,7 +281,7 @@ class Engine:
         r = self._on(pod, n)
         if not isinstance(r, Plan):
             return None
-        return self.assume(pod, uid, node, r, expires)
+        return self.assume(pod, uid, node, topology_plan(n, pod, r), expires)
 
     def assume(self, pod: PodRequest, uid: str, node: str, plan: Plan, expires: float) -> Assumption | None:
         """Promise ``plan`` on ``node`` to ``pod`` until ``expires`` (see

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..model import Constraints, ContainerRequest, GPUDevice, PodRequest
+from ..topology import best_connected
 from .state import NodeState
 from .status import Code, FitFailure
 
@@ -182,6 +183,30 @@ def fit_pod(node: NodeState, pod: PodRequest, order: GpuOrder = order_by_index) 
                 slots[i] -= 1
             plans.append(r)
     return Plan(tuple(plans))
+
+
+def topology_plan(node: NodeState, pod: PodRequest, plan: Plan) -> Plan:
+    """``plan`` with its GPUs re-picked for interconnect (:func:`kube_vgpu.topology.best_connected`)
+    when the pod has one GPU container asking for 2 or more GPUs and the node publishes its
+    topology: among the GPUs that container could use, the best-connected set, the policy's own
+    choice first when it is as good. Feasibility is unchanged (the same candidates), so node
+    choice and scores do not depend on it; pods with several GPU containers keep ``plan``."""
+    conts = pod.containers
+    if len(conts) != 1 or conts[0].count < 2 or len(plan.containers) != 1 \
+            or not all(len(d.links) == len(node.devices) for d in node.devices):
+        return plan
+    req = conts[0]
+    chosen = [i for i, _, _ in plan.containers[0]]
+    cands: list[int] = []
+
+    def capture(node_: NodeState, c: list[int], mem: list[int], cores: list[int], r: ContainerRequest) -> list[int]:
+        cands.extend(c)
+        return c
+    if not isinstance(fit_pod(node, pod, capture), Plan):
+        return plan
+    ordered = chosen + [i for i in cands if i not in chosen]
+    best = best_connected(ordered, req.count, [list(d.links) for d in node.devices])
+    return Plan((tuple((i, req.memory_on(node.devices[i]), req.cores_on(node.devices[i])) for i in best),))
 
 
 #: the GPU orderings (:func:`order_kind`)

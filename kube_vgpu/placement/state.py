@@ -63,7 +63,7 @@ class NodeState:
         self.model = devices[0].model if devices else ""
         #: what placement sees of the devices (no uuids): nodes alike in this and in their free
         #: resources get the same decision, so the engine can share it
-        self.devclass = tuple((d.model, d.memory_mib, d.cores, d.split, d.healthy) for d in devices)
+        self.devclass = tuple((d.model, d.memory_mib, d.cores, d.split, d.healthy, d.links) for d in devices)
         self.free_mem = [d.memory_mib for d in devices]
         self.free_cores = [d.cores for d in devices]
         self.free_slots = [d.split for d in devices]

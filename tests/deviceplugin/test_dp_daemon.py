@@ -814,3 +814,36 @@ def test_admin_core_policy_and_sharing_reach_the_limits_file(start_plugin: Calla
     (a,) = kubelet.admit("p1", [("c", 1)])
     got = lim(a)
     assert (got["core_policy"], got["core_sharing"]) == want
+
+
+def test_inventory_publishes_the_nvlink_topology(start_plugin: Callable[..., DevicePlugin], kube_api: Any) -> None:
+    """An 8-GPU box with two NVLink islands of 4 (two links between every pair of an island), GPUs 0-3
+    on NUMA node 0 behind one PCIe switch, 4-7 on NUMA node 1, as the fake NVML reports it
+    (nvmlDeviceGetTopologyCommonAncestor, nvmlDeviceGetNvLinkState / RemotePciInfo): the inventory
+    carries each GPU's rank to every other, NVLink within an island, across NUMA between them."""
+    from kube_vgpu.topology import NVLINK, SYSTEM
+
+    gpus = []
+    for i in range(8):
+        island = [j for j in range(4 * (i // 4), 4 * (i // 4) + 4) if j != i]
+        gpus.append({"uuid": f"GPU-0000000{i}-aaaa-4000-8000-00000000000{i}", "name": "NVIDIA H200",
+                     "memory_mib": 143771, "numa": i // 4, "switch": 0 if i < 4 else 1 + i,
+                     "nvlink": ",".join(str(j) for j in island for _ in range(2))})
+    start_plugin(gpu_list=gpus)
+    devs = inventory(kube_api).devices
+    assert [len(d.links) for d in devs] == [8] * 8
+    for a, d in enumerate(devs):
+        for b in range(8):
+            want = 0 if a == b else (NVLINK + 2 if a // 4 == b // 4 else SYSTEM)
+            assert d.links[b] == want, (a, b, d.links)
+
+
+def test_inventory_without_nvlink_ranks_pcie_switch_above_host_bridge(start_plugin: Callable[..., DevicePlugin],
+                                                                     kube_api: Any) -> None:
+    from kube_vgpu.topology import HOST_BRIDGE, PCIE_SWITCH, SYSTEM
+
+    gpus = [{"uuid": f"GPU-0000000{i}-bbbb-4000-8000-00000000000{i}", "name": "NVIDIA H200", "memory_mib": 143771,
+             "numa": 0 if i < 3 else 1, "switch": 0 if i < 2 else 10 + i} for i in range(4)]
+    start_plugin(gpu_list=gpus)
+    links = [d.links for d in inventory(kube_api).devices]
+    assert links[0][1] == PCIE_SWITCH and links[0][2] == HOST_BRIDGE and links[0][3] == SYSTEM, links

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #define FG_MAX_DEV 8
+#define FG_MAX_LINKS 18
 #define FG_RING 16384
 #define FG_MAX_PROC 256
 #define FG_MAGIC 0x46474731u /* "FGG1" */
@@ -77,6 +78,9 @@ struct fg_gpu {
     char pci[32];
     int cc_major, cc_minor;
     int sm_count;
+    int pcie_switch;           /* PCIe switch id (GPUs sharing one: NVML_TOPOLOGY_SINGLE); -1 none */
+    int n_nvlink;              /* NVLink links, each to the GPU of NVML index nvlink[k] */
+    int nvlink[FG_MAX_LINKS];
 };
 
 struct fg_config {
@@ -98,6 +102,7 @@ static inline void fg_default_gpu(struct fg_gpu *g, int i)
     snprintf(g->pci, sizeof g->pci, "00000000:%02X:00.0", 0x17 + i);
     g->cc_major = 9;
     g->cc_minor = 0;
+    g->pcie_switch = -1;
     g->sm_count = 132;
 }
 
@@ -202,6 +207,18 @@ static inline int fg_load_config(struct fg_config *cfg)
                     g->cc_minor = dot ? atoi(dot + 1) : 0;
                 } else if (!strcmp(key, "sm_count"))
                     g->sm_count = atoi(val);
+                else if (!strcmp(key, "switch"))
+                    g->pcie_switch = atoi(val);
+                else if (!strcmp(key, "nvlink")) { /* peer NVML indexes, one link each: nvlink=1,1,2 */
+                    g->n_nvlink = 0;
+                    for (const char *q = val; *q && g->n_nvlink < FG_MAX_LINKS;) {
+                        g->nvlink[g->n_nvlink++] = atoi(q);
+                        const char *comma = strchr(q, ',');
+                        if (!comma)
+                            break;
+                        q = comma + 1;
+                    }
+                }
                 /* unknown keys are ignored so the format can grow additively */
             }
             cfg->count++;

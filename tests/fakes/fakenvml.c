@@ -17,6 +17,12 @@
  *   fail        1: every query on this GPU returns NVML_ERROR_GPU_IS_LOST (15)
  *   minor       /dev/nvidia<minor>, default index                pci     bus id, default 00000000:<0x17+index>:00.0
  *   cc          compute capability "9.0"                         sm_count  default 132
+ *   switch      PCIe switch id: two GPUs with the same one are NVML_TOPOLOGY_SINGLE apart (default none)
+ *   nvlink      NVLink peers by NVML index, one link each (nvlink=1,1,2: two links to GPU 1, one to 2);
+ *               nvmlDeviceGetNvLinkState / nvmlDeviceGetNvLinkRemotePciInfo_v2 report them
+ *
+ * TOPOLOGY (nvmlDeviceGetTopologyCommonAncestor): the same GPU INTERNAL, the same switch SINGLE, the
+ * same NUMA node HOSTBRIDGE, else SYSTEM.
  *
  * XID EVENTS: env FAKE_NVML_EVENTS names a file that nvmlEventSetWait(_v2) re-reads on every
  * poll; each line "<gpu-index> <xid> [<event-type-hex>]" is delivered once to a waiting event set
@@ -361,6 +367,50 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p)
     p->pciDeviceId = 0x233510de;
     p->pciSubSystemId = 0x18d810de;
     return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t d1, nvmlDevice_t d2, int *level)
+{
+    DEV_OR_RETURN(i, d1);
+    DEV_OR_RETURN(j, d2);
+    if (!level)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fg_gpu *a = &g_dev[i].g, *b = &g_dev[j].g;
+    if (i == j)
+        *level = 0; /* NVML_TOPOLOGY_INTERNAL */
+    else if (a->pcie_switch >= 0 && a->pcie_switch == b->pcie_switch)
+        *level = 10; /* NVML_TOPOLOGY_SINGLE */
+    else if (a->numa == b->numa)
+        *level = 30; /* NVML_TOPOLOGY_HOSTBRIDGE */
+    else
+        *level = 50; /* NVML_TOPOLOGY_SYSTEM */
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, unsigned int *active)
+{
+    DEV_OR_RETURN(i, d);
+    if (!active || link >= FG_MAX_LINKS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g_dev[i].g.n_nvlink == 0)
+        return NVML_ERROR_NOT_SUPPORTED; /* a GPU without NVLink, as NVML answers */
+    *active = link < (unsigned)g_dev[i].g.n_nvlink;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link, nvmlPciInfo_t *p)
+{
+    DEV_OR_RETURN(i, d);
+    if (!p || link >= (unsigned)g_dev[i].g.n_nvlink)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int peer = g_dev[i].g.nvlink[link];
+    for (int k = 0; k < g_cfg.count; k++)
+        if (g_dev[k].g.index == peer) {
+            memset(p, 0, sizeof(*p));
+            fg_copy(p->busId, sizeof p->busId, g_dev[k].g.pci);
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, nvmlPciInfo_t *p)

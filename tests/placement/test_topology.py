@@ -1,0 +1,89 @@
+"""NVLink/topology-aware multi-GPU placement (kube_vgpu/topology.py, placement/fit.py
+topology_plan): on an 8-GPU box with two NVLink islands of 4, a container asking for 4 GPUs gets
+one island even when its GPU policy's order would straddle both; what a node can hold and how it
+scores never depend on the topology; the inventory carries the ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from kube_vgpu.codec import decode_inventory, encode_inventory
+from kube_vgpu.errors import CodecError
+from kube_vgpu.model import ContainerRequest, GPUDevice, NodeInventory, PodRequest
+from kube_vgpu.placement import ClusterState, Engine
+from kube_vgpu.placement.fit import Plan
+from kube_vgpu.topology import HOST_BRIDGE, NVLINK, SYSTEM, UNKNOWN, best_connected, rank_of
+
+ISLANDS = [[UNKNOWN if a == b else (NVLINK + 2 if a // 4 == b // 4 else SYSTEM) for b in range(8)] for a in range(8)]
+
+
+def node_devices(links: bool = True) -> tuple[GPUDevice, ...]:
+    return tuple(GPUDevice(f"GPU-{i}", i, "NVIDIA H200", 80000, links=tuple(ISLANDS[i]) if links else ())
+                 for i in range(8))
+
+
+def pod(name: str, count: int, mib: int = 10000, containers: int = 1) -> PodRequest:
+    app = tuple(ContainerRequest(f"c{k}", False, count, mib, 0, 0) for k in range(containers))
+    return PodRequest("default", name, (), app)
+
+
+def engine(links: bool = True, gpu_policy: str = "spread") -> Engine:
+    st = ClusterState()
+    st.set_node("n1", node_devices(links), 0, 0, 0.0)
+    return Engine(st, "binpack", gpu_policy)
+
+
+def book_some(eng: Engine, gpus: list[int]) -> None:
+    """Book 1000 MiB on each of ``gpus`` (pods of one GPU each), so a spread order starts elsewhere."""
+    for k, g in enumerate(gpus):
+        p = pod(f"small-{k}", 1, 1000)
+        plan = Plan((((g, 1000, 0),),))
+        eng.book(p, eng.allocation(p, "n1", plan, now=0.0))
+
+
+def test_ranks_and_the_best_connected_set() -> None:
+    assert rank_of(None) == UNKNOWN and rank_of(50) == SYSTEM and rank_of(30) == HOST_BRIDGE
+    assert rank_of(10, nvlinks=2) == NVLINK + 2
+    # the policy's order straddles the islands: the best set is one whole island
+    assert sorted(best_connected([3, 4, 5, 6, 0, 1, 2, 7], 4, ISLANDS)) in ([0, 1, 2, 3], [4, 5, 6, 7])
+    assert best_connected([4, 5, 6, 7, 0], 4, ISLANDS) == [4, 5, 6, 7]  # already an island: kept
+    assert best_connected([0, 1, 2], 2, []) == [0, 1]  # no topology: the policy's order
+    assert best_connected([2, 1, 0], 1, ISLANDS) == [2]
+
+
+def test_four_gpu_container_lands_on_one_nvlink_island() -> None:
+    eng = engine()
+    book_some(eng, [0, 1, 2, 7])  # spread: the idle GPUs 3-6 come first, straddling both islands
+    plan = eng.plan_for(pod("big", 4), "n1")
+    assert isinstance(plan, Plan)
+    chosen = sorted(i for i, _, _ in plan.containers[0])
+    assert chosen in ([0, 1, 2, 3], [4, 5, 6, 7]), chosen
+    # without published topology the same request follows the GPU policy's order alone
+    plain = engine(links=False)
+    book_some(plain, [0, 1, 2, 7])
+    p2 = plain.plan_for(pod("big", 4), "n1")
+    assert isinstance(p2, Plan) and sorted(i for i, _, _ in p2.containers[0]) == [3, 4, 5, 6]
+
+
+def test_topology_never_changes_what_fits_or_how_nodes_score() -> None:
+    with_links, without = engine(), engine(links=False)
+    for e in (with_links, without):
+        book_some(e, [0, 1, 2, 7])
+    for p in (pod("a", 4), pod("b", 2, 70000), pod("c", 8), pod("d", 2, containers=2)):
+        r1, r2 = with_links.evaluate(p, ["n1"]), without.evaluate(p, ["n1"])
+        assert (r1[0], r1[2]) == (r2[0], r2[2]), p.name  # feasible nodes and scores
+    # two GPU containers: the plan is the policy's (their choices interact), topology or not
+    d1, d2 = with_links.plan_for(pod("d", 2, containers=2), "n1"), without.plan_for(pod("d", 2, containers=2), "n1")
+    assert d1 == d2
+
+
+def test_inventory_carries_the_ranks_and_refuses_bad_ones() -> None:
+    inv = NodeInventory(node_devices(), 1.0)
+    assert decode_inventory(encode_inventory(inv)) == inv
+    assert decode_inventory(encode_inventory(NodeInventory(node_devices(False), 1.0))).devices[0].links == ()
+    text = encode_inventory(inv)
+    for bad in (text.replace('"links":[0,12,', '"links":[0,"x",', 1), text.replace('"links":[0,12,', '"links":[0,99,', 1),
+                text.replace('"links":[0,12,12,12,1,1,1,1]', '"links":[0,12]', 1)):
+        assert bad != text
+        with pytest.raises(CodecError, match="links"):
+            decode_inventory(bad)
