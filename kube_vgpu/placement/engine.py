@@ -252,7 +252,8 @@ class Engine:
         r = self._outcome(e, pol, pod, i)
         if not isinstance(r, Plan):
             return None
-        return Decision(self.state.node_list[i].name, r, s)
+        n = self.state.node_list[i]
+        return Decision(n.name, topology_plan(n, pod, r), s)
 
     def _on(self, pod: PodRequest, node: NodeState) -> Plan | FitFailure:
         e, pol = self._entry(pod)
