@@ -16,10 +16,12 @@ from vgpu_sched_util import (
     Extender,
     api_extender,
     bind_args,
+    create_pod,
     ctr,
     filter_args,
     node_obj,
     pod_obj,
+    quota_obj,
     run,
     wait_until,
 )
@@ -41,13 +43,7 @@ def _namespaces(request: pytest.FixtureRequest) -> None:
 
 
 def quota(hard: dict[str, str], name: str = "gpu", ns: str = NS) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": name, "namespace": ns},
-            "spec": {"hard": hard}}
-
-
-def create_pod(fake: FakeKubeAPI, pod: dict[str, Any]) -> dict[str, Any]:
-    pod["metadata"] = {k: v for k, v in pod["metadata"].items() if k not in ("uid", "resourceVersion")}
-    return fake.create_object("pods", pod, namespace=pod["metadata"]["namespace"])
+    return quota_obj(hard, name, ns)
 
 
 async def place(ext: Extender, pod: dict[str, Any], nodes: list[dict[str, Any]]) -> tuple[str | None, dict[str, Any]]:

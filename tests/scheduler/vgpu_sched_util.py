@@ -159,6 +159,19 @@ async def api_extender(fake: Any, config: Config | None = None, **opts: Any) -> 
         yield ext
 
 
+def quota_obj(hard: dict[str, str], name: str, ns: str) -> dict[str, Any]:
+    """A core/v1 ResourceQuota with ``spec.hard``."""
+    return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": name, "namespace": ns},
+            "spec": {"hard": hard}}
+
+
+def create_pod(fake: Any, pod: dict[str, Any]) -> dict[str, Any]:
+    """Create ``pod`` in the fake API server as a client would (the server assigns uid and
+    resourceVersion)."""
+    pod["metadata"] = {k: v for k, v in pod["metadata"].items() if k not in ("uid", "resourceVersion")}
+    return fake.create_object("pods", pod, namespace=pod["metadata"]["namespace"])
+
+
 def offline_service(nodes: list[dict[str, Any]] = (), config: Config | None = None,  # type: ignore[assignment]
                     **opts: Any) -> SchedulerService:
     """A service without an API server, its cache fed with ``nodes`` and marked synced."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from bind_support import bind_args, node_obj, pod_obj
-from vgpu_sched_util import api_extender, ctr, filter_args, run
+from vgpu_sched_util import api_extender, create_pod, ctr, filter_args, quota_obj, run
 
 from kube_vgpu.quota import Limit, limits_of
 from kube_vgpu.resources import ResourceNames
@@ -41,13 +41,7 @@ def _namespaces(fake: FakeKubeAPI) -> None:
 
 
 def quota(hard: dict[str, str], name: str = "gpu", ns: str = NS) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": name, "namespace": ns},
-            "spec": {"hard": hard}}
-
-
-def create_pod(fake: FakeKubeAPI, pod: dict[str, Any]) -> dict[str, Any]:
-    pod["metadata"] = {k: v for k, v in pod["metadata"].items() if k not in ("uid", "resourceVersion")}
-    return fake.create_object("pods", pod, namespace=pod["metadata"]["namespace"])
+    return quota_obj(hard, name, ns)
 
 
 def reasons(res: dict[str, Any]) -> set[str]:
