@@ -168,7 +168,8 @@ def _server(port: int, nodes: int, gpus: int, ready: Any, diverse: bool = False,
     gc.freeze()  # what `kube-vgpu scheduler` does after the first sync: long-lived cache out of GC scans
 
     async def rss(_: web.Request) -> web.Response:
-        return web.json_response({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return web.json_response({"maxrss_kib": ru.ru_maxrss, "cpu_s": ru.ru_utime + ru.ru_stime,
                                   "bookings": len(svc.cache.state.bookings)})
 
     async def attach(_: web.Application) -> None:
@@ -247,10 +248,14 @@ async def _client(port: int, nodes: int, decisions: int, workers: int, seconds: 
                 why = res["Error"] or next(iter({**res["FailedNodes"], **res["FailedAndUnresolvableNodes"]}.values()), "")
                 errors["filter: " + why[:60]] = errors.get("filter: " + why[:60], 0) + 1
                 return False
-            prio = await post("/prioritize", args(pod_json, feas))
-            t1 = time.perf_counter()
-            scores = np.fromiter(map(_SCORE, prio), dtype=np.int64, count=len(prio))  # (the client
-            best = prio[rnd.choice(np.flatnonzero(scores == scores.max()).tolist())]["Host"]  # stands in for Go)
+            if len(feas) == 1:  # kube-scheduler scores nothing for a single feasible node
+                t1 = time.perf_counter()
+                best = feas[0]
+            else:
+                prio = await post("/prioritize", args(pod_json, feas))
+                t1 = time.perf_counter()
+                scores = np.fromiter(map(_SCORE, prio), dtype=np.int64, count=len(prio))  # (the client
+                best = prio[rnd.choice(np.flatnonzero(scores == scores.max()).tolist())]["Host"]  # stands in for Go)
             b = await post("/bind", {"PodName": pod["metadata"]["name"], "PodNamespace": "default",
                                      "PodUID": pod["metadata"]["uid"], "Node": best})
             t2 = time.perf_counter()
@@ -295,6 +300,8 @@ async def _client(port: int, nodes: int, decisions: int, workers: int, seconds: 
                 bound[0] += won
                 done[0] += 1
 
+        async with s.get("/bench/rss") as r:
+            cpu0 = (await r.json())["cpu_s"]
         t = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(workers)))
         el = time.perf_counter() - t
@@ -310,6 +317,7 @@ async def _client(port: int, nodes: int, decisions: int, workers: int, seconds: 
             for suf in ("sum", "count"):
                 if line.startswith(f"kube_vgpu_scheduler_{h}_seconds_{suf} "):
                     server[f"{h}_{suf}"] = float(line.split()[1])
+    info["cpu_ms_per_decision"] = (info["cpu_s"] - cpu0) * 1e3 / max(done[0], 1)  # extender process, all threads
     return {"cold_s": first, "fp": fp, "filter": fl, "bind": bl, "bound": ok, "rate": done[0] / el,
             "decisions_tp": done[0], "bound_tp": bound[0], "errors": errors, "server": server, "scrapes": scrapes,
             "load": (load0, os.getloadavg()[0]), **info}
@@ -361,6 +369,7 @@ def _side_by_side(a: argparse.Namespace, warm: dict[str, Any], cold: dict[str, A
     both("bind p50 / p99 (API stubbed)", lambda r: f"{_pct(r['bind'], 0.5):.1f} / {_pct(r['bind'], 0.99):.1f} ms")
     both("sequential decisions/s", lambda r: f"{len(r['fp']) / max(sum(r['fp']) + sum(r['bind']), 1e-9):.0f}")
     both(f"sustained decisions/s ({a.workers} clients)", lambda r: f"{r['rate']:.1f}")
+    both("extender CPU per sustained decision", lambda r: f"{r['cpu_ms_per_decision']:.2f} ms")
     def means(r: dict[str, Any]) -> str:
         m = _server_means(r)
         return "-" if m is None else "{:.2f} / {:.2f} / {:.2f} ms".format(*m)
@@ -422,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         ts = [d for d, _ in r["scrapes"]]
         print(f"  /metrics scrapes   {len(ts):6d} every {a.scrape_every:g} s, {r['scrapes'][-1][1] / 1e6:.1f} MB each, "
               f"mean {sum(ts) / len(ts) * 1e3:.0f} ms, max {max(ts) * 1e3:.0f} ms (during the phases above)")
+    print(f"  extender CPU       {r['cpu_ms_per_decision']:8.2f} ms per sustained decision (all threads)")
     print(f"  extender peak RSS  {r['maxrss_kib'] / 1024:8.1f} MiB   bookings at end: {r['bookings']}")
     missed = fp99 > 10 or b99 > 20 or r["rate"] < 300
     if missed:
