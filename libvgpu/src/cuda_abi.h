@@ -54,6 +54,7 @@ typedef int CUdriverProcAddressQueryResult;
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
 
 #define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
 
 typedef struct {
     unsigned char bytes[16];

@@ -24,6 +24,7 @@ HOOK(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice dev), (dev))
 HOOK(cuDevicePrimaryCtxReset, CUresult, (CUdevice dev), (dev))
 HOOK(cuDevicePrimaryCtxReset_v2, CUresult, (CUdevice dev), (dev))
 HOOK(cuMemAlloc_v2, CUresult, (CUdeviceptr *dptr, size_t bytesize), (dptr, bytesize))
+HOOK(cuCtxSetLimit, CUresult, (int limit, size_t value), (limit, value))
 HOOK(cuMemAllocPitch_v2, CUresult,
      (CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int elem),
      (dptr, pitch, width, height, elem))
@@ -85,6 +86,7 @@ HOOK(cuGraphLaunch_ptsz, CUresult, (CUgraphExec exec, CUstream s), (exec, s))
 /* called, never intercepted */
 REAL(cuCtxGetCurrent, CUresult, (CUcontext *pctx))
 REAL(cuCtxGetDevice, CUresult, (CUdevice *dev))
+REAL(cuDeviceGetAttribute, CUresult, (int *pi, int attrib, CUdevice dev))
 REAL(cuDeviceGetCount, CUresult, (int *count))
 REAL(cuDeviceGetUuid, CUresult, (CUuuid *uuid, CUdevice dev))
 REAL(cuStreamIsCapturing, CUresult, (CUstream s, int *status))

@@ -164,7 +164,7 @@ static void drop_context_entries(CUcontext ctx)
     pthread_mutex_lock(&g_tmu);
     for (size_t i = 0; i < g_cap;) {
         struct entry *e = &g_tab[i];
-        if (e->kind && e->kind <= TK_HANDLE && e->ctx == ctx) {
+        if (e->kind && (e->kind <= TK_HANDLE || e->kind == TK_LIMIT) && e->ctx == ctx) {
             uint64_t b = e->pool ? pool_freed_locked(e->pool, e->size) : e->size;
             pooled |= e->pool != 0;
             if (e->dev >= 0 && e->dev < VGPU_MAX_DEV)
@@ -653,6 +653,58 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         return rc;
     rc = real_cuMemAlloc_v2(dptr, bytesize);
     return finish(rc, TK_PTR, rc ? 0 : *dptr, bytesize, dev, ctx);
+}
+
+/* cuCtxSetLimit: the limits the driver backs with device memory of the context's device -- the
+ * in-kernel malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE, 2), the printf FIFO (1) and the stack of every
+ * thread that can be resident (CU_LIMIT_STACK_SIZE, 0: bytes per thread x SMs x threads per SM) --
+ * are charged like allocations, to the context (released when it goes), and refused with
+ * CUDA_ERROR_OUT_OF_MEMORY when they would pass the limit. Raising a limit charges the difference;
+ * lowering it gives the difference back once the driver took the new value. */
+EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuCtxSetLimit);
+    CUdevice dev;
+    CUcontext ctx;
+    if (!g_cfg.enabled || limit < 0 || limit > 2 || current_device(&dev, &ctx))
+        return real_cuCtxSetLimit(limit, value);
+    uint64_t bytes = value;
+    if (limit == 0) {
+        int sms = 0, threads = 0;
+        if (!real_cuDeviceGetAttribute || real_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) ||
+            real_cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) ||
+            sms <= 0 || threads <= 0) {
+            sms = 256; /* unknown: assume a large GPU (never under-count) */
+            threads = 2048;
+        }
+        uint64_t per = (uint64_t)sms * (uint64_t)threads;
+        bytes = value > UINT64_MAX / per ? UINT64_MAX : (uint64_t)value * per;
+    }
+    uint64_t key = (uint64_t)(uintptr_t)ctx + (uint64_t)limit; /* contexts are aligned: unique per limit */
+    uint64_t old = 0;
+    int odev = dev;
+    if (!track_get(TK_LIMIT, key, &old, &odev))
+        old = 0;
+    if (bytes > old) {
+        CUresult rc = reserve(dev, bytes - old, "cuCtxSetLimit");
+        if (rc)
+            return rc;
+        rc = real_cuCtxSetLimit(limit, value);
+        if (rc != CUDA_SUCCESS) {
+            region_release(dev, bytes - old);
+            return rc;
+        }
+    } else {
+        CUresult rc = real_cuCtxSetLimit(limit, value);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        if (old > bytes)
+            region_release(dev, old - bytes);
+    }
+    if (track_put(TK_LIMIT, key, bytes, dev, ctx) != 0)
+        LOG_ERROR("cannot record a context limit of %llu bytes; it stays charged", (unsigned long long)bytes);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)

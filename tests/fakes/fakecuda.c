@@ -43,6 +43,7 @@ struct fctx {
     int primary;
     int refs;
     uint64_t tail_ns;
+    size_t limits[3]; /* cuCtxSetLimit: stack (per thread), printf FIFO, malloc heap (bytes) */
 };
 #define MAX_CTX 4096
 static struct fctx g_ctx[MAX_CTX];
@@ -675,6 +676,30 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext c)
     if (c && !ctx_of(c))
         return CUDA_ERROR_INVALID_CONTEXT;
     t_cur = (struct fctx *)c;
+    return CUDA_SUCCESS;
+}
+
+/* cuCtxSetLimit / cuCtxGetLimit for the limits that take device memory: 0 stack size (per thread),
+ * 1 printf FIFO size, 2 malloc heap size; like the driver, stored per context. */
+EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
+{
+    CHECK_INIT();
+    if (!t_cur || !t_cur->used)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (limit < 0 || limit > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    t_cur->limits[limit] = value;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetLimit(size_t *value, int limit)
+{
+    CHECK_INIT();
+    if (!value || limit < 0 || limit > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!t_cur || !t_cur->used)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *value = t_cur->limits[limit];
     return CUDA_SUCCESS;
 }
 
@@ -1734,6 +1759,7 @@ static const struct procent g_proc[] = {
     PE(cuCtxCreate, 2000, cuCtxCreate), PE(cuCtxCreate, 3020, cuCtxCreate_v2), PE(cuCtxCreate, 11040, cuCtxCreate_v3),
     PE(cuCtxCreate, 12050, cuCtxCreate_v4), PE(cuCtxDestroy, 2000, cuCtxDestroy), PE(cuCtxDestroy, 4000, cuCtxDestroy_v2),
     PE(cuCtxGetCurrent, 4000, cuCtxGetCurrent), PE(cuCtxSetCurrent, 4000, cuCtxSetCurrent),
+    PE(cuCtxSetLimit, 3010, cuCtxSetLimit), PE(cuCtxGetLimit, 3010, cuCtxGetLimit),
     PE(cuCtxPushCurrent, 4000, cuCtxPushCurrent_v2), PE(cuCtxPopCurrent, 4000, cuCtxPopCurrent_v2),
     PE(cuCtxGetDevice, 2000, cuCtxGetDevice), PE(cuCtxSynchronize, 2000, cuCtxSynchronize),
     PE(cuDevicePrimaryCtxRetain, 7000, cuDevicePrimaryCtxRetain),

@@ -12,7 +12,7 @@ HOOKED = {
     "cuMemFree_v2", "cuMemFreeAsync", "cuMemCreate", "cuMemRelease", "cuArrayCreate_v2", "cuArray3DCreate_v2",
     "cuArrayDestroy", "cuMipmappedArrayCreate", "cuMipmappedArrayDestroy", "cuMemGetInfo_v2", "cuDeviceTotalMem_v2",
     "cuMemPoolCreate", "cuMemPoolDestroy", "cuLaunchKernel", "cuLaunchKernelEx", "cuGraphInstantiateWithFlags",
-    "cuGraphLaunch", "cuGraphExecDestroy", "cuMemMap", "cuMemUnmap", "cuMemPoolTrimTo",
+    "cuGraphLaunch", "cuGraphExecDestroy", "cuMemMap", "cuMemUnmap", "cuMemPoolTrimTo", "cuCtxSetLimit",
 }
 
 
@@ -245,3 +245,26 @@ def test_oom_logging_is_rate_limited(tc: Toolchain) -> None:
     lines = [ln for ln in proc.stderr.splitlines() if "out of memory" in ln]
     assert 1 <= len(lines) <= 100, len(lines)  # the loop takes well under 100 s
     assert "similar refusals not logged" in lines[0]
+
+
+@pytest.mark.parametrize("mode", ["direct", "procaddr"])
+def test_context_limits_that_take_device_memory_are_charged(tc: Toolchain, mode: str) -> None:
+    """cuCtxSetLimit's malloc heap, printf FIFO and per-thread stack (x SMs x threads per SM) take
+    device memory: charged to the context against the limit, refused past it (the escape: a 2 GiB
+    heap under a 1 GiB limit), given back when lowered."""
+    out = parse(run(tc, mode, "limits", CUDA_DEVICE_MEMORY_LIMIT_0="1g", LIBVGPU_CONTEXT_COST="0").stdout)
+    assert rc_usage(out["heap300"]) == (0, 300 * MIB)
+    assert rc_usage(out["heap2g"]) == (2, 300 * MIB)  # CUDA_ERROR_OUT_OF_MEMORY, nothing more charged
+    assert rc_usage(out["alloc800"]) == (2, 300 * MIB)  # the heap counts against the limit
+    assert rc_usage(out["heap0"]) == (0, 0)
+    assert rc_usage(out["alloc800again"]) == (0, 800 * MIB)
+    # 1 KiB per thread x 132 SMs x 2048 threads = 264 MiB: over the 224 MiB left
+    assert rc_usage(out["stack1k"]) == (2, 800 * MIB)
+    assert rc_usage(out["fifo100m"]) == (0, 900 * MIB)
+    assert rc_usage(out["fifo50m"]) == (0, 850 * MIB)
+
+
+def test_context_limits_are_asan_clean(tc_asan: Toolchain) -> None:
+    p = run(tc_asan, "dlsym", "limits", CUDA_DEVICE_MEMORY_LIMIT_0="1g", LIBVGPU_CONTEXT_COST="0")
+    assert "ERROR: AddressSanitizer" not in p.stderr, p.stderr[-3000:]
+    assert rc_usage(parse(p.stdout)["heap2g"]) == (2, 300 * MIB)

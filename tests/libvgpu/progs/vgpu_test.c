@@ -28,6 +28,7 @@ CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxSynchronize(void);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuCtxSetLimit(int, size_t);
 CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned int);
 CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
 CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
@@ -77,7 +78,7 @@ CUresult cuGraphDestroy(CUgraph);
     X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuModuleLoadData) X(cuModuleGetFunction)              \
     X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch)                    \
     X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap)  \
-    X(cuMemPoolTrimTo) X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute)
+    X(cuMemPoolTrimTo) X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) X(cuCtxSetLimit)
 
 /* name as passed to cuGetProcAddress (unversioned) */
 static const char *base_name(const char *n, char *buf, size_t len)
@@ -243,6 +244,22 @@ static int sc_pool_hold(unsigned long long mib, double seconds)
     fflush(stdout);
     struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
     nanosleep(&ts, NULL);
+    return 0;
+}
+
+/* cuCtxSetLimit takes device memory: malloc heap (2), printf FIFO (1), per-thread stack (0) */
+static int sc_limits(void)
+{
+    init_ctx(0);
+    CUdeviceptr a = 0;
+    SHOW("heap300", p_cuCtxSetLimit(2, 300 * MIB));
+    SHOW("heap2g", p_cuCtxSetLimit(2, 2 * GIB));
+    SHOW("alloc800", p_cuMemAlloc_v2(&a, 800 * MIB));
+    SHOW("heap0", p_cuCtxSetLimit(2, 0));
+    SHOW("alloc800again", p_cuMemAlloc_v2(&a, 800 * MIB));
+    SHOW("stack1k", p_cuCtxSetLimit(0, 1024));
+    SHOW("fifo100m", p_cuCtxSetLimit(1, 100 * MIB));
+    SHOW("fifo50m", p_cuCtxSetLimit(1, 50 * MIB));
     return 0;
 }
 
@@ -747,6 +764,8 @@ int main(int argc, char **argv)
         return sc_basic();
     if (!strcmp(sc, "vmm"))
         return sc_vmm();
+    if (!strcmp(sc, "limits"))
+        return sc_limits();
     if (!strcmp(sc, "kf20"))
         return sc_kf20();
     if (!strcmp(sc, "kf22"))
