@@ -22,7 +22,7 @@ import pytest
 
 from kube_vgpu import envcontract
 from kube_vgpu.model import DeviceBooking
-from libvgpu.region import read_region
+from libvgpu.region import RegionError, read_region
 from tests.libvgpu.shim_helpers import Toolchain, limits_path
 
 NS_PER_BLOCK = "2500"
@@ -142,13 +142,21 @@ def _forge_slot(cache: Path, host_pid: int) -> None:
         f.write(data)
 
 
+def _joined(path: Path) -> bool:
+    """The shim created, initialised and joined its region (it is created before it is initialised)."""
+    try:
+        return path.exists() and bool(read_region(path).processes)
+    except RegionError:
+        return False  # created, header not written yet
+
+
 def test_forged_slot_does_not_stop_a_low_priority_tenant_from_giving_way(
         tc: Toolchain, tc_limits: Toolchain, low_priority_file: Path, tmp_path: Path) -> None:
     state = tmp_path / "gpu.state"
     hi = _tenant(tc, state, tmp_path / "hi.cache", CUDA_TASK_PRIORITY="0")
     lo = _tenant(tc_limits, state, tmp_path / "ignored.cache")
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not (low_priority_file.exists() and read_region(low_priority_file).processes):
+    while time.monotonic() < deadline and not _joined(low_priority_file):
         time.sleep(0.01)  # until the low tenant has joined its file (a condition, not a timed assertion)
     _forge_slot(low_priority_file, hi.pid)  # without PID namespaces NVML reports the pid itself
     assert any(p.pid == os.getpid() for p in read_region(low_priority_file).processes)
