@@ -188,6 +188,13 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
                  has_status=True),
     ResourceType("apps", "v1", "deployments", "Deployment", True, frozenset({"status"}), short_names=("deploy",),
                  has_status=True),
+    # Dynamic Resource Allocation (stored only: no allocator, no claim controller)
+    ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False,
+                 field_labels=frozenset({"spec.nodeName", "spec.driver"})),
+    ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, frozenset({"status"}),
+                 has_status=True),
+    ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
+    ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
 )
 
 
