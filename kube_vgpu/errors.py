@@ -46,3 +46,39 @@ class ConfigError(VGPUError):
     def __init__(self, key: str, message: str):
         self.key = key
         super().__init__(f"config key {key!r}: {message}")
+
+
+def json_type(value: object) -> str:
+    """The JSON type of a decoded value, as error messages name it (``null``, ``a boolean``,
+    ``a number``, ``a string``, ``a list``, ``an object``; else the Python type's name)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+class ShapeError(VGPUError):
+    """A Kubernetes object read through :mod:`kube_vgpu.views` does not have the JSON shape of its
+    kind: a field holds the wrong JSON type.
+
+    Attributes:
+        path: the field's JSON path in the object, e.g. ``metadata.annotations`` or
+            ``spec.containers[0].resources``.
+        value: the value found there.
+        allowed: what the field may hold, e.g. ``an object``.
+    """
+
+    def __init__(self, path: str, value: object, allowed: str):
+        self.path = path
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{path} must be {allowed}, got {json_type(value)}")

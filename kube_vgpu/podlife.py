@@ -9,8 +9,8 @@
 * :func:`active`: neither finished nor terminating: the pod may still be bound, allocated, started
   or counted as a live user of its GPUs (bind, Allocate, PreStartContainer, device-plugin metrics).
 
-Pod JSON objects as the API server serves them; a malformed object reads as not finished and not
-terminating (its other checks refuse it).
+Pod JSON objects as the API server serves them, or :class:`kube_vgpu.views.PodView` (where the rule
+lives); a malformed object reads as not finished and not terminating (its other checks refuse it).
 """
 
 from __future__ import annotations
@@ -18,33 +18,38 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-#: pod phases after which no container of the pod runs again
-FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+from .errors import ShapeError
+from .views import FINISHED_PHASES, PodView
 
 
-def _part(pod: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    v = pod.get(name)
-    return v if isinstance(v, Mapping) else {}
+def _view(pod: Mapping[str, Any] | PodView) -> PodView | None:
+    try:
+        return PodView.of(pod)
+    except ShapeError:
+        return None
 
 
-def finished(pod: Mapping[str, Any]) -> bool:
+def finished(pod: Mapping[str, Any] | PodView) -> bool:
     """``status.phase`` is Succeeded or Failed (see module docstring). Never raises."""
-    return _part(pod, "status").get("phase") in FINISHED_PHASES
+    v = _view(pod)
+    return v is not None and v.finished
 
 
-def terminating(pod: Mapping[str, Any]) -> bool:
+def terminating(pod: Mapping[str, Any] | PodView) -> bool:
     """``metadata.deletionTimestamp`` is set. Never raises."""
-    return bool(_part(pod, "metadata").get("deletionTimestamp"))
+    v = _view(pod)
+    return v is not None and v.terminating
 
 
-def holds_gpus(pod: Mapping[str, Any]) -> bool:
+def holds_gpus(pod: Mapping[str, Any] | PodView) -> bool:
     """The pod still holds the GPUs it was given: it has not finished. Never raises."""
     return not finished(pod)
 
 
-def active(pod: Mapping[str, Any]) -> bool:
+def active(pod: Mapping[str, Any] | PodView) -> bool:
     """Neither finished nor being deleted: new work (a bind, an Allocate) may still go to it. Never raises."""
-    return not finished(pod) and not terminating(pod)
+    v = _view(pod)
+    return v is None or v.active
 
 
 __all__ = ["FINISHED_PHASES", "active", "finished", "holds_gpus", "terminating"]
