@@ -96,7 +96,7 @@ class SlicePublisher:
 
     def current(self) -> list[Obj]:
         """The pool's slices on the server (ours: this node, this driver), sorted by name."""
-        body = self._custom.list_cluster_custom_object(
+        body: Any = self._custom.list_cluster_custom_object(
             GROUP, VERSION, PLURAL, field_selector=f"spec.nodeName={self.node},spec.driver={DRIVER_NAME}",
             _request_timeout=self.timeout)
         items = [s for s in body.get("items") or () if (s.get("spec") or {}).get("nodeName") == self.node
@@ -105,14 +105,14 @@ class SlicePublisher:
 
     def _write(self, want: Obj, have: Obj | None) -> Obj:
         if have is None:
-            out: Obj = self._custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, want,
+            out: Any = self._custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, want,
                                                                  _request_timeout=self.timeout)
-            return out
+            return dict(out)
         body = dict(want)
         body["metadata"] = {**want["metadata"], "resourceVersion": have["metadata"]["resourceVersion"]}
         out = self._custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, want["metadata"]["name"], body,
                                                          _request_timeout=self.timeout)
-        return out
+        return dict(out)
 
     def _delete(self, s: Obj) -> None:
         meta = s["metadata"]
