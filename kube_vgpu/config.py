@@ -11,8 +11,8 @@ not pass silently. Example (all defaults)::
     defaults: {gpuCount: 1, memoryMiB: 0, memoryPercentage: 100, cores: 0, bareGpuExclusive: true}
     scheduling: {nodePolicy: binpack, gpuPolicy: spread, inventoryStaleSeconds: 120,
                  bindHandoverSeconds: 30, adoptUnsignedBefore: ""}
-    devices: {splitCount: 10, memoryScaling: 1.0, coreScaling: 1.0}
-    nodes: []          # [{name, splitCount, memoryScaling, coreScaling, excludeGPUs: [uuid|index]}]
+    devices: {splitCount: 10, memoryScaling: 1.0, coreScaling: 1.0, migStrategy: none, migProfiles: []}
+    nodes: []          # [{name, splitCount, memoryScaling, coreScaling, excludeGPUs: [uuid|index], migStrategy}]
     webhook: {forceOverwriteDefaultScheduler: true, mutateBareGpu: true, privileged: deny,
               allowUserVisibleDevices: false, nonGpuVisibleDevicesNone: true,
               shmSizeLimit: "", foreignSchedulers: leave, systemUsers: [],
@@ -49,6 +49,7 @@ import yaml
 
 from .envcontract import CORE_POLICIES, CORE_SHARING
 from .errors import ConfigError, QuantityError
+from .mig import MIG_STRATEGIES
 from .policyregistry import GPU_POLICIES, GPU_POLICY_SPECS, NODE_POLICIES, NODE_POLICY_SPECS
 from .quantity import parse_quantity
 from .resources import DEFAULT_SCHEDULER_NAME, ResourceNames
@@ -64,6 +65,8 @@ RESOURCE_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9]
 RFC3339 = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
 #: a non-negative Kubernetes quantity (kube_vgpu.quantity's grammar without a sign)
 QUANTITY = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][-+]?[0-9]+)?$"
+#: a MIG profile name (``1g.10gb``, ``3g.71gb``, ``1g.10gb+me``)
+MIG_PROFILE = r"^[1-8]g\.[0-9]{1,4}gb(\+me)?$"
 #: the largest nvidia.com/gpu a container may ask for (kube_vgpu.podspec refuses more)
 MAX_GPUS_PER_CONTAINER = 128
 
@@ -208,6 +211,15 @@ class DeviceDefaults:
     core_sharing: str = _key("strict", Rule(
         "coreSharing", "when the GPU has idle time: strict (each container held to its SM limit) or "
         "work_conserving (a container may use what the others leave idle; docs/shim.md)", choices=CORE_SHARING))
+    mig_strategy: str = _key("none", Rule(
+        "migStrategy", "GPUs in MIG mode (docs/mig.md): none (not advertised), single (each MIG device one "
+        "whole nvidia.com/gpu), mixed (nvidia.com/mig-<profile> per profile) or dynamic (a memory request is "
+        "served by the smallest allowed profile that holds it)", choices=MIG_STRATEGIES))
+    mig_profiles: tuple[str, ...] = _key((), Rule(
+        "migProfiles", "dynamic MIG: the profiles requests may be served by (e.g. 1g.18gb, 3g.71gb); empty = "
+        "every profile of the GPU's model without media extensions",
+        items=Rule("item", "", pattern=MIG_PROFILE, max_length=32,
+                   allowed="a MIG profile name such as 1g.10gb, 3g.71gb or 1g.10gb+me")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +237,9 @@ class NodeOverride:
         "coreScaling", "devices.coreScaling for this node", nullable=True, exclusive_minimum=0, maximum=100))
     exclude_gpus: tuple[str, ...] = _key((), Rule(
         "excludeGPUs", "GPU UUIDs or indexes that are never advertised", ids=True))
+    mig_strategy: str | None = _key(None, Rule(
+        "migStrategy", "devices.migStrategy for this node", nullable=True,
+        pattern=r"^(" + "|".join(MIG_STRATEGIES) + ")$", max_length=16, allowed=", ".join(MIG_STRATEGIES)))
 
 
 _NONEMPTY = Rule("item", "", min_length=1, allowed="a non-empty string")

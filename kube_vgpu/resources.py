@@ -18,6 +18,22 @@ DEFAULT_PRIORITY = "nvidia.com/priority"  #: task priority, 0 (high) or 1 (low)
 
 DEFAULT_SCHEDULER_NAME = "kube-vgpu-scheduler"
 
+#: MIG devices advertised per profile (config ``devices.migStrategy: mixed``) are the extended
+#: resource ``<domain of the gpu name>/mig-<profile>``, as NVIDIA's device plugin names them
+MIG_RESOURCE_PREFIX = "mig-"
+
+
+def mig_resource(gpu_name: str, profile: str) -> str:
+    """The resource name of MIG devices of ``profile`` (``1g.10gb``) when the GPU resource is
+    ``gpu_name``: ``nvidia.com/gpu`` -> ``nvidia.com/mig-1g.10gb``."""
+    domain, sep, _ = gpu_name.rpartition("/")
+    return f"{domain}{sep}{MIG_RESOURCE_PREFIX}{profile}"
+
+
+def is_mig_resource(name: str, gpu_name: str) -> bool:
+    """True if ``name`` is a per-profile MIG resource (:func:`mig_resource`) beside ``gpu_name``."""
+    return name.startswith(mig_resource(gpu_name, "")) and len(name) > len(mig_resource(gpu_name, ""))
+
 # Selection constraints (pod annotations; HAMi keys).
 ANN_USE_GPUTYPE = "nvidia.com/use-gputype"
 ANN_NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
