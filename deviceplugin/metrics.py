@@ -19,7 +19,9 @@ Per container and GPU (labels ``node``, ``namespace``, ``pod``, ``container``, `
 (the verified allocation record: the limits the shim enforces) and
 ``kube_vgpu_container_memory_used_bytes`` (the shim's shared cache file, when present and
 readable, :mod:`deviceplugin.shimcache`; the container can write that file, so this figure is
-the tenant's own report).
+the tenant's own report). Per container (labels ``node``, ``namespace``, ``pod``, ``container``):
+``kube_vgpu_container_oom_refusals_total``, the allocations the shim refused past the limit
+(the same file: the tenant's own report too).
 
 Plugin (label ``node``): ``kube_vgpu_device_plugin_allocations_total{result}``,
 ``kube_vgpu_device_plugin_prestarts_total{result}``, ``..._registrations_total`` (counters),
@@ -58,6 +60,8 @@ MIB = 1024 * 1024
 GPU_LABELS = ["node", "gpu_uuid", "gpu_index", "model"]
 #: labels of a per-container, per-GPU series, in order
 CONTAINER_LABELS = ["node", "namespace", "pod", "container", "vgpu_index", "gpu_uuid"]
+#: labels of a per-container series that is not per GPU (the shim's refusal counter)
+REFUSAL_LABELS = CONTAINER_LABELS[:4]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,7 @@ class ContainerState:
     alloc_mib: int
     alloc_cores: int
     used_bytes: int | None
+    oom_refusals: int | None = None  # the container's shim counter (same on each of its GPUs' rows)
 
 
 def gpu_states(plugin: DevicePlugin) -> list[GpuState]:
@@ -122,7 +127,8 @@ def container_states(plugin: DevicePlugin) -> list[ContainerState]:
                                              plugin.cache_dir_for(uid, c.name))
             for i, d in enumerate(c.devices):
                 out.append(ContainerState(ns, name, c.name, c.init, ci, i, d.uuid, d.memory_mib, d.cores,
-                                          None if usage is None else usage.get(i)))
+                                          None if usage is None else usage.used.get(i),
+                                          None if usage is None else usage.oom_refusals))
     return out
 
 
@@ -197,7 +203,7 @@ def gpu_families(node: str, gpus: list[GpuState]) -> list[GaugeMetricFamily]:
     return [cap_mem, cap_cores, cap_slots, mem, cores, slots, used, util, healthy]
 
 
-def container_families(node: str, ctrs: list[ContainerState]) -> list[GaugeMetricFamily]:
+def container_families(node: str, ctrs: list[ContainerState]) -> list[GaugeMetricFamily | CounterMetricFamily]:
     """The per-container families (names in the module docstring)."""
     mem = GaugeMetricFamily("kube_vgpu_container_memory_allocated_bytes",
                             "GPU memory booked by a container on a GPU (its hard limit)", labels=CONTAINER_LABELS)
@@ -206,13 +212,22 @@ def container_families(node: str, ctrs: list[ContainerState]) -> list[GaugeMetri
                               labels=CONTAINER_LABELS)
     used = GaugeMetricFamily("kube_vgpu_container_memory_used_bytes",
                              "GPU memory used by a container (the shim's shared cache file)", labels=CONTAINER_LABELS)
+    refusals = CounterMetricFamily("kube_vgpu_container_oom_refusals",
+                                   "GPU allocations the shim refused a container past its memory limit "
+                                   "(the container's own accounting file; resets when the file is recreated)",
+                                   labels=REFUSAL_LABELS)
+    counted = set()
     for c in ctrs:
         lv = [node, c.namespace, c.pod, c.container, str(c.vgpu_index), c.gpu_uuid]
         mem.add_metric(lv, c.alloc_mib * MIB)
         cores.add_metric(lv, c.alloc_cores)
         if c.used_bytes is not None:
             used.add_metric(lv, c.used_bytes)
-    return [mem, cores, used]
+        key = (c.namespace, c.pod, c.container)
+        if c.oom_refusals is not None and key not in counted:
+            counted.add(key)
+            refusals.add_metric([node, *key], c.oom_refusals)
+    return [mem, cores, used, refusals]
 
 
 def make_registry(plugin: DevicePlugin) -> CollectorRegistry:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .response import CACHE_FILE, ContainerSpec, cache_dir_name
@@ -31,10 +32,20 @@ def cache_path(cache_host_dir: str, pod_uid: str, container: str, dir_name: str 
     return os.path.join(cache_host_dir, dir_name or cache_dir_name(pod_uid, container), CACHE_FILE)
 
 
+@dataclass(frozen=True, slots=True)
+class ContainerUsage:
+    """What one container's shim reports: ``used`` bytes per visible device index, and
+    ``oom_refusals``, the allocations it refused past the limit since the file was created.
+    The file is the container's: a tenant can forge both (figures for dashboards, never for booking)."""
+
+    used: dict[int, int]
+    oom_refusals: int
+
+
 def read_container(cache_host_dir: str, pod_uid: str, container: str,
-                   dir_name: str | None = None) -> dict[int, int] | None:
-    """Bytes in use per visible device index of one container (its cache directory as in
-    :func:`cache_path`), or None when there is no data."""
+                   dir_name: str | None = None) -> ContainerUsage | None:
+    """The usage of one container (its cache directory as in :func:`cache_path`), or None when
+    there is no data."""
     if not pod_uid:
         return None
     path = cache_path(cache_host_dir, pod_uid, container, dir_name)
@@ -48,7 +59,7 @@ def read_container(cache_host_dir: str, pod_uid: str, container: str,
     except (OSError, ValueError) as e:  # RegionError is a ValueError
         log.debug("cache file not readable", extra={"path": str(path), "error": str(e)})
         return None
-    return {i: int(u) for i, u in enumerate(region.used)}
+    return ContainerUsage({i: int(u) for i, u in enumerate(region.used)}, int(region.oom_refusals))
 
 
 def write_host_files(spec: ContainerSpec) -> list[str]:

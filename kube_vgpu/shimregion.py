@@ -19,6 +19,8 @@ VERSION = 2
 NDEV = 16
 NSLOTS = 1024
 _HEADER = struct.Struct("<IIQII16Q16I16Q")  # magic .. used[16]
+_OOM_REFUSALS = struct.Struct("<Q")  # at 416, after the lock and the recoveries counter
+_OOM_REFUSALS_OFFSET = 416
 _SLOTS_OFFSET = 472
 _SLOT = struct.Struct("<iiQ16Q4Q")
 SIZE = _SLOTS_OFFSET + NSLOTS * _SLOT.size
@@ -38,12 +40,15 @@ class Process:
 
 @dataclass
 class Region:
-    """Snapshot of a region: per-device ``limit``/``used`` in bytes, ``sm_limit`` in percent."""
+    """Snapshot of a region: per-device ``limit``/``used`` in bytes, ``sm_limit`` in percent;
+    ``oom_refusals``: allocations (and context limits) the shim refused past the limit, all devices,
+    since the file was created (a counter: it only grows while the file lives)."""
 
     limit: list[int]
     sm_limit: list[int]
     used: list[int]
     processes: list[Process] = field(default_factory=list)
+    oom_refusals: int = 0
 
 
 def _read_regular(path: str | os.PathLike[str], size: int) -> bytes:
@@ -94,4 +99,5 @@ def read_region(path: str | os.PathLike[str]) -> Region:
         slot = _SLOT.unpack_from(data, _SLOTS_OFFSET + i * _SLOT.size)
         if slot[0]:
             procs.append(Process(pid=slot[0], used=list(slot[3 : 3 + NDEV])))
-    return Region(limit=limit, sm_limit=sm_limit, used=used, processes=procs)
+    (refusals,) = _OOM_REFUSALS.unpack_from(data, _OOM_REFUSALS_OFFSET)
+    return Region(limit=limit, sm_limit=sm_limit, used=used, processes=procs, oom_refusals=refusals)

@@ -356,6 +356,7 @@ static CUresult reserve(int dev, uint64_t bytes, const char *api)
         if (region_reserve(dev, bytes, 0, &used, &limit) == 0)
             return CUDA_SUCCESS;
     }
+    region_count_refusal();
     /* one line per second at most: programs probe memory by allocating in a loop */
     static uint64_t last_ns, suppressed;
     uint64_t now = now_ns(), skipped = 0;

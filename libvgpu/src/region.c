@@ -826,6 +826,13 @@ int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint6
     return 0;
 }
 
+/* Counted without the lock: a monitor reads it as a counter (kube_vgpu.shimregion). */
+void region_count_refusal(void)
+{
+    if (g_reg)
+        __atomic_add_fetch(&g_reg->oom_refusals, 1, __ATOMIC_RELAXED);
+}
+
 void region_release(int dev, uint64_t bytes)
 {
     if (!g_reg || dev < 0 || dev >= VGPU_REGION_DEVS)

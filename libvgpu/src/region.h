@@ -41,7 +41,8 @@ struct vgpu_region {
         uint64_t pad[8];
     } lock;
     uint64_t recoveries;                 /* 408 times a dead lock owner was recovered */
-    uint64_t reserved[7];                /* 416 */
+    uint64_t oom_refusals;               /* 416 allocations and limits refused past the limit, all devices */
+    uint64_t reserved[6];                /* 424 */
     struct vgpu_slot slots[VGPU_REGION_SLOTS]; /* 472 */
 };
 

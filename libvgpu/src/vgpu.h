@@ -107,6 +107,7 @@ int region_open(void);
  * (then *used_out / *limit_out tell why). */
 int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint64_t *limit_out);
 void region_release(int dev, uint64_t bytes);
+void region_count_refusal(void); /* one more refusal past the limit, for the node's metrics */
 uint64_t region_used(int dev);
 void region_procs(int *pids, int *prio, int *n, int max); /* NVML pid, priority of the container's processes */
 void region_release_self(void);

@@ -402,11 +402,12 @@ def bound_pod(name: str, containers: list[tuple[str, bool, list[tuple[str, int, 
             "spec": spec}
 
 
-def write_region(path: Path, used: dict[int, int]) -> None:
+def write_region(path: Path, used: dict[int, int], oom_refusals: int = 0) -> None:
     from kube_vgpu import shimregion as region
     buf = bytearray(region.SIZE)
     u = [used.get(i, 0) for i in range(region.NDEV)]
     region._HEADER.pack_into(buf, 0, region.MAGIC, region.VERSION, region.SIZE, region.NDEV, region.NSLOTS,
                              *([0] * region.NDEV), *([0] * region.NDEV), *u)
+    region._OOM_REFUSALS.pack_into(buf, region._OOM_REFUSALS_OFFSET, oom_refusals)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(bytes(buf))

@@ -468,10 +468,13 @@ def test_health_endpoints_and_metrics(start_plugin: Callable[..., DevicePlugin],
         # per-container usage appears once the shim's cache file exists
         uid = kube_api.get_object("pods", "m", "default")["metadata"]["uid"]
         assert plugin.cache_dir_for(uid, "c") == alloc_key(a.ids)
-        write_region(Path(cache_path(plugin.opts.cache_host_dir, uid, "c", alloc_key(a.ids))), {0: 700 * 1024 * 1024})
+        write_region(Path(cache_path(plugin.opts.cache_host_dir, uid, "c", alloc_key(a.ids))), {0: 700 * 1024 * 1024},
+                     oom_refusals=3)
         samples = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
                    for fam in text_string_to_metric_families(_get(base + "/metrics")[1]) for smp in fam.samples}
         assert samples[("kube_vgpu_container_memory_used_bytes", clab)] == 700 * 1024 * 1024
+        rlab = tuple(sorted((k, v) for k, v in clab if k not in ("vgpu_index", "gpu_uuid")))
+        assert samples[("kube_vgpu_container_oom_refusals_total", rlab)] == 3  # one series per container
         assert _get(base + "/nope")[0] == 404
     finally:
         http.stop()

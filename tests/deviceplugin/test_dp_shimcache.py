@@ -15,7 +15,15 @@ def test_reads_used_bytes_per_visible_device(tmp_path: Path) -> None:
     p = Path(cache_path(str(tmp_path), "uid-1", "main"))
     write_region(p, {0: 512 * MIB, 1: 3 * MIB})
     got = read_container(str(tmp_path), "uid-1", "main")
-    assert got is not None and got[0] == 512 * MIB and got[1] == 3 * MIB
+    assert got is not None and got.used[0] == 512 * MIB and got.used[1] == 3 * MIB
+    assert got.oom_refusals == 0
+
+
+def test_reads_the_shims_refusal_counter(tmp_path: Path) -> None:
+    p = Path(cache_path(str(tmp_path), "uid-1", "main"))
+    write_region(p, {0: MIB}, oom_refusals=7)
+    got = read_container(str(tmp_path), "uid-1", "main")
+    assert got is not None and got.oom_refusals == 7
 
 
 def test_absent_short_or_foreign_file_is_no_data(tmp_path: Path) -> None:

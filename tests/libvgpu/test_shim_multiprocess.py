@@ -117,3 +117,16 @@ def test_garbage_file_is_reinitialised(tc: Toolchain, tmp_path: Path) -> None:
                     CUDA_DEVICE_MEMORY_SHARED_CACHE=str(cache), LIBVGPU_CONTEXT_COST="0").stdout)
     assert rc_usage(out["alloc768"])[0] == 2
     assert read_region(cache).limit[0] == GIB
+
+
+def test_refusals_are_counted_in_the_shared_file_for_the_nodes_metrics(tc: Toolchain, tmp_path: Path) -> None:
+    cache = tmp_path / "vgpu.cache"
+    env = dict(CUDA_DEVICE_MEMORY_LIMIT_0="1g", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(cache), LIBVGPU_CONTEXT_COST="0")
+    out = parse(run(tc, "direct", "hold", "500", "0", **env).stdout)
+    assert rc_usage(out["hold"]) == (0, 500 * MIB)
+    assert read_region(cache).oom_refusals == 0  # an allocation under the limit is not a refusal
+    out = parse(run(tc, "direct", "hold", "1500", "0", LIBVGPU_LOG_LEVEL="0", **env).stdout)
+    assert rc_usage(out["hold"])[0] == 2
+    assert read_region(cache).oom_refusals == 1
+    run(tc, "direct", "hold", "1500", "0", LIBVGPU_LOG_LEVEL="0", **env)
+    assert read_region(cache).oom_refusals == 2  # a counter over the container's processes

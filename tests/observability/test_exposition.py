@@ -84,13 +84,16 @@ def test_one_naming_scheme(exposition: Exposition) -> None:
 
 def test_shared_labels_are_spelled_the_same_in_every_component(exposition: Exposition) -> None:
     """Every label naming a node, GPU, model or workload is one of the shared spellings, in every
-    component; a GPU is always (gpu_uuid, gpu_index) together with its node."""
+    component; a GPU is always (gpu_uuid, gpu_index) together with its node; a container is always
+    (node, namespace, pod, container), and a container's GPU (vgpu_index) comes with its gpu_uuid."""
     for comp, names in exposition.by_component.items():
         for name, labels in names.items():
             if labels & {"gpu_uuid", "gpu_index"} and "vgpu_index" not in labels:
                 assert {"node", "gpu_uuid", "gpu_index", "model"} <= labels, (comp, name, labels)
             if labels & {"pod", "container"}:
-                assert {"node", "namespace", "pod", "container", "gpu_uuid"} <= labels, (comp, name, labels)
+                assert {"node", "namespace", "pod", "container"} <= labels, (comp, name, labels)
+            if "vgpu_index" in labels:
+                assert "gpu_uuid" in labels, (comp, name, labels)
     used = set().union(*(lab for names in exposition.by_component.values() for lab in names.values()))
     assert SHARED_LABELS <= used
 
