@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,6 @@ from .placement.fastpath import NO_INVENTORY, ExtenderEngine
 from .placement.liveshapes import default_shapes
 from .placement.state import NodeState
 from .placement.status import Code, FitFailure
-from .podlife import holds_gpus
 from .podspec import parse_pod
 from .quantity import parse_quantity
 from .quota import Amount, QuotaBook, exceeded, uncapped_compute, usage_of
@@ -76,6 +75,7 @@ from .resources import (
 )
 from .signing import MISSING, VERSION, KeySource, verify_allocation, verify_progress
 from .taints import Taint, node_taints
+from .views import NodeView, PodView
 
 log = logging.getLogger("kube_vgpu.cluster")
 
@@ -129,10 +129,6 @@ class Rejected:
     reason: str
 
 
-def _meta(obj: dict[str, Any]) -> dict[str, Any]:
-    return obj.get("metadata") or {}
-
-
 def allocation_amount(alloc: PodAllocation) -> Amount:
     """GPU memory and compute an allocation holds (init containers collapsed as booked); GPUs where
     it books 100 percent or more of compute are listed in ``whole`` (see :class:`Amount`)."""
@@ -146,18 +142,18 @@ def allocation_amount(alloc: PodAllocation) -> Amount:
     return Amount(mib, cores, tuple(sorted(whole)))
 
 
-def pod_priority(pod: dict[str, Any]) -> int:
+def pod_priority(pod: Mapping[str, Any] | PodView) -> int:
     """A Pod dict's ``spec.priority`` as kube-scheduler reads it (``corev1helpers.PodPriority``): the
     integer the API server's Priority admission set from the pod's PriorityClass, 0 when absent (or
     not an integer)."""
-    v = (pod.get("spec") or {}).get("priority")
+    v = PodView.of(pod).spec.get("priority")
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
-def pod_key(pod: dict[str, Any]) -> str:
-    """``namespace/name`` of a Pod dict."""
-    m = _meta(pod)
-    return f"{m.get('namespace') or 'default'}/{m.get('name') or ''}"
+def pod_key(pod: Mapping[str, Any] | PodView) -> str:
+    """``namespace/name`` of a Pod dict (:attr:`kube_vgpu.views.PodView.key`). Raises ShapeError
+    for a malformed metadata."""
+    return PodView.of(pod).key
 
 
 class ClusterCache:
@@ -237,7 +233,8 @@ class ClusterCache:
 
     def on_node(self, kind: str, node: dict[str, Any]) -> None:
         """Apply a Node watch event (kind ADDED | MODIFIED | DELETED) or a list item (ADDED)."""
-        name = _meta(node).get("name") or ""
+        view = NodeView(node)
+        name = view.name
         if not name:
             return
         if kind == "DELETED":
@@ -245,12 +242,12 @@ class ClusterCache:
             return
         info = self.nodes.get(name) or NodeInfo()
         info.taints = node_taints(node)
-        alloc_raw = ((node.get("status") or {}).get("allocatable") or {}).get(self.config.resource_names.gpu)
+        alloc_raw = view.allocatable.get(self.config.resource_names.gpu)
         try:
             info.allocatable = int(parse_quantity(alloc_raw)) if alloc_raw is not None else 0
         except QuantityError:
             info.allocatable = 0
-        text = (_meta(node).get("annotations") or {}).get(ANN_NODE_INVENTORY)
+        text = view.annotations.get(ANN_NODE_INVENTORY)
         info.inventory_error = None
         if text is None:
             info.has_inventory = False
@@ -266,7 +263,7 @@ class ClusterCache:
                 info.heartbeat = inv.heartbeat
                 known = name in self.state.nodes
                 before = self.state.nodes[name] if known else None
-                devices = apply_cordon(inv.devices, cordoned_tokens(_meta(node).get("annotations")))
+                devices = apply_cordon(inv.devices, cordoned_tokens(view.annotations))
                 n = self.state.set_node(name, devices, 0, 0, inv.heartbeat)
                 if n is not before:
                     self._rebook_node(name)
@@ -288,7 +285,7 @@ class ClusterCache:
         """A relist: make the node set equal to ``items``."""
         seen = set()
         for n in items:
-            seen.add(_meta(n).get("name"))
+            seen.add(NodeView(n).name)
             self.on_node("ADDED", n)
         for name in list(self.nodes):
             if name not in seen:
@@ -411,26 +408,26 @@ class ClusterCache:
         t = config.scheduling.adopt_unsigned_before
         return rfc3339_seconds(t) if t else None  # validated by the config loader
 
-    def read_record(self, pod: dict[str, Any]) -> Record | Rejected | None:
+    def read_record(self, pod: Mapping[str, Any] | PodView) -> Record | Rejected | None:
         """The pod's allocation record if the vGPU system wrote it (signature verified for the pod's
         uid, ``spec.nodeName`` or, unbound, the record's node, its bind-time and the exact text),
         else why not; None when the pod carries no record. Pure (reads the current key ring)."""
-        m = _meta(pod)
-        ann = m.get("annotations") or {}
+        view = PodView.of(pod)
+        ann = view.annotations
         text = ann.get(ANN_ALLOCATION)
         if not text:
             return None
         if not isinstance(text, str):
             return Rejected("undecodable", "allocation record is not a string")
-        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        node, uid = view.node_name, view.uid
         memo: tuple[Any, ...] | None = None
         if self.keys is not None and node:
             # verification and decoding are a pure function of these (the key ring by identity: a
             # reload replaces it), so a watch event that changes none of them (status updates, the
             # device plugin's progress) reuses the verdict instead of another HMAC and decode
-            memo = (self.keys.current(), str(m.get("uid") or ""), node, text,
+            memo = (self.keys.current(), uid, node, text,
                     ann.get(ANN_ALLOCATION_SIGNATURE), ann.get(ANN_BIND_TIME))
-            hit = self._record_memo.get(pod_key(pod))
+            hit = self._record_memo.get(view.key)
             if hit is not None and hit[0][0] is memo[0] and hit[0][1:] == memo[1:]:
                 return hit[1]
         alloc: PodAllocation | None = None
@@ -443,7 +440,7 @@ class ClusterCache:
                 return Record(alloc, text, None, None)
         assert self.keys is not None
         sig = ann.get(ANN_ALLOCATION_SIGNATURE)
-        v = verify_allocation(self.keys.current(), sig, str(m.get("uid") or ""),
+        v = verify_allocation(self.keys.current(), sig, uid,
                               node or (alloc.node if alloc is not None else ""), ann.get(ANN_BIND_TIME), text)
         if not v.ok:
             return Rejected(v.code, v.reason)
@@ -458,7 +455,7 @@ class ClusterCache:
         assert isinstance(sig, str)
         rec = Record(alloc, text, sig, v.kid)
         if memo is not None:
-            self._record_memo[pod_key(pod)] = (memo, rec)
+            self._record_memo[view.key] = (memo, rec)
         return rec
 
     def remember_written(self, key: str, uid: str, node: str, annotations: dict[str, str],
@@ -476,7 +473,7 @@ class ClusterCache:
         memo = (ring, uid, node, text, sig, annotations.get(ANN_BIND_TIME))
         self._record_memo[key] = (memo, Record(allocation, text, sig, ring.active))
 
-    def stale_key(self, pod: dict[str, Any], rec: Record) -> bool:
+    def stale_key(self, pod: Mapping[str, Any] | PodView, rec: Record) -> bool:
         """True if the verified record ``rec``, or its verified progress, is signed with a key that is
         no longer the active one (signing it again lets the retired key be removed)."""
         if self.keys is None or rec.kid is None:
@@ -484,12 +481,12 @@ class ClusterCache:
         ring = self.keys.current()
         if rec.kid != ring.active:
             return True
-        m = _meta(pod)
-        ann = m.get("annotations") or {}
+        view = PodView.of(pod)
+        ann = view.annotations
         psig = ann.get(ANN_PROGRESS_SIGNATURE)
         if not isinstance(psig, str) or psig.startswith(f"{VERSION}:{ring.active}:"):
             return False
-        return verify_progress(ring, psig, str(m.get("uid") or ""), rec.signature, ann.get(ANN_BIND_PHASE),
+        return verify_progress(ring, psig, view.uid, rec.signature, ann.get(ANN_BIND_PHASE),
                                ann.get(ANN_ALLOCATED_CONTAINERS)).ok
 
     def stale_keys(self) -> list[str]:
@@ -508,14 +505,13 @@ class ClusterCache:
         cutoff = self._adopt_before
         if cutoff is None or rec.code != MISSING:
             return None, ""
-        m = _meta(pod)
-        spec = pod.get("spec") or {}
-        node = str(spec.get("nodeName") or "")
+        view = PodView.of(pod)
+        node = view.node_name
         if not node:
             return None, "not adopted: the pod is not bound"
-        if spec.get("schedulerName") != self.config.scheduler_name:
-            return None, f"not adopted: the pod names scheduler {spec.get('schedulerName')!r}"
-        created = m.get("creationTimestamp")
+        if view.spec.get("schedulerName") != self.config.scheduler_name:
+            return None, f"not adopted: the pod names scheduler {view.spec.get('schedulerName')!r}"
+        created = view.meta.get("creationTimestamp")
         try:
             t = rfc3339_seconds(str(created))
         except ValueError:
@@ -544,14 +540,12 @@ class ClusterCache:
         reserved). None otherwise (an unverified pod that is not running never gets a GPU)."""
         if self.keys is None or not node:
             return None
-        st = pod.get("status") or {}
-        if not (st.get("containerStatuses") or st.get("initContainerStatuses")):
+        view = PodView.of(pod)
+        if not view.admitted:
             return None
         gpu = self.config.resource_names.gpu
-        spec = pod.get("spec") or {}
-        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
-            res = (c or {}).get("resources") or {}
-            if any(str((res.get(part) or {}).get(gpu, "0")).strip() not in ("", "0") for part in ("limits", "requests")):
+        for c in view.all_containers():
+            if any(str(part.get(gpu, "0")).strip() not in ("", "0") for part in (c.limits, c.requests)):
                 return PodAllocation(node, (), 0.0)
         return None
 
@@ -577,16 +571,15 @@ class ClusterCache:
 
     def on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         """Apply a Pod watch event (ADDED | MODIFIED | DELETED) or a list item (ADDED)."""
-        m = _meta(pod)
-        key = pod_key(pod)
-        uid = str(m.get("uid") or "")
-        rec = None if kind == "DELETED" else self.read_record(pod)
+        view = PodView(pod)
+        key, uid = view.key, view.uid
+        rec = None if kind == "DELETED" else self.read_record(view)
         self._seen(kind, key, uid, pod)
         if kind == "DELETED":
             self._rejected.pop(uid, None)
             self._forget(key, uid)
             return
-        if not holds_gpus(pod):  # finished: its containers stopped for good (terminating pods keep theirs)
+        if not view.holds_gpus:  # finished: its containers stopped for good (terminating pods keep theirs)
             self._rejected.pop(uid, None)
             self._forget(key, uid)
             return
@@ -597,10 +590,10 @@ class ClusterCache:
             self._forget(key, old_uid)
         if writing:
             return  # our own bind is writing the record
-        bound = bool((pod.get("spec") or {}).get("nodeName"))
+        node_name = view.node_name
+        bound = bool(node_name)
         if self._skip_record(uid, bound):
             return  # the annotation of a bind that failed; the pod will be re-bound
-        node_name = str((pod.get("spec") or {}).get("nodeName") or "")
         prev = self.pods.get(key)
         b = self.state.bookings.get(key)
         booked = prev is not None and prev.uid == uid and b is not None and self.booked_uid.get(key) == uid
@@ -622,12 +615,12 @@ class ClusterCache:
                 if booked:  # a removed or edited record keeps the booking of the verified one
                     assert prev is not None
                     prev.bound = prev.bound or bound
-                    prev.priority = pod_priority(pod)
+                    prev.priority = pod_priority(view)
                 return
             alloc = adopted
         else:
             alloc = rec.allocation
-            if bound and self.on_resign is not None and self.stale_key(pod, rec):
+            if bound and self.on_resign is not None and self.stale_key(view, rec):
                 self.on_resign(pod)  # key rotation: sign again with the active key
         if bound and alloc.node != node_name:
             log.warning("pod allocation annotation names another node than the pod is bound to; "
@@ -638,7 +631,7 @@ class ClusterCache:
         if (prev is not None and prev.uid == uid and prev.allocation == alloc and b is not None
                 and self.booked_uid.get(key) == uid):
             prev.bound = prev.bound or bound
-            prev.priority = pod_priority(pod)
+            prev.priority = pod_priority(view)
             if kid is not None:
                 prev.kid = kid
             return  # unchanged (e.g. our own bind's patch coming back)
@@ -646,7 +639,7 @@ class ClusterCache:
             s = self.pods_by_node.get(prev.node)
             if s is not None:
                 s.discard(key)
-        info = PodInfo(uid, alloc.node, bound, alloc, self._request(key, pod), kid, pod_priority(pod))
+        info = PodInfo(uid, alloc.node, bound, alloc, self._request(key, pod), kid, pod_priority(view))
         self.pods[key] = info
         self.pods_by_node.setdefault(alloc.node, set()).add(key)
         if b is not None:
