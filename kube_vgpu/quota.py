@@ -21,9 +21,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ShapeError
 from .model import ContainerRequest
 from .quantity import QuantityError, parse_quantity
 from .resources import ResourceNames
+from .views import ObjectView, obj_field
 
 #: the key prefixes under which a ResourceQuota may name an extended resource
 PREFIXES = ("requests.", "limits.", "")
@@ -78,12 +80,11 @@ def limits_of(quota: Mapping[str, Any], names: ResourceNames) -> list[Limit]:
     A fractional value is held as its whole part (``requests.``-prefixed keys are not integer
     resources to kube-apiserver's validation, so ``requests.R: 1500500m`` can get through; reading it
     as "no limit" would fail open); a value that is not a quantity, or is negative, is skipped (the API server rejects both)."""
-    meta = quota.get("metadata") or {}
-    spec = quota.get("spec") or {}
-    hard = spec.get("hard") if isinstance(spec, Mapping) else None
-    if not isinstance(hard, Mapping):
+    try:
+        view = ObjectView.of(quota)
+        hard, name = obj_field(view.spec.get("hard"), "spec.hard"), view.name
+    except ShapeError:  # not a ResourceQuota the API server would serve: it limits nothing
         return []
-    name = str(meta.get("name") or "") if isinstance(meta, Mapping) else ""
     out: list[Limit] = []
     for what, res in (("mib", names.gpumem), ("cores", names.gpucores)):
         for prefix in PREFIXES:
@@ -114,8 +115,8 @@ class QuotaBook:
 
     def on_quota(self, kind: str, quota: Mapping[str, Any]) -> None:
         """Apply a ResourceQuota watch event (ADDED | MODIFIED | DELETED) or list item."""
-        meta = quota.get("metadata") or {}
-        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        view = ObjectView(quota)
+        ns, name = view.namespace, view.name
         if kind != "DELETED" and limits_of(quota, self.names):
             self._hard[(ns, name)] = quota
         elif self._hard.pop((ns, name), None) is None:
