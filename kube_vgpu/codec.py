@@ -26,9 +26,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import CodecError
+from .errors import CodecError, ShapeError
 from .model import ContainerAllocation, DeviceBooking, GPUDevice, NodeInventory, PodAllocation
 from .resources import ANN_ALLOCATION
+from .views import ObjectView
 
 VERSION = 1
 
@@ -182,13 +183,14 @@ def decode_allocation(text: str) -> PodAllocation:
 # -- reading the record off a Pod (the one place that does; callers choose raise or skip) --------
 
 
-def allocation_text(pod: Mapping[str, Any]) -> str | None:
+def allocation_text(pod: Mapping[str, Any] | ObjectView) -> str | None:
     """The raw ``kube-vgpu.io/allocation`` annotation of a Pod JSON object, or None when the pod
     carries none (absent or empty). Reads only: the signature is not checked here
     (:mod:`kube_vgpu.signing`). Raises CodecError when the value is not a string."""
-    meta = pod.get("metadata")
-    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
-    text = ann.get(ANN_ALLOCATION) if isinstance(ann, Mapping) else None
+    try:
+        text = ObjectView.of(pod).annotations.get(ANN_ALLOCATION)
+    except ShapeError:  # no annotations to read (its shape check reports the object)
+        return None
     if text is None or text == "":
         return None
     if not isinstance(text, str):
@@ -196,7 +198,7 @@ def allocation_text(pod: Mapping[str, Any]) -> str | None:
     return text
 
 
-def read_allocation(pod: Mapping[str, Any]) -> PodAllocation | None:
+def read_allocation(pod: Mapping[str, Any] | ObjectView) -> PodAllocation | None:
     """The pod's decoded allocation record, or None when it carries none. Not verified: call it on
     pods whose record was verified, or where an unverified record only informs (inspect).
     Raises CodecError naming what is wrong with a record that is there."""
@@ -204,7 +206,7 @@ def read_allocation(pod: Mapping[str, Any]) -> PodAllocation | None:
     return None if text is None else decode_allocation(text)
 
 
-def allocation_or_none(pod: Mapping[str, Any]) -> PodAllocation | None:
+def allocation_or_none(pod: Mapping[str, Any] | ObjectView) -> PodAllocation | None:
     """:func:`read_allocation`, with an undecodable record treated as no record: for readers that
     skip such pods (metrics, ordering, a listing of verified pods); the scheduler owns the record
     and reports it. Never raises."""
