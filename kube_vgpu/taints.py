@@ -26,6 +26,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ShapeError
+from .views import NodeView
+
 NO_SCHEDULE = "NoSchedule"
 NO_EXECUTE = "NoExecute"
 PREFER_NO_SCHEDULE = "PreferNoSchedule"
@@ -54,12 +57,13 @@ def _str(v: Any) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def node_taints(node: Mapping[str, Any]) -> tuple[Taint, ...]:
+def node_taints(node: Mapping[str, Any] | NodeView) -> tuple[Taint, ...]:
     """The taints of a Node dict that keep pods off it (NoSchedule, NoExecute), plus the
     unschedulable taint when ``spec.unschedulable`` is true. Never raises (malformed entries are
     skipped)."""
-    spec = node.get("spec") if isinstance(node, Mapping) else None
-    if not isinstance(spec, Mapping):
+    try:
+        spec = NodeView.of(node).spec
+    except ShapeError:
         return ()
     out: list[Taint] = []
     raw = spec.get("taints")
