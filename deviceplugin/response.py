@@ -122,18 +122,27 @@ def allocation_uuids(device_ids: Sequence[str]) -> list[str]:
     return out
 
 
+def alloc_mounts(key: str, *, shim_host_path: str, cache_host_dir: str) -> tuple[MountSpec, ...]:
+    """The mounts of the allocation directory ``key`` (a name under ``cache_host_dir``): the shim and
+    the preload file (read-only), ``<cache_host_dir>/<key>`` read-write at
+    ``envcontract.CACHE_CONTAINER_DIR`` and ``<cache_host_dir>/<key>.limits`` read-only at
+    ``envcontract.LIMITS_CONTAINER_DIR``. The device plugin's keys are :func:`alloc_key`; the DRA
+    plugin's are per claim (``deviceplugin.dra``)."""
+    return (
+        MountSpec(envcontract.SHIM_CONTAINER_PATH, shim_host_path, True),
+        MountSpec(envcontract.PRELOAD_CONTAINER_PATH, preload_host_path(shim_host_path), True),
+        MountSpec(envcontract.CACHE_CONTAINER_DIR, os.path.join(cache_host_dir, key), False),
+        MountSpec(envcontract.LIMITS_CONTAINER_DIR, os.path.join(cache_host_dir, key + LIMITS_SUFFIX), True),
+    )
+
+
 def allocate_spec(device_ids: Sequence[str], *, shim_host_path: str, cache_host_dir: str) -> ContainerSpec:
     """The ``Allocate`` answer for one container request: the GPUs behind ``device_ids``, the shim,
     preload and cache mounts, and the read-only limits directory holding the fail-closed placeholder
     (its file is in ``files``). Nothing in it depends on which pod the container belongs to."""
     key = alloc_key(device_ids)
     limits_dir = os.path.join(cache_host_dir, key + LIMITS_SUFFIX)
-    mounts = (
-        MountSpec(envcontract.SHIM_CONTAINER_PATH, shim_host_path, True),
-        MountSpec(envcontract.PRELOAD_CONTAINER_PATH, preload_host_path(shim_host_path), True),
-        MountSpec(envcontract.CACHE_CONTAINER_DIR, os.path.join(cache_host_dir, key), False),
-        MountSpec(envcontract.LIMITS_CONTAINER_DIR, limits_dir, True),
-    )
+    mounts = alloc_mounts(key, shim_host_path=shim_host_path, cache_host_dir=cache_host_dir)
     files = (HostFile(os.path.join(limits_dir, envcontract.LIMITS_FILE_NAME), envcontract.pending_limits_file()),)
     return ContainerSpec(envs={envcontract.VISIBLE_DEVICES: ",".join(allocation_uuids(device_ids))},
                          mounts=mounts, files=files)

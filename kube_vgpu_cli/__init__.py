@@ -19,6 +19,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "webhook": ("webhook.server:main", "run the mutating admission webhook (HTTPS)"),
     "certs": ("certs.main:main", "create/renew the webhook CA and serving certificate"),
     "device-plugin": ("deviceplugin.main:main", "run the kubelet device plugin on a GPU node"),
+    "dra-plugin": ("deviceplugin.dra.main:main", "run the kubelet DRA plugin on a GPU node (ResourceSlices, "
+                   "NodePrepareResources, CDI)"),
     "shim-path": ("kube_vgpu_cli:shim_path", "print the path of the built libvgpu.so shim"),
 }
 

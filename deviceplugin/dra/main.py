@@ -1,0 +1,123 @@
+"""``kube-vgpu dra-plugin``: the node side of the DRA driver (docs/dra-node.md).
+
+Publishes the node's GPUs as ResourceSlices (:class:`deviceplugin.dra_publish.SlicePublisher`),
+registers with kubelet as a DRA plugin and serves NodePrepareResources / NodeUnprepareResources
+(:mod:`deviceplugin.dra.grpcserver`, :mod:`deviceplugin.dra.plugin`).
+
+Exit codes: 0 after SIGTERM/SIGINT, 1 when NVML, the Kubernetes client or the checkpoint cannot be
+set up, 2 for usage or config errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+
+from kube_vgpu import jsonlog
+from kube_vgpu.config import load_config
+from kube_vgpu.dra import DRIVER_NAME
+from kube_vgpu.errors import ConfigError
+
+from ..nvml import NVMLError
+from ..simgpu import SimulatedGPUs, SimulateSpecError
+from .checkpoint import CheckpointError
+from .grpcserver import Server
+from .plugin import DRAPlugin, Options
+
+log = logging.getLogger("kube_vgpu.deviceplugin.dra")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kube-vgpu dra-plugin",
+                                description="kubelet DRA plugin: ResourceSlices, NodePrepareResources, CDI specs")
+    p.add_argument("--config", help="config file (kube-vgpu.io/v1); defaults when omitted")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
+                   help="this node's name, also the ResourceSlice pool name (default: env NODE_NAME)")
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--plugin-dir", default=f"/var/lib/kubelet/plugins/{DRIVER_NAME}",
+                   help="directory of the plugin's service socket (dra.sock) and, by default, its checkpoint")
+    p.add_argument("--registry-dir", default="/var/lib/kubelet/plugins_registry",
+                   help="kubelet's plugin registration directory")
+    p.add_argument("--cdi-dir", default="/var/run/cdi", help="where CDI spec files are written (the runtime's CDI dir)")
+    p.add_argument("--state-dir", default="", help="directory of checkpoint.json (default: --plugin-dir)")
+    p.add_argument("--shim-host-path", default="/usr/local/vgpu/libvgpu.so",
+                   help="host path of libvgpu.so; ld.so.preload is kept next to it")
+    p.add_argument("--cache-host-dir", default="/var/lib/kube-vgpu/containers",
+                   help="host directory for the claims' allocation directories (dra-<claim uid>)")
+    p.add_argument("--dev-root", default="/dev", help="the host's /dev as this process sees it (device nodes)")
+    p.add_argument("--device-taints", choices=["auto", "true", "false"], default="auto",
+                   help="unhealthy GPUs: taint them (true), leave them out of the slice (false), or taint and fall "
+                        "back to leaving out when the API server drops taints (auto)")
+    p.add_argument("--simulate-gpus", metavar="COUNTxMIB[:MODEL],...", default="",
+                   help="GPU-less trial: publish these simulated GPUs instead of asking NVML (e.g. 4x24576). "
+                        "NOTHING IS ISOLATED; never for workloads")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run until SIGTERM/SIGINT. Returns the exit code."""
+    args = parser().parse_args(argv)
+    jsonlog.setup(args.log_level)
+    if not args.node_name:
+        log.error("--node-name is required (or set env NODE_NAME)")
+        return 2
+    try:
+        cfg = load_config(args.config)
+    except (ConfigError, OSError) as e:
+        log.error("invalid config", extra={"key": getattr(e, "key", "(file)"), "error": str(e)})
+        return 2
+    gpus = None
+    if args.simulate_gpus:
+        try:
+            gpus = SimulatedGPUs(args.simulate_gpus, args.node_name)
+        except SimulateSpecError as e:
+            log.error("invalid --simulate-gpus", extra={"error": str(e)})
+            return 2
+        log.warning("SIMULATED GPUs: this node has no GPU and NOTHING IS ISOLATED; for trying kube-vgpu only, "
+                    "never for workloads", extra={"gpu": f"{len(gpus.gpus)} x {args.simulate_gpus}",
+                                                  "node": args.node_name})
+    try:
+        from deviceplugin.dra_publish import SlicePublisher
+        from kube_vgpu.kubeapi import load_api_client
+
+        from .kube import ApiClaimClient
+
+        api = load_api_client(args.kubeconfig)
+        taints = {"auto": None, "true": True, "false": False}[args.device_taints]
+        publisher = SlicePublisher(api, args.node_name, device_taints=taints)  # driver version: set at start
+        claims = ApiClaimClient(api)
+    except Exception as e:  # noqa: BLE001 - kubernetes.config raises several types
+        log.error("kubernetes client unusable", extra={"error": str(e)})
+        return 1
+    opts = Options(node_name=args.node_name, plugin_dir=args.plugin_dir, registry_dir=args.registry_dir,
+                   cdi_dir=args.cdi_dir, state_dir=args.state_dir, shim_host_path=args.shim_host_path,
+                   cache_host_dir=args.cache_host_dir, dev_root=args.dev_root)
+    plugin = DRAPlugin(cfg, opts, claims, nvml=gpus, publisher=publisher)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    try:
+        plugin.start()
+    except CheckpointError as e:
+        log.error("checkpoint unusable: inspect it, and remove it only once no claim prepared here is in use",
+                  extra={"error": str(e)})
+        return 1
+    except NVMLError as e:
+        log.error("NVML unusable", extra={"error": str(e)})
+        plugin.stop()
+        return 1
+    server = Server(plugin)
+    server.start()
+    log.info("DRA plugin up", extra={"node": args.node_name, "socket": server.service_socket})
+    while not done.wait(1.0):
+        if not (plugin.alive() and server.alive()):
+            log.error("a background thread died; exiting")
+            break
+    log.info("shutting down")
+    server.stop()
+    plugin.stop()
+    return 0
