@@ -64,6 +64,7 @@ from kube_vgpu.errors import RequestError
 from kube_vgpu.model import ContainerRequest
 from kube_vgpu.podspec import container_asks, parse_pod, resource_value
 from kube_vgpu.resources import ResourceNames, system_owned
+from kube_vgpu.views import ObjectView, PodView
 
 from . import compat, isolation
 
@@ -220,16 +221,12 @@ def _clip(text: str) -> str:
     return text if len(text) <= _QUOTE else text[:_QUOTE] + "..."
 
 
-def _string_map(meta: Mapping[str, Any], key: str) -> Mapping[str, str]:
-    m = meta.get(key)
-    return m if isinstance(m, dict) else {}
-
-
 def system_keys(pod: Mapping[str, Any]) -> dict[tuple[str, str], str]:
-    """The pod's system-owned annotations and labels: ``{("annotations"|"labels", key): value}``."""
-    meta = pod.get("metadata") or {}
-    return {(where, k): v for where in ("annotations", "labels") for k, v in _string_map(meta, where).items()
-            if system_owned(k)}
+    """The pod's system-owned annotations and labels: ``{("annotations"|"labels", key): value}``.
+    Raises ShapeError when ``metadata``, its annotations or labels are not objects."""
+    view = ObjectView.of(pod)
+    return {(where, k): v for where, m in (("annotations", view.annotations), ("labels", view.labels))
+            for k, v in m.items() if system_owned(k)}
 
 
 def strip_system_keys(pod: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -277,9 +274,7 @@ def review_pod(pod: Mapping[str, Any], config: Config, namespace: str = "") -> D
     Expects a pod that passed :func:`webhook.shape.check_pod` (the caller, ``admission.answer``,
     checks first and denies a wrong shape with a message naming the field path). Returns: a Decision.
     """
-    spec = pod.get("spec") or {}
-    if not isinstance(spec, dict):
-        raise TypeError("spec is not an object")
+    spec = PodView(pod).spec
     if not (config.compat.gpushare and compat.pod_names_gpushare(pod)) \
             or is_foreign_scheduler(spec.get("schedulerName"), config):
         return _review(pod, spec, config, namespace)
@@ -288,7 +283,7 @@ def review_pod(pod: Mapping[str, Any], config: Config, namespace: str = "") -> D
     except RequestError as e:
         return _deny(400, "BadRequest", str(e))
     translated = jsonpatch.apply_patch(pod, compat_ops)  # a copy; every rule below reads the translation
-    d = _review(translated, translated.get("spec") or {}, config, namespace)
+    d = _review(translated, PodView(translated).spec, config, namespace)
     if d.allowed:
         d.patch = compat_ops + d.patch
         d.warnings = compat_warnings + d.warnings
@@ -341,8 +336,7 @@ def _hide_gpus_from_new_ephemeral(new: Mapping[str, Any], old: Mapping[str, Any]
     ``old`` did not have and that sets no ``NVIDIA_VISIBLE_DEVICES`` itself (see review_update)."""
     if not config.webhook.non_gpu_visible_devices_none or not isolation.pod_is_ours(new, config):
         return []
-    spec = new.get("spec") or {}
-    old_spec = old.get("spec") or {}
+    spec, old_spec = PodView(new).spec, PodView(old).spec
     before = {c.get("name") for c in old_spec.get("ephemeralContainers") or [] if isinstance(c, dict)}
     ops: list[dict[str, Any]] = []
     for i, c in enumerate(spec.get("ephemeralContainers") or []):
