@@ -69,6 +69,7 @@ from typing import Any
 from kube_vgpu import envcontract
 from kube_vgpu.config import Config
 from kube_vgpu.resources import ResourceNames
+from kube_vgpu.views import ObjectView, PodView
 
 #: values of NVIDIA_VISIBLE_DEVICES that expose no GPU (allowed in non-GPU containers)
 HIDDEN_VALUES = ("none", "void", "")
@@ -184,10 +185,9 @@ def _list(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
 
 
 def pod_is_ours(pod: Mapping[str, Any], config: Config) -> bool:
-    """True if any init, sidecar or app container names one of our resource names (see module doc)."""
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):
-        return False
+    """True if any init, sidecar or app container names one of our resource names (see module doc).
+    Raises ShapeError when ``spec`` is not an object."""
+    spec = PodView.of(pod).spec
     names = config.resource_names
     return any(names_resource(c, names) for key in ("initContainers", "containers") for c in _list(spec, key))
 
@@ -418,16 +418,15 @@ def check_pod(pod: Mapping[str, Any], config: Config, namespace: str = "") -> li
     """Every isolation violation of ``pod`` (empty when the pod is not ours, see module doc).
 
     namespace: the request's namespace (falls back to ``metadata.namespace``), for the per-namespace
-    ``CUDA_DISABLE_CONTROL`` allowance. Expects a pod that passed :func:`webhook.shape.check_pod`.
+    ``CUDA_DISABLE_CONTROL`` allowance. Expects a pod that passed :func:`webhook.shape.check_pod`;
+    raises ShapeError when ``metadata`` or ``spec`` is not an object.
     """
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):
-        return []
+    view = ObjectView.of(pod)
+    spec = view.spec
     all_targets = targets(spec, config.resource_names)
     if not any(t.gpu and t.kind != EPHEMERAL for t in all_targets):  # not ours (see pod_is_ours)
         return []
-    meta = pod.get("metadata") or {}
-    ctx = Context(config, namespace or str(meta.get("namespace") or ""))
+    ctx = Context(config, namespace or ObjectView(view.raw).namespace)
     out: list[Violation] = []
     for rule in RULES:
         if rule.scope == "pod":
