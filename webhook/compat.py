@@ -45,9 +45,10 @@ from typing import Any
 from jsonpointer import escape
 
 from kube_vgpu.config import MAX_GPUS_PER_CONTAINER, Config
-from kube_vgpu.errors import QuantityError, RequestError
+from kube_vgpu.errors import QuantityError, RequestError, ShapeError
 from kube_vgpu.podspec import MAX_GPUMEM_MIB
 from kube_vgpu.quantity import parse_whole
+from kube_vgpu.views import ObjectView, PodView
 
 #: gpushare's GPU memory resource (GiB by default; see module docstring)
 GPUSHARE_MEM = "aliyun.com/gpu-mem"
@@ -91,8 +92,11 @@ def _containers(spec: Mapping[str, Any]) -> list[tuple[str, int, dict[str, Any]]
 
 def pod_names_gpushare(pod: Mapping[str, Any]) -> bool:
     """True if any init or app container of the pod names a gpushare resource. Never raises."""
-    spec = pod.get("spec")
-    return isinstance(spec, dict) and any(names_gpushare(c) for _, _, c in _containers(spec))
+    try:
+        spec = PodView.of(pod).spec
+    except ShapeError:
+        return False
+    return any(names_gpushare(c) for _, _, c in _containers(spec))
 
 
 def _whole(cname: str, kind: str, field: str, raw: Any, lo: int, hi: int, allowed: str) -> int:
@@ -121,8 +125,7 @@ def _value(cname: str, kind: str, container: Mapping[str, Any], name: str, lo: i
 
 
 def _label_count(pod: Mapping[str, Any]) -> int | None:
-    labels = (pod.get("metadata") or {}).get("labels")
-    raw = labels.get(LABEL_GPUSHARE_COUNT) if isinstance(labels, dict) else None
+    raw = ObjectView.of(pod).labels.get(LABEL_GPUSHARE_COUNT)
     if raw is None:
         return None
     return _whole("(pod)", "pod", f"metadata.labels[{LABEL_GPUSHARE_COUNT}]", raw, 1, MAX_GPUS_PER_CONTAINER,
@@ -202,11 +205,10 @@ def translate_pod(pod: Mapping[str, Any], config: Config) -> tuple[list[dict[str
     resources with ours, and one admission warning per translated container. Empty when no
     container names a gpushare resource. Expects a pod that passed :func:`webhook.shape.check_pod`.
 
-    Raises: RequestError for the first container (init containers first) whose request is refused.
+    Raises: RequestError for the first container (init containers first) whose request is refused;
+    ShapeError when ``spec`` or ``metadata.labels`` is not an object.
     """
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):
-        return [], []
+    spec = PodView.of(pod).spec
     todo = [(key, i, c) for key, i, c in _containers(spec) if names_gpushare(c)]
     if not todo:
         return [], []
