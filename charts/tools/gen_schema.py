@@ -266,6 +266,27 @@ schema = {
             "maxUnavailable": {"type": ["integer", "string"]},
             **POD_COMMON,
         }),
+        "dra": obj({
+            "enabled": b("Run the DRA kubelet plugin in the device-plugin DaemonSet; install the DeviceClasses."),
+            "deviceClass": obj({
+                "name": {**DNS, "minLength": 1, "description": "Name of the DeviceClass of every kube-vgpu GPU."},
+                "extendedResourceName": {"type": "string", "pattern": r"^$|" + C.RESOURCE_NAME,
+                                         "maxLength": 253,
+                                         "description": "Extended resource served by the class (\"\" = off)."}}),
+            "modelClasses": arr("One DeviceClass per GPU model.", obj({
+                "name": {**DNS, "minLength": 1},
+                "model": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": r"^[^'\\]+$",
+                          "description": "NVML product name (no quote or backslash)."},
+                "extendedResourceName": {"type": "string", "pattern": r"^$|" + C.RESOURCE_NAME,
+                                         "maxLength": 253}}, req=["name", "model"])),
+            "sliceNodeRestriction": b("Only the node component, on its own node, writes our ResourceSlices."),
+            "pluginsDir": HOSTDIR("kubelet's DRA plugin directory"),
+            "registryDir": HOSTDIR("kubelet's plugin registration directory"),
+            "cdiDir": HOSTDIR("CDI spec directory"),
+            "metricsPort": PORT,
+            "extraArgs": STRLIST,
+            "resources": RES,
+        }),
         "admissionPolicies": obj({
             "enabled": {"enum": ["auto", True, False], "description": "auto (Kubernetes >= 1.30), true or false."},
             "devicePluginNodeRestriction": b("Hold the device plugin to its own Node and the pods bound to it."),

@@ -47,6 +47,8 @@ class Request:
     sub_resource: str = ""
     extra: dict[str, list[str]] = field(default_factory=dict)
     groups: list[str] = field(default_factory=list)
+    group: str = ""  #: API group of ``resource`` ("" = core)
+    version: str = "v1"
 
     def as_cel(self) -> dict[str, Any]:
         """As kube-apiserver hands it to CEL: empty fields are absent (``has(request.subResource)``
@@ -57,7 +59,7 @@ class Request:
         if self.extra:
             user["extra"] = self.extra
         out: dict[str, Any] = {"operation": self.operation, "userInfo": user,
-                               "resource": {"group": "", "version": "v1", "resource": self.resource}}
+                               "resource": {"group": self.group, "version": self.version, "resource": self.resource}}
         for key, value in (("subResource", self.sub_resource), ("name", self.name), ("namespace", self.namespace)):
             if value:
                 out[key] = value
@@ -79,7 +81,7 @@ class Decision:
 def _matches(policy: dict[str, Any], req: Request) -> bool:
     full = req.resource + (f"/{req.sub_resource}" if req.sub_resource else "")
     for rule in policy["spec"]["matchConstraints"]["resourceRules"]:
-        if "" in rule["apiGroups"] and full in rule["resources"] and (
+        if req.group in rule["apiGroups"] and full in rule["resources"] and (
                 req.operation in rule["operations"] or "*" in rule["operations"]):
             return True
     return False
