@@ -8,6 +8,9 @@ run from threads, never on an event loop):
   anyway (a full replace, so nothing missed can persist). Events go to callbacks (the extender
   marshals them onto its event loop; the device plugin handles them in the thread);
 * :class:`ListWatch`: what a Reflector needs from a component's API client (its list and watch);
+* :class:`JSONClient`: plain JSON requests over the same client's kept-alive connections (same
+  kubeconfig or in-cluster configuration, TLS, proxy and bearer token), without the generated
+  client's typed models and validation: the extender's hot path (its pod reads and the bind);
 * error helpers: :func:`outcome_unknown`, :func:`is_conflict`, :func:`is_not_found`,
   :func:`api_error_text`; and :func:`read_json` / :func:`release` for ``_preload_content=False``
   responses (read to the end, connection handed back to the pool).
@@ -25,6 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import orjson
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -65,6 +70,65 @@ def load_api_client(kubeconfig: str | None = None, *, context: str | None = None
     if pool_maxsize is not None:
         cfg.connection_pool_maxsize = pool_maxsize
     return client.ApiClient(cfg)
+
+
+class JSONClient:
+    """JSON requests to the API server on the connections of an ``ApiClient`` (blocking; thread-safe).
+
+    It sends through ``api_client.rest_client.pool_manager``, the urllib3 pool the generated client
+    itself uses: the same host, TLS settings (CA, client certificate, ``verify_ssl``,
+    ``tls_server_name``), proxy and kept-alive connections, and the same bearer token
+    (``Configuration.auth_settings()``, which refreshes an in-cluster token). What it leaves out is
+    the generated client's per-call work: argument validation, model serialisation and the typed
+    decoding of answers. Bodies are encoded and answers decoded with orjson.
+
+    Errors are those of the generated client, so :func:`outcome_unknown`, :func:`is_conflict`,
+    :func:`is_not_found` and :func:`api_error_text` read them alike: an HTTP status >= 400 raises
+    ``ApiException`` (``status``, ``reason``, ``body`` text, ``headers``); a TLS failure raises
+    ``ApiException`` with status 0; no answer at all (timeout, connection reset or refused) raises
+    the urllib3 error. Retries are the pool's defaults, as for the generated client: a connection
+    that could not be opened is dialled again, a request that was sent is never sent twice.
+    """
+
+    def __init__(self, api_client: client.ApiClient, timeout: float = 10.0):
+        """``timeout``: total seconds per request (connect, send and read)."""
+        self.configuration = api_client.configuration
+        self.base = str(self.configuration.host).rstrip("/")
+        self.pool: urllib3.PoolManager = api_client.rest_client.pool_manager
+        self.user_agent = str(api_client.user_agent or "")
+        self.timeout = urllib3.Timeout(total=timeout)
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        h = {"Accept": "application/json"}
+        if self.user_agent:
+            h["User-Agent"] = self.user_agent
+        if content_type:
+            h["Content-Type"] = content_type
+        auth = self.configuration.auth_settings().get("BearerToken")
+        if auth and auth.get("value"):
+            h["Authorization"] = str(auth["value"])
+        return h
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/json") -> Obj:
+        """``method`` ``path`` (absolute API path, query included) with ``body`` (a JSON value, or
+        None for no body). Returns the decoded answer ({} when empty). Raises ApiException for HTTP
+        >= 400 or a TLS error, a urllib3 error when no answer came, ValueError when the answer is not
+        JSON."""
+        data = None if body is None else orjson.dumps(body)
+        try:
+            resp = self.pool.request(method, self.base + path, body=data,
+                                     headers=self._headers(content_type if data is not None else None),
+                                     timeout=self.timeout, preload_content=True)
+        except urllib3.exceptions.SSLError as e:  # as the generated client reports it
+            raise ApiException(status=0, reason=f"{type(e).__name__}: {e}") from e
+        raw = resp.data
+        if resp.status >= 400:
+            err = ApiException(status=resp.status, reason=resp.reason)
+            err.body = raw.decode("utf-8", "replace") if raw else ""
+            err.headers = resp.headers
+            raise err
+        return orjson.loads(raw) if raw else {}
 
 
 def read_json(resp: Any) -> Obj:

@@ -4,6 +4,11 @@ Every method here blocks (urllib3); the service calls them from worker threads
 (``loop.run_in_executor``), never on the event loop. Objects are returned as plain JSON dicts
 (``_preload_content=False``), the same shape the watch delivers.
 
+The calls on the bind's path (read a pod, patch its metadata, POST its Binding) go through
+:class:`~kube_vgpu.kubeapi.JSONClient`: plain JSON on the same client's kept-alive connections,
+without the generated client's validation and models (the same requests, errors and timeouts;
+about a fifth of the CPU per call). Lists, watches and leases use the generated client.
+
 The client factory, the list+watch loop (:class:`~kube_vgpu.kubeapi.Reflector`) and the error
 helpers are the shared ones of :mod:`kube_vgpu.kubeapi`.
 """
@@ -14,12 +19,13 @@ import json
 import logging
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kube_vgpu.kubeapi import JSONClient, read_json, release
 from kube_vgpu.kubeapi import load_api_client as _load
-from kube_vgpu.kubeapi import read_json, release
 
 log = logging.getLogger("kube_vgpu.scheduler.kube")
 
@@ -32,20 +38,39 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
     return _load(kubeconfig, pool_maxsize=64)
 
 
-class KubeAPI:
-    """The API calls the extender makes (blocking). ``timeout``: per-request seconds."""
+def _pod_path(namespace: str, name: str, sub: str = "") -> str:
+    """``/api/v1/namespaces/NS/pods/NAME[/sub]`` with both names percent-encoded (they may come from
+    an unauthenticated /bind body: a ``/`` or ``..`` in them never changes the path)."""
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}{sub}"
 
-    def __init__(self, api_client: client.ApiClient, timeout: float = 10.0):
+
+class KubeAPI:
+    """The API calls the extender makes (blocking). ``timeout``: per-request seconds.
+    ``generated_client``: send the bind's calls through the generated ``CoreV1Api`` instead of
+    :class:`~kube_vgpu.kubeapi.JSONClient` (same requests and errors; kept to compare the two in
+    ``benchmarks/extender_bench.py --api``)."""
+
+    def __init__(self, api_client: client.ApiClient, timeout: float = 10.0, generated_client: bool = False):
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.coord = client.CoordinationV1Api(api_client)
         self.timeout = timeout
+        self.http: JSONClient | None = None if generated_client else JSONClient(api_client, timeout)
 
     # -- pods ---------------------------------------------------------------------------------
     def get_pod(self, namespace: str, name: str) -> Obj:
-        """GET the pod. Raises ApiException (404 when gone)."""
+        """GET the pod. Raises ApiException (404 when gone), a urllib3 error without an answer."""
+        if self.http is not None:
+            return self.http.request("GET", _pod_path(namespace, name))
         return read_json(self.core.read_namespaced_pod(name, namespace, _preload_content=False,
                                                    _request_timeout=self.timeout))
+
+    def _merge_patch(self, namespace: str, name: str, body: Obj) -> Obj:
+        if self.http is not None:
+            return self.http.request("PATCH", _pod_path(namespace, name), body, "application/merge-patch+json")
+        return read_json(self.core.patch_namespaced_pod(
+            name, namespace, body, _content_type="application/merge-patch+json", _preload_content=False,
+            _request_timeout=self.timeout))
 
     def patch_pod_metadata(self, namespace: str, name: str, resource_version: str,
                            annotations: dict[str, str], labels: dict[str, str]) -> Obj:
@@ -54,9 +79,7 @@ class KubeAPI:
         body: Obj = {"metadata": {"annotations": annotations, "labels": labels}}
         if resource_version:
             body["metadata"]["resourceVersion"] = resource_version
-        return read_json(self.core.patch_namespaced_pod(
-            name, namespace, body, _content_type="application/merge-patch+json", _preload_content=False,
-            _request_timeout=self.timeout))
+        return self._merge_patch(namespace, name, body)
 
     def remove_pod_metadata(self, namespace: str, name: str, resource_version: str,
                             annotations: list[str], labels: list[str]) -> Obj:
@@ -66,9 +89,7 @@ class KubeAPI:
                                   "labels": dict.fromkeys(labels)}}
         if resource_version:
             body["metadata"]["resourceVersion"] = resource_version
-        return read_json(self.core.patch_namespaced_pod(
-            name, namespace, body, _content_type="application/merge-patch+json", _preload_content=False,
-            _request_timeout=self.timeout))
+        return self._merge_patch(namespace, name, body)
 
     def create_binding(self, namespace: str, name: str, uid: str, node: str, resource_version: str = "",
                        annotations: dict[str, str] | None = None) -> None:
@@ -78,7 +99,8 @@ class KubeAPI:
         ``annotations`` are the Binding's own: the API server copies them onto the pod in the same
         atomic update that sets ``spec.nodeName`` (so the pod is bound with them, or neither
         happens). The answer (a Status) is read and its connection returned to the pool. Raises
-        ApiException or a urllib3 error."""
+        ApiException (HTTP >= 400; status 0: TLS error) or a urllib3 error (no answer: the outcome
+        is unknown)."""
         meta: Obj = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
@@ -88,6 +110,9 @@ class KubeAPI:
             meta["annotations"] = annotations
         body: Any = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                      "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        if self.http is not None:
+            self.http.request("POST", _pod_path(namespace, name, "/binding"), body)
+            return
         resp: Any = self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
                                                             _request_timeout=self.timeout)
         try:
