@@ -45,7 +45,8 @@ class NodePolicySpec:
     """A node policy (``scheduling.nodePolicy``).
 
     name: the config / annotation value. scorer: the class name in
-    :mod:`kube_vgpu.placement.policies` (a ``Policy`` subclass). options: extra keyword arguments
+    :mod:`kube_vgpu.placement.policies` (a ``Policy`` subclass), or ``module.Class`` for a class in
+    another module of :mod:`kube_vgpu.placement`. options: extra keyword arguments
     for the scorer. needs_shapes: the scorer needs the target workload's task shapes (FGD's M).
     uses_gpu_policy: the scorer orders GPUs by ``scheduling.gpuPolicy`` (otherwise it orders them
     itself and the GPU policy is ignored). replay_gpu_policy: the GPU policy ``kube-vgpu replay``
@@ -78,13 +79,37 @@ NODE_POLICY_SPECS: tuple[NodePolicySpec, ...] = (
                    artifact_label="02-DotProd"),
 )
 
+#: the replay's models of kube-scheduler's own placement on the DRA path (docs/dra-placement.md):
+#: ``kube-vgpu replay --policy`` only, never values of ``scheduling.nodePolicy`` or of the pod
+#: annotation (the extender does not run them). Scorers live in
+#: :mod:`kube_vgpu.placement.draalloc` (``module.Class``); ``nodes_to_score`` is kube-scheduler's
+#: ``percentageOfNodesToScore`` (0 = adaptive, the default scheduler's; 100 = kube-vgpu's chart).
+#: They order GPUs themselves (the replay's GPU policy is ignored).
+DRA_MODEL_SPECS: tuple[NodePolicySpec, ...] = (
+    NodePolicySpec("dra-allocator", "draalloc.DraAllocator",
+                   "kube-scheduler's DRA allocator: GPU-blind node scores, devices first fit in the slice's order",
+                   options={"nodes_to_score": 0}),
+    NodePolicySpec("dra-bestfit-order", "draalloc.DraAllocator",
+                   "dra-allocator with the driver republishing its devices least free first (first fit = best fit)",
+                   options={"nodes_to_score": 0, "device_order": "bestfit"}),
+    NodePolicySpec("dra-prefer-in-use", "draalloc.DraAllocator",
+                   "dra-allocator with claims asking in-use GPUs first (firstAvailable) and DynamicResources scoring it",
+                   options={"nodes_to_score": 0, "prefer_in_use": True}),
+    NodePolicySpec("dra-extender-fgd", "draalloc.DraExtenderFGD",
+                   "kube-vgpu's extender picks the node (FGD of the allocator's choice), the allocator first fit",
+                   needs_shapes=True, options={"tie_break": "bestfit"}),
+)
+
 NODE_POLICIES: tuple[str, ...] = tuple(s.name for s in NODE_POLICY_SPECS)
 GPU_POLICIES: tuple[str, ...] = tuple(s.name for s in GPU_POLICY_SPECS)
-_BY_NAME = {s.name: s for s in NODE_POLICY_SPECS}
+#: the replay-only DRA-path models' names
+DRA_MODELS: tuple[str, ...] = tuple(s.name for s in DRA_MODEL_SPECS)
+_BY_NAME = {s.name: s for s in NODE_POLICY_SPECS + DRA_MODEL_SPECS}
 
 
 def node_policy(name: str) -> NodePolicySpec:
-    """The spec of node policy ``name``. Raises ValueError naming the value and the allowed names."""
+    """The spec of node policy or DRA-path model ``name``. Raises ValueError naming the value and
+    the allowed node policies."""
     spec = _BY_NAME.get(name)
     if spec is None:
         raise ValueError(f"unknown node policy {name!r}; allowed: {', '.join(NODE_POLICIES)}")
@@ -100,9 +125,9 @@ def needs_shapes(name: str) -> bool:
 def replay_policies() -> dict[str, tuple[str, str]]:
     """the trace replay's policy names -> (node policy, GPU policy): each node policy with its
     replay GPU policy, and ``<node>-gpu<gpu>`` for the other GPU policies of the node policies
-    that use one (e.g. ``binpack-gpuspread``)."""
+    that use one (e.g. ``binpack-gpuspread``), and the DRA-path models (:data:`DRA_MODEL_SPECS`)."""
     out: dict[str, tuple[str, str]] = {}
-    for s in NODE_POLICY_SPECS:
+    for s in NODE_POLICY_SPECS + DRA_MODEL_SPECS:
         out[s.name] = (s.name, s.replay_gpu_policy)
     for s in NODE_POLICY_SPECS:
         if s.uses_gpu_policy:
@@ -112,5 +137,5 @@ def replay_policies() -> dict[str, tuple[str, str]]:
     return out
 
 
-__all__ = ["GPU_POLICIES", "GPU_POLICY_SPECS", "GpuPolicySpec", "NODE_POLICIES", "NODE_POLICY_SPECS",
-           "NodePolicySpec", "needs_shapes", "node_policy", "replay_policies"]
+__all__ = ["DRA_MODELS", "DRA_MODEL_SPECS", "GPU_POLICIES", "GPU_POLICY_SPECS", "GpuPolicySpec", "NODE_POLICIES",
+           "NODE_POLICY_SPECS", "NodePolicySpec", "needs_shapes", "node_policy", "replay_policies"]

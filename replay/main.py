@@ -31,6 +31,7 @@ from kube_vgpu.model import PodRequest
 from kube_vgpu.placement import ClusterState, Engine, TaskShape, typical_shapes
 from kube_vgpu.policyregistry import NODE_POLICIES, NODE_POLICY_SPECS, replay_policies
 
+from .dra import placer
 from .synthetic import synthetic_nodes, synthetic_pods
 from .trace import TraceNode, TracePod, load_nodes, load_pods
 
@@ -102,15 +103,18 @@ def shapes_of(pods: Sequence[TracePod]) -> list[TaskShape]:
 
 def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str, seed: int,
            inflate: float = 1.3, shapes: list[TaskShape] | None = None, record_latency: bool = False,
-           progress: bool = False) -> ReplayResult:
-    """Replay ``pods`` on ``nodes`` under ``policy`` (a key of POLICIES). Raises KeyError for an
-    unknown policy name."""
+           progress: bool = False, nodes_to_score: int | None = None) -> ReplayResult:
+    """Replay ``pods`` on ``nodes`` under ``policy`` (a key of POLICIES). ``nodes_to_score``:
+    kube-scheduler's ``percentageOfNodesToScore`` (0 = adaptive) for the DRA-path models that
+    scan a window (replay/dra.py), instead of the model's own. Raises KeyError for an unknown
+    policy name, ValueError for a percentage outside 0..100."""
     node_pol, gpu_pol = POLICIES[policy]
     capacity = sum(len(n.devices) for n in nodes) * 1000
     if capacity == 0:
         raise ValueError("the cluster has no GPUs")
     state = build_state(nodes)
     engine = Engine(state, node_pol, gpu_pol, shapes=shapes if shapes is not None else shapes_of(pods))
+    place = placer(engine, node_pol, nodes_to_score)
     order = arrival_order(pods, seed, inflate, capacity)
     curve = np.full(MAX_PCT + 1, np.nan)
     lat = np.zeros(len(order)) if record_latency else np.zeros(0)
@@ -124,7 +128,7 @@ def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str, se
         it = tqdm(order, desc=f"{policy} seed {seed}", unit="pod", leave=False, file=sys.stderr)
     for k, p in enumerate(it):
         t = time.perf_counter() if record_latency else 0.0
-        alloc = engine.place(p.request)
+        alloc = place(p.request)
         if record_latency:
             lat[k] = time.perf_counter() - t
         arrived += p.total_milli
@@ -163,16 +167,19 @@ def _tqdm() -> Any:
     return tqdm
 
 
-def _run(args: tuple[Sequence[TraceNode], Sequence[TracePod], str, int, float, list[TaskShape]]) -> ReplayResult:
-    nodes, pods, policy, seed, inflate, shapes = args
-    return replay(nodes, pods, policy, seed, inflate, shapes)
+def _run(args: tuple[Sequence[TraceNode], Sequence[TracePod], str, int, float, list[TaskShape], int | None]
+         ) -> ReplayResult:
+    nodes, pods, policy, seed, inflate, shapes, nodes_to_score = args
+    return replay(nodes, pods, policy, seed, inflate, shapes, nodes_to_score=nodes_to_score)
 
 
 def run_all(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policies: Sequence[str], seeds: Sequence[int],
-            inflate: float, jobs: int = 1, progress: bool = True) -> list[ReplayResult]:
-    """Every (policy, seed) replay, in parallel processes when ``jobs`` > 1."""
+            inflate: float, jobs: int = 1, progress: bool = True, nodes_to_score: int | None = None
+            ) -> list[ReplayResult]:
+    """Every (policy, seed) replay, in parallel processes when ``jobs`` > 1 (``nodes_to_score``:
+    see :func:`replay`)."""
     shapes = shapes_of(pods)
-    tasks = [(nodes, pods, pol, s, inflate, shapes) for pol in policies for s in seeds]
+    tasks = [(nodes, pods, pol, s, inflate, shapes, nodes_to_score) for pol in policies for s in seeds]
     results: list[ReplayResult] = []
     bar = None
     tqdm = _tqdm() if progress else None
@@ -319,6 +326,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--inflate", type=float, default=1.3, help="top up arrivals to this x GPU capacity (default 1.3)")
     p.add_argument("--out", type=Path, help="write allocation.csv and allocation.png here")
     p.add_argument("--against", type=Path, help="fgd_expected_summary.csv: print the published numbers beside ours")
+    p.add_argument("--nodes-to-score", type=int, default=None, metavar="PCT",
+                   help="kube-scheduler's percentageOfNodesToScore for the DRA-path models that scan a window "
+                        "(0 = adaptive; default: each model's own, see docs/dra-placement.md)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: CPUs)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -335,6 +345,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.jobs < 1:
         print(f"{PROG}: --jobs {args.jobs} is out of range; allowed >= 1", file=sys.stderr)
+        return 2
+    if args.nodes_to_score is not None and not 0 <= args.nodes_to_score <= 100:
+        print(f"{PROG}: --nodes-to-score {args.nodes_to_score} is out of range; allowed 0..100", file=sys.stderr)
         return 2
     if args.out is not None:
         try:
@@ -373,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"policies {', '.join(policies)}; seeds {seeds[0]}..{seeds[-1]}; inflate {args.inflate}")
     t0 = time.perf_counter()
     results = run_all(nodes, pods, policies, seeds, args.inflate, jobs=max(1, args.jobs),
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, nodes_to_score=args.nodes_to_score)
     against = None
     if args.against:
         try:

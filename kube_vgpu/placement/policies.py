@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import bisect
+import importlib
 import math
 from collections import Counter
 from collections.abc import Iterable
@@ -272,7 +273,11 @@ def make_policy(node_policy: str, gpu_policy: str = "spread", shapes: list[TaskS
         if not shapes:
             raise ValueError(f"policy {node_policy} needs the target workload's task shapes")
         kwargs["shapes"] = shapes
-    scorer = globals()[spec.scorer]
+    if "." in spec.scorer:  # a scorer in another module of this package (e.g. the DRA-path models)
+        module, cls = spec.scorer.rsplit(".", 1)
+        scorer = getattr(importlib.import_module(f"{__package__}.{module}"), cls)
+    else:
+        scorer = globals()[spec.scorer]
     p: Policy = scorer(gpu_policy=gpu_policy, **kwargs)
     p.name = spec.name
     return p

@@ -13,6 +13,7 @@ from kube_vgpu.errors import RequestError
 from kube_vgpu.placement import Policy, TaskShape, make_policy
 from kube_vgpu.placement import policies as scorers
 from kube_vgpu.policyregistry import (
+    DRA_MODELS,
     GPU_POLICIES,
     NODE_POLICIES,
     NODE_POLICY_SPECS,
@@ -67,7 +68,8 @@ def test_replay_list_covers_every_policy_and_the_gpu_variants() -> None:
         assert rp[spec.name] == (spec.name, spec.replay_gpu_policy)
     # the node policies that use a GPU policy get one entry per other GPU policy
     assert rp["binpack-gpuspread"] == ("binpack", "spread")
-    assert all(n in NODE_POLICIES and g in GPU_POLICIES for n, g in rp.values())
+    # the replay-only DRA-path models are replay policies too (tests/simulate/test_dra_allocator.py)
+    assert all(n in NODE_POLICIES + DRA_MODELS and g in GPU_POLICIES for n, g in rp.values())
 
 
 #: where a node policy's name may be written: the registry, and the placement code that
