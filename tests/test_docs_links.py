@@ -20,6 +20,7 @@ PARSERS = {
     "kube-vgpu scheduler": ("scheduler.server", "build_parser"),
     "kube-vgpu webhook": ("webhook.server", "build_parser"),
     "kube-vgpu device-plugin": ("deviceplugin.main", "parser"),
+    "kube-vgpu dra-plugin": ("deviceplugin.dra.main", "parser"),
     "kube-vgpu certs": ("certs.main", "build_parser"),
     "kube-vgpu replay": ("replay.main", "_parser"),
     "kube-vgpu simulate": ("replay.main", "_parser"),
@@ -57,7 +58,7 @@ def test_flags_named_after_a_command_exist(doc: Path) -> None:
     spans = re.findall(r"`([^`\n]+)`", text) + [ln for b in re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
                                                  for ln in b.splitlines()]
     for span in spans:
-        for m in re.finditer(r"\b(kube-vgpu (?:scheduler|webhook|device-plugin|certs|replay|simulate)|kubectl vgpu)\b"
+        for m in re.finditer(r"\b(kube-vgpu (?:scheduler|webhook|device-plugin|dra-plugin|certs|replay|simulate)|kubectl vgpu)\b"
                              r"([^|#;]*)", span):
             for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", m.group(2)):
                 assert flag in OPTIONS[m.group(1)], f"{doc.name}: `{m.group(0).strip()}`: {m.group(1)} has no {flag}"

@@ -19,7 +19,9 @@ that names our driver. For each claim the plugin:
    (:mod:`deviceplugin.dra.cdi`) injecting the env contract, the shim, ``/etc/ld.so.preload``, those
    two directories and the GPUs' device nodes; then records the claim in the checkpoint
    (:mod:`deviceplugin.dra.checkpoint`);
-5. answers one device per result with its CDI device id ``kube-vgpu.io/vgpu=<claim uid>-gpu-<i>``.
+5. answers one device per result with its CDI device id ``kube-vgpu.io/vgpu=<claim uid>-gpu-<i>`` and
+   its request's base name (``<request>`` of ``<request>/<subrequest>``, which kubelet matches a
+   container's request against).
 
 Every container that uses the claim mounts the same allocation directory, so the shim accounts them
 together: the claim's memory is the limit of all of them at once.
@@ -395,8 +397,9 @@ class DRAPlugin:
             bookings.append(DeviceBooking(dev.uuid, mem[d], min(MAX_CORES, cores[d])))
             minor = self.minor_of(dev.uuid)
             nodes.append((d, tuple((n.path, n.host_path) for n in cdi.device_nodes(self.opts.dev_root, minor))))
-        devices = tuple(PreparedDevice((g.request,), g.pool, g.device, (cdi.device_id(uid, g.device),), g.share_id)
-                        for g in grants)
+        # kubelet matches a container's request by its base name: "<request>/<subrequest>" answers "<request>"
+        devices = tuple(PreparedDevice((g.request.split("/", 1)[0],), g.pool, g.device,
+                                       (cdi.device_id(uid, g.device),), g.share_id) for g in grants)
         return PreparedClaim(namespace, name, uid, devices, tuple(bookings), tuple(nodes))
 
     def _write_files(self, c: PreparedClaim, key: str) -> None:

@@ -140,6 +140,12 @@ def test_a_claim_over_two_gpus_and_two_shares_of_one(node: Node) -> None:
     assert spec is not None and [d["name"] for d in spec["devices"]] == [f"{uid}-gpu-0", f"{uid}-gpu-1"]
 
 
+def test_subrequest_answers_the_base_request_name(node: Node) -> None:
+    c = node.claim("sub", [result("gpu-0", "1Gi", "10", request="gpu/small")])
+    r = prep(node, c)[c["metadata"]["uid"]]
+    assert r.error == "" and list(r.devices[0].request_names) == ["gpu"]
+
+
 def test_prepare_is_idempotent(node: Node) -> None:
     c = node.claim("c1", [result("gpu-0", "3000Mi", "30")])
     uid = c["metadata"]["uid"]
