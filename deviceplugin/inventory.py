@@ -2,8 +2,11 @@
 
 Per-node overrides (config ``nodes[]``, matched by node name) replace the ``devices`` defaults:
 ``splitCount`` (slots per GPU), ``memoryScaling`` (factor on NVML total memory), ``coreScaling``
-(factor on 100 percent of compute) and ``excludeGPUs`` (uuids or NVML indexes never advertised).
-MIG-enabled GPUs are skipped (logged by the caller).
+(factor on 100 percent of compute), ``excludeGPUs`` (uuids or NVML indexes never advertised) and
+``migStrategy``. GPUs in MIG mode are never advertised as vGPU slots: with ``migStrategy: none`` they
+are skipped (logged by the caller); with ``single`` their MIG devices join the inventory as whole GPUs
+(:func:`mig_to_devices`); with ``mixed`` they are advertised per profile (:mod:`deviceplugin.migserver`);
+see docs/mig.md.
 """
 
 from __future__ import annotations
@@ -14,18 +17,21 @@ from dataclasses import dataclass
 from kube_vgpu.config import Config
 from kube_vgpu.model import GPUDevice, NodeInventory
 
-from .nvml import PhysicalGPU
+from .nvml import MigDevice, PhysicalGPU
 from .podmatch import slot_id
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceSettings:
-    """Effective device settings for one node: split (slots per GPU), memory/core scaling, exclusions."""
+    """Effective device settings for one node: split (slots per GPU), memory/core scaling, exclusions,
+    the MIG strategy (:data:`kube_vgpu.mig.MIG_STRATEGIES`) and the dynamic-MIG profile allowlist."""
 
     split_count: int
     memory_scaling: float
     core_scaling: float
     exclude: frozenset[str]
+    mig_strategy: str = "none"
+    mig_profiles: tuple[str, ...] = ()
 
 
 def settings_for(cfg: Config, node: str) -> DeviceSettings:
@@ -33,26 +39,60 @@ def settings_for(cfg: Config, node: str) -> DeviceSettings:
     d = cfg.devices
     o = cfg.node_override(node)
     if o is None:
-        return DeviceSettings(d.split_count, d.memory_scaling, d.core_scaling, frozenset())
+        return DeviceSettings(d.split_count, d.memory_scaling, d.core_scaling, frozenset(), d.mig_strategy,
+                              d.mig_profiles)
     return DeviceSettings(
         split_count=o.split_count if o.split_count is not None else d.split_count,
         memory_scaling=o.memory_scaling if o.memory_scaling is not None else d.memory_scaling,
         core_scaling=o.core_scaling if o.core_scaling is not None else d.core_scaling,
-        exclude=frozenset(o.exclude_gpus))
+        exclude=frozenset(o.exclude_gpus),
+        mig_strategy=o.mig_strategy if o.mig_strategy is not None else d.mig_strategy,
+        mig_profiles=d.mig_profiles)
 
 
 def select(gpus: Iterable[PhysicalGPU], s: DeviceSettings) -> tuple[list[PhysicalGPU], list[str]]:
-    """Split NVML's GPUs into (advertised, skip reasons): excluded by config or in MIG mode."""
+    """Split NVML's GPUs into (advertised as vGPU slots, skip reasons): excluded by config or in MIG
+    mode (:func:`mig_parents` says which of those serve MIG devices)."""
     keep: list[PhysicalGPU] = []
     skipped: list[str] = []
     for g in gpus:
         if g.uuid in s.exclude or str(g.index) in s.exclude:
             skipped.append(f"{g.uuid} (index {g.index}): excluded by config")
+        elif g.mig and s.mig_strategy == "none":
+            skipped.append(f"{g.uuid} (index {g.index}): MIG mode enabled and devices.migStrategy is none")
         elif g.mig:
-            skipped.append(f"{g.uuid} (index {g.index}): MIG mode enabled, MIG is not supported yet")
+            skipped.append(f"{g.uuid} (index {g.index}): MIG mode enabled; its MIG devices are advertised "
+                           f"(migStrategy {s.mig_strategy}), not vGPU slots")
         else:
             keep.append(g)
     return keep, skipped
+
+
+def mig_parents(gpus: Iterable[PhysicalGPU], s: DeviceSettings) -> list[PhysicalGPU]:
+    """The GPUs in MIG mode whose MIG devices this node advertises (none with ``migStrategy: none``;
+    excluded GPUs never)."""
+    if s.mig_strategy == "none":
+        return []
+    return [g for g in gpus if g.mig and g.uuid not in s.exclude and str(g.index) not in s.exclude]
+
+
+def mig_to_devices(migs: Iterable[MigDevice], parents: Iterable[PhysicalGPU],
+                   health: Mapping[str, bool]) -> tuple[GPUDevice, ...]:
+    """``migStrategy: single``: each MIG device as one whole GPU of the inventory: its ``MIG-`` uuid,
+    the parent's NVML index (cordoning the GPU's index cordons its MIG devices), model
+    ``<parent model> MIG <profile>``, the instance's memory (MiB, never scaled: it is hardware),
+    100 percent compute, one slot (one container: MIG devices are not shared), the parent's health
+    and NUMA node."""
+    by_uuid = {g.uuid: g for g in parents}
+    out = []
+    for m in migs:
+        p = by_uuid.get(m.parent)
+        if p is None:
+            continue
+        out.append(GPUDevice(uuid=m.uuid, index=m.parent_index, model=f"{p.model} MIG {m.profile}",
+                             memory_mib=m.memory_mib, cores=100, split=1, healthy=health.get(p.uuid, True),
+                             numa=p.numa))
+    return tuple(out)
 
 
 def to_devices(gpus: Iterable[PhysicalGPU], s: DeviceSettings, health: Mapping[str, bool],

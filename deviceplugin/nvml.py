@@ -48,6 +48,23 @@ class PhysicalGPU:
 
 
 @dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device (a compute instance) as NVML reports it: its ``MIG-...`` uuid, the parent GPU's
+    uuid and NVML index, the GPU instance's profile name (``1g.18gb``), memory (MiB), GPU and compute
+    instance ids, the first memory slice of the GPU instance, and the processes running on it."""
+
+    uuid: str
+    parent: str
+    parent_index: int
+    profile: str
+    memory_mib: int
+    gi: int
+    ci: int
+    start: int
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
 class GPUUsage:
     """Live usage of one GPU: used_mib (MiB), util_percent (0-100, GPU busy over NVML's window)."""
 
@@ -148,6 +165,104 @@ class NVML:
                 gpus.append(PhysicalGPU(uuid=uuid, index=i, model=name, memory_mib=int(mem.total) // (1024 * 1024),
                                         numa=max(0, numa), mig=mig))
         return gpus, problems
+
+    # ------------------------------------------------------------------ MIG (docs/mig.md)
+
+    def _mig_parent(self, parent: str) -> tuple[Any, int]:
+        h = self._handles.get(parent)
+        if h is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return h, int(pynvml.nvmlDeviceGetIndex(h))
+
+    def _gi_profiles(self, h: Any) -> dict[int, tuple[int, str]]:
+        """profile id -> (NVML profile index, name without "MIG ") of the GPU's GPU-instance profiles."""
+        out: dict[int, tuple[int, str]] = {}
+        for idx in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, idx)
+            except NVMLError:
+                continue
+            out[int(info.id)] = (idx, _str(info.name).removeprefix("MIG "))
+        return out
+
+    def mig_devices(self, parent: str) -> list[MigDevice]:
+        """The MIG devices of GPU ``parent`` (a uuid :meth:`discover` returned), in NVML's order; []
+        when it has none. Raises NVMLError (e.g. the GPU is not in MIG mode: ``Not Supported``)."""
+        with self._lock:
+            h, index = self._mig_parent(parent)
+            names = self._gi_profiles(h)
+            out: list[MigDevice] = []
+            for i in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(h))):
+                try:
+                    m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+                except NVMLError as e:
+                    if e.value == pynvml.NVML_ERROR_NOT_FOUND:
+                        continue
+                    raise
+                gi_id = int(pynvml.nvmlDeviceGetGpuInstanceId(m))
+                info = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(h, gi_id))
+                out.append(MigDevice(
+                    uuid=_str(pynvml.nvmlDeviceGetUUID(m)), parent=parent, parent_index=index,
+                    profile=names.get(int(info.profileId), (0, f"profile-{int(info.profileId)}"))[1],
+                    memory_mib=int(pynvml.nvmlDeviceGetMemoryInfo(m).total) // (1024 * 1024), gi=gi_id,
+                    ci=int(pynvml.nvmlDeviceGetComputeInstanceId(m)), start=int(info.placement.start),
+                    processes=len(pynvml.nvmlDeviceGetComputeRunningProcesses(m))))
+            return out
+
+    def mig_create(self, parent: str, profile: str, start: int) -> MigDevice:
+        """Create a GPU instance of ``profile`` at memory slice ``start`` on GPU ``parent`` and one
+        compute instance spanning it; returns the new MIG device. A failed compute instance destroys
+        the GPU instance again. Raises NVMLError (``Insufficient resources`` when the placement is
+        taken, ``Invalid Argument`` for a start the profile does not allow) or KeyError (no such
+        profile on this GPU)."""
+        with self._lock:
+            h, _ = self._mig_parent(parent)
+            by_name = {name: (idx, pid) for pid, (idx, name) in self._gi_profiles(h).items()}
+            if profile not in by_name:
+                raise KeyError(f"MIG profile {profile!r} is not offered by GPU {parent}; "
+                               f"it offers {', '.join(sorted(by_name))}")
+            idx, pid = by_name[profile]
+            info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, idx)
+            pl = pynvml.c_nvmlGpuInstancePlacement_t()
+            pl.start = start
+            cnt = ctypes.c_uint(0)
+            pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, pid, None, ctypes.byref(cnt))
+            sizes = (pynvml.c_nvmlGpuInstancePlacement_t * max(1, cnt.value))()
+            pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, pid, sizes, ctypes.byref(cnt))
+            pl.size = next((p.size for p in sizes[: cnt.value] if p.start == start), 0)
+            gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, pid, ctypes.byref(pl))
+            try:
+                ci_idx = next(k for k in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
+                              if _ci_slices(gi, k) == int(info.sliceCount))
+                pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_idx)
+            except (NVMLError, StopIteration):
+                pynvml.nvmlGpuInstanceDestroy(gi)
+                raise
+            gi_id = int(pynvml.nvmlGpuInstanceGetInfo(gi).id)
+        return next(m for m in self.mig_devices(parent) if m.gi == gi_id)
+
+    def mig_destroy(self, parent: str, uuid: str) -> None:
+        """Destroy MIG device ``uuid`` of GPU ``parent``: its compute instance, then its GPU instance
+        once it holds no other. Raises NVMLError (``In use`` while a process runs on it) or KeyError
+        (no such MIG device)."""
+        with self._lock:
+            h, _ = self._mig_parent(parent)
+            dev = next((m for m in self.mig_devices(parent) if m.uuid == uuid), None)
+            if dev is None:
+                raise KeyError(f"GPU {parent} has no MIG device {uuid}")
+            gi = pynvml.nvmlDeviceGetGpuInstanceById(h, dev.gi)
+            for k in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+                try:
+                    cis = (pynvml.c_nvmlComputeInstance_t * 8)()
+                    n = ctypes.c_uint(8)
+                    pynvml.nvmlGpuInstanceGetComputeInstances(gi, k, cis, ctypes.byref(n))
+                except NVMLError:
+                    continue
+                for ci in cis[: n.value]:
+                    if int(pynvml.nvmlComputeInstanceGetInfo(ci).id) == dev.ci:
+                        pynvml.nvmlComputeInstanceDestroy(ci)
+            if not any(m.gi == dev.gi for m in self.mig_devices(parent)):
+                pynvml.nvmlGpuInstanceDestroy(gi)
 
     def probe(self, uuid: str) -> str | None:
         """Query the GPU once (memory info). Returns None when fine, else the NVML error text."""
@@ -256,6 +371,14 @@ class NVML:
             return _str(pynvml.nvmlDeviceGetUUID(data.device)), int(data.eventType), int(data.eventData)
         except NVMLError:
             return None
+
+
+def _ci_slices(gi: Any, profile: int) -> int:
+    """Compute slices of compute-instance profile ``profile`` in GPU instance ``gi`` (0: not offered)."""
+    try:
+        return int(pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, profile, 0).sliceCount)
+    except NVMLError:
+        return 0
 
 
 class HealthTracker:

@@ -41,13 +41,14 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
 
 from kube_vgpu.codec import allocation_or_none, encode_inventory
 from kube_vgpu.config import Config
+from kube_vgpu.mig import single_profile_error
 from kube_vgpu.model import GPUDevice
 from kube_vgpu.podlife import active
 from kube_vgpu.resources import (
@@ -57,13 +58,15 @@ from kube_vgpu.resources import (
     ANN_PROGRESS_SIGNATURE,
     BIND_ALLOCATING,
     BIND_SUCCESS,
+    mig_resource,
 )
 from kube_vgpu.signing import KeyDir, KeyRing, KeySource, sign_progress
 
 from . import inventory as inv
 from .api import api_pb2, api_pb2_grpc
 from .kube import KubeClient, PodWatchClient
-from .nvml import NVML, GPUBackend, HealthTracker, NVMLError, PhysicalGPU
+from .migserver import MixedMig, by_resource
+from .nvml import NVML, GPUBackend, HealthTracker, MigDevice, NVMLError, PhysicalGPU
 from .podmatch import (
     ANN_ALLOCATED_CONTAINERS,
     Arrival,
@@ -185,6 +188,10 @@ class DevicePlugin:
         self.settings = inv.settings_for(cfg, opts.node_name)
         self.status = Status()
         self._gpus: list[PhysicalGPU] = []
+        #: GPUs in MIG mode whose MIG devices are advertised (migStrategy single / mixed) and those devices
+        self._mig_parents: list[PhysicalGPU] = []
+        self._migs: list[MigDevice] = []
+        self._mixed_mig = MixedMig(opts.device_plugin_dir, opts.register_timeout)
         self._links: list[list[int]] = []
         self._devices: tuple[GPUDevice, ...] = ()
         self._health = HealthTracker((), opts.recovery_seconds)
@@ -247,6 +254,7 @@ class DevicePlugin:
         for t in self._threads:
             t.join(timeout=5)
         self._remove_socket()
+        self._mixed_mig.stop()
         self.podresources.close()
         self.nvml.shutdown()
 
@@ -278,12 +286,16 @@ class DevicePlugin:
         keep, skipped = inv.select(gpus, self.settings)
         for s in skipped:
             log.warning("GPU skipped", extra={"reason": str(s)})
+        self._mig_parents = inv.mig_parents(gpus, self.settings)
+        self._migs = self._discover_mig(self._mig_parents)
+        for g in self._mig_parents:
+            self._health.add(g.uuid)
         for g in keep:
             self._health.add(g.uuid)
             log.info("GPU advertised", extra={"gpu": g.uuid, "index": g.index, "model": g.model,
                                               "memory_mib": g.memory_mib, "numa": g.numa,
                                               "slots": self.settings.split_count})
-        for p in self.nvml.watch_events([g.uuid for g in keep]):
+        for p in self.nvml.watch_events([g.uuid for g in [*keep, *self._mig_parents]]):
             log.warning("no NVML events for a GPU; it is still probed", extra={"problem": str(p)})
         self._gpus = keep
         self._links = self.nvml.topology([g.uuid for g in keep])  # fixed for the node's life
@@ -291,8 +303,45 @@ class DevicePlugin:
             log.info("GPU interconnect published", extra={"gpu": ",".join(g.uuid for g in keep)})
         self._rebuild()
 
+    def _discover_mig(self, parents: list[PhysicalGPU]) -> list[MigDevice]:
+        """The MIG devices of ``parents`` the MIG strategy advertises (docs/mig.md): with ``single``
+        none unless they all have one profile; a GPU whose MIG devices cannot be read is not advertised."""
+        lister = getattr(self.nvml, "mig_devices", None)
+        if not parents or lister is None or self.settings.mig_strategy not in ("single", "mixed"):
+            if parents:
+                log.warning("MIG devices not advertised", extra={"strategy": self.settings.mig_strategy,
+                                                                 "gpu": ",".join(g.uuid for g in parents)})
+            return []
+        migs: list[MigDevice] = []
+        for g in parents:
+            try:
+                found = list(lister(g.uuid))
+            except (NVMLError, KeyError) as e:
+                log.error("MIG devices of a GPU not readable, not advertised", extra={"gpu": g.uuid, "error": str(e)})
+                continue
+            for m in found:
+                log.info("MIG device advertised", extra={"gpu": m.uuid, "parent": g.uuid, "profile": m.profile,
+                                                         "memory_mib": m.memory_mib,
+                                                         "strategy": self.settings.mig_strategy})
+            migs += found
+        if self.settings.mig_strategy == "single":
+            err = single_profile_error({m.uuid: m.profile for m in migs})
+            if err is not None:
+                log.error("MIG devices not advertised", extra={"reason": err})
+                return []
+        return migs
+
     def _rebuild(self) -> None:
-        devices = inv.to_devices(self._gpus, self.settings, self._health.snapshot(), self._links)
+        health = self._health.snapshot()
+        devices = inv.to_devices(self._gpus, self.settings, health, self._links)
+        if self._migs and self.settings.mig_strategy == "single":
+            # MIG devices have no interconnect ranks: a node that has them publishes none
+            devices = tuple(replace(d, links=()) for d in devices) + inv.mig_to_devices(
+                self._migs, self._mig_parents, health)
+        elif self._migs and self.settings.mig_strategy == "mixed":
+            numa = {g.uuid: g.numa for g in self._mig_parents}
+            self._mixed_mig.set(by_resource(self.names.gpu, self._migs, health, numa),
+                                {mig_resource(self.names.gpu, m.profile): m.profile for m in self._migs})
         with self._cond:
             self._devices = devices
             self._version += 1
@@ -342,7 +391,7 @@ class DevicePlugin:
                     log.info("GPU event, no health change", extra={"gpu": uuid, "event_type": hex(etype), "xid": xid})
             if time.monotonic() >= next_probe:
                 next_probe = time.monotonic() + self.opts.probe_interval
-                for g in self._gpus:
+                for g in [*self._gpus, *self._mig_parents]:
                     err = self.nvml.probe(g.uuid)
                     if self._health.on_probe(g.uuid, err):
                         changed = True
@@ -502,6 +551,7 @@ class DevicePlugin:
         server.add_insecure_port(f"unix://{self.socket_path}")
         server.start()
         self._server = server
+        self._mixed_mig.serve()  # migStrategy mixed: one server per MIG profile resource
         log.info("serving v1beta1.DevicePlugin", extra={"socket": self.socket_path})
 
     def register(self) -> None:
@@ -512,6 +562,7 @@ class DevicePlugin:
                 version=API_VERSION, endpoint=PLUGIN_SOCKET, resource_name=self.names.gpu,
                 options=plugin_options()),
                 timeout=self.opts.register_timeout)
+        self._mixed_mig.register(self.kubelet_socket)
         self.status.registered = True
         self.status.registrations += 1
         log.info("registered with kubelet", extra={"resource": self.names.gpu, "socket": self.kubelet_socket})
@@ -526,7 +577,7 @@ class DevicePlugin:
     def _supervise(self) -> None:
         while not self._stop.is_set():
             ident = self._kubelet_identity()
-            ours = os.path.exists(self.socket_path)
+            ours = os.path.exists(self.socket_path) and self._mixed_mig.sockets_present()
             if ident is None:
                 if self.status.registered:
                     log.warning("kubelet socket is gone; waiting for kubelet", extra={"socket": self.kubelet_socket})

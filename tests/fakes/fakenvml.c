@@ -18,6 +18,7 @@
  *   minor       /dev/nvidia<minor>, default index                pci     bus id, default 00000000:<0x17+index>:00.0
  *   cc          compute capability "9.0"                         sm_count  default 132
  *   switch      PCIe switch id: two GPUs with the same one are NVML_TOPOLOGY_SINGLE apart (default none)
+ *   (mig=1: GPU instances, compute instances and MIG devices, see the MIG section at the end)
  *   nvlink      NVLink peers by NVML index, one link each (nvlink=1,1,2: two links to GPU 1, one to 2);
  *               nvmlDeviceGetNvLinkState / nvmlDeviceGetNvLinkRemotePciInfo_v2 report them
  *
@@ -41,6 +42,8 @@
 #include "nvml_abi.h"
 
 #define EXPORT __attribute__((visibility("default")))
+#define NVML_ERROR_IN_USE 19
+#define NVML_ERROR_INSUFFICIENT_RESOURCES 23
 #define MIB (1024ull * 1024ull)
 
 struct fdev {
@@ -98,6 +101,11 @@ static int dev_index(nvmlDevice_t d)
         return -NVML_ERROR_GPU_IS_LOST;
     return (int)(f - g_dev);
 }
+
+/* MIG devices (the MIG section at the end): facts of a MIG device handle, 1 when h is one */
+static int mig_device_facts(nvmlDevice_t h, char *uuid, size_t ulen, char *name, size_t nlen,
+                            unsigned long long *mib, int *pid);
+static int mig_uuid_handle(const char *uuid, nvmlDevice_t *d);
 
 #define DEV_OR_RETURN(var, handle)      \
     int var = dev_index(handle);        \
@@ -158,6 +166,12 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t r)
         return "GPU is lost";
     case NVML_ERROR_FUNCTION_NOT_FOUND:
         return "Function Not Found";
+    case NVML_ERROR_IN_USE:
+        return "In use by another client";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES:
+        return "Insufficient resources";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+        return "Argument version mismatch";
     default:
         return "Unknown Error";
     }
@@ -236,7 +250,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
             return NVML_SUCCESS;
         }
     }
-    return NVML_ERROR_NOT_FOUND;
+    return mig_uuid_handle(uuid, d) ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus, nvmlDevice_t *d)
@@ -266,12 +280,18 @@ static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src)
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len)
 {
+    char mu[48];
+    if (mig_device_facts(d, mu, sizeof mu, NULL, 0, NULL, NULL))
+        return copy_str(uuid, len, mu);
     DEV_OR_RETURN(i, d);
     return copy_str(uuid, len, g_dev[i].g.uuid);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len)
 {
+    char mn[160];
+    if (mig_device_facts(d, NULL, 0, mn, sizeof mn, NULL, NULL))
+        return copy_str(name, len, mn);
     DEV_OR_RETURN(i, d);
     return copy_str(name, len, g_dev[i].g.name);
 }
@@ -436,6 +456,15 @@ static void mem_of(int i, unsigned long long *total, unsigned long long *used)
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
+    unsigned long long mib;
+    if (mig_device_facts(d, NULL, 0, NULL, 0, &mib, NULL)) {
+        if (!m)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        m->total = mib * MIB;
+        m->used = 0;
+        m->free = m->total;
+        return NVML_SUCCESS;
+    }
     DEV_OR_RETURN(i, d);
     if (!m)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -446,6 +475,17 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
 {
+    unsigned long long mib;
+    if (mig_device_facts(d, NULL, 0, NULL, 0, &mib, NULL)) {
+        if (!m)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        if (m->version != nvmlMemory_v2)
+            return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        m->total = mib * MIB;
+        m->used = m->reserved = 0;
+        m->free = m->total;
+        return NVML_SUCCESS;
+    }
     DEV_OR_RETURN(i, d);
     if (!m)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -544,6 +584,28 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
 
 static nvmlReturn_t running_procs(nvmlDevice_t d, unsigned int *count, void *out, size_t stride, int v1)
 {
+    int mpid = 0;
+    if (mig_device_facts(d, NULL, 0, NULL, 0, NULL, &mpid)) { /* a MIG device: the process run on it */
+        if (!count)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        unsigned want = mpid > 0;
+        if (want && (!out || *count < want)) {
+            *count = want;
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        if (want) {
+            if (v1) {
+                ((nvmlProcessInfo_v1_t *)out)->pid = (unsigned)mpid;
+                ((nvmlProcessInfo_v1_t *)out)->usedGpuMemory = 0;
+            } else {
+                nvmlProcessInfo_t *e = (nvmlProcessInfo_t *)out;
+                memset(e, 0, sizeof *e);
+                e->pid = (unsigned)mpid;
+            }
+        }
+        *count = want;
+        return NVML_SUCCESS;
+    }
     DEV_OR_RETURN(i, d);
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -715,4 +777,941 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
 EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms)
 {
     return nvmlEventSetWait_v2(set, data, timeout_ms);
+}
+
+/* ------------------------------------------------------------------ MIG
+ *
+ * A GPU whose config line says mig=1 is in MIG mode. Its profile table is chosen by name and memory
+ * like kube_vgpu/mig.py's table_for (H200 -> H200-141GB, H100 with >= 70000 MiB -> H100-80GB, A100
+ * over 51200 MiB -> A100-80GB, other A100 -> A100-40GB; anything else has no MIG profiles). The
+ * geometry: 8 memory slices, 7 compute slices; a GPU instance of a profile takes memory_slices
+ * consecutive slices at one of the profile's allowed starts (nvmlDeviceGetGpuInstancePossiblePlacements_v2).
+ * Behaves like the driver: a placement that overlaps an instance, or past a profile's instance count,
+ * is NVML_ERROR_INSUFFICIENT_RESOURCES; a start the profile does not allow INVALID_ARGUMENT; MIG calls on
+ * a GPU not in MIG mode NOT_SUPPORTED; destroying a GPU instance that still has compute instances, or a
+ * compute instance with a running process, NVML_ERROR_IN_USE. Every compute instance is one MIG device
+ * (nvmlDeviceGetMigDeviceHandleByIndex) with its own "MIG-..." UUID, memory = its GPU instance's.
+ *
+ * STATE: with FAKE_NVML_MIG_STATE naming a file, the instances live there (read and written under flock
+ * by every MIG call), so they outlive the process and are shared, as the driver's are; without it they
+ * live in the process. fake_nvml_mig_run(uuid, pid) (a test hook, not NVML) records that process pid runs
+ * on MIG device uuid (0: none); the device is busy while that pid is alive.
+ */
+#define MIG_SLICES 8
+#define MIG_MAX_GI 8
+#define MIG_MAX_CI 8
+#define MIG_NPROF 7
+#define MIG_MAGIC 0x4d494731u /* "MIG1" */
+
+typedef struct {
+    unsigned int start, size;
+} fk_placement_t;
+
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount, decoderCount,
+        encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} fk_gi_profile_t;
+
+typedef struct {
+    unsigned int version, id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount,
+        decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} fk_gi_profile_v2_t;
+#define FK_GI_PROFILE_V2 0x02000098u
+
+typedef struct {
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount,
+        sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+} fk_ci_profile_t;
+
+typedef struct {
+    unsigned int version, id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,
+        sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    char name[96];
+} fk_ci_profile_v2_t;
+#define FK_CI_PROFILE_V2 0x02000088u
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id, profileId;
+    fk_placement_t placement;
+} fk_gi_info_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    void *gpuInstance;
+    unsigned int id, profileId;
+    fk_placement_t placement;
+} fk_ci_info_t;
+
+typedef struct {
+    unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount,
+        sharedJpegCount, sharedOfaCount, gpuInstanceSliceCount, computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} fk_attributes_t;
+
+struct mig_profile {
+    const char *name;
+    unsigned index, id, compute, mem_slices, count, starts_mask, media;
+    unsigned long long mib;
+};
+
+struct mig_table {
+    const char *key;
+    unsigned sm_per_slice;
+    struct mig_profile p[MIG_NPROF];
+};
+
+/* The facts of docs/mig.md (NVIDIA's MIG user guide; MiB as NVML reports them). Per profile: name,
+ * NVML_GPU_INSTANCE_PROFILE_* index, profile id (nvidia-smi's), compute slices, memory slices, instance
+ * count, allowed starts (bit mask), media extensions, MiB. */
+#define MIG_LAYOUT(n1, n1me, n1big, n2, n3, n4, n7, m1, m2, m2g, m4, m8)                                        \
+    {{n1, 0, 19, 1, 1, 7, 0x7f, 0, m1},    {n1me, 7, 20, 1, 1, 1, 0x7f, 1, m1}, {n1big, 9, 15, 1, 2, 4, 0x55, 0, m2}, \
+     {n2, 1, 14, 2, 2, 3, 0x15, 0, m2g},   {n3, 2, 9, 3, 4, 2, 0x11, 0, m4},     {n4, 3, 5, 4, 4, 1, 0x01, 0, m4},    \
+     {n7, 4, 0, 7, 8, 1, 0x01, 0, m8}}
+
+static const struct mig_table g_mig_tables[] = {
+    {"A100-40GB", 14,
+     MIG_LAYOUT("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb", 4864, 9856, 9856,
+                19968, 40192)},
+    {"A100-80GB", 14,
+     MIG_LAYOUT("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", 9856, 19968, 19968,
+                40192, 80384)},
+    {"H100-80GB", 16,
+     MIG_LAYOUT("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", 10240, 20480,
+                20480, 40960, 81920)},
+    {"H200-141GB", 16,
+     MIG_LAYOUT("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb", 18432, 35840,
+                35840, 72704, 144384)},
+};
+
+struct mig_ci {
+    int used;
+    unsigned id, slices, start;
+    int pid; /* a process running on it (fake_nvml_mig_run), 0 none */
+    char uuid[48];
+};
+
+struct mig_gi {
+    int used;
+    unsigned id, start;
+    int prof; /* position in the table */
+    struct mig_ci ci[MIG_MAX_CI];
+};
+
+struct mig_state {
+    unsigned magic, serial;
+    struct mig_gi gi[FG_MAX_DEV][MIG_MAX_GI];
+};
+
+/* handles: a MIG device is a compute instance seen as a device */
+struct mig_dev {
+    int dev, gi, ci;
+};
+
+static struct mig_state g_mig;
+static struct mig_dev g_migdev[FG_MAX_DEV][MIG_MAX_GI][MIG_MAX_CI];
+static pthread_mutex_t g_mig_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_mig_fd = -1;
+
+static const struct mig_table *mig_table_of(int d)
+{
+    const struct fg_gpu *g = &g_dev[d].g;
+    int want = -1;
+    if (strstr(g->name, "H200"))
+        want = 3;
+    else if (strstr(g->name, "H100") && g->memory_mib >= 70000)
+        want = 2;
+    else if (strstr(g->name, "A100"))
+        want = g->memory_mib > 51200 ? 1 : 0;
+    return want < 0 ? NULL : &g_mig_tables[want];
+}
+
+/* Lock the MIG state and load it from FAKE_NVML_MIG_STATE (if set). */
+static void mig_lock(void)
+{
+    pthread_mutex_lock(&g_mig_mu);
+    const char *path = getenv("FAKE_NVML_MIG_STATE");
+    g_mig_fd = -1;
+    if (!path || !*path)
+        return;
+    g_mig_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (g_mig_fd < 0)
+        return;
+    flock(g_mig_fd, LOCK_EX);
+    struct mig_state s;
+    if (pread(g_mig_fd, &s, sizeof s, 0) == (ssize_t)sizeof s && s.magic == MIG_MAGIC)
+        g_mig = s;
+    else
+        memset(&g_mig, 0, sizeof g_mig);
+}
+
+/* Write the state back (when changed) and unlock. */
+static void mig_unlock(int changed)
+{
+    if (g_mig_fd >= 0) {
+        if (changed) {
+            g_mig.magic = MIG_MAGIC;
+            ssize_t w = pwrite(g_mig_fd, &g_mig, sizeof g_mig, 0);
+            (void)w;
+        }
+        flock(g_mig_fd, LOCK_UN);
+        close(g_mig_fd);
+        g_mig_fd = -1;
+    }
+    pthread_mutex_unlock(&g_mig_mu);
+}
+
+/* The GPU's table when it is in MIG mode; else an NVML error through *err. */
+static const struct mig_table *mig_gpu(nvmlDevice_t d, int *dev, nvmlReturn_t *err)
+{
+    int i = dev_index(d);
+    if (i < 0) {
+        *err = (nvmlReturn_t)-i;
+        return NULL;
+    }
+    const struct mig_table *t = mig_table_of(i);
+    if (!g_dev[i].g.mig || !t) {
+        *err = NVML_ERROR_NOT_SUPPORTED;
+        return NULL;
+    }
+    *dev = i;
+    return t;
+}
+
+static int mig_prof_by_index(const struct mig_table *t, unsigned index)
+{
+    for (int k = 0; k < MIG_NPROF; k++)
+        if (t->p[k].index == index)
+            return k;
+    return -1;
+}
+
+static int mig_prof_by_id(const struct mig_table *t, unsigned id)
+{
+    for (int k = 0; k < MIG_NPROF; k++)
+        if (t->p[k].id == id)
+            return k;
+    return -1;
+}
+
+static unsigned mig_used_mask(int dev)
+{
+    unsigned m = 0;
+    for (int k = 0; k < MIG_MAX_GI; k++) {
+        const struct mig_gi *gi = &g_mig.gi[dev][k];
+        if (gi->used) {
+            const struct mig_profile *p = &mig_table_of(dev)->p[gi->prof];
+            m |= ((1u << p->mem_slices) - 1u) << gi->start;
+        }
+    }
+    return m;
+}
+
+static int mig_count(int dev, int prof, int media)
+{
+    int n = 0;
+    for (int k = 0; k < MIG_MAX_GI; k++) {
+        const struct mig_gi *gi = &g_mig.gi[dev][k];
+        if (gi->used && (gi->prof == prof || (media && mig_table_of(dev)->p[gi->prof].media)))
+            n++;
+    }
+    return n;
+}
+
+/* NVML_SUCCESS when profile prof can take start now; else INVALID_ARGUMENT (a start it does not allow)
+ * or INSUFFICIENT_RESOURCES (overlap, or no instance left). */
+static nvmlReturn_t mig_can_place(int dev, int prof, unsigned start)
+{
+    const struct mig_profile *p = &mig_table_of(dev)->p[prof];
+    if (start >= MIG_SLICES || !(p->starts_mask & (1u << start)))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (mig_count(dev, prof, 0) >= (int)p->count || (p->media && mig_count(dev, prof, 1) >= 1))
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    unsigned want = ((1u << p->mem_slices) - 1u) << start;
+    return (mig_used_mask(dev) & want) ? NVML_ERROR_INSUFFICIENT_RESOURCES : NVML_SUCCESS;
+}
+
+static nvmlReturn_t mig_gi_of(void *h, int *dev, int *gi)
+{
+    struct mig_gi *g = (struct mig_gi *)h;
+    struct mig_gi *base = &g_mig.gi[0][0];
+    if (!h || g < base || g >= base + FG_MAX_DEV * MIG_MAX_GI)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    long off = g - base;
+    *dev = (int)(off / MIG_MAX_GI);
+    *gi = (int)(off % MIG_MAX_GI);
+    if (!g->used || *dev >= g_cfg.count || !g_dev[*dev].g.mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t mig_ci_of(void *h, int *dev, int *gi, int *ci)
+{
+    unsigned char *p = (unsigned char *)h;
+    for (int d = 0; d < FG_MAX_DEV; d++)
+        for (int k = 0; k < MIG_MAX_GI; k++) {
+            struct mig_ci *c0 = g_mig.gi[d][k].ci;
+            if (p >= (unsigned char *)c0 && p < (unsigned char *)(c0 + MIG_MAX_CI)) {
+                long j = (struct mig_ci *)p - c0;
+                if (!g_mig.gi[d][k].used || !c0[j].used || d >= g_cfg.count || !g_dev[d].g.mig)
+                    return NVML_ERROR_INVALID_ARGUMENT;
+                *dev = d, *gi = k, *ci = (int)j;
+                return NVML_SUCCESS;
+            }
+        }
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+/* A MIG device handle -> (dev, gi, ci) of a live compute instance: 1, else 0. Call under mig_lock. */
+static int mig_dev_of(nvmlDevice_t h, int *dev, int *gi, int *ci)
+{
+    struct mig_dev *m = (struct mig_dev *)h;
+    struct mig_dev *base = &g_migdev[0][0][0];
+    if (m < base || m >= base + FG_MAX_DEV * MIG_MAX_GI * MIG_MAX_CI)
+        return 0;
+    long off = m - base;
+    *dev = (int)(off / (MIG_MAX_GI * MIG_MAX_CI));
+    *gi = (int)(off / MIG_MAX_CI % MIG_MAX_GI);
+    *ci = (int)(off % MIG_MAX_CI);
+    return *dev < g_cfg.count && g_dev[*dev].g.mig && g_mig.gi[*dev][*gi].used && g_mig.gi[*dev][*gi].ci[*ci].used;
+}
+
+static int mig_busy(const struct mig_ci *c)
+{
+    return c->pid > 0 && fg_pid_alive(c->pid);
+}
+
+static void mig_fill_v1(const struct mig_table *t, const struct mig_profile *p, fk_gi_profile_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->id = p->id;
+    o->isP2pSupported = 0;
+    o->sliceCount = p->compute;
+    o->instanceCount = p->count;
+    o->multiprocessorCount = p->compute * t->sm_per_slice;
+    o->copyEngineCount = p->compute;
+    o->decoderCount = p->compute >= 7 ? 5 : (p->compute + 1) / 2;
+    o->jpegCount = o->ofaCount = p->media || p->compute == 7;
+    o->memorySizeMB = p->mib;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned int profile, fk_gi_profile_t *info)
+{
+    nvmlReturn_t err = NVML_SUCCESS;
+    int dev;
+    const struct mig_table *t = mig_gpu(d, &dev, &err);
+    if (!t)
+        return err;
+    int k = mig_prof_by_index(t, profile);
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (k < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    mig_fill_v1(t, &t->p[k], info);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t d, unsigned int profile, fk_gi_profile_v2_t *info)
+{
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != FK_GI_PROFILE_V2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    fk_gi_profile_t v1;
+    nvmlReturn_t r = nvmlDeviceGetGpuInstanceProfileInfo(d, profile, &v1);
+    if (r != NVML_SUCCESS)
+        return r;
+    int dev;
+    const struct mig_table *t = mig_gpu(d, &dev, &r);
+    const struct mig_profile *p = &t->p[mig_prof_by_index(t, profile)];
+    info->id = v1.id;
+    info->isP2pSupported = v1.isP2pSupported;
+    info->sliceCount = v1.sliceCount;
+    info->instanceCount = v1.instanceCount;
+    info->multiprocessorCount = v1.multiprocessorCount;
+    info->copyEngineCount = v1.copyEngineCount;
+    info->decoderCount = v1.decoderCount;
+    info->encoderCount = v1.encoderCount;
+    info->jpegCount = v1.jpegCount;
+    info->ofaCount = v1.ofaCount;
+    info->memorySizeMB = v1.memorySizeMB;
+    snprintf(info->name, sizeof info->name, "MIG %s", p->name);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t d, unsigned int profileId,
+                                                                  fk_placement_t *out, unsigned int *count)
+{
+    nvmlReturn_t err = NVML_SUCCESS;
+    int dev;
+    const struct mig_table *t = mig_gpu(d, &dev, &err);
+    if (!t)
+        return err;
+    int k = mig_prof_by_id(t, profileId);
+    if (k < 0 || !count)
+        return k < 0 ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    unsigned n = 0;
+    for (unsigned s = 0; s < MIG_SLICES; s++)
+        if (t->p[k].starts_mask & (1u << s)) {
+            if (out) {
+                if (n >= *count)
+                    return NVML_ERROR_INSUFFICIENT_SIZE;
+                out[n].start = s;
+                out[n].size = t->p[k].mem_slices;
+            }
+            n++;
+        }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t d, unsigned int profileId, unsigned int *count)
+{
+    nvmlReturn_t err = NVML_SUCCESS;
+    int dev;
+    const struct mig_table *t = mig_gpu(d, &dev, &err);
+    if (!t)
+        return err;
+    int k = mig_prof_by_id(t, profileId);
+    if (k < 0 || !count)
+        return k < 0 ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    mig_lock();
+    /* place greedily at the lowest free starts on a copy: how many more fit */
+    struct mig_state saved = g_mig;
+    unsigned n = 0;
+    for (int again = 1; again;) {
+        again = 0;
+        for (unsigned s = 0; s < MIG_SLICES; s++) {
+            if (mig_can_place(dev, k, s) != NVML_SUCCESS)
+                continue;
+            for (int g = 0; g < MIG_MAX_GI; g++)
+                if (!g_mig.gi[dev][g].used) {
+                    g_mig.gi[dev][g].used = 1;
+                    g_mig.gi[dev][g].prof = k;
+                    g_mig.gi[dev][g].start = s;
+                    n++;
+                    again = 1;
+                    break;
+                }
+            break;
+        }
+    }
+    g_mig = saved;
+    mig_unlock(0);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t mig_create_gi(nvmlDevice_t d, unsigned profileId, const fk_placement_t *pl, void **out)
+{
+    nvmlReturn_t err = NVML_SUCCESS;
+    int dev;
+    const struct mig_table *t = mig_gpu(d, &dev, &err);
+    if (!t)
+        return err;
+    int k = mig_prof_by_id(t, profileId);
+    if (k < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!out || (pl && pl->size != t->p[k].mem_slices))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    mig_lock();
+    nvmlReturn_t r = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    unsigned start = 0;
+    if (pl) {
+        start = pl->start;
+        r = mig_can_place(dev, k, start);
+    } else {
+        for (start = 0; start < MIG_SLICES; start++)
+            if ((r = mig_can_place(dev, k, start)) == NVML_SUCCESS)
+                break;
+        if (r != NVML_SUCCESS)
+            r = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    }
+    int slot = -1;
+    if (r == NVML_SUCCESS) {
+        for (int g = 0; g < MIG_MAX_GI && slot < 0; g++)
+            if (!g_mig.gi[dev][g].used)
+                slot = g;
+        if (slot < 0)
+            r = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    }
+    if (r == NVML_SUCCESS) {
+        unsigned id = 1; /* the lowest id not in use (ids start at 1 unless the whole GPU: 0) */
+        if (t->p[k].compute == 7)
+            id = 0;
+        else
+            for (int again = 1; again;) {
+                again = 0;
+                for (int g = 0; g < MIG_MAX_GI; g++)
+                    if (g_mig.gi[dev][g].used && g_mig.gi[dev][g].id == id) {
+                        id++;
+                        again = 1;
+                    }
+            }
+        struct mig_gi *gi = &g_mig.gi[dev][slot];
+        memset(gi, 0, sizeof *gi);
+        gi->used = 1;
+        gi->id = id;
+        gi->prof = k;
+        gi->start = start;
+        *out = gi;
+    }
+    mig_unlock(r == NVML_SUCCESS);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t d, unsigned int profileId, void **gi)
+{
+    return mig_create_gi(d, profileId, NULL, gi);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t d, unsigned int profileId,
+                                                             const fk_placement_t *placement, void **gi)
+{
+    if (!placement)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return mig_create_gi(d, profileId, placement, gi);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(void *h)
+{
+    if (!inited())
+        return NVML_ERROR_UNINITIALIZED;
+    mig_lock();
+    int dev, g;
+    nvmlReturn_t r = mig_gi_of(h, &dev, &g);
+    if (r == NVML_SUCCESS) {
+        for (int j = 0; j < MIG_MAX_CI; j++)
+            if (g_mig.gi[dev][g].ci[j].used)
+                r = NVML_ERROR_IN_USE;
+        if (r == NVML_SUCCESS)
+            memset(&g_mig.gi[dev][g], 0, sizeof g_mig.gi[dev][g]);
+    }
+    mig_unlock(r == NVML_SUCCESS);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t d, unsigned int profileId, void **out, unsigned int *count)
+{
+    nvmlReturn_t err = NVML_SUCCESS;
+    int dev;
+    const struct mig_table *t = mig_gpu(d, &dev, &err);
+    if (!t)
+        return err;
+    int k = mig_prof_by_id(t, profileId);
+    if (k < 0 || !count)
+        return k < 0 ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    mig_lock();
+    unsigned n = 0;
+    for (int g = 0; g < MIG_MAX_GI; g++)
+        if (g_mig.gi[dev][g].used && g_mig.gi[dev][g].prof == k) {
+            if (out)
+                out[n] = &g_mig.gi[dev][g];
+            n++;
+        }
+    mig_unlock(0);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned int id, void **out)
+{
+    nvmlReturn_t err = NVML_SUCCESS;
+    int dev;
+    if (!mig_gpu(d, &dev, &err))
+        return err;
+    if (!out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    mig_lock();
+    nvmlReturn_t r = NVML_ERROR_NOT_FOUND;
+    for (int g = 0; g < MIG_MAX_GI; g++)
+        if (g_mig.gi[dev][g].used && g_mig.gi[dev][g].id == id) {
+            *out = &g_mig.gi[dev][g];
+            r = NVML_SUCCESS;
+        }
+    mig_unlock(0);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(void *h, fk_gi_info_t *info)
+{
+    if (!inited())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    mig_lock();
+    int dev, g;
+    nvmlReturn_t r = mig_gi_of(h, &dev, &g);
+    if (r == NVML_SUCCESS) {
+        const struct mig_gi *gi = &g_mig.gi[dev][g];
+        const struct mig_profile *p = &mig_table_of(dev)->p[gi->prof];
+        info->device = (nvmlDevice_t)&g_dev[dev];
+        info->id = gi->id;
+        info->profileId = p->id;
+        info->placement.start = gi->start;
+        info->placement.size = p->mem_slices;
+    }
+    mig_unlock(0);
+    return r;
+}
+
+/* compute instance profiles: NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7}_SLICE = 0..4 */
+static const unsigned g_ci_slices[] = {1, 2, 3, 4, 7};
+
+static int ci_profile_ok(unsigned gi_compute, unsigned ci_index)
+{
+    if (ci_index >= sizeof g_ci_slices / sizeof g_ci_slices[0])
+        return 0;
+    unsigned s = g_ci_slices[ci_index];
+    return s == gi_compute || (s < gi_compute && s <= 3 && !(s == 3 && gi_compute == 4));
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(void *h, unsigned int profile, unsigned int eng,
+                                                                 fk_ci_profile_t *info)
+{
+    if (!inited())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!info || eng != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    mig_lock();
+    int dev, g;
+    nvmlReturn_t r = mig_gi_of(h, &dev, &g);
+    if (r == NVML_SUCCESS) {
+        const struct mig_table *t = mig_table_of(dev);
+        unsigned gc = t->p[g_mig.gi[dev][g].prof].compute;
+        if (!ci_profile_ok(gc, profile)) {
+            r = NVML_ERROR_NOT_SUPPORTED;
+        } else {
+            memset(info, 0, sizeof *info);
+            info->id = profile;
+            info->sliceCount = g_ci_slices[profile];
+            info->instanceCount = gc / g_ci_slices[profile];
+            info->multiprocessorCount = g_ci_slices[profile] * t->sm_per_slice;
+            info->sharedCopyEngineCount = gc;
+        }
+    }
+    mig_unlock(0);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(void *h, unsigned int profile, unsigned int eng,
+                                                                  fk_ci_profile_v2_t *info)
+{
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != FK_CI_PROFILE_V2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    fk_ci_profile_t v1;
+    nvmlReturn_t r = nvmlGpuInstanceGetComputeInstanceProfileInfo(h, profile, eng, &v1);
+    if (r != NVML_SUCCESS)
+        return r;
+    info->id = v1.id;
+    info->sliceCount = v1.sliceCount;
+    info->instanceCount = v1.instanceCount;
+    info->multiprocessorCount = v1.multiprocessorCount;
+    info->sharedCopyEngineCount = v1.sharedCopyEngineCount;
+    snprintf(info->name, sizeof info->name, "MIG %uc", v1.sliceCount);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(void *h, unsigned int profile, void **out)
+{
+    if (!inited())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    mig_lock();
+    int dev, g;
+    nvmlReturn_t r = mig_gi_of(h, &dev, &g);
+    if (r == NVML_SUCCESS) {
+        struct mig_gi *gi = &g_mig.gi[dev][g];
+        unsigned gc = mig_table_of(dev)->p[gi->prof].compute, used = 0, same = 0, id = 0;
+        if (!ci_profile_ok(gc, profile)) {
+            r = NVML_ERROR_NOT_SUPPORTED;
+        } else {
+            unsigned s = g_ci_slices[profile];
+            int slot = -1;
+            for (int j = 0; j < MIG_MAX_CI; j++) {
+                if (gi->ci[j].used) {
+                    used += gi->ci[j].slices;
+                    same += gi->ci[j].slices == s;
+                } else if (slot < 0) {
+                    slot = j;
+                }
+            }
+            if (slot < 0 || used + s > gc || same >= gc / s) {
+                r = NVML_ERROR_INSUFFICIENT_RESOURCES;
+            } else {
+                for (int again = 1; again;) {
+                    again = 0;
+                    for (int j = 0; j < MIG_MAX_CI; j++)
+                        if (gi->ci[j].used && gi->ci[j].id == id) {
+                            id++;
+                            again = 1;
+                        }
+                }
+                struct mig_ci *c = &gi->ci[slot];
+                memset(c, 0, sizeof *c);
+                c->used = 1;
+                c->id = id;
+                c->slices = s;
+                c->start = used;
+                unsigned n = ++g_mig.serial;
+                snprintf(c->uuid, sizeof c->uuid, "MIG-%08x-%04x-4%03x-8%03x-%012x", 0x6d160000u + n,
+                         (unsigned)dev, (unsigned)gi->id & 0xfff, (unsigned)id & 0xfff, n * 2654435761u);
+                *out = c;
+            }
+        }
+    }
+    mig_unlock(r == NVML_SUCCESS);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(void *h)
+{
+    if (!inited())
+        return NVML_ERROR_UNINITIALIZED;
+    mig_lock();
+    int dev, g, j;
+    nvmlReturn_t r = mig_ci_of(h, &dev, &g, &j);
+    if (r == NVML_SUCCESS) {
+        struct mig_ci *c = &g_mig.gi[dev][g].ci[j];
+        if (mig_busy(c))
+            r = NVML_ERROR_IN_USE;
+        else
+            memset(c, 0, sizeof *c);
+    }
+    mig_unlock(r == NVML_SUCCESS);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(void *h, unsigned int profile, void **out, unsigned int *count)
+{
+    if (!inited())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    mig_lock();
+    int dev, g;
+    nvmlReturn_t r = mig_gi_of(h, &dev, &g);
+    unsigned n = 0;
+    if (r == NVML_SUCCESS) {
+        struct mig_gi *gi = &g_mig.gi[dev][g];
+        for (int j = 0; j < MIG_MAX_CI; j++)
+            if (gi->ci[j].used && profile < 5 && gi->ci[j].slices == g_ci_slices[profile]) {
+                if (out)
+                    out[n] = &gi->ci[j];
+                n++;
+            }
+        *count = n;
+    }
+    mig_unlock(0);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(void *h, fk_ci_info_t *info)
+{
+    if (!inited())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    mig_lock();
+    int dev, g, j;
+    nvmlReturn_t r = mig_ci_of(h, &dev, &g, &j);
+    if (r == NVML_SUCCESS) {
+        const struct mig_ci *c = &g_mig.gi[dev][g].ci[j];
+        info->device = (nvmlDevice_t)&g_dev[dev];
+        info->gpuInstance = &g_mig.gi[dev][g];
+        info->id = c->id;
+        for (unsigned k = 0; k < 5; k++)
+            if (g_ci_slices[k] == c->slices)
+                info->profileId = k;
+        info->placement.start = c->start;
+        info->placement.size = c->slices;
+    }
+    mig_unlock(0);
+    return r;
+}
+
+/* The MIG devices of GPU dev in NVML's order: by GPU instance start, then compute instance start. */
+static int mig_list(int dev, struct mig_dev *out, int max)
+{
+    int n = 0;
+    for (unsigned s = 0; s < MIG_SLICES; s++)
+        for (int g = 0; g < MIG_MAX_GI; g++) {
+            const struct mig_gi *gi = &g_mig.gi[dev][g];
+            if (!gi->used || gi->start != s)
+                continue;
+            for (unsigned cs = 0; cs < 8; cs++)
+                for (int j = 0; j < MIG_MAX_CI; j++)
+                    if (gi->ci[j].used && gi->ci[j].start == cs && n < max) {
+                        out[n].dev = dev, out[n].gi = g, out[n].ci = j;
+                        n++;
+                    }
+        }
+    return n;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig)
+{
+    nvmlReturn_t err = NVML_SUCCESS;
+    int dev;
+    if (!mig_gpu(d, &dev, &err))
+        return err;
+    if (!mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct mig_dev all[MIG_MAX_GI * MIG_MAX_CI];
+    mig_lock();
+    int n = mig_list(dev, all, MIG_MAX_GI * MIG_MAX_CI);
+    mig_unlock(0);
+    if (index >= (unsigned)n)
+        return NVML_ERROR_NOT_FOUND;
+    struct mig_dev *h = &g_migdev[dev][all[index].gi][all[index].ci];
+    *h = all[index];
+    *mig = (nvmlDevice_t)h;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is)
+{
+    if (!inited())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!is)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int dev, g, j;
+    mig_lock();
+    int m = mig_dev_of(d, &dev, &g, &j);
+    mig_unlock(0);
+    if (!m && dev_index(d) < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *is = (unsigned)m;
+    return NVML_SUCCESS;
+}
+
+#define MIG_DEV_OR_RETURN(h)                         \
+    int md, mg, mc;                                  \
+    if (!inited())                                   \
+        return NVML_ERROR_UNINITIALIZED;             \
+    mig_lock();                                      \
+    int mok = mig_dev_of((h), &md, &mg, &mc);        \
+    mig_unlock(0);                                   \
+    if (!mok)                                        \
+        return NVML_ERROR_INVALID_ARGUMENT
+
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t h, nvmlDevice_t *d)
+{
+    MIG_DEV_OR_RETURN(h);
+    if (!d)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *d = (nvmlDevice_t)&g_dev[md];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t h, unsigned int *id)
+{
+    MIG_DEV_OR_RETURN(h);
+    if (!id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = g_mig.gi[md][mg].id;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t h, unsigned int *id)
+{
+    MIG_DEV_OR_RETURN(h);
+    if (!id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = g_mig.gi[md][mg].ci[mc].id;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t h, fk_attributes_t *a)
+{
+    MIG_DEV_OR_RETURN(h);
+    if (!a)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct mig_table *t = mig_table_of(md);
+    const struct mig_profile *p = &t->p[g_mig.gi[md][mg].prof];
+    memset(a, 0, sizeof *a);
+    a->computeInstanceSliceCount = g_mig.gi[md][mg].ci[mc].slices;
+    a->multiprocessorCount = a->computeInstanceSliceCount * t->sm_per_slice;
+    a->gpuInstanceSliceCount = p->compute;
+    a->sharedCopyEngineCount = p->compute;
+    a->memorySizeMB = p->mib;
+    return NVML_SUCCESS;
+}
+
+/* For the calls that take a device or a MIG device: fills what the MIG device answers. Returns 1 when
+ * h is a MIG device (uuid, name, total MiB, pid running on it), else 0. */
+static int mig_device_facts(nvmlDevice_t h, char *uuid, size_t ulen, char *name, size_t nlen,
+                            unsigned long long *mib, int *pid)
+{
+    struct mig_dev *base = &g_migdev[0][0][0];
+    if ((struct mig_dev *)h < base || (struct mig_dev *)h >= base + FG_MAX_DEV * MIG_MAX_GI * MIG_MAX_CI || !inited())
+        return 0; /* not a MIG device handle: no lock taken */
+    int dev, g, j;
+    mig_lock();
+    int ok = mig_dev_of(h, &dev, &g, &j);
+    if (ok) {
+        const struct mig_gi *gi = &g_mig.gi[dev][g];
+        const struct mig_profile *p = &mig_table_of(dev)->p[gi->prof];
+        if (uuid)
+            fg_copy(uuid, ulen, gi->ci[j].uuid);
+        if (name)
+            snprintf(name, nlen, "%s MIG %s", g_dev[dev].g.name, p->name);
+        if (mib)
+            *mib = p->mib;
+        if (pid)
+            *pid = mig_busy(&gi->ci[j]) ? gi->ci[j].pid : 0;
+    }
+    mig_unlock(0);
+    return ok;
+}
+
+/* Test hook (not NVML): process pid runs on MIG device uuid from now on (0: nothing runs there).
+ * Returns 0, or -1 when no MIG device has that uuid. */
+EXPORT int fake_nvml_mig_run(const char *uuid, int pid)
+{
+    if (!uuid)
+        return -1;
+    pthread_mutex_lock(&g_mu);
+    refresh_locked();
+    pthread_mutex_unlock(&g_mu);
+    mig_lock();
+    int found = -1;
+    for (int d = 0; d < FG_MAX_DEV; d++)
+        for (int g = 0; g < MIG_MAX_GI; g++)
+            for (int j = 0; j < MIG_MAX_CI; j++) {
+                struct mig_ci *c = &g_mig.gi[d][g].ci[j];
+                if (g_mig.gi[d][g].used && c->used && !strcmp(c->uuid, uuid)) {
+                    c->pid = pid;
+                    found = 0;
+                }
+            }
+    mig_unlock(found == 0);
+    return found;
+}
+
+static int mig_uuid_handle(const char *uuid, nvmlDevice_t *d)
+{
+    int found = 0;
+    mig_lock();
+    for (int dev = 0; dev < g_cfg.count && !found; dev++) {
+        if (!g_dev[dev].g.mig)
+            continue;
+        struct mig_dev all[MIG_MAX_GI * MIG_MAX_CI];
+        int n = mig_list(dev, all, MIG_MAX_GI * MIG_MAX_CI);
+        for (int k = 0; k < n && !found; k++)
+            if (!strcmp(g_mig.gi[dev][all[k].gi].ci[all[k].ci].uuid, uuid)) {
+                struct mig_dev *h = &g_migdev[dev][all[k].gi][all[k].ci];
+                *h = all[k];
+                *d = (nvmlDevice_t)h;
+                found = 1;
+            }
+    }
+    mig_unlock(0);
+    return found;
 }
