@@ -283,7 +283,6 @@ schema = {
             "pluginsDir": HOSTDIR("kubelet's DRA plugin directory"),
             "registryDir": HOSTDIR("kubelet's plugin registration directory"),
             "cdiDir": HOSTDIR("CDI spec directory"),
-            "metricsPort": PORT,
             "extraArgs": STRLIST,
             "resources": RES,
         }),

@@ -88,16 +88,20 @@ def test_dra_plugin_container(docs: list[dict[str, Any]]) -> None:
     c = containers(ds)["dra-plugin"]
     args = c["args"]
     assert args[0] == "dra-plugin"
-    for want in ("--node-name=$(NODE_NAME)", "--plugins-dir=/var/lib/kubelet/plugins",
+    for want in ("--node-name=$(NODE_NAME)", f"--plugin-dir=/var/lib/kubelet/plugins/{DRIVER_NAME}",
                  "--registry-dir=/var/lib/kubelet/plugins_registry", "--cdi-dir=/var/run/cdi",
-                 "--config=/etc/kube-vgpu/config.yaml", "--metrics-port=9395"):
+                 "--config=/etc/kube-vgpu/config.yaml", "--shim-host-path=/usr/local/vgpu/libvgpu.so",
+                 "--cache-host-dir=/var/lib/kube-vgpu/containers"):
         assert want in args
+    # every flag the chart passes is one `kube-vgpu dra-plugin` knows
+    from deviceplugin.dra.main import parser
+    parser().parse_args([a.replace("$(NODE_NAME)", "n1") for a in args[1:]])
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     vols = {v["name"]: v for v in spec["volumes"]}
     for path in ("/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"):
         assert vols[mounts[path]["name"]]["hostPath"]["path"] == path
         assert not mounts[path].get("readOnly")
-    assert mounts["/usr/local/vgpu"]["readOnly"] is True  # the shim: installed by the init container
+    assert not mounts["/usr/local/vgpu"].get("readOnly")  # the plugin keeps ld.so.preload beside the shim
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
 
 
