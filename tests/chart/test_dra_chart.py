@@ -136,8 +136,16 @@ def test_node_component_rbac_is_exactly_its_calls(docs: list[dict[str, Any]], fa
     for fn in DEVICE_PLUGIN_METHODS.values():
         fn(k, fake)
     calls |= recorded(fake)
-    # the kubelet plugin reads the claim kubelet asks it to prepare (GET, by namespace and name)
-    calls.add(Call("get", "resource.k8s.io", "resourceclaims", "team-a", "claim-1"))
+    # the kubelet plugin reads the claim kubelet asks it to prepare: every method of its API layer
+    from deviceplugin.dra.kube import ApiClaimClient
+
+    public = {n for n in dir(ApiClaimClient) if not n.startswith("_")}
+    assert public == {"get_claim"}, "a new public method of ApiClaimClient: exercise it here"
+    fake.create_object("resourceclaims", {"metadata": {"name": "claim-1"}, "spec": {}}, namespace="team-a")
+    fake.clear_requests()
+    ApiClaimClient(fake.api_client()).get_claim("team-a", "claim-1")
+    calls |= recorded(fake)
+    assert Call("get", "resource.k8s.io", "resourceclaims", "team-a", "claim-1") in calls
     check(docs, DP_SA, calls)
 
 
