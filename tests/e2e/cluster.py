@@ -31,6 +31,13 @@ SCHEDULER_NAME = "kube-vgpu-scheduler"
 TOKEN = "admin-token"
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage",
                  "nvidia.com/gpucores", "nvidia.com/priority")
+#: Dynamic Resource Allocation (tests/e2e/test_e2e_dra.py), named although Kubernetes 1.36 turns them on by
+#: default: resource.k8s.io/v1 (GA since 1.34); DRAConsumableCapacity (a GPU shared by many claims, each
+#: consuming memory and cores), DRAPartitionableDevices, DRAExtendedResource (DeviceClass
+#: extendedResourceName) and DRADeviceTaints (unhealthy GPUs), all beta in 1.36. Given to kube-apiserver,
+#: kube-scheduler and kube-controller-manager.
+DRA_FEATURE_GATES = "DRAConsumableCapacity=true,DRAPartitionableDevices=true,DRAExtendedResource=true,DRADeviceTaints=true"
+DRA_RUNTIME_CONFIG = "resource.k8s.io/v1=true"
 
 
 def free_port() -> int:
@@ -202,7 +209,8 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={keys['sa.pub']}",
             f"--service-account-signing-key-file={keys['sa.key']}", f"--token-auth-file={keys['tokens.csv']}",
-            "--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/24", "--allow-privileged=true"],
+            "--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/24", "--allow-privileged=true",
+            f"--feature-gates={DRA_FEATURE_GATES}", f"--runtime-config={DRA_RUNTIME_CONFIG}"],
             self.dir))
         server = f"https://127.0.0.1:{aport}"
         self.kubeconfig = write_kubeconfig(self.dir / "kubeconfig", server, TOKEN,
@@ -220,7 +228,8 @@ class ControlPlane:
                 kcm, f"--kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1",
                 f"--secure-port={free_port()}", "--leader-elect=false",
                 "--controllers=*,-node-lifecycle-controller", f"--service-account-private-key-file={keys['sa.key']}",
-                f"--root-ca-file={keys['apiserver.crt']}", "--use-service-account-credentials=false"], self.dir))
+                f"--root-ca-file={keys['apiserver.crt']}", "--use-service-account-credentials=false",
+                f"--feature-gates={DRA_FEATURE_GATES}"], self.dir))
             self.has_controller_manager = True
 
     def stop(self) -> None:
@@ -388,7 +397,8 @@ class Components:
         cfg.write_text(scheduler_config(self.cp.kubeconfig, self.extender_port, plain_profile))
         port = free_port()
         self.procs["kube-scheduler"] = Proc("kube-scheduler", [
-            binary, f"--config={cfg}", "--bind-address=127.0.0.1", f"--secure-port={port}"], self.dir)
+            binary, f"--config={cfg}", "--bind-address=127.0.0.1", f"--secure-port={port}",
+            f"--feature-gates={DRA_FEATURE_GATES}"], self.dir)
         wait_for(lambda: self.procs["kube-scheduler"].check() or _https_ok(f"https://127.0.0.1:{port}/readyz"),
                  60, "kube-scheduler /readyz")
 
