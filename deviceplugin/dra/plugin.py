@@ -44,7 +44,7 @@ from typing import Any, Protocol
 from kube_vgpu import envcontract
 from kube_vgpu.config import Config
 from kube_vgpu.dra import DRIVER_NAME, device_name
-from kube_vgpu.dra.claims import ClaimError, Grant, read_claim
+from kube_vgpu.dra.claims import Grant, read_claim
 from kube_vgpu.kubeapi import api_error_text, is_not_found
 from kube_vgpu.model import DeviceBooking, GPUDevice
 
@@ -298,9 +298,11 @@ class DRAPlugin:
             try:
                 with self._lock:
                     prepared = self._prepare_one(c.namespace, c.uid, c.name)
-            except (PrepareError, ClaimError, ValueError, OSError) as e:
+            except Exception as e:  # noqa: BLE001 - PrepareError, ClaimError, OSError, NVMLError, ...: per claim
                 self.status.prepared["error"] += 1
-                msg = str(e) if isinstance(e, PrepareError) else f"claim {c.namespace}/{c.name} ({c.uid}): {e}"
+                msg = (str(e) if isinstance(e, PrepareError)
+                       else f"claim {c.namespace}/{c.name} ({c.uid}): {type(e).__name__}: {e}" if not isinstance(e, ValueError)
+                       else f"claim {c.namespace}/{c.name} ({c.uid}): {e}")
                 log.error("claim not prepared", extra={"claim": f"{c.namespace}/{c.name}", "uid": c.uid,
                                                        "error": msg})
                 entry.error = msg
@@ -322,7 +324,7 @@ class DRAPlugin:
             try:
                 with self._lock:
                     self._unprepare_one(c.uid)
-            except (ValueError, OSError) as e:
+            except Exception as e:  # noqa: BLE001 - ValueError (uid), OSError: per claim
                 self.status.unprepared["error"] += 1
                 entry.error = f"claim {c.namespace}/{c.name} ({c.uid}): not unprepared: {e}"
                 log.error("claim not unprepared", extra={"uid": c.uid, "error": entry.error})
