@@ -67,6 +67,7 @@ from kube_vgpu.resources import (
     ANN_PROGRESS_SIGNATURE,
 )
 from kube_vgpu.signing import KeyDir, KeyRing, KeySource, sign_allocation, sign_progress, verify_progress
+from kube_vgpu.views import NodeView, PodView
 
 from .bindcycle import BindCycle
 from .bindstate import BindCache
@@ -135,7 +136,7 @@ def _names_of(args: Obj) -> tuple[list[str], Obj | None]:
         return names, None
     if isinstance(nodes, dict):
         items = nodes.get("items") or []
-        return [str((n.get("metadata") or {}).get("name") or "") for n in items], nodes
+        return [NodeView(n).name for n in items], nodes
     return [], None
 
 
@@ -144,7 +145,7 @@ def filter_result(names: Sequence[str], nodelist: Obj | None, ok: Sequence[str],
     """Build an ExtenderFilterResult in the shape the caller used (NodeNames or Nodes)."""
     if nodelist is not None:
         keep = set(ok)
-        items = [n for n in nodelist.get("items") or [] if (n.get("metadata") or {}).get("name") in keep]
+        items = [n for n in nodelist.get("items") or [] if NodeView(n).name in keep]
         out_nodes: Obj | None = dict(nodelist)
         assert out_nodes is not None
         out_nodes["items"] = items
@@ -323,8 +324,8 @@ class SchedulerService:
         """A pod watch event: into the cache; then our own bind of that pod needs no relist
         protection any more once the watch has shown it at or after our write."""
         self.cache.on_pod(kind, pod)
-        meta = pod.get("metadata") or {}
-        self.cache.own_bind_seen(pod_key(pod), str(meta.get("resourceVersion") or ""))
+        view = PodView(pod)
+        self.cache.own_bind_seen(view.key, view.resource_version)
 
     async def stop(self) -> None:
         """Stop the background work (reflector threads are joined in a worker thread)."""
@@ -535,7 +536,7 @@ class SchedulerService:
             self.cache.state.forget_assumed(req.key)  # a new scheduling cycle ends the pod's promise
         best_only = self.opts.filter_best_node
         ok, failed, scores = self.cache.evaluate(req, names, want_scores=best_only)
-        own = self.cache.own_unbound_booking(req.key, str((pod.get("metadata") or {}).get("uid") or ""))
+        own = self.cache.own_unbound_booking(req.key, PodView(pod).uid)
         if own is not None and own in failed and own not in self.cache.unavailable:
             del failed[own]  # the pod's own booking there is what it needs (see own_unbound_booking)
             ok.append(own)
@@ -586,7 +587,7 @@ class SchedulerService:
                 if self.cache.state.assumed:
                     self.binds.expire_promises()
                 raw = self.cache.score_array(req, names, key)
-                own = self.cache.own_unbound_booking(req.key, str((pod.get("metadata") or {}).get("uid") or ""))
+                own = self.cache.own_unbound_booking(req.key, PodView(pod).uid)
                 if own is not None and own not in self.cache.unavailable:
                     # its own booking: the best place for it (see own_unbound_booking); a copy,
                     # the engine may keep the array it returned
@@ -661,12 +662,13 @@ class SchedulerService:
                 except Exception as e:  # noqa: BLE001 - gone or API trouble: its next event decides
                     log.info("reading a pod back to sign it again failed", extra={"pod": key, "error": api_error_text(e)})
                     continue
-                rec = self.cache.read_record(pod)
-                uid = str((pod.get("metadata") or {}).get("uid") or "")
+                view = PodView(pod)
+                rec = self.cache.read_record(view)
+                uid = view.uid
                 info = self.cache.pods.get(key)
                 if isinstance(rec, Record) and info is not None and info.uid == uid:
                     info.kid = rec.kid  # known now: not read again at the next rotation
-                if isinstance(rec, Record) and self.cache.stale_key(pod, rec) and uid not in self._resigning:
+                if isinstance(rec, Record) and self.cache.stale_key(view, rec) and uid not in self._resigning:
                     await self._resign(pod)
             if not self._sweep_again:
                 return
@@ -674,7 +676,7 @@ class SchedulerService:
     def _resign_soon(self, pod: Obj) -> None:
         """The cache asks to sign a booked record again (adopted unsigned record, or signed with a
         key no longer active): one patch per pod at a time, by the leader only."""
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = PodView(pod).uid
         if self.api is None or not self.is_leader or not uid or uid in self._resigning or self.loop is None:
             return
         t = asyncio.ensure_future(self._resign(pod), loop=self.loop)
@@ -686,10 +688,9 @@ class SchedulerService:
         when the old one verifies), guarded by the pod's resourceVersion: what is signed is exactly
         what the cache booked. A conflict or error is logged; the pod's next event asks again."""
         assert self.api is not None
-        m = pod.get("metadata") or {}
-        ann = m.get("annotations") or {}
-        ns, name, uid = str(m.get("namespace") or "default"), str(m.get("name") or ""), str(m.get("uid") or "")
-        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        view = PodView(pod)
+        ann = view.annotations
+        ns, name, uid, node = view.namespace, view.name, view.uid, view.node_name
         ring = self.keys.current()
         sig = sign_allocation(ring, uid, node, str(ann.get(ANN_BIND_TIME) or ""), str(ann.get(ANN_ALLOCATION) or ""))
         patch = {ANN_ALLOCATION_SIGNATURE: sig}
@@ -698,7 +699,7 @@ class SchedulerService:
         if old and verify_progress(ring, ann.get(ANN_PROGRESS_SIGNATURE), uid, old, phase, done):
             patch[ANN_PROGRESS_SIGNATURE] = sign_progress(ring, uid, sig, str(phase or ""), str(done or ""))
         try:
-            await self.run_blocking(self.api.patch_pod_metadata, ns, name, str(m.get("resourceVersion") or ""),
+            await self.run_blocking(self.api.patch_pod_metadata, ns, name, view.resource_version,
                                     patch, {})
         except Exception as e:  # noqa: BLE001 - changed meanwhile (409) or API trouble: next event retries
             log.warning("signing a booked allocation record failed; retried on the pod's next event",
