@@ -574,7 +574,7 @@ class ClusterCache:
         view = PodView(pod)
         key, uid = view.key, view.uid
         rec = None if kind == "DELETED" else self.read_record(view)
-        self._seen(kind, key, uid, pod)
+        self._seen(kind, key, uid, view)
         if kind == "DELETED":
             self._rejected.pop(uid, None)
             self._forget(key, uid)
@@ -668,7 +668,7 @@ class ClusterCache:
                 self._forget(key, None)
 
     # -- hooks for a cache that also binds (scheduler/bindstate.py); no-ops for a read-only view --
-    def _seen(self, kind: str, key: str, uid: str, pod: dict[str, Any]) -> None:
+    def _seen(self, kind: str, key: str, uid: str, pod: PodView) -> None:
         """A pod event (``kind``) of ``key``/``uid`` arrived, before it is applied."""
 
     def _writing(self, key: str) -> bool:

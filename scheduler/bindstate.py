@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from kube_vgpu.cluster import ClusterCache, PodInfo, allocation_amount
 from kube_vgpu.config import Config
@@ -32,8 +32,8 @@ from kube_vgpu.placement import Booking, OvercommitError
 from kube_vgpu.placement.fastpath import NO_INVENTORY
 from kube_vgpu.placement.render import detail
 from kube_vgpu.placement.status import FitFailure
-from kube_vgpu.podlife import active
 from kube_vgpu.signing import KeySource
+from kube_vgpu.views import PodView
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,20 +87,20 @@ class BindCache(ClusterCache):
         self.list_started = float("-inf")
 
     # -- hooks of ClusterCache ----------------------------------------------------------------
-    def _seen(self, kind: str, key: str, uid: str, pod: dict[str, Any]) -> None:
+    def _seen(self, kind: str, key: str, uid: str, pod: PodView) -> None:
         """Remember which pods a watch event has shown bound (``_bound_seen``: an own bind needs no
         relist protection once the watch has shown the pod bound)."""
         if kind == "DELETED":
             if self._bound_seen.get(key) == uid:
                 del self._bound_seen[key]
             self.unbound.pop(key, None)
-        elif (pod.get("spec") or {}).get("nodeName"):
+        elif pod.node_name:
             self._bound_seen[key] = uid
             self.unbound.pop(key, None)
-        elif not active(pod):
+        elif not pod.active:
             self.unbound.pop(key, None)
         else:
-            self.unbound[key] = pod
+            self.unbound[key] = cast(dict[str, Any], pod.raw)  # on_pod's pod: a dict
 
     def _writing(self, key: str) -> bool:
         return key in self.inflight
@@ -158,7 +158,7 @@ class BindCache(ClusterCache):
         ``uid`` is empty) and it was unbound and not terminating then; None otherwise (the bind
         reads it from the API server)."""
         pod = self.unbound.get(key)
-        if pod is None or (uid and str((pod.get("metadata") or {}).get("uid") or "") != uid):
+        if pod is None or (uid and PodView(pod).uid != uid):
             return None
         return pod
 
@@ -183,7 +183,8 @@ class BindCache(ClusterCache):
         """After a successful bind: remember the pod as bound (if its booking is still this one).
         ``resource_version``: the pod's resourceVersion once our write was on it; ``after``: the
         resourceVersion the Binding was conditioned on (see the module docstring and OwnBind)."""
-        if self.unbound.get(key, {}).get("metadata", {}).get("uid") == uid:
+        seen = self.unbound.get(key)
+        if seen is not None and PodView(seen).uid == uid:
             del self.unbound[key]  # bound now, whatever the watch has shown so far
         if self.state.bookings.get(key) is not booking:
             return
