@@ -49,6 +49,7 @@ from kube_vgpu.errors import RequestError
 from kube_vgpu.placement.fit import gpu_order
 from kube_vgpu.placement.preempt import DEFAULT_BUDGET, Holder, VictimSet, select_victims
 from kube_vgpu.podspec import parse_pod, pod_asks
+from kube_vgpu.views import PodView
 
 from .wire import check_pod, json_type
 
@@ -112,7 +113,7 @@ def proposed(args: Obj) -> dict[str, tuple[list[str], int]]:
         v = v or {}
         uids = []
         for p in v.get("Pods") or []:
-            uid = p.get("UID") if src is meta else ((p.get("metadata") or {}).get("uid"))
+            uid = p.get("UID") if src is meta else PodView(p).uid
             if isinstance(uid, str) and uid:
                 uids.append(uid)
         out[str(node)] = (uids, int(v.get("NumPDBViolations") or 0))
@@ -167,8 +168,9 @@ class Preemption:
     def preemptor_priority(self, pod: Obj) -> int:
         """The preemptor's priority: from the pod as the cache's watch shows it (same uid), else
         from the request body."""
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
-        watched = self.cache.pod_to_bind(pod_key(pod), uid) if uid else None
+        view = PodView(pod)
+        uid = view.uid
+        watched = self.cache.pod_to_bind(view.key, uid) if uid else None
         return pod_priority(watched if watched is not None else pod)
 
     def holders(self, node: str) -> tuple[list[Holder], dict[str, str]]:
@@ -195,7 +197,7 @@ class Preemption:
         prio = self.preemptor_priority(pod)
         order = gpu_order(req.gpu_policy or self.cache.engine.gpu_policy)
         promise = self.cache.state.assumed.get(req.key)
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = PodView(pod).uid
         everywhere = {info.uid for info in self.cache.pods.values()}
         out: dict[str, NodeAnswer] = {}
         left = self.request_budget  # fit checks for the exact search over all nodes of this request
