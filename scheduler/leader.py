@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kube_vgpu.kubeapi import api_error_text
+from kube_vgpu.views import EMPTY, ObjectView
 
 from .kube import KubeAPI
 
@@ -81,7 +82,7 @@ class LeaseElector:
             self._last_renew = now
             self.holder = self.identity
             return True
-        spec = lease.get("spec") or {}
+        spec = ObjectView(lease).spec
         holder = spec.get("holderIdentity") or ""
         self.holder = holder or None
         renew = _parse_time(spec.get("renewTime"))
@@ -153,7 +154,7 @@ class LeaseFollower:
         """Read the Lease once (blocking). Returns whether this replica leads."""
         now = self.clock()
         lease = self.api.get_lease(self.namespace, self.name)
-        spec = (lease or {}).get("spec") or {}
+        spec = ObjectView(lease).spec if lease is not None else EMPTY
         holder = spec.get("holderIdentity") or ""
         self.holder = holder or None
         renew = _parse_time(spec.get("renewTime"))
