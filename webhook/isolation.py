@@ -6,7 +6,8 @@ field, the value and what is allowed.
 
 **Which pods.** A pod is *ours* when any of its containers (init, sidecar or app) names any
 configured resource name (``resourceNames``: gpu, gpumem, gpumem-percentage, gpucores, priority)
-in ``resources.limits`` or ``resources.requests``, whatever the value. That includes a bare
+or a per-profile MIG resource (``nvidia.com/mig-<profile>``, docs/mig.md) in ``resources.limits`` or
+``resources.requests``, whatever the value. That includes a bare
 ``nvidia.com/gpu`` while ``webhook.mutateBareGpu`` is false (the device plugin still serves it) and
 pods of a foreign ``schedulerName``. Pod labels play no part: opting out is the admin's (the
 webhook's namespaceSelector, the policy ConfigMap), never the tenant's.
@@ -68,7 +69,7 @@ from typing import Any
 
 from kube_vgpu import envcontract
 from kube_vgpu.config import Config
-from kube_vgpu.resources import ResourceNames
+from kube_vgpu.resources import ResourceNames, is_mig_resource
 from kube_vgpu.views import ObjectView, PodView
 
 #: values of NVIDIA_VISIBLE_DEVICES that expose no GPU (allowed in non-GPU containers)
@@ -168,15 +169,30 @@ class Context:
 # --- helpers ---------------------------------------------------------------------------------------
 
 def names_resource(container: Any, names: ResourceNames) -> bool:
-    """True if the container names any of ``names.all()`` in limits or requests (any value). Never raises."""
+    """True if the container names any of ``names.all()`` or a per-profile MIG resource
+    (``nvidia.com/mig-<profile>``, :func:`kube_vgpu.resources.is_mig_resource`: its device plugin
+    hands out MIG devices through NVIDIA_VISIBLE_DEVICES) in limits or requests (any value). Never raises."""
     if not isinstance(container, dict):  # JSON objects are dicts; plain type checks keep this cheap
         return False
     res = container.get("resources")
     if not isinstance(res, dict):
         return False
     wanted = names.all()
-    return any(isinstance(part, dict) and any(n in part for n in wanted)
+    return any(isinstance(part, dict) and (any(n in part for n in wanted) or names_mig(part, names))
                for part in (res.get("limits"), res.get("requests")))
+
+
+def names_mig(resources: Mapping[str, Any], names: ResourceNames) -> bool:
+    """True if a ``limits`` / ``requests`` mapping names a per-profile MIG resource."""
+    return any(isinstance(k, str) and is_mig_resource(k, names.gpu) for k in resources)
+
+
+def container_names_mig(container: Any, names: ResourceNames) -> bool:
+    """True if the container asks for a per-profile MIG resource (it must keep the MIG devices its
+    device plugin sets in NVIDIA_VISIBLE_DEVICES). Never raises."""
+    res = container.get("resources") if isinstance(container, dict) else None
+    return isinstance(res, dict) and any(isinstance(part, dict) and names_mig(part, names)
+                                         for part in (res.get("limits"), res.get("requests")))
 
 
 def _list(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
@@ -463,5 +479,6 @@ def denial_message(violations: list[Violation]) -> str:
 
 __all__ = ["CONTAINER", "EPHEMERAL", "INIT", "PROTECTED_CONTAINER_PATHS", "PROTECTED_ENV_NAMES",
            "PROTECTED_ENV_PREFIXES", "PROTECTED_HOST_PATHS", "RULES", "Rule", "SIDECAR", "Violation",
-           "check_pod", "denial_message", "names_resource", "new_violations", "normalise_path",
+           "check_pod", "container_names_mig", "denial_message", "names_mig", "names_resource", "new_violations",
+           "normalise_path",
            "path_overlaps", "pod_is_ours", "targets"]

@@ -390,7 +390,8 @@ def _route_and_mutate(pod: Mapping[str, Any], spec: Mapping[str, Any], config: C
         if req is not None:
             ops += _limit_ops(path, c, req, names)
             gpu_paths.append((path, c))
-        elif wh.non_gpu_visible_devices_none and _visible_devices_entry(c) is None:
+        elif (wh.non_gpu_visible_devices_none and _visible_devices_entry(c) is None
+              and not isolation.container_names_mig(c, names)):  # a MIG container keeps its MIG devices
             ops.append(_append_op(path, c, "env", {"name": VISIBLE_DEVICES, "value": "none"}))
     if gpu_paths and not _mounts_shm(containers):
         vol_name = _shm_volume_name(spec)
