@@ -38,7 +38,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -236,11 +236,21 @@ def make_registry(plugin: DevicePlugin) -> CollectorRegistry:
     return reg
 
 
-class HealthServer:
-    """A small threaded HTTP server for /livez, /readyz, /metrics. ``port`` 0 picks a free port."""
+class Probed(Protocol):
+    """What :class:`HealthServer` asks of a component: ``alive()`` for /livez, ``ready()`` (ready,
+    reason) for /readyz."""
 
-    def __init__(self, plugin: DevicePlugin, bind: str, port: int) -> None:
-        registry = make_registry(plugin)
+    def alive(self) -> bool: ...
+    def ready(self) -> tuple[bool, str]: ...
+
+
+class HealthServer:
+    """A small threaded HTTP server for /livez, /readyz, /metrics. ``port`` 0 picks a free port.
+    registry: what /metrics exports (default: the device plugin's, :func:`make_registry`; the DRA
+    plugin passes its own)."""
+
+    def __init__(self, plugin: Probed, bind: str, port: int, registry: CollectorRegistry | None = None) -> None:
+        reg = registry if registry is not None else make_registry(cast("DevicePlugin", plugin))
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server API
@@ -252,7 +262,7 @@ class HealthServer:
                     ok, why = plugin.ready()
                     self._send(200 if ok else 503, (why + "\n").encode(), "text/plain")
                 elif path == "/metrics":
-                    self._send(200, generate_latest(registry), "text/plain; version=0.0.4; charset=utf-8")
+                    self._send(200, generate_latest(reg), "text/plain; version=0.0.4; charset=utf-8")
                 else:
                     self._send(404, b"not found\n", "text/plain")
 

@@ -21,8 +21,10 @@ from kube_vgpu.config import load_config
 from kube_vgpu.dra import DRIVER_NAME
 from kube_vgpu.errors import ConfigError
 
+from ..metrics import HealthServer
 from ..nvml import NVMLError
 from ..simgpu import SimulatedGPUs, SimulateSpecError
+from . import health
 from .checkpoint import CheckpointError
 from .grpcserver import Server
 from .plugin import DRAPlugin, Options
@@ -52,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device-taints", choices=["auto", "true", "false"], default="auto",
                    help="unhealthy GPUs: taint them (true), leave them out of the slice (false), or taint and fall "
                         "back to leaving out when the API server drops taints (auto)")
+    p.add_argument("--metrics-port", type=int, default=9395, help="port of /metrics, /livez and /readyz (0: any)")
+    p.add_argument("--metrics-bind-address", default="0.0.0.0")
     p.add_argument("--simulate-gpus", metavar="COUNTxMIB[:MODEL],...", default="",
                    help="GPU-less trial: publish these simulated GPUs instead of asking NVML (e.g. 4x24576). "
                         "NOTHING IS ISOLATED; never for workloads")
@@ -112,12 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     server = Server(plugin)
     server.start()
-    log.info("DRA plugin up", extra={"node": args.node_name, "socket": server.service_socket})
+    http = HealthServer(plugin, args.metrics_bind_address, args.metrics_port, registry=health.registry(plugin))
+    http.start()
+    log.info("DRA plugin up", extra={"node": args.node_name, "socket": server.service_socket,
+                                     "metrics": f"{args.metrics_bind_address}:{http.port}"})
     while not done.wait(1.0):
         if not (plugin.alive() and server.alive()):
             log.error("a background thread died; exiting")
             break
     log.info("shutting down")
+    http.stop()
     server.stop()
     plugin.stop()
     return 0

@@ -216,6 +216,18 @@ class DRAPlugin:
         """True while every background thread runs."""
         return not self._stop.is_set() and all(t.is_alive() for t in self._threads)
 
+    def ready(self) -> tuple[bool, str]:
+        """(ready, reason) for /readyz: kubelet accepted the registration, the ResourceSlices were
+        published (when a publisher is wired) and the shim is present."""
+        if not self.status.registered:
+            why = self.status.registration_error
+            return False, f"not registered with kubelet{': ' + why if why else ''}"
+        if self.publisher is not None and not self.status.last_publish:
+            return False, f"ResourceSlices not published: {self.status.last_publish_error or 'pending'}"
+        if not os.path.exists(self.opts.shim_host_path):
+            return False, f"shim not found at {self.opts.shim_host_path}"
+        return True, "ok"
+
     # ------------------------------------------------------------------ devices
 
     def _discover(self) -> None:

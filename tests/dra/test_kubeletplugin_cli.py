@@ -3,11 +3,13 @@ kubelet, a claim prepared over the real gRPC API, SIGTERM ends it cleanly."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 from deviceplugin.dra.main import parser
@@ -49,10 +51,12 @@ def test_process_publishes_registers_prepares_and_stops(tmp_path: Path) -> None:
             [sys.executable, "-m", "kube_vgpu_cli", "dra-plugin", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
              "--simulate-gpus", "2x24576", "--plugin-dir", o.plugin_dir, "--registry-dir", o.registry_dir,
              "--cdi-dir", o.cdi_dir, "--shim-host-path", o.shim_host_path, "--cache-host-dir", o.cache_host_dir,
-             "--dev-root", o.dev_root, "--log-level", "debug"],
+             "--dev-root", o.dev_root, "--log-level", "debug", "--metrics-port", "0",
+             "--metrics-bind-address", "127.0.0.1"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         lines: list[str] = []
-        up = threading.Event()
+        up, serving = threading.Event(), threading.Event()
+        metrics: list[str] = []
 
         def read() -> None:
             assert proc is not None and proc.stderr is not None
@@ -60,6 +64,9 @@ def test_process_publishes_registers_prepares_and_stops(tmp_path: Path) -> None:
                 lines.append(line)
                 if "ResourceSlices published" in line:
                     up.set()
+                if "DRA plugin up" in line:
+                    metrics.append(json.loads(line)["metrics"])
+                    serving.set()
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         kubelet.start()
@@ -74,6 +81,15 @@ def test_process_publishes_registers_prepares_and_stops(tmp_path: Path) -> None:
         lim = n.limits(uid)
         assert lim is not None and (lim["memory_mib_0"], lim["cores_0"]) == ("3000", "30")
         assert n.cdi_spec(uid) is not None
+        assert serving.wait(60), "".join(lines)
+        base = f"http://{metrics[0]}"
+        assert urllib.request.urlopen(f"{base}/livez", timeout=10).status == 200
+        with urllib.request.urlopen(f"{base}/readyz", timeout=10) as r:  # registered, published, shim present
+            assert (r.status, r.read()) == (200, b"ok\n")
+        text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+        assert f'kube_vgpu_dra_prepares_total{{node="{NODE}",result="ok"}} 1.0' in text
+        assert f'kube_vgpu_dra_prepared_claims{{node="{NODE}"}} 1.0' in text
+        assert f'kube_vgpu_dra_registered{{node="{NODE}"}} 1.0' in text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, "".join(lines)
         reader.join(10)
