@@ -308,7 +308,11 @@ class DevicePlugin:
         none unless they all have one profile; a GPU whose MIG devices cannot be read is not advertised."""
         lister = getattr(self.nvml, "mig_devices", None)
         if not parents or lister is None or self.settings.mig_strategy not in ("single", "mixed"):
-            if parents:
+            if parents and self.settings.mig_strategy == "dynamic":
+                # docs/mig.md: the extender does not book MIG placements yet
+                log.error("migStrategy dynamic is not served by the scheduler yet; GPUs in MIG mode are not "
+                          "advertised", extra={"gpu": ",".join(g.uuid for g in parents)})
+            elif parents:
                 log.warning("MIG devices not advertised", extra={"strategy": self.settings.mig_strategy,
                                                                  "gpu": ",".join(g.uuid for g in parents)})
             return []

@@ -199,10 +199,11 @@ def _partition(gpus: FakeGPUs, layout: list[tuple[str, int]]) -> tuple[list[Phys
     return found, migs
 
 
+@pytest.mark.parametrize("strategy", ["none", "dynamic"])  # dynamic: not served by the scheduler yet (docs/mig.md)
 def test_strategy_none_skips_the_mig_gpu(gpus: FakeGPUs, migstate: Path, kubelet: FakeKubelet, kube_api: Any,
-                                         sockdir: str, tmp_path: Path) -> None:
+                                         sockdir: str, tmp_path: Path, strategy: str) -> None:
     found, _ = _partition(gpus, [("1g.18gb", 0)])
-    p = _plugin(kube_api, sockdir, kubelet, tmp_path, "none")
+    p = _plugin(kube_api, sockdir, kubelet, tmp_path, strategy)
     p.start()
     try:
         kubelet.wait(lambda k: k.updates > 0, what="ListAndWatch")
