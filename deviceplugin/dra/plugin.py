@@ -114,6 +114,8 @@ class Options:
     probe_interval: float = 5.0
     recovery_seconds: float = 60.0
     publish_retry_seconds: float = 10.0
+    #: the ResourceSlices are compared with the GPUs (and rewritten when they differ) at least this often
+    resync_seconds: float = 60.0
 
     @property
     def checkpoint_dir(self) -> str:
@@ -281,7 +283,8 @@ class DRAPlugin:
 
     def _publish_loop(self) -> None:
         while not self._stop.is_set():
-            self._publish_due.wait()
+            # also every resync period: slices someone deleted or edited are put back (one list when unchanged)
+            self._publish_due.wait(self.opts.resync_seconds)
             if self._stop.is_set():
                 return
             self._publish_due.clear()
@@ -306,6 +309,8 @@ class DRAPlugin:
         devices or its error. Never raises for one claim's trouble."""
         resp = dra_pb2.NodePrepareResourcesResponse()
         for c in req.claims:
+            if c.uid in resp.claims:  # named twice in one call: answered once
+                continue
             entry = resp.claims[c.uid]
             try:
                 with self._lock:

@@ -55,6 +55,7 @@ class Node:
     root: str
     gpus: str = "2x24576"
     minors: dict[int, int] = field(default_factory=lambda: {0: 0, 1: 1})
+    resync_seconds: float = 60.0
     plugin: DRAPlugin | None = None
     server: Server | None = None
     kubelet: FakeDRAKubelet | None = None
@@ -64,7 +65,8 @@ class Node:
         r = self.root
         return Options(node_name=NODE, plugin_dir=f"{r}/p", registry_dir=f"{r}/reg", cdi_dir=f"{r}/cdi",
                        shim_host_path=f"{r}/shim/libvgpu.so", cache_host_dir=f"{r}/cache", dev_root=f"{r}/dev",
-                       watch_interval=0.05, health_poll_ms=50, probe_interval=0.2)
+                       watch_interval=0.05, health_poll_ms=50, probe_interval=0.2,
+                       resync_seconds=self.resync_seconds)
 
     def start_plugin(self, publisher: Any = None) -> DRAPlugin:
         sim = SimulatedGPUs(self.gpus, NODE)

@@ -140,6 +140,38 @@ def test_a_claim_over_two_gpus_and_two_shares_of_one(node: Node) -> None:
     assert spec is not None and [d["name"] for d in spec["devices"]] == [f"{uid}-gpu-0", f"{uid}-gpu-1"]
 
 
+def test_a_claim_named_twice_in_one_call_is_answered_once(node: Node) -> None:
+    c = node.claim("c1", [result("gpu-0", "1Gi", "10")])
+    uid = c["metadata"]["uid"]
+    assert node.kubelet is not None
+    resp = node.kubelet.prepare(DRIVER_NAME, [(NS, uid, "c1"), (NS, uid, "c1")])
+    assert resp.claims[uid].error == "" and len(resp.claims[uid].devices) == 1
+
+
+def test_slices_deleted_by_someone_else_are_put_back() -> None:
+    api = FakeKubeAPI(auto_create_namespaces=True)
+    api.start()
+    root = make_root()
+    n = Node(api=api, root=root, resync_seconds=0.2)
+    try:
+        api.create_object("nodes", {"metadata": {"name": NODE}})
+        pub = _Observed(SlicePublisher(api.api_client(), NODE))
+        n.start_plugin(publisher=pub)
+        assert pub.published.wait(10)
+        for s in api.objects("resourceslices"):
+            api.delete_object("resourceslices", s["metadata"]["name"])
+        for _ in range(3):  # a publish that listed before the deletion may finish first; the next one restores
+            pub.published.clear()
+            assert pub.published.wait(10)
+            if api.objects("resourceslices"):
+                break
+        assert api.objects("resourceslices")
+    finally:
+        n.stop_plugin()
+        api.stop()
+        remove_root(root)
+
+
 def test_subrequest_answers_the_base_request_name(node: Node) -> None:
     c = node.claim("sub", [result("gpu-0", "1Gi", "10", request="gpu/small")])
     r = prep(node, c)[c["metadata"]["uid"]]
