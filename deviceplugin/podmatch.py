@@ -57,7 +57,6 @@ from kube_vgpu import envcontract
 from kube_vgpu.codec import allocation_or_none, decode_allocation, read_allocation
 from kube_vgpu.errors import CodecError, QuantityError
 from kube_vgpu.model import DeviceBooking
-from kube_vgpu.podlife import active
 from kube_vgpu.podspec import whole_resource
 from kube_vgpu.resources import (
     ANN_ALLOCATED_CONTAINERS,
@@ -72,6 +71,7 @@ from kube_vgpu.resources import (
     system_owned,
 )
 from kube_vgpu.signing import KeyRing, verify_allocation, verify_progress
+from kube_vgpu.views import ContainerView, PodView
 
 __all__ = ["ANN_ALLOCATED_CONTAINERS"]
 
@@ -155,11 +155,11 @@ class PendingContainer:
         return f"{self.key} [{devs}]{extra}"
 
 
-def _ann(pod: Mapping[str, Any]) -> Mapping[str, str]:
-    return (pod.get("metadata") or {}).get("annotations") or {}
+def _ann(pod: Mapping[str, Any] | PodView) -> Mapping[str, Any]:
+    return PodView.of(pod).annotations
 
 
-def allocated_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
+def allocated_names(pod: Mapping[str, Any] | PodView) -> tuple[str, ...]:
     """Container names recorded in ``kube-vgpu.io/allocated-containers`` (order kept, no blanks)."""
     raw = _ann(pod).get(ANN_ALLOCATED_CONTAINERS, "")
     return tuple(n for n in (s.strip() for s in raw.split(",")) if n)
@@ -220,15 +220,15 @@ class Arrival:
     seen: float
 
 
-def _scheduled_time(pod: Mapping[str, Any]) -> str:
+def _scheduled_time(pod: PodView) -> str:
     """``lastTransitionTime`` of the pod's ``PodScheduled=True`` condition (RFC 3339, sorts as text), or ""."""
-    for c in (pod.get("status") or {}).get("conditions") or ():
+    for c in pod.conditions():
         if c.get("type") == "PodScheduled" and c.get("status") == "True":
             return str(c.get("lastTransitionTime") or "")
     return ""
 
 
-def arrival_key(pod: Mapping[str, Any], arrivals: Mapping[str, Arrival] | None) -> tuple[Any, ...]:
+def arrival_key(pod: Mapping[str, Any] | PodView, arrivals: Mapping[str, Arrival] | None) -> tuple[Any, ...]:
     """Sort key for the order in which ``pod`` became bound to the node (the order kubelet admits in).
 
     Pods from the initial list (or every pod, when ``arrivals`` is None) come first, by PodScheduled
@@ -236,17 +236,17 @@ def arrival_key(pod: Mapping[str, Any], arrivals: Mapping[str, Arrival] | None) 
     creation time, namespace, name; then pods seen arriving, by sequence number; then pods not seen
     yet (a listing can be ahead of the watch), by the same fallback as the initial list.
     """
-    meta = pod.get("metadata") or {}
-    ann = _ann(pod)
+    view = PodView.of(pod)
+    ann = view.annotations
     rec_time = 0.0
     if ANN_BIND_TIME not in ann:
-        rec = allocation_or_none(pod)
+        rec = allocation_or_none(view)
         rec_time = rec.time if rec is not None else 0.0
-    fallback = (_scheduled_time(pod), _float(ann.get(ANN_BIND_TIME), rec_time),
-                meta.get("creationTimestamp") or "", meta.get("namespace", ""), meta.get("name", ""))
+    fallback = (_scheduled_time(view), _float(ann.get(ANN_BIND_TIME), rec_time),
+                view.creation_timestamp, view.namespace, view.name)
     if arrivals is None:
         return (0, 0, *fallback)
-    a = arrivals.get(meta.get("uid", ""))
+    a = arrivals.get(view.uid)
     if a is None:
         return (2, 0, *fallback)
     if a.seq is None:
@@ -262,13 +262,6 @@ class Progress:
     allocation_signature: str
     phase: str
     containers: tuple[str, ...]
-
-
-def _admitted(pod: Mapping[str, Any]) -> bool:
-    """kubelet has admitted the pod (every Allocate of it is done): it reports container statuses,
-    which only kubelet writes (the status subresource) and only after admission."""
-    st = pod.get("status") or {}
-    return bool(st.get("containerStatuses") or st.get("initContainerStatuses"))
 
 
 def trusted_view(pods: Iterable[Mapping[str, Any]], node: str, ring: KeyRing,
@@ -289,12 +282,11 @@ def trusted_view(pods: Iterable[Mapping[str, Any]], node: str, ring: KeyRing,
     views: list[dict[str, Any]] = []
     refused: dict[str, str] = {}
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
-        if spec.get("nodeName") != node:
+        pv = PodView.of(pod)
+        if pv.node_name != node:
             continue
-        uid = str(meta.get("uid") or "")
-        raw = meta.get("annotations") or {}
+        uid = pv.uid
+        raw = pv.annotations
         ann: dict[str, str] = {k: v for k, v in raw.items() if not system_owned(k)}
         text = raw.get(ANN_ALLOCATION)
         sig = raw.get(ANN_ALLOCATION_SIGNATURE)
@@ -328,16 +320,16 @@ def trusted_view(pods: Iterable[Mapping[str, Any]], node: str, ring: KeyRing,
                 done = done + tuple(n for n in mine.containers if n not in done)
                 if mine.phase == BIND_SUCCESS:
                     phase = BIND_SUCCESS
-        if _admitted(pod):
-            names = [str(c.get("name", "")) for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]]
+        if pv.admitted:  # kubelet has admitted it (status written only by kubelet): every Allocate is done
+            names = [c.name for c in pv.all_containers()]
             done = done + tuple(n for n in names if n and n not in done)
             phase = BIND_SUCCESS
         if not why:
             ann[ANN_BIND_PHASE] = phase
         if done:
             ann[ANN_ALLOCATED_CONTAINERS] = ",".join(done)
-        view = dict(pod)
-        view["metadata"] = {**meta, "annotations": ann}
+        view = dict(pv.raw)
+        view["metadata"] = {**pv.meta, "annotations": ann}
         views.append(view)
     return views, refused
 
@@ -368,62 +360,58 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
     """
     refused = refused or {}
     names = names or ResourceNames()
-    pods = list(pods)
+    views = [PodView.of(p) for p in pods]
     # the latest arrival among pods kubelet already admitted (a container allocated by us)
-    admitted_keys = [arrival_key(p, arrivals) for p in pods
-                     if allocated_names(p) and (p.get("spec") or {}).get("nodeName") in (None, "", node)]
+    admitted_keys = [arrival_key(p, arrivals) for p in views
+                     if allocated_names(p) and p.node_name in ("", node)]
     latest_admitted = max(admitted_keys) if admitted_keys else None
     out: list[PendingContainer] = []
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
-        ann = _ann(pod)
-        if not active(pod):
+    for pod in views:
+        ann = pod.annotations
+        if not pod.active:
             continue
-        why = refused.get(meta.get("uid", ""), "")
+        why = refused.get(pod.uid, "")
         if why:
-            if spec.get("nodeName") != node:
+            if pod.node_name != node:
                 continue
             alloc = None
         else:
             if ann.get(ANN_BIND_PHASE) != BIND_ALLOCATING or ANN_ALLOCATION not in ann:
                 continue
-            if spec.get("nodeName") not in (None, "", node):
+            if pod.node_name not in ("", node):
                 continue
             alloc = allocation_or_none(pod)
             if alloc is None or alloc.node != node:
                 continue
         done = allocated_names(pod)
-        spec_ctrs = [(c, True) for c in spec.get("initContainers") or ()] + \
-                    [(c, False) for c in spec.get("containers") or ()]
-        pending: list[tuple[Mapping[str, Any], bool, tuple[DeviceBooking, ...]]] = []
-        for ctr, init in spec_ctrs:
-            name = ctr.get("name", "")
-            rec = alloc.container(name, init) if alloc is not None else None
-            if name in done or not _requests_gpu(ctr, names.gpu):
+        pending: list[tuple[ContainerView, tuple[DeviceBooking, ...]]] = []
+        for ctr in pod.all_containers():
+            name = ctr.name
+            rec = alloc.container(name, ctr.init) if alloc is not None else None
+            if name in done or not _requests_gpu(ctr.raw, names.gpu):
                 continue
             # a GPU container without a booking stays pending (devices empty): kubelet allocates it in
             # this order, so the guess must not skip to the next container (identified() refuses it)
-            pending.append((ctr, init, rec.devices if rec is not None else ()))
+            pending.append((ctr, rec.devices if rec is not None else ()))
         if not pending:
             continue
-        ctr, init, devices = pending[0]
+        ctr, devices = pending[0]
         in_progress = bool(done)
         akey = arrival_key(pod, arrivals)
         demoted = False
         if not in_progress:
             if latest_admitted is not None and latest_admitted > akey:
                 demoted = True  # kubelet admitted a pod bound after this one: it skipped this one
-            a = (arrivals or {}).get(meta.get("uid", ""))
+            a = (arrivals or {}).get(pod.uid)
             if a is not None and now is not None and stale_after is not None and now - a.seen > stale_after:
                 demoted = True
         out.append(PendingContainer(
-            namespace=meta.get("namespace", "default"), pod=meta.get("name", ""), uid=meta.get("uid", ""),
-            container=ctr.get("name", ""), init=init, devices=devices,
-            disable_control=_disable_control(ctr), priority=_int_resource(ctr, names.priority),
-            in_progress=in_progress, allocated=done, remaining=tuple(p[0].get("name", "") for p in pending),
+            namespace=pod.namespace, pod=pod.name, uid=pod.uid,
+            container=ctr.name, init=ctr.init, devices=devices,
+            disable_control=_disable_control(ctr.raw), priority=_int_resource(ctr.raw, names.priority),
+            in_progress=in_progress, allocated=done, remaining=tuple(p[0].name for p in pending),
             order=(0 if in_progress else 1, 1 if demoted else 0, *akey), demoted=demoted,
-            unbooked=not devices and not why, refused=why, want=_int_resource(ctr, names.gpu) if why else None))
+            unbooked=not devices and not why, refused=why, want=_int_resource(ctr.raw, names.gpu) if why else None))
     out.sort(key=lambda p: p.order)
     return out
 
@@ -440,23 +428,22 @@ def identified(pod: Mapping[str, Any], container: str, node: str, names: Resourc
     resource, the record does not decode or names another node, or no GPU is booked for it.
     """
     names = names or ResourceNames()
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    ns, name, uid = meta.get("namespace", "default"), meta.get("name", ""), meta.get("uid", "")
+    view = PodView.of(pod)
+    ns, name, uid = view.namespace, view.name, view.uid
     where = f"pod {ns}/{name} container {container}"
     if refused:
         raise MatchError(f"{where}: {refused}; refusing to start it with GPUs: only a pod the kube-vgpu "
                          f"scheduler placed on this node (with a verified {ANN_ALLOCATION_SIGNATURE}) is served "
                          f"(it did not place this pod on this node)")
-    ctrs = [(c, True) for c in spec.get("initContainers") or ()] + [(c, False) for c in spec.get("containers") or ()]
-    found = next(((c, init) for c, init in ctrs if c.get("name") == container), None)
+    ctrs = view.all_containers()
+    found = next((c for c in ctrs if c.name == container), None)
     if found is None:
         raise MatchError(f"{where}: no such container in the pod's spec")
-    ctr, init = found
+    ctr, init = found.raw, found.init
     if not _requests_gpu(ctr, names.gpu):
         raise MatchError(f"{where}: does not request {names.gpu} in its spec, yet kubelet assigned it GPUs")
     try:
-        alloc = read_allocation(pod)
+        alloc = read_allocation(view)
     except CodecError as e:
         raise MatchError(f"{where}: allocation record undecodable: {e}") from e
     if alloc is None:
@@ -464,9 +451,8 @@ def identified(pod: Mapping[str, Any], container: str, node: str, names: Resourc
     if alloc.node != node:
         raise MatchError(f"{where}: allocation record is for node {alloc.node!r}, not {node!r}")
     rec = alloc.container(container, init)
-    done = tuple(n for n in allocated_names(pod) if n != container)
-    pending = tuple(str(c.get("name", "")) for c, _ in ctrs
-                    if _requests_gpu(c, names.gpu) and c.get("name") not in done)
+    done = tuple(n for n in allocated_names(view) if n != container)
+    pending = tuple(c.name for c in ctrs if _requests_gpu(c.raw, names.gpu) and c.name not in done)
     pc = PendingContainer(namespace=ns, pod=name, uid=uid, container=container, init=init,
                           devices=rec.devices if rec is not None else (), disable_control=_disable_control(ctr),
                           priority=_int_resource(ctr, names.priority), in_progress=bool(done), allocated=done,
@@ -507,15 +493,15 @@ def with_held(views: Iterable[Mapping[str, Any]], held: Mapping[tuple[str, str],
     so that GetPreferredAllocation does not guess a container kubelet has already served (pure)."""
     out = []
     for v in views:
-        meta = v.get("metadata") or {}
-        extra = list(held.get((meta.get("namespace", ""), meta.get("name", "")), ()))
+        pv = PodView.of(v)
+        extra = list(held.get((pv.namespace, pv.name), ()))
         if not extra:
             out.append(dict(v))
             continue
-        done = list(allocated_names(v))
+        done = list(allocated_names(pv))
         done += [n for n in extra if n not in done]
-        ann = {**(meta.get("annotations") or {}), ANN_ALLOCATED_CONTAINERS: ",".join(done)}
-        out.append({**v, "metadata": {**meta, "annotations": ann}})
+        ann = {**pv.annotations, ANN_ALLOCATED_CONTAINERS: ",".join(done)}
+        out.append({**v, "metadata": {**pv.meta, "annotations": ann}})
     return out
 
 
