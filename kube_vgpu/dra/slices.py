@@ -115,10 +115,11 @@ def _check_device(dev: GPUDevice) -> None:
         raise ValueError(f"{where}: uuid {dev.uuid!r} must be 1-{_STRING_ATTR_MAX} characters")
     if not dev.model or len(dev.model) > _STRING_ATTR_MAX:
         raise ValueError(f"{where}: model {dev.model!r} must be 1-{_STRING_ATTR_MAX} characters")
-    if dev.memory_mib < 1:
-        raise ValueError(f"{where}: memory_mib {dev.memory_mib} must be at least 1 MiB")
-    if dev.cores < 1:
-        raise ValueError(f"{where}: cores {dev.cores} must be at least 1 percent")
+    # the API requires validRange min + step <= the capacity (1 + 1)
+    if dev.memory_mib < 2:
+        raise ValueError(f"{where}: memory_mib {dev.memory_mib} must be at least 2 MiB")
+    if dev.cores < 2:
+        raise ValueError(f"{where}: cores {dev.cores} must be at least 2 percent")
     if dev.numa < 0:
         raise ValueError(f"{where}: numa {dev.numa} is negative; allowed: 0 or more")
 

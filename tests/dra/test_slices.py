@@ -98,10 +98,10 @@ def test_driver_version_attribute(text: str, want: dict[str, str]) -> None:
     ({"node": ""}, "node name"),
     ({"pool_generation": -1}, "pool generation: -1 is negative"),
     ({"devices": [gpu(0), gpu(0)]}, "GPU index 0 appears twice"),
-    ({"devices": [gpu(0), GPUDevice(uuid="GPU-0000", index=1, model="m", memory_mib=1)]}, "uuid GPU-0000 appears twice"),
-    ({"devices": [gpu(0, mem=0)]}, r"GPU 0 \(GPU-0000\): memory_mib 0 must be at least 1 MiB"),
-    ({"devices": [gpu(0, cores=0)]}, r"cores 0 must be at least 1 percent"),
-    ({"devices": [GPUDevice(uuid="GPU-1", index=0, model="x" * 65, memory_mib=1)]}, "model 'x+' must be 1-64"),
+    ({"devices": [gpu(0), GPUDevice(uuid="GPU-0000", index=1, model="m", memory_mib=2)]}, "uuid GPU-0000 appears twice"),
+    ({"devices": [gpu(0, mem=1)]}, r"GPU 0 \(GPU-0000\): memory_mib 1 must be at least 2 MiB"),
+    ({"devices": [gpu(0, cores=1)]}, r"cores 1 must be at least 2 percent"),
+    ({"devices": [GPUDevice(uuid="GPU-1", index=0, model="x" * 65, memory_mib=2)]}, "model 'x+' must be 1-64"),
     ({"driver_version": "9" * 65}, "driverVersion"),
 ])
 def test_bad_input_names_the_field(kwargs: dict, match: str) -> None:
