@@ -283,7 +283,12 @@ def test_strategy_mixed_registers_one_resource_per_profile(gpus: FakeGPUs, migst
                 assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and bad in (e.value.details() or "")
         with grpc.insecure_channel(f"unix://{os.path.join(sockdir, socket_name('3g.71gb'))}") as ch:
             stub = api_pb2_grpc.DevicePluginStub(ch)
-            assert [d.ID for d in next(iter(stub.ListAndWatch(api_pb2.Empty(), timeout=10))).devices] == [migs[2]]
+            stream = stub.ListAndWatch(api_pb2.Empty(), timeout=60)
+            first = next(stream)
+            assert [(d.ID, d.health) for d in first.devices] == [(migs[2], "Healthy")]
+            gpus.xid(0, 79)  # the GPU fell off the bus: its MIG devices are unhealthy, pushed at once
+            assert [(d.ID, d.health) for d in next(stream).devices] == [(migs[2], "Unhealthy")]
+            stream.cancel()
     finally:
         p.stop()
     assert not os.path.exists(os.path.join(sockdir, socket_name("1g.18gb")))
