@@ -317,9 +317,11 @@ class DRAPlugin:
                     prepared = self._prepare_one(c.namespace, c.uid, c.name)
             except Exception as e:  # noqa: BLE001 - PrepareError, ClaimError, OSError, NVMLError, ...: per claim
                 self.status.prepared["error"] += 1
-                msg = (str(e) if isinstance(e, PrepareError)
-                       else f"claim {c.namespace}/{c.name} ({c.uid}): {type(e).__name__}: {e}" if not isinstance(e, ValueError)
-                       else f"claim {c.namespace}/{c.name} ({c.uid}): {e}")
+                if isinstance(e, PrepareError):
+                    msg = str(e)
+                else:  # ClaimError and ValueError name field and value; others need their type
+                    detail = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+                    msg = f"claim {c.namespace}/{c.name} ({c.uid}): {detail}"
                 log.error("claim not prepared", extra={"claim": f"{c.namespace}/{c.name}", "uid": c.uid,
                                                        "error": msg})
                 entry.error = msg
@@ -373,8 +375,16 @@ class DRAPlugin:
         if not grants.reserved_for:
             raise PrepareError(f"{who}: status.reservedFor is empty (the claim is not reserved for any pod); refused")
         prepared = self._plan(namespace, name, uid, grants.grants)
-        self._write_files(prepared, key)
-        self.checkpoint.put(prepared)
+        try:
+            self._write_files(prepared, key)
+            self.checkpoint.put(prepared)
+        except Exception:
+            try:  # not prepared: leave nothing behind (kubelet retries the whole claim)
+                self._remove_files(uid)
+            except OSError as e:
+                log.warning("cannot remove the files of a claim that failed to prepare",
+                            extra={"uid": uid, "error": str(e)})
+            raise
         log.info("claim prepared", extra={"claim": who, "gpu": ",".join(b.uuid for b in prepared.bookings),
                                           "memory_mib": ",".join(str(b.memory_mib) for b in prepared.bookings),
                                           "cores": ",".join(str(b.cores) for b in prepared.bookings)})
@@ -440,6 +450,15 @@ class DRAPlugin:
         cdi.write_spec(self.opts.cdi_dir, c.uid, cdi.claim_spec(c.uid, envs, mounts, devs))
 
     def _unprepare_one(self, uid: str) -> None:
+        removed = self._remove_files(uid)
+        known = uid in self.checkpoint.claims
+        self.checkpoint.drop(uid)
+        log.info("claim unprepared" if known or removed else "unprepare of a claim never prepared here: nothing to do",
+                 extra={"uid": uid})
+
+    def _remove_files(self, uid: str) -> bool:
+        """Remove the claim's CDI spec and directories; True when a spec was there. Raises OSError
+        when something stays, ValueError for a uid unsafe in a path."""
         key = alloc_dir_name(uid)
         removed = cdi.remove_spec(self.opts.cdi_dir, uid)
         for name in (key, key + ".limits"):
@@ -450,7 +469,4 @@ class DRAPlugin:
                 _remove_dir(path, uid)
             if os.path.lexists(path):
                 raise OSError(f"{path} could not be removed")
-        known = uid in self.checkpoint.claims
-        self.checkpoint.drop(uid)
-        log.info("claim unprepared" if known or removed else "unprepare of a claim never prepared here: nothing to do",
-                 extra={"uid": uid})
+        return removed

@@ -255,6 +255,23 @@ def test_claims_the_node_cannot_serve_get_a_per_claim_error(node: Node, case: st
     assert bad["metadata"]["uid"] not in node.checkpoint()["claims"]
 
 
+def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_leaves_no_files(node: Node) -> None:
+    assert node.plugin is not None
+    cp = node.plugin.checkpoint
+
+    def disk_full() -> None:
+        raise OSError(28, "No space left on device")
+    cp.save = disk_full  # type: ignore[method-assign]
+    c = node.claim("c1", [result()])
+    uid = c["metadata"]["uid"]
+    r = prep(node, c)[uid]
+    assert "No space left on device" in r.error and not r.devices
+    assert node.cdi_spec(uid) is None and node.limits(uid) is None and uid not in cp.claims
+    assert not os.path.exists(os.path.join(node.opts.cache_host_dir, f"dra-{uid}"))
+    del cp.save  # the disk has room again: kubelet's retry prepares it
+    assert prep(node, c)[uid].error == "" and uid in node.checkpoint()["claims"]
+
+
 def test_missing_claim_and_api_errors_are_per_claim_errors(node: Node) -> None:
     assert node.kubelet is not None
     uid = "11111111-2222-4333-8444-555555555555"
