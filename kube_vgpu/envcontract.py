@@ -2,7 +2,8 @@
 
 Written once here; the C shim reads the same names (see docs/env-contract.md).
 
-* ``NVIDIA_VISIBLE_DEVICES``: comma-separated GPU UUIDs, in visible-device order.
+* ``NVIDIA_VISIBLE_DEVICES``: comma-separated GPU UUIDs (``MIG-...`` for MIG devices, docs/mig.md), in
+  visible-device order.
 * ``CUDA_DEVICE_MEMORY_LIMIT_<i>``: memory limit of visible device i, ``<MiB>m``.
 * ``CUDA_DEVICE_SM_LIMIT``: compute limit in percent when all devices share one value; otherwise
   ``CUDA_DEVICE_SM_LIMIT_<i>`` per device. 0 or 100 = no limit.
