@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kube_vgpu.kubeapi import Reflector
+from kube_vgpu.views import PodView
 
 from .kube import PodWatchClient
 from .podmatch import Arrival, arrival_key
@@ -54,21 +55,20 @@ class ArrivalBook:
         """Note ``pods`` (API JSON). complete: the pods are a full listing of the node, so known pods
         missing from it are forgotten. The first call marks its pods as the initial list."""
         now = self.clock()
-        bound = [p for p in pods if (p.get("spec") or {}).get("nodeName") == self.node
-                 and (p.get("metadata") or {}).get("uid")]
+        bound = [v for v in map(PodView, pods) if v.node_name == self.node and v.uid]
         with self._lock:
             if complete:
-                present = {p["metadata"]["uid"] for p in bound}
+                present = {v.uid for v in bound}
                 for uid in [u for u in self._by_uid if u not in present]:
                     del self._by_uid[uid]
-            new = [p for p in bound if p["metadata"]["uid"] not in self._by_uid]
-            new.sort(key=lambda p: arrival_key(p, None))
-            for p in new:
+            new = [v for v in bound if v.uid not in self._by_uid]
+            new.sort(key=lambda v: arrival_key(v, None))
+            for v in new:
                 if self._initialised:
                     self._seq += 1
-                    self._by_uid[p["metadata"]["uid"]] = Arrival(self._seq, now)
+                    self._by_uid[v.uid] = Arrival(self._seq, now)
                 else:
-                    self._by_uid[p["metadata"]["uid"]] = Arrival(None, now)
+                    self._by_uid[v.uid] = Arrival(None, now)
             self._initialised = True
 
     def forget(self, uid: str) -> None:
@@ -101,7 +101,7 @@ class PodWatcher:
         if kind in ("ADDED", "MODIFIED"):
             self.book.saw([obj])
         elif kind == "DELETED":
-            self.book.forget((obj.get("metadata") or {}).get("uid", ""))
+            self.book.forget(PodView(obj).uid)
 
     def start(self) -> None:
         self.reflector.start()
