@@ -15,6 +15,7 @@ import json
 from typing import Any, Protocol, runtime_checkable
 
 from kube_vgpu.kubeapi import load_api_client, read_json
+from kube_vgpu.views import ListView, PodView
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -67,9 +68,9 @@ class ApiKubeClient:
     def list_node_pods(self, node: str) -> list[dict[str, Any]]:
         resp: Any = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}",
                                                      _preload_content=False, _request_timeout=self.timeout)
-        items = json.loads(resp.data).get("items") or []
+        items = ListView(json.loads(resp.data)).items
         # a server that ignores the field selector must not leak other nodes' pods into matching
-        return [p for p in items if (p.get("spec") or {}).get("nodeName") == node]
+        return [p for p in items if PodView(p).node_name == node]
 
     def list_objects(self, kind: str, label_selector: str | None = None,
                      field_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
@@ -78,8 +79,8 @@ class ApiKubeClient:
             raise ValueError(f"the device plugin lists only pods, not {kind!r}")
         resp: Any = self.core.list_pod_for_all_namespaces(field_selector=field_selector, label_selector=label_selector,
                                                      _preload_content=False, _request_timeout=self.timeout)
-        body = read_json(resp)
-        return list(body.get("items") or ()), str((body.get("metadata") or {}).get("resourceVersion") or "")
+        body = ListView(read_json(resp))
+        return list(body.items), body.resource_version
 
     def watch_objects(self, kind: str, resource_version: str, timeout_seconds: int,
                       label_selector: str | None = None, field_selector: str | None = None) -> Any:
