@@ -416,7 +416,7 @@ def pending_containers(pods: Iterable[Mapping[str, Any]], node: str,
     return out
 
 
-def identified(pod: Mapping[str, Any], container: str, node: str, names: ResourceNames | None = None, *,
+def identified(pod: Mapping[str, Any] | PodView, container: str, node: str, names: ResourceNames | None = None, *,
                refused: str = "") -> PendingContainer:
     """The container ``container`` of ``pod`` (a :func:`trusted_view` view), which kubelet's
     PodResources API named as the holder of a device set: its booking from the verified record.

@@ -61,6 +61,7 @@ from kube_vgpu.resources import (
     mig_resource,
 )
 from kube_vgpu.signing import KeyDir, KeyRing, KeySource, sign_progress
+from kube_vgpu.views import PodView
 
 from . import inventory as inv
 from .api import api_pb2, api_pb2_grpc
@@ -73,6 +74,7 @@ from .podmatch import (
     MatchError,
     PendingContainer,
     Progress,
+    allocated_names,
     check_assignment,
     identified,
     pending_containers,
@@ -430,7 +432,7 @@ class DevicePlugin:
                     self._refresh_keys()
                     self._pods = self.kube.list_node_pods(self.opts.node_name)
                     self.clean_cache_dirs(self._pods)
-                    live = {(p.get("metadata") or {}).get("uid") for p in self._pods}
+                    live = {PodView(p).uid for p in self._pods}
                     for uid in [u for u in self._written if u not in live]:
                         del self._written[uid]
             except Exception as e:  # noqa: BLE001
@@ -453,8 +455,7 @@ class DevicePlugin:
         directory that vanishes meanwhile is fine; one that cannot be removed is logged and tried
         again next time. Returns the removed paths. Call with the Allocate lock held (see the heartbeat).
         """
-        live = {(p.get("metadata") or {}).get("uid") for p in pods} | set(self.arrivals.snapshot())
-        live.discard(None)
+        live = {PodView(p).uid for p in pods} | set(self.arrivals.snapshot())
         live.discard("")
         root = self.opts.cache_host_dir
         try:
@@ -724,18 +725,17 @@ class DevicePlugin:
             h = found[0]
             pods = self.kube.list_node_pods(self.opts.node_name)
             views, refused = trusted_view(pods, self.opts.node_name, self.keys.current(), self._written)
-            view = next((v for v in views if (v.get("metadata") or {}).get("namespace") == h.namespace
-                         and (v.get("metadata") or {}).get("name") == h.pod), None)
+            view = next((v for v in map(PodView, views) if v.namespace == h.namespace and v.name == h.pod), None)
             if view is None:
                 raise MatchError(f"pod {h.namespace}/{h.pod} (container {h.container}, device IDs "
                                  f"{', '.join(sorted(ids))}) is not bound to this node in the API server")
-            uid = str((view.get("metadata") or {}).get("uid") or "")
+            uid = view.uid
             if uid not in refused:
                 # progress as recorded (signed or remembered), not "all done" because kubelet already
                 # reports container statuses (it does once the pod's first container exists)
-                raw = next(p for p in pods if (p.get("metadata") or {}).get("uid") == uid)
-                view = trusted_view([{**raw, "status": {}}], self.opts.node_name, self.keys.current(),
-                                    self._written)[0][0]
+                raw = next(p for p in pods if PodView(p).uid == uid)
+                view = PodView(trusted_view([{**raw, "status": {}}], self.opts.node_name, self.keys.current(),
+                                            self._written)[0][0])
             pc = identified(view, h.container, self.opts.node_name, self.names, refused=refused.get(uid, ""))
             check_assignment(pc, ids)
             key = alloc_key(ids)
@@ -747,7 +747,7 @@ class DevicePlugin:
                 pc, ids, cache_host_dir=root, core_policy=self.cfg.devices.core_policy,
                 core_sharing=self.cfg.devices.core_sharing)))
             self._owners[(uid, pc.container)] = key
-            first = pc.container not in _allocated(view)
+            first = pc.container not in allocated_names(view)
             if first:
                 self._record(pods, pc)
             log.info("pre-started" if first else "pre-started again (container restart)",
@@ -760,9 +760,9 @@ class DevicePlugin:
         progress signature over both, tied to the pod's verified allocation signature."""
         sig = ""
         for pod in pods:
-            meta = pod.get("metadata") or {}
-            if meta.get("uid") == pc.uid:
-                sig = str((meta.get("annotations") or {}).get(ANN_ALLOCATION_SIGNATURE) or "")
+            pv = PodView(pod)
+            if pv.uid == pc.uid:
+                sig = str(pv.annotations.get(ANN_ALLOCATION_SIGNATURE) or "")
         done = list(pc.allocated) + [pc.container]
         phase = BIND_SUCCESS if all(n in done for n in pc.remaining) else BIND_ALLOCATING
         text = ",".join(done)
@@ -772,10 +772,10 @@ class DevicePlugin:
         self.kube.patch_pod_annotations(pc.namespace, pc.pod, ann)
         self._written[pc.uid] = Progress(sig, phase, tuple(done))
         for pod in pods:  # keep the in-memory list in step
-            meta = pod.get("metadata") or {}
-            if meta.get("uid") == pc.uid and meta.get("name") == pc.pod:
-                meta["annotations"] = {**(meta.get("annotations") or {}),
-                                       **{k: v for k, v in ann.items() if v is not None}}
+            pv = PodView(pod)
+            if pv.uid == pc.uid and pv.name == pc.pod:
+                pod["metadata"] = {**pv.meta, "annotations": {
+                    **pv.annotations, **{k: v for k, v in ann.items() if v is not None}}}
 
     def _prepare_mounts(self, spec: ContainerSpec) -> None:
         """Create the allocation's shared-cache directory, drop a previous holder's owner file and write
@@ -825,11 +825,6 @@ def plugin_options() -> api_pb2.DevicePluginOptions:
     """The options registered with kubelet and answered by GetDevicePluginOptions: PreStartContainer
     required (the limits are written there) and GetPreferredAllocation available."""
     return api_pb2.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)
-
-
-def _allocated(view: dict[str, Any]) -> tuple[str, ...]:
-    raw = str(((view.get("metadata") or {}).get("annotations") or {}).get(ANN_ALLOCATED_CONTAINERS, ""))
-    return tuple(n for n in (x.strip() for x in raw.split(",")) if n)
 
 
 def _to_pb(spec: ContainerSpec) -> api_pb2.ContainerAllocateResponse:
