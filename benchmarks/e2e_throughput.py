@@ -19,10 +19,17 @@ each phase's creates took, the CPU ms per pod of every process (control plane, c
 process with the fake kubelet loop) in each phase, and the extender's mean filter/prioritize/bind
 handler time (its *_seconds histograms) in the vGPU phase.
 
+Third, unless ``--no-dra``: 200 DRA pods on the same nodes, published as ResourceSlices by
+:class:`deviceplugin.dra_publish.SlicePublisher` (one device per GPU, consumable memory and cores),
+each pod naming a ResourceClaim (``vgpu.kube-vgpu.io``, ``memory: 1000Mi``, ``cores: 10``) that the
+same creating thread makes just before it (so the claim's create counts in the rate; no
+kube-controller-manager is running to make claims from templates); ``default-scheduler`` allocates
+them (no extender). Prints ``dra pods: ... pods/s`` and ``dra/plain ratio``.
+
 Targets (docs/scheduler.md): vGPU >= 0.8 x plain, 0 hand-over failures, <= 2 race failures per 200
 pods, 0 Warning events on bound pods, extender CPU <= 5 ms per pod. Nothing here asserts.
 
-    KUBE_BIN_DIR=/path/to/bin python benchmarks/e2e_throughput.py [--pods 200] [--nodes 50]
+    KUBE_BIN_DIR=/path/to/bin python benchmarks/e2e_throughput.py [--pods 200] [--nodes 50] [--no-dra]
 
 Profiling: with ``KV_BENCH_PYSPY=/tmp/ext.txt`` (and ``py-spy`` on PATH), py-spy samples the extender
 during the vGPU phase and writes collapsed stacks there (``--format raw``; CPU figures then include
@@ -118,6 +125,39 @@ def vgpu_pod(name: str) -> dict[str, Any]:
         "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}}]}}
 
 
+def dra_claim(name: str) -> dict[str, Any]:
+    """A ResourceClaim for 1000 MiB and 10% of one GPU of the kube-vgpu DRA driver."""
+    from kube_vgpu.dra import CAPACITY_CORES, CAPACITY_MEMORY, DEVICE_CLASS
+
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DEVICE_CLASS,
+                "capacity": {"requests": {CAPACITY_MEMORY: "1000Mi", CAPACITY_CORES: "10"}}}}]}}}
+
+
+def dra_pod(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+        "containers": [{"name": "main", "image": "busybox", "resources": {
+            "requests": {"cpu": "10m", "memory": "16Mi"}, "claims": [{"name": "gpu"}]}}]}}
+
+
+def publish_dra(api: Any, names: list[str]) -> None:
+    """The chart's DeviceClass, and every node's GPUs as ResourceSlices (as the node component does)."""
+    from kubernetes import client
+
+    from deviceplugin.dra_publish import SlicePublisher
+    from kube_vgpu.dra import DEVICE_CLASS, DRIVER_NAME
+    from kube_vgpu.model import GPUDevice
+
+    client.CustomObjectsApi(api).create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DEVICE_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER_NAME}'"}}]}})
+    for n, name in enumerate(names):
+        SlicePublisher(api, name).publish([GPUDevice(uuid=uuid_of(n, i), index=i, model="NVIDIA H200",
+                                                     memory_mib=GPU_MEM) for i in range(GPUS)])
+
+
 class BindWatch:
     """Watches a namespace's pods; records the monotonic time each pod is first seen bound."""
 
@@ -166,6 +206,7 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=200)
     ap.add_argument("--nodes", type=int, default=50)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each phase's binds")
+    ap.add_argument("--no-dra", action="store_true", help="skip the DRA phase")
     ap.add_argument("--all-feasible-nodes", action="store_true",
                     help="run the extender with --filter-best-node=false (filter answers every feasible node, "
                          "prioritize scores them)")
@@ -202,7 +243,7 @@ def main() -> int:
         comps.policy.write_text(f"apiVersion: kube-vgpu.io/v1\nschedulerName: {SCHEDULER_NAME}\n")
         names = [f"bench-node-{i:02d}" for i in range(args.nodes)]
         create_gpu_nodes(core, names, GPUS, GPU_MEM, SPLIT, uuid_of)
-        for ns in ("bench-plain", "bench-vgpu"):
+        for ns in ("bench-plain", "bench-vgpu", "bench-dra"):
             create_namespace(core, ns)
         lib = build_fake_nvml(work / "fakenvml")
         gpus = FakeGPUs(work)
@@ -279,6 +320,23 @@ def main() -> int:
         print(f"extender handler time, mean (server side): {', '.join(means)}")
         if loop.errors:
             print(f"fake kubelet errors: {len(loop.errors)} (first: {loop.errors[0][:200]})")
+        if not args.no_dra:
+            loop.stop()
+            publish_dra(api, names)
+            dra_loop = KubeletLoop(core, "bench-dra", names[0], fk, comps.signing_keys)
+            dra_loop.start()
+            claims = client.CustomObjectsApi(api)
+
+            def make_dra(name: str) -> dict[str, Any]:
+                claims.create_namespaced_custom_object("resource.k8s.io", "v1", "bench-dra", "resourceclaims",
+                                                       dra_claim(name))
+                return dra_pod(name)
+            all0 = cpu_by_process(cp, comps)
+            dra_rate, dra_s, _ = run_phase(core, "bench-dra", make_dra, args.pods, args.timeout)
+            print(f"  CPU ms per DRA pod by process: {cpu_delta(all0, cpu_by_process(cp, comps), args.pods)}")
+            dra_loop.stop()
+            print(f"dra pods: {args.pods} in {dra_s:.2f} s = {dra_rate:.1f} pods/s", flush=True)
+            print(f"dra/plain ratio: {dra_rate / plain_rate if plain_rate else 0.0:.2f}")
         print(TARGETS)
         return 0
     finally:
