@@ -27,6 +27,7 @@ from kube_vgpu.placement.engine import normalise_scores
 from kube_vgpu.placement.liveshapes import shapes_from_state
 from kube_vgpu.placement.render import detail
 from kube_vgpu.policyregistry import node_policy
+from kube_vgpu.views import NodeView
 
 from .cluster import Cluster
 from .text import safe
@@ -58,13 +59,13 @@ class Simulation:
     nodes: int
 
 
-def _node_gate(node: dict[str, Any]) -> str | None:
+def _node_gate(node: NodeView) -> str | None:
     """kube-scheduler's own verdict we can reproduce cheaply: cordoned or NotReady."""
-    if (node.get("spec") or {}).get("unschedulable"):
+    if node.unschedulable:
         return "node is cordoned (spec.unschedulable)"
-    for c in (node.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Ready" and c.get("status") != "True":
-            return f"node is not Ready ({c.get('reason') or c.get('status')})"
+    c = node.condition("Ready")
+    if c is not None and c.get("status") != "True":
+        return f"node is not Ready ({c.get('reason') or c.get('status')})"
     return None
 
 
@@ -94,7 +95,7 @@ def simulate(cluster: Cluster, pod: PodRequest, config: Config | None = None,
     cache.replace_nodes(cluster.nodes)
     cache.replace_pods(cluster.pods)
     cache.refresh_availability()
-    gates = {str((n.get("metadata") or {}).get("name")): _node_gate(n) for n in cluster.nodes}
+    gates = {v.name: _node_gate(v) for v in map(NodeView, cluster.nodes)}
     names = sorted(n for n in cache.nodes if not gates.get(n))
     rejected = {n: why for n, why in gates.items() if why and n in cache.nodes}
     shapes = shapes_from_state(cache.state)
