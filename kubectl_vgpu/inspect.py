@@ -19,8 +19,8 @@ from kube_vgpu.config import Config
 from kube_vgpu.cordon import cordoned_tokens, is_cordoned
 from kube_vgpu.errors import CodecError
 from kube_vgpu.model import GPUDevice
-from kube_vgpu.podlife import holds_gpus
 from kube_vgpu.resources import ANN_BIND_PHASE, ANN_NODE_INVENTORY
+from kube_vgpu.views import NodeView, PodView
 
 from .cluster import Cluster
 from .text import safe
@@ -90,14 +90,9 @@ class Report:
     source: str
 
 
-def _meta(o: dict[str, Any]) -> dict[str, Any]:
-    return o.get("metadata") or {}
-
-
-def _internal_ip(node: dict[str, Any]) -> str:
+def _internal_ip(node: NodeView) -> str:
     """The node's ``InternalIP`` from ``status.addresses``, or ``unknown``. Never raises."""
-    status = node.get("status")
-    addrs = status.get("addresses") if isinstance(status, dict) else None
+    addrs = node.status.get("addresses")
     for a in addrs if isinstance(addrs, list) else []:
         if isinstance(a, dict) and a.get("type") == "InternalIP" and isinstance(a.get("address"), str):
             return str(a["address"])
@@ -109,9 +104,9 @@ def build(cluster: Cluster, config: Config | None = None) -> Report:
     cfg = config or Config()
     warnings = list(cluster.warnings)
     nodes: dict[str, NodeReport] = {}
-    for n in sorted(cluster.nodes, key=lambda n: _meta(n).get("name") or ""):
-        name = _meta(n).get("name") or ""
-        text = (_meta(n).get("annotations") or {}).get(ANN_NODE_INVENTORY)
+    for n in sorted(map(NodeView, cluster.nodes), key=lambda n: n.name):
+        name = n.name
+        text = n.annotations.get(ANN_NODE_INVENTORY)
         if text is None:
             continue
         try:
@@ -123,7 +118,7 @@ def build(cluster: Cluster, config: Config | None = None) -> Report:
         stale = age is not None and age > cfg.scheduling.inventory_stale_seconds
         gpus: list[GpuRow] = []
         seen: dict[str, int] = {}
-        cordon = cordoned_tokens(_meta(n).get("annotations"))
+        cordon = cordoned_tokens(n.annotations)
         for d in inv.devices:
             if d.uuid in seen:
                 warnings.append(f"node {name}: inventory lists GPU {d.uuid} twice (index {seen[d.uuid]} and "
@@ -133,12 +128,11 @@ def build(cluster: Cluster, config: Config | None = None) -> Report:
             gpus.append(GpuRow(d, cordoned=is_cordoned(d, cordon)))
         gpus.sort(key=lambda g: g.device.index)
         nodes[name] = NodeReport(name, gpus, inv.heartbeat, age, stale, address=_internal_ip(n))
-    for p in sorted(cluster.pods, key=lambda p: (_meta(p).get("namespace") or "", _meta(p).get("name") or "")):
-        m = _meta(p)
-        if not holds_gpus(p):
+    for p in sorted(map(PodView, cluster.pods), key=lambda p: (p.namespace, p.name)):
+        if not p.holds_gpus:
             continue
-        phase = str((p.get("status") or {}).get("phase") or "Pending")
-        key = f"{m.get('namespace') or 'default'}/{m.get('name') or ''}"
+        phase = p.phase or "Pending"
+        key = p.key
         try:
             alloc = read_allocation(p)
         except CodecError as e:
@@ -151,7 +145,7 @@ def build(cluster: Cluster, config: Config | None = None) -> Report:
             node = nodes[alloc.node] = NodeReport(alloc.node, [], 0.0, None, True,
                                                   problem="no vGPU inventory on this node")
         by_uuid = {g.device.uuid: g for g in node.gpus}
-        bind_phase = str((m.get("annotations") or {}).get(ANN_BIND_PHASE) or "")
+        bind_phase = str(p.annotations.get(ANN_BIND_PHASE) or "")
         for uuid, (mem, cores, slots) in sorted(alloc.usage().items()):
             row = by_uuid.get(uuid)
             if row is None:
@@ -159,7 +153,7 @@ def build(cluster: Cluster, config: Config | None = None) -> Report:
                 continue
             shares = [Share(c.name, c.init, d.memory_mib, d.cores)
                       for c in alloc.containers for d in c.devices if d.uuid == uuid]
-            row.pods.append(PodOnGpu(str(m.get("namespace") or "default"), str(m.get("name") or ""),
+            row.pods.append(PodOnGpu(p.namespace, p.name,
                                      mem, cores, slots, phase, bind_phase, shares))
     for node in nodes.values():
         for g in node.gpus:
