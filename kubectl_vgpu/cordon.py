@@ -12,6 +12,7 @@ from kube_vgpu.codec import decode_inventory
 from kube_vgpu.cordon import edit
 from kube_vgpu.errors import CodecError
 from kube_vgpu.resources import ANN_GPU_CORDON, ANN_HAMI_DEVICE_CORDON, ANN_NODE_INVENTORY
+from kube_vgpu.views import NodeView
 
 from .cluster import ClusterError, core_api
 
@@ -26,7 +27,7 @@ def set_cordon(node: str, gpu: str, cordon: bool, kubeconfig: str | None = None,
         obj = json.loads(resp.data)
     except Exception as e:  # noqa: BLE001 - ApiException, connection errors
         raise ClusterError(f"reading node {node} failed: {getattr(e, 'reason', None) or e}") from e
-    ann = (obj.get("metadata") or {}).get("annotations") or {}
+    ann = NodeView(obj).annotations
     text = ann.get(ANN_NODE_INVENTORY)
     try:
         devices = decode_inventory(text).devices if text else ()
