@@ -52,6 +52,7 @@ from typing import Any
 from kube_vgpu import jsonlog
 from kube_vgpu.resources import ANN_ALLOCATION_SIGNATURE, ANN_PROGRESS_SIGNATURE
 from kube_vgpu.signing import ACTIVE_FILE, KEY_PREFIX, KID_PATTERN, MAX_KEY_BYTES, MIN_KEY_BYTES, VERSION
+from kube_vgpu.views import ListView, ObjectView
 
 log = logging.getLogger("kube_vgpu.certs.signing_keys")
 
@@ -208,7 +209,7 @@ def referenced_kids(pods: Iterable[dict[str, Any]]) -> set[str]:
     """Key ids named by the signature annotations of ``pods`` (API JSON)."""
     out: set[str] = set()
     for pod in pods:
-        ann = (pod.get("metadata") or {}).get("annotations") or {}
+        ann = ObjectView(pod).annotations
         for key in (ANN_ALLOCATION_SIGNATURE, ANN_PROGRESS_SIGNATURE):
             kid = signature_kid(ann.get(key))
             if kid:
@@ -311,9 +312,9 @@ def list_all_pods(core: Any, page: int = 500) -> Iterable[dict[str, Any]]:
         kw: dict[str, Any] = {"limit": page, "_preload_content": False}
         if cont:
             kw["_continue"] = cont
-        body = json.loads(core.list_pod_for_all_namespaces(**kw).data)
-        yield from body.get("items") or ()
-        cont = (body.get("metadata") or {}).get("continue")
+        body = ListView(json.loads(core.list_pod_for_all_namespaces(**kw).data))
+        yield from body.items
+        cont = body.continue_token
         if not cont:
             return
 
