@@ -289,6 +289,11 @@ def test_strategy_mixed_registers_one_resource_per_profile(gpus: FakeGPUs, migst
             gpus.xid(0, 79)  # the GPU fell off the bus: its MIG devices are unhealthy, pushed at once
             assert [(d.ID, d.health) for d in next(stream).devices] == [(migs[2], "Unhealthy")]
             stream.cancel()
+        # kubelet restarts (every plugin socket removed): each resource is served and registered again
+        kubelet.restart()
+        kubelet.wait(lambda k: len(k.registrations) >= 6, what="registrations after the kubelet restart")
+        assert sorted(r.resource_name for r in kubelet.registrations[3:]) == sorted(regs)
+        assert os.path.exists(os.path.join(sockdir, socket_name("3g.71gb")))
     finally:
         p.stop()
     assert not os.path.exists(os.path.join(sockdir, socket_name("1g.18gb")))
