@@ -35,6 +35,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from .streams import wake_reader
+from .views import ObjectView
 
 log = logging.getLogger("kube_vgpu.kubeapi")
 
@@ -291,7 +292,7 @@ class Reflector:
                     if obj.get("code") == 410:
                         raise Gone(obj.get("message") or "resourceVersion too old")
                     raise ApiException(status=obj.get("code") or 500, reason=obj.get("message") or "watch error")
-                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                rv = ObjectView(obj).resource_version
                 if rv:
                     self.resource_version = str(rv)
                 if typ == "BOOKMARK":
