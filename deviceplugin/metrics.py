@@ -46,7 +46,7 @@ from prometheus_client.registry import Collector
 
 from kube_vgpu.codec import allocation_or_none
 from kube_vgpu.model import GPUDevice
-from kube_vgpu.podlife import active
+from kube_vgpu.views import PodView
 
 from . import shimcache
 
@@ -114,14 +114,13 @@ def container_states(plugin: DevicePlugin) -> list[ContainerState]:
     out = []
     node = plugin.opts.node_name
     for pod in plugin.trusted_pods():
-        if not active(pod):
+        view = PodView(pod)
+        if not view.active:
             continue
-        rec = allocation_or_none(pod)
+        rec = allocation_or_none(view)
         if rec is None or rec.node != node:
             continue
-        meta = pod.get("metadata") or {}
-        uid = str(meta.get("uid", ""))
-        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        uid, ns, name = view.uid, view.namespace, view.name
         for ci, c in enumerate(rec.containers):
             usage = shimcache.read_container(plugin.opts.cache_host_dir, uid, c.name,
                                              plugin.cache_dir_for(uid, c.name))
