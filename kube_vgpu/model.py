@@ -50,12 +50,16 @@ class Constraints:
 
     use_types / nouse_types: case-insensitive substrings of the GPU model (any / none must match).
     use_uuids / nouse_uuids: exact UUID allow / deny lists.
+    min_link: the interconnect rank every pair of a multi-GPU container's GPUs must reach
+    (:data:`kube_vgpu.topology.LINK_CLASSES`; 0: no requirement). Not a per-GPU rule: the fit
+    applies it to the set (:mod:`kube_vgpu.placement.fit`).
     """
 
     use_types: tuple[str, ...] = ()
     nouse_types: tuple[str, ...] = ()
     use_uuids: tuple[str, ...] = ()
     nouse_uuids: tuple[str, ...] = ()
+    min_link: int = 0
 
     def allows(self, dev: GPUDevice) -> bool:
         """True if ``dev`` satisfies every constraint."""
@@ -83,6 +87,7 @@ class Constraints:
 
     @property
     def empty(self) -> bool:
+        """True when no per-GPU selector is set (``min_link`` is a rule on the set, not per GPU)."""
         return not (self.use_types or self.nouse_types or self.use_uuids or self.nouse_uuids)
 
 

@@ -30,6 +30,7 @@ from .errors import QuantityError, RequestError
 from .model import Constraints, ContainerRequest, PodRequest
 from .quantity import parse_quantity, parse_whole
 from .resources import (
+    ANN_GPU_LINK,
     ANN_GPU_POLICY,
     ANN_NODE_POLICY,
     ANN_NOUSE_GPUTYPE,
@@ -40,6 +41,7 @@ from .resources import (
     HAMI_ANN_NODE_POLICY,
     ResourceNames,
 )
+from .topology import LINK_CLASSES
 
 _DEFAULT_CONFIG = Config()
 
@@ -194,11 +196,16 @@ def parse_constraints(annotations: Mapping[str, Any]) -> Constraints:
         v = annotations.get(key)
         if v is not None and not isinstance(v, str):
             raise RequestError("(pod)", f"metadata.annotations[{key}]", v, "a comma-separated string", "pod")
+    link = annotations.get(ANN_GPU_LINK)
+    if link is not None and link != "" and link not in LINK_CLASSES:
+        raise RequestError("(pod)", f"metadata.annotations[{ANN_GPU_LINK}]", link,
+                           f"one of {', '.join(LINK_CLASSES)}", "pod")
     return Constraints(
         use_types=_split(annotations.get(ANN_USE_GPUTYPE)),
         nouse_types=_split(annotations.get(ANN_NOUSE_GPUTYPE)),
         use_uuids=_split(annotations.get(ANN_USE_GPUUUID)),
         nouse_uuids=_split(annotations.get(ANN_NOUSE_GPUUUID)),
+        min_link=LINK_CLASSES[link] if link else 0,
     )
 
 

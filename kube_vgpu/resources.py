@@ -43,6 +43,9 @@ ANN_NOUSE_GPUUUID = "nvidia.com/nouse-gpuuuid"
 # Per-pod policy overrides (HAMi keys accepted, ours preferred).
 ANN_NODE_POLICY = "kube-vgpu.io/node-scheduler-policy"
 ANN_GPU_POLICY = "kube-vgpu.io/gpu-scheduler-policy"
+#: on Pod (tenant): the interconnect a multi-GPU container's GPUs must share (nvlink, pcie-switch,
+#: host-bridge, numa; kube_vgpu.topology.LINK_CLASSES)
+ANN_GPU_LINK = "kube-vgpu.io/gpu-link"
 HAMI_ANN_NODE_POLICY = "hami.io/node-scheduler-policy"
 HAMI_ANN_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 
@@ -81,7 +84,7 @@ LABEL_WEBHOOK = "kube-vgpu.io/webhook"
 LABEL_WEBHOOK_IGNORE = "ignore"
 
 #: keys under SYSTEM_PREFIX that tenants may set on their pods (per-pod placement policy)
-TENANT_KEYS = frozenset({ANN_NODE_POLICY, ANN_GPU_POLICY})
+TENANT_KEYS = frozenset({ANN_NODE_POLICY, ANN_GPU_POLICY, ANN_GPU_LINK})
 
 
 def system_owned(key: str) -> bool:

@@ -41,6 +41,24 @@ def rank_of(nvml_level: int | None, nvlinks: int = 0) -> int:
     return _NVML_LEVEL.get(nvml_level, UNKNOWN) if nvml_level is not None else UNKNOWN
 
 
+#: the interconnect a pod can require for a multi-GPU container (annotation ``kube-vgpu.io/gpu-link``):
+#: class name -> the least rank every pair of its GPUs must have
+LINK_CLASSES = {"nvlink": NVLINK + 1, "pcie-switch": PCIE_SWITCH, "host-bridge": HOST_BRIDGE, "numa": NUMA}
+
+
+def link_class(rank: int) -> str:
+    """The name of the best link class ``rank`` reaches (``"system"``, ``"unknown"`` below ``numa``)."""
+    for name, least in LINK_CLASSES.items():  # best first
+        if rank >= least:
+            return name
+    return "system" if rank == SYSTEM else "unknown"
+
+
+def weakest(links: Sequence[Sequence[int]], chosen: Sequence[int]) -> int:
+    """The rank of the worst-connected pair of ``chosen`` (:data:`UNKNOWN` for fewer than two)."""
+    return _key(links, chosen)[0]
+
+
 def _key(links: Sequence[Sequence[int]], chosen: Sequence[int]) -> tuple[int, int]:
     pairs = [links[a][b] for a, b in combinations(chosen, 2)]
     return (min(pairs), sum(pairs)) if pairs else (0, 0)

@@ -156,8 +156,8 @@ class Engine:
             dirty = np.flatnonzero(e.versions != versions)
         else:
             dirty = idx[e.versions[idx] != versions[idx]]
-        if len(dirty) and len(dirty) >= self.vector_min:
-            vk = kinds(pol)
+        if len(dirty) and len(dirty) >= self.vector_min and not pod.constraints.min_link:
+            vk = kinds(pol)  # (the vectorised fit does not evaluate interconnect requirements)
             if vk is not None:
                 sc, out = evaluate_vector(self.state.table, dirty, pod, *vk)
                 e.scores[dirty] = sc

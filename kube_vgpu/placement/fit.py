@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..model import Constraints, ContainerRequest, GPUDevice, PodRequest
-from ..topology import best_connected
+from ..topology import best_connected, weakest
 from .state import NodeState
 from .status import Code, FitFailure
 
@@ -92,6 +92,26 @@ def _fail(code: Code, req: ContainerRequest, need: int = 0, have: int = 0, gpu: 
                       need, have, gpu)
 
 
+def _linked(node: NodeState, req: ContainerRequest, ordered: list[int], pod: PodRequest
+            ) -> ContainerPlan | FitFailure:
+    """The best-connected ``req.count`` of the candidates ``ordered`` when every pair reaches the
+    pod's required link class, else why not: ``LINK_UNAVAILABLE`` when some set of the node's usable
+    GPUs reaches it (busy now), ``LINK_ABSENT`` when none does or the node publishes no topology."""
+    devs = node.devices
+    need = pod.constraints.min_link
+    if not all(len(d.links) == len(devs) for d in devs):
+        return _fail(Code.LINK_ABSENT, req, need, 0)
+    links = [d.links for d in devs]
+    best = best_connected(ordered, req.count, links)
+    have = weakest(links, best)
+    if have >= need:
+        return tuple((i, req.memory_on(devs[i]), req.cores_on(devs[i])) for i in best)
+    usable = [i for i, d in enumerate(devs) if _excluded(pod, d) is None]
+    whole = best_connected(usable, req.count, links) if len(usable) >= req.count else []
+    code = Code.LINK_UNAVAILABLE if whole and weakest(links, whole) >= need else Code.LINK_ABSENT
+    return _fail(code, req, need, have)
+
+
 def _fit_container(node: NodeState, req: ContainerRequest, mem: list[int], cores: list[int],
                    slots: list[int], pod: PodRequest, order: GpuOrder) -> ContainerPlan | FitFailure:
     devs = node.devices
@@ -129,8 +149,10 @@ def _fit_container(node: NodeState, req: ContainerRequest, mem: list[int], cores
             continue
         cands.append(i)
     if len(cands) >= req.count:
-        chosen = order(node, cands, mem, cores, req)[: req.count]
-        return tuple((i, req.memory_on(devs[i]), req.cores_on(devs[i])) for i in chosen)
+        ordered = order(node, cands, mem, cores, req)
+        if pod.constraints.min_link and req.count >= 2:
+            return _linked(node, req, ordered, pod)
+        return tuple((i, req.memory_on(devs[i]), req.cores_on(devs[i])) for i in ordered[: req.count])
     # The most useful reason, as a code and its numbers.
     if n_excluded == n:
         for code in (Code.TYPE_EXCLUDED, Code.UUID_EXCLUDED, Code.GPU_UNHEALTHY):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from ..topology import link_class
 from .state import NodeState
 from .status import Code, FitFailure
 
@@ -76,6 +77,10 @@ def summary(f: FitFailure) -> str:
         return f"pod is already bound to {f.detail}"
     if c is Code.QUOTA_EXCEEDED:
         return f"GPU quota exceeded: {f.detail}"
+    if c is Code.LINK_UNAVAILABLE:
+        return f"no free GPUs linked by {link_class(f.need)}: {_who(f)} needs {f.count} GPUs linked by {link_class(f.need)}"
+    if c is Code.LINK_ABSENT:
+        return f"no GPUs linked by {link_class(f.need)} on the node: {_who(f)} needs {f.count}"
     return str(c.value)  # pragma: no cover - every code is listed above
 
 
@@ -114,6 +119,8 @@ def detail(f: FitFailure, node: NodeState | None = None) -> str:
         return f"{s}, node has {f.have} MiB free"
     if c is Code.BAD_INVENTORY:
         return f"{s}: {f.detail}"
+    if c in (Code.LINK_UNAVAILABLE, Code.LINK_ABSENT):
+        return f"{s}; the best set reaches {link_class(f.have)}"
     return s
 
 

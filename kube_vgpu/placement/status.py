@@ -45,13 +45,17 @@ class Code(StrEnum):
     #: need: asked, have: used (MiB or percent units); detail: namespace, ResourceQuota, key and
     #: the numbers (kube_vgpu/quota.py); the same on every node with GPUs of the same size
     QUOTA_EXCEEDED = "quota_exceeded"
+    #: need / have: interconnect ranks (kube_vgpu.topology): the pod's required link class, the best
+    #: the node's free GPUs reach; the node has such a set, busy now (``link_absent``: it has none)
+    LINK_UNAVAILABLE = "link_unavailable"
+    LINK_ABSENT = "link_absent"  #: need / have: as LINK_UNAVAILABLE; no set of the node reaches it
 
 
 #: codes where evicting pods from the node could make room (kube-scheduler's ``Unschedulable``);
 #: every other code is ``UnschedulableAndUnresolvable``
 RESOLVABLE = frozenset({Code.INSUFFICIENT_MEMORY, Code.INSUFFICIENT_CORES, Code.NO_FREE_SLOT,
                         Code.TOO_FEW_QUALIFY, Code.EXCLUSIVE_BUSY, Code.COMPUTE_FULL, Code.HOST_CPU,
-                        Code.HOST_MEMORY})
+                        Code.HOST_MEMORY, Code.LINK_UNAVAILABLE})
 
 
 @dataclass(frozen=True, slots=True)

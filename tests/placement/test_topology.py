@@ -87,3 +87,80 @@ def test_inventory_carries_the_ranks_and_refuses_bad_ones() -> None:
         assert bad != text
         with pytest.raises(CodecError, match="links"):
             decode_inventory(bad)
+
+
+# -- a pod that requires a link class (annotation kube-vgpu.io/gpu-link) --------------------------
+
+def linked_pod(name: str, count: int, link: str, mib: int = 10000) -> PodRequest:
+    from kube_vgpu.model import Constraints
+    from kube_vgpu.topology import LINK_CLASSES
+    return PodRequest("default", name, app=(ContainerRequest("c0", False, count, mib, 0, 0),),
+                      constraints=Constraints(min_link=LINK_CLASSES[link]))
+
+
+def fill(eng: Engine, gpus: list[int]) -> None:
+    """Book each of ``gpus`` whole (all its memory), so nothing else fits there."""
+    for k, g in enumerate(gpus):
+        p = pod(f"full-{k}", 1, 80000)
+        eng.book(p, eng.allocation(p, "n1", Plan((((g, 80000, 0),),)), now=0.0))
+
+
+def test_a_required_nvlink_set_is_found_across_the_policys_order() -> None:
+    eng = engine()
+    fill(eng, [0])  # island 0 has 3 free GPUs; island 1 has 4
+    plan = eng.plan_for(linked_pod("big", 4, "nvlink"), "n1")
+    assert isinstance(plan, Plan) and sorted(i for i, _, _ in plan.containers[0]) == [4, 5, 6, 7]
+    assert isinstance(eng.plan_for(linked_pod("pair", 2, "nvlink"), "n1"), Plan)
+
+
+def test_a_required_link_that_is_busy_is_resolvable_and_one_the_node_lacks_is_not() -> None:
+    from kube_vgpu.placement.render import detail
+    from kube_vgpu.placement.status import Code, FitFailure
+    eng = engine()
+    fill(eng, [0, 4])  # each island has 3 free GPUs: 4 NVLinked GPUs exist, but not free
+    r = eng.plan_for(linked_pod("big", 4, "nvlink"), "n1")
+    assert isinstance(r, FitFailure) and r.code is Code.LINK_UNAVAILABLE and r.resolvable
+    assert r.need == NVLINK + 1 and r.have == SYSTEM
+    assert "linked by nvlink" in detail(r) and "reaches system" in detail(r)
+    # without the requirement the same pod fits (straddling the islands)
+    assert isinstance(eng.plan_for(pod("big", 4), "n1"), Plan)
+    # 5 GPUs are never NVLinked together on a 2x4 box: not resolvable by eviction
+    r5 = engine().plan_for(linked_pod("five", 5, "nvlink"), "n1")
+    assert isinstance(r5, FitFailure) and r5.code is Code.LINK_ABSENT and not r5.resolvable
+    # a node that publishes no topology cannot prove the link: absent, not assumed
+    r0 = engine(links=False).plan_for(linked_pod("big", 2, "nvlink"), "n1")
+    assert isinstance(r0, FitFailure) and r0.code is Code.LINK_ABSENT
+    # a weaker class is met by the cross-island pairs (SYSTEM is below numa: still absent)
+    assert isinstance(engine().plan_for(linked_pod("x", 8, "numa"), "n1"), FitFailure)
+
+
+def test_one_gpu_containers_ignore_the_requirement_and_the_engine_agrees_with_the_reference() -> None:
+    from kube_vgpu.placement.fit import fit_pod
+    assert isinstance(engine().plan_for(linked_pod("one", 1, "nvlink"), "n1"), Plan)
+    st = ClusterState()
+    for k in range(30):  # enough changed nodes for the vectorised path, which must not answer it
+        st.set_node(f"n{k}", node_devices(), 0, 0, 0.0)
+    many = Engine(st, "binpack", "spread", vector_min=0)
+    for k in range(0, 30, 2):  # even nodes: one GPU of each island full
+        for g in (0, 4):
+            p = pod(f"full-{k}-{g}", 1, 80000)
+            many.book(p, many.allocation(p, f"n{k}", Plan((((g, 80000, 0),),)), now=0.0))
+    p = linked_pod("big", 4, "nvlink")
+    feasible, failed, _ = many.evaluate(p, [f"n{k}" for k in range(30)])
+    assert feasible == [f"n{k}" for k in range(1, 30, 2)]
+    assert {f.code.value for f in failed.values()} == {"link_unavailable"}
+    for node in st.node_list:
+        assert isinstance(fit_pod(node, p), Plan) == (node.name in feasible)
+
+
+def test_the_link_annotation_is_parsed_and_a_bad_value_named() -> None:
+    from kube_vgpu.errors import RequestError
+    from kube_vgpu.podspec import parse_constraints
+    from kube_vgpu.resources import ANN_GPU_LINK, TENANT_KEYS, system_owned
+    from kube_vgpu.topology import LINK_CLASSES
+    assert parse_constraints({ANN_GPU_LINK: "nvlink"}).min_link == LINK_CLASSES["nvlink"]
+    assert parse_constraints({}).min_link == 0 and parse_constraints({ANN_GPU_LINK: ""}).min_link == 0
+    with pytest.raises(RequestError) as e:
+        parse_constraints({ANN_GPU_LINK: "infiniband"})
+    assert ANN_GPU_LINK in str(e.value) and "infiniband" in str(e.value) and "nvlink" in str(e.value)
+    assert ANN_GPU_LINK in TENANT_KEYS and not system_owned(ANN_GPU_LINK)  # a tenant's own choice

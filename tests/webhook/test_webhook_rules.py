@@ -381,6 +381,17 @@ def test_invalid_policy_annotation_denied() -> None:
     assert not d.allowed and "hami.io/node-scheduler-policy='random'" in d.message and "binpack" in d.message
 
 
+def test_invalid_link_annotation_denied_and_a_valid_one_kept() -> None:
+    pod = base_pod(limits(gpu="4", gpumem="1000"))
+    pod["metadata"]["annotations"] = {"kube-vgpu.io/gpu-link": "infiniband"}
+    d, _ = run(pod)
+    assert not d.allowed and "kube-vgpu.io/gpu-link" in d.message and "infiniband" in d.message
+    assert "nvlink" in d.message
+    pod["metadata"]["annotations"] = {"kube-vgpu.io/gpu-link": "nvlink"}
+    d, out = run(pod)
+    assert d.allowed and out["metadata"]["annotations"]["kube-vgpu.io/gpu-link"] == "nvlink"  # a tenant key: kept
+
+
 def test_privileged_init_container_denied() -> None:
     pod = base_pod({}, initContainers=[{"name": "prep", "image": "x", "resources": limits(gpu="1"),
                                         "securityContext": {"privileged": True}}])
