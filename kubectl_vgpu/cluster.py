@@ -19,8 +19,9 @@ from typing import Any
 
 import yaml
 
+from kube_vgpu import podshape
 from kube_vgpu.codec import decode_inventory
-from kube_vgpu.errors import CodecError
+from kube_vgpu.errors import CodecError, ShapeError, json_type
 from kube_vgpu.resources import ANN_NODE_INVENTORY
 
 Obj = dict[str, Any]
@@ -62,13 +63,6 @@ class Cluster:
         return out
 
 
-def _type(v: Any) -> str:
-    if v is None:
-        return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
-            dict: "an object"}.get(type(v), type(v).__name__)
-
-
 def _describe(o: Any, kind: str, i: int) -> str:
     """``ns/name`` (pods) or ``name`` (nodes) when readable, else ``#<position>``."""
     m = o.get("metadata") if isinstance(o, dict) else None
@@ -80,50 +74,23 @@ def _describe(o: Any, kind: str, i: int) -> str:
     return f"#{i}"
 
 
-def _want(v: Any, path: str, kind: type, what: str) -> str | None:
-    """None if ``v`` is null or of ``kind`` (str, dict, list or bool), else the complaint."""
-    if v is None or isinstance(v, kind):
-        return None
-    return f"{path} must be {what}, got {_type(v)}"
-
-
 def object_problem(o: Any, kind: str) -> str | None:
-    """Why a node/pod JSON object is unusable (a field the plugin reads has the wrong type), or None.
-
-    Checked: the object itself; ``metadata`` (object, non-empty string ``name``, string
-    ``namespace``; ``labels``/``annotations`` maps of string to string); ``spec`` (object;
-    ``nodeName`` string; ``unschedulable`` boolean); ``status`` (object; ``phase`` string;
-    ``conditions`` a list of objects; ``allocatable`` an object).
+    """Why a node/pod JSON object is unusable, or None: it is not an object, has no ``metadata``
+    object with a non-empty string ``name``, or a field has the wrong JSON type
+    (:func:`kube_vgpu.podshape.check_pod` / :func:`~kube_vgpu.podshape.check_node`: the project's one
+    shape check, whose message names the field path, the value's type and what is allowed).
     """
     if not isinstance(o, dict):
-        return f"not an object (got {_type(o)})"
-    m = o.get("metadata")
-    if not isinstance(m, dict):
-        return f"metadata must be an object, got {_type(m)}"
-    if not isinstance(m.get("name"), str) or not m["name"]:
-        return f"metadata.name must be a non-empty string, got {_type(m.get('name'))}"
-    for why in (_want(m.get("namespace"), "metadata.namespace", str, "a string"),
-                _want(m.get("labels"), "metadata.labels", dict, "an object"),
-                _want(m.get("annotations"), "metadata.annotations", dict, "an object"),
-                _want(o.get("spec"), "spec", dict, "an object"),
-                _want(o.get("status"), "status", dict, "an object")):
-        if why:
-            return why
-    for key in ("labels", "annotations"):
-        for k, v in (m.get(key) or {}).items():
-            if not isinstance(v, str):
-                return f"metadata.{key}[{json.dumps(k[:60])}] must be a string, got {_type(v)}"
-    spec, status = o.get("spec") or {}, o.get("status") or {}
-    for why in (_want(spec.get("nodeName"), "spec.nodeName", str, "a string"),
-                _want(spec.get("unschedulable"), "spec.unschedulable", bool, "a boolean"),
-                _want(status.get("phase"), "status.phase", str, "a string"),
-                _want(status.get("conditions"), "status.conditions", list, "a list"),
-                _want(status.get("allocatable"), "status.allocatable", dict, "an object")):
-        if why:
-            return why
-    for j, c in enumerate(status.get("conditions") or []):
-        if not isinstance(c, dict):
-            return f"status.conditions[{j}] must be an object, got {_type(c)}"
+        return f"not an object (got {json_type(o)})"
+    try:
+        m = o.get("metadata")
+        if not isinstance(m, dict):
+            raise ShapeError("metadata", m, "an object")
+        if not isinstance(m.get("name"), str) or not m["name"]:
+            raise ShapeError("metadata.name", m.get("name"), "a non-empty string")
+        (podshape.check_pod if kind == "pod" else podshape.check_node)(o)
+    except ShapeError as e:
+        return str(e)
     return None
 
 

@@ -6,8 +6,10 @@ Every method here blocks (urllib3); the service calls them from worker threads
 
 The calls on the bind's path (read a pod, patch its metadata, POST its Binding) go through
 :class:`~kube_vgpu.kubeapi.JSONClient`: plain JSON on the same client's kept-alive connections,
-without the generated client's validation and models (the same requests, errors and timeouts;
-about a fifth of the CPU per call). Lists, watches and leases use the generated client.
+without the generated client's validation and models (the same requests, errors and timeouts; a
+Binding costs about 870 Python function calls in the calling thread instead of 1,120, a pod read 730
+instead of 830: what is left is urllib3's and http.client's). Lists, watches and leases use the
+generated client.
 
 The client factory, the list+watch loop (:class:`~kube_vgpu.kubeapi.Reflector`) and the error
 helpers are the shared ones of :mod:`kube_vgpu.kubeapi`.
