@@ -333,6 +333,7 @@ class _Listener:
         self.metrics = metrics
         self.loop = asyncio.get_running_loop()
         self.open = 0
+        self.peak_open = 0  #: the most connections open at once since start (never above the cap)
         self.guards: dict[asyncio.BaseTransport, _Guard] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._unserved_since_gc = 0
@@ -364,6 +365,7 @@ class _Listener:
             conn.setblocking(False)
             slot = _Slot(self)
             self.open += 1
+            self.peak_open = max(self.peak_open, self.open)
             self.metrics.connections.set(self.open)
             task = self.loop.create_task(self._handshake(conn, slot))
             self._tasks.add(task)

@@ -204,7 +204,9 @@ def test_good_review_after_an_abuse_burst(tls: Path) -> None:
                 slow.append(s)
             except (ssl.SSLError, ConnectionError, OSError):
                 pass
-        assert len(slow) <= 32
+        # never more than the cap open at once (how many of the 40 got in depends on how fast the
+        # server's header timeout freed slots on this machine: a count of `slow` would be a race)
+        assert srv.listener is not None and srv.listener.peak_open <= 32
         for s in slow:
             wait_closed(s)
             s.close()
