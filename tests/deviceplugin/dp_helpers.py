@@ -219,7 +219,7 @@ class FakeKubelet:
                         self.devices = list(resp.devices)
                         self.updates += 1
                         self._cv.notify_all()
-            except grpc.RpcError:
+            except (grpc.RpcError, ValueError):  # ValueError: closed by a newer registration (MIG resources)
                 pass
 
         threading.Thread(target=watch, daemon=True).start()
