@@ -186,3 +186,18 @@ def test_reader_does_not_mutate_its_input() -> None:
     before = copy.deepcopy(c)
     read_claim(c)
     assert c == before
+
+
+def test_claims_kube_scheduler_allocated() -> None:
+    """Claims a real kube-scheduler v1.36 allocated from our slices (tests/dra/data), read as served."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parent / "data" / "claims_kube_scheduler_1_36.json").read_text())
+    got = {name: read_claim(c) for name, c in doc["claims"].items()}
+    share = got["share"].grants[0]
+    assert (share.pool, share.device, share.memory_mib, share.cores) == ("n1", "gpu-0", 3000, 30)
+    assert share.share_id and not share.whole
+    assert [(g.memory_mib, g.cores) for g in got["memonly"].grants] == [(1024, 100)]  # the slice's cores default
+    assert [(g.memory_mib, g.cores) for g in got["whole"].grants] == [(24576, 100)]  # defaults: the whole GPU
+    assert all(len(g.reserved_for) == 1 and g.reserved_for[0].resource == "pods" for g in got.values())
