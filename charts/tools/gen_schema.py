@@ -267,7 +267,12 @@ schema = {
             **POD_COMMON,
         }),
         "dra": obj({
-            "enabled": b("Run the DRA kubelet plugin in the device-plugin DaemonSet; install the DeviceClasses."),
+            "enabled": b("Run the DRA node component (DaemonSet); install the DeviceClasses."),
+            "nodes": {"enum": ["labelled", "all"], "description": "GPU nodes on the DRA path: labelled or all."},
+            "nodeLabel": {"type": "string", "minLength": 1, "maxLength": 316,
+                          "pattern": r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                                     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
+                          "description": "Node label (value true) of the DRA nodes."},
             "deviceClass": obj({
                 "name": {**DNS, "minLength": 1, "description": "Name of the DeviceClass of every kube-vgpu GPU."},
                 "extendedResourceName": {"type": "string", "pattern": r"^$|" + C.RESOURCE_NAME,
@@ -283,6 +288,7 @@ schema = {
             "pluginsDir": HOSTDIR("kubelet's DRA plugin directory"),
             "registryDir": HOSTDIR("kubelet's plugin registration directory"),
             "cdiDir": HOSTDIR("CDI spec directory"),
+            "metricsPort": PORT,
             "extraArgs": STRLIST,
             "resources": RES,
         }),

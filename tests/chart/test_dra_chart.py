@@ -31,14 +31,20 @@ def docs(renderer: Renderer) -> list[dict[str, Any]]:
     return renderer.render(ON, kube_version=KUBE)
 
 
-def _ds(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    return find(docs, "DaemonSet", "device-plugin")
+def _ds(docs: list[dict[str, Any]], name: str = "device-plugin") -> dict[str, Any]:
+    return find(docs, "DaemonSet", name)
+
+
+def _terms(ds: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    aff = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return [t["matchExpressions"] for t in aff["nodeSelectorTerms"]]
 
 
 def test_off_by_default(renderer: Renderer) -> None:
     d = renderer.render(kube_version=KUBE)
     assert find_all(d, "DeviceClass") == []
-    assert list(containers(_ds(d))) == ["device-plugin"]
+    assert [x["metadata"]["name"] for x in find_all(d, "DaemonSet")] == [f"{FULL}-device-plugin"]
+    assert not any(e["key"] == "kube-vgpu.io/dra-node" for t in _terms(_ds(d)) for e in t)
     assert not [x for x in find_all(d, "ClusterRole") if x["metadata"]["name"].endswith("dra-plugin")]
     assert not [x for x in find_all(d, "ValidatingAdmissionPolicy") if x["metadata"]["name"].endswith("dra-slices")]
 
@@ -68,6 +74,8 @@ def test_extended_resource_mapping_and_model_classes(renderer: Renderer) -> None
     ({"dra": {"enabled": True, "modelClasses": [{"model": "NVIDIA H200"}]}}, "name"),
     ({"dra": {"enabled": True, "cdiDir": "/var/run"}}, "cdiDir"),
     ({"dra": {"enabled": "yes"}}, "enabled"),
+    ({"dra": {"enabled": True, "nodes": "some"}}, "nodes"),
+    ({"dra": {"enabled": True, "nodeLabel": "bad label"}}, "nodeLabel"),
 ])
 def test_bad_values_refused_by_schema(renderer: Renderer, values: dict[str, Any], needle: str) -> None:
     r = renderer.template(values, kube_version=KUBE)
@@ -81,17 +89,37 @@ def test_refused_where_it_cannot_work(renderer: Renderer) -> None:
     assert r.returncode != 0 and "needs devicePlugin.enabled=true" in r.stderr
 
 
+def test_one_node_component_per_node(docs: list[dict[str, Any]], renderer: Renderer) -> None:
+    """Labelled nodes run the DRA plugin and the device plugin keeps off them; with nodes=all no
+    device plugin at all: a GPU is never offered by both paths."""
+    notin = {"key": "kube-vgpu.io/dra-node", "operator": "NotIn", "values": ["true"]}
+    isin = {"key": "kube-vgpu.io/dra-node", "operator": "In", "values": ["true"]}
+    dp, drad = _ds(docs), _ds(docs, "dra-plugin")
+    assert _terms(dp) and all(notin in t for t in _terms(dp))
+    assert _terms(drad) and all(isin in t for t in _terms(drad))
+    assert [t[0] for t in _terms(dp)] == [t[0] for t in _terms(drad)]  # the same GPU-node selection
+    d = renderer.render({"dra": {"enabled": True, "nodes": "all"}}, kube_version=KUBE)
+    assert [x["metadata"]["name"] for x in find_all(d, "DaemonSet")] == [f"{FULL}-dra-plugin"]
+    assert not any(e["key"] == "kube-vgpu.io/dra-node" for t in _terms(_ds(d, "dra-plugin")) for e in t)
+    d = renderer.render({"dra": {"enabled": True}, "devicePlugin": {"selectGPUNodes": False}}, kube_version=KUBE)
+    assert _terms(_ds(d)) == [[notin]] and _terms(_ds(d, "dra-plugin")) == [[isin]]
+    r = renderer.template({"dra": {"enabled": True}, "devicePlugin": {"affinity": {"nodeAffinity": {}}}},
+                          kube_version=KUBE)
+    assert r.returncode != 0 and "leave devicePlugin.affinity empty" in r.stderr
+
+
 def test_dra_plugin_container(docs: list[dict[str, Any]]) -> None:
-    ds = _ds(docs)
+    ds = _ds(docs, "dra-plugin")
     spec = ds["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == DP_SA
+    assert list(containers(ds, init=True)) == ["install-shim"]
     c = containers(ds)["dra-plugin"]
     args = c["args"]
     assert args[0] == "dra-plugin"
     for want in ("--node-name=$(NODE_NAME)", f"--plugin-dir=/var/lib/kubelet/plugins/{DRIVER_NAME}",
                  "--registry-dir=/var/lib/kubelet/plugins_registry", "--cdi-dir=/var/run/cdi",
                  "--config=/etc/kube-vgpu/config.yaml", "--shim-host-path=/usr/local/vgpu/libvgpu.so",
-                 "--cache-host-dir=/var/lib/kube-vgpu/containers"):
+                 "--cache-host-dir=/var/lib/kube-vgpu/containers", "--metrics-port=9395"):
         assert want in args
     # every flag the chart passes is one `kube-vgpu dra-plugin` knows
     from deviceplugin.dra.main import parser
@@ -103,6 +131,7 @@ def test_dra_plugin_container(docs: list[dict[str, Any]]) -> None:
         assert not mounts[path].get("readOnly")
     assert not mounts["/usr/local/vgpu"].get("readOnly")  # the plugin keeps ld.so.preload beside the shim
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
 
 
 def _publisher_calls(fake: FakeKubeAPI) -> set[Call]:
