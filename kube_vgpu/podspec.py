@@ -26,8 +26,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from .config import GPU_POLICIES, NODE_POLICIES, Config
-from .errors import QuantityError, RequestError
+from .errors import QuantityError, RequestError, ShapeError
 from .model import Constraints, ContainerRequest, PodRequest
+from .policyregistry import HAMI_GPU_POLICIES_ALLOWED, hami_gpu_policy  # HAMI-ALIAS
 from .quantity import parse_quantity, parse_whole
 from .resources import (
     ANN_GPU_LINK,
@@ -214,6 +215,11 @@ def _policy(annotations: Mapping[str, Any], keys: tuple[str, str], allowed: tupl
         v = annotations.get(key)
         if v is None or v == "":
             continue
+        if key == HAMI_ANN_GPU_POLICY and isinstance(v, str) and v not in allowed:  # HAMI-ALIAS
+            served = hami_gpu_policy(v)
+            if served is None:
+                raise RequestError("(pod)", key, v, HAMI_GPU_POLICIES_ALLOWED, "annotation")
+            return served
         if v not in allowed:
             raise RequestError("(pod)", key, v, f"one of {', '.join(allowed)}", "annotation")
         return str(v)

@@ -106,6 +106,26 @@ GPU_POLICIES: tuple[str, ...] = tuple(s.name for s in GPU_POLICY_SPECS)
 DRA_MODELS: tuple[str, ...] = tuple(s.name for s in DRA_MODEL_SPECS)
 _BY_NAME = {s.name: s for s in NODE_POLICY_SPECS + DRA_MODEL_SPECS}
 
+#: HAMi's GPU policy values (pod annotation ``hami.io/gpu-scheduler-policy``) served by one of ours
+#: (HAMI-ALIAS): ``topology-aware`` and ``numa`` by ``spread``, HAMi's default order (a container
+#: of 2 or more GPUs always gets the best-connected set: :mod:`kube_vgpu.topology`). HAMi's comma
+#: chains (``binpack,numa``) are served by their first ``binpack`` / ``spread``. ``mutex`` (idle
+#: GPUs only) is not: a GPU of one's own is asked with ``nvidia.com/gpucores: 100``.
+HAMI_GPU_POLICY_ALIASES = {"topology-aware": GPU_SPREAD.name, "numa": GPU_SPREAD.name}
+#: what a refused HAMi GPU policy value is told (HAMI-ALIAS)
+HAMI_GPU_POLICIES_ALLOWED = (f"one of {', '.join(GPU_POLICIES + tuple(HAMI_GPU_POLICY_ALIASES))} or a comma "
+                             "chain of them (for an idle GPU of one's own, mutex, ask nvidia.com/gpucores: 100)")
+
+
+def hami_gpu_policy(value: str) -> str | None:
+    """The GPU policy serving HAMi's ``hami.io/gpu-scheduler-policy`` value (HAMI-ALIAS), or None
+    when kube-vgpu does not serve it (``mutex``, unknown names)."""
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if not parts or any(p not in GPU_POLICIES and p not in HAMI_GPU_POLICY_ALIASES for p in parts):
+        return None
+    ours = [p for p in parts if p in GPU_POLICIES]
+    return ours[0] if ours else HAMI_GPU_POLICY_ALIASES[parts[0]]
+
 
 def node_policy(name: str) -> NodePolicySpec:
     """The spec of node policy or DRA-path model ``name``. Raises ValueError naming the value and

@@ -476,3 +476,27 @@ def test_property_definitely_invalid_always_raises(resource: str, junk: object) 
 def test_huge_value_is_request_error() -> None:
     with pytest.raises(RequestError):
         parse_container(ctr(limits={GPU: 1, MEM: "9" * 5000}), False)
+
+
+@pytest.mark.parametrize(("value", "served"), [
+    ("topology-aware", "spread"), ("numa", "spread"), ("binpack,numa", "binpack"), ("numa, spread", "spread"),
+    ("binpack", "binpack"), ("topology-aware,binpack", "binpack"),
+])
+def test_hamis_gpu_policy_values_are_served_by_ours(value: str, served: str) -> None:
+    pod = {"metadata": {"name": "p", "annotations": {"hami.io/gpu-scheduler-policy": value}},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    assert parse_pod(pod).gpu_policy == served
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("hami.io/gpu-scheduler-policy", "mutex"), ("hami.io/gpu-scheduler-policy", "binpack,mutex"),
+    ("hami.io/gpu-scheduler-policy", ","), ("kube-vgpu.io/gpu-scheduler-policy", "topology-aware"),
+])
+def test_gpu_policy_values_not_served_are_refused_naming_what_is(key: str, value: str) -> None:
+    pod = {"metadata": {"name": "p", "annotations": {key: value}},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    with pytest.raises(RequestError) as e:
+        parse_pod(pod)
+    assert key in str(e.value) and repr(value) in str(e.value) and "binpack, spread" in str(e.value)
+    if key.startswith("hami.io"):
+        assert "nvidia.com/gpucores: 100" in str(e.value)

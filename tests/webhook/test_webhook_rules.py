@@ -381,6 +381,16 @@ def test_invalid_policy_annotation_denied() -> None:
     assert not d.allowed and "hami.io/node-scheduler-policy='random'" in d.message and "binpack" in d.message
 
 
+def test_hami_gpu_policy_values_we_serve_are_admitted_and_mutex_is_refused() -> None:
+    pod = base_pod(limits(gpumem="1000"))
+    pod["metadata"]["annotations"] = {"hami.io/gpu-scheduler-policy": "topology-aware"}
+    d, _ = run(pod)
+    assert d.allowed
+    pod["metadata"]["annotations"] = {"hami.io/gpu-scheduler-policy": "mutex"}
+    d, _ = run(pod)
+    assert not d.allowed and "mutex" in d.message and "nvidia.com/gpucores: 100" in d.message
+
+
 def test_invalid_link_annotation_denied_and_a_valid_one_kept() -> None:
     pod = base_pod(limits(gpu="4", gpumem="1000"))
     pod["metadata"]["annotations"] = {"kube-vgpu.io/gpu-link": "infiniband"}
