@@ -43,6 +43,7 @@ from .resources import (
     ResourceNames,
 )
 from .topology import LINK_CLASSES
+from .views import PodView
 
 _DEFAULT_CONFIG = Config()
 
@@ -100,8 +101,9 @@ def container_asks(container: Mapping[str, Any], names: ResourceNames) -> bool:
 
 def pod_asks(pod: Mapping[str, Any], names: ResourceNames) -> bool:
     """True if any init or app container of the pod names a vGPU resource. Never raises."""
-    spec = pod.get("spec") if isinstance(pod, Mapping) else None
-    if not isinstance(spec, Mapping):
+    try:
+        spec = PodView.of(pod).spec
+    except ShapeError:
         return False
     ctrs = [c for f in ("initContainers", "containers") if isinstance(spec.get(f), list) for c in spec[f]]
     return any(container_asks(c, names) for c in ctrs)
@@ -263,9 +265,12 @@ def parse_pod(pod: Mapping[str, Any], config: Config = _DEFAULT_CONFIG) -> PodRe
     """
     if not isinstance(pod, Mapping):
         raise RequestError("(pod)", "(pod)", pod, "a core/v1 Pod object", "pod")
-    meta = _mapping(pod.get("metadata"), "metadata")
-    spec = _mapping(pod.get("spec"), "spec")
-    ann = _mapping(meta.get("annotations"), "metadata.annotations")
+    try:
+        view = PodView(pod)
+        spec, ann = view.spec, view.annotations
+        namespace, name, uid = view.namespace, view.name or view.generate_name, view.uid
+    except ShapeError as e:
+        raise RequestError("(pod)", e.path, e.value, e.allowed, "pod") from None
     inits = _containers(spec, "initContainers")
     apps = _containers(spec, "containers")
     init_reqs = tuple(r for c in inits if (r := parse_container(c, True, config)) is not None)
@@ -273,9 +278,9 @@ def parse_pod(pod: Mapping[str, Any], config: Config = _DEFAULT_CONFIG) -> PodRe
     cpu_init, cpu_app = _host(inits, "cpu"), _host(apps, "cpu")
     mem_init, mem_app = _host(inits, "memory"), _host(apps, "memory")
     return PodRequest(
-        namespace=str(meta.get("namespace") or "default"),
-        name=str(meta.get("name") or meta.get("generateName") or ""),
-        uid=str(meta.get("uid") or ""),
+        namespace=namespace,
+        name=name,
+        uid=uid,
         init=init_reqs,
         app=app_reqs,
         constraints=parse_constraints(ann),
