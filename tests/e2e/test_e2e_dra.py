@@ -349,12 +349,17 @@ def test_100_mixed_claims_within_capacity_then_freed(dra: dict[str, Any]) -> Non
 
 
 def test_prepare_on_the_plugin_node(dra: dict[str, Any]) -> None:
-    """kubelet's NodePrepareResources on dra-node-0: the container gets its limits and CDI devices."""
+    """examples/dra/gpu-slice.yaml, placed on dra-node-0: kubelet's NodePrepareResources gives the
+    container its limits and CDI devices."""
     core, co, kubelet = dra["core"], dra["co"], dra["kubelet"]
-    _ensure_template(co, "t-3000-30", 3000, 30)
-    core.create_namespaced_pod(NS, _pod("prep-0", "t-3000-30", "prep", node=PLUGIN_NODE))
-    wait_for(lambda: _bound(core, "prep").get("prep-0") == PLUGIN_NODE, 120, "prep-0 bound to the plugin node")
-    pod = core.read_namespaced_pod("prep-0", NS)
+    template, pod_obj = yaml.safe_load_all((ROOT / "examples" / "dra" / "gpu-slice.yaml").read_text())
+    co.create_namespaced_custom_object(G, V, NS, "resourceclaimtemplates", template)
+    pod_obj["metadata"]["labels"] = {"batch": "prep"}
+    pod_obj["spec"]["nodeSelector"] = {"kubernetes.io/hostname": PLUGIN_NODE}  # the node with the real plugin
+    name = pod_obj["metadata"]["name"]
+    core.create_namespaced_pod(NS, pod_obj)
+    wait_for(lambda: _bound(core, "prep").get(name) == PLUGIN_NODE, 120, f"{name} bound to the plugin node")
+    pod = core.read_namespaced_pod(name, NS)
     [st] = pod.status.resource_claim_statuses
     claim = co.get_namespaced_custom_object(G, V, NS, "resourceclaims", st.resource_claim_name)
     uid = claim["metadata"]["uid"]
@@ -371,7 +376,7 @@ def test_prepare_on_the_plugin_node(dra: dict[str, Any]) -> None:
     assert cdi, "a CDI spec for the claim"
     kubelet.unprepare(DRIVER_NAME, [(NS, uid, claim["metadata"]["name"])])
     assert not limits.exists() and not list(Path(dra["dirs"]["cdi"]).glob(f"*{uid}*.json"))
-    print(f"E2E dra prepare: claim on {r['pool']}/{r['device']} prepared (memory_mib_0=3000, cores_0=30, "
+    print(f"E2E dra prepare: examples/dra/gpu-slice.yaml's claim on {r['pool']}/{r['device']} prepared (memory_mib_0=3000, cores_0=30, "
           f"CDI {resp.devices[0].cdi_device_ids[0]}) and unprepared")
     _delete_batch(core, co, "prep")
 
