@@ -2,8 +2,9 @@
 
 One JSON file (``<state-dir>/checkpoint.json``), rewritten atomically (temporary file, fsync,
 rename, fsync of the directory) after every change, read once at start. A prepare repeated after a
-restart answers from it without asking the API server (kubelet repeats NodePrepareResources for the
-pods it runs after it restarts), and rewrites the claim's files from it.
+restart gives the same answer and rewrites the claim's files from it (kubelet repeats
+NodePrepareResources for the pods it runs after it restarts), also when the API server cannot be
+asked; a claim allocated anew since (another allocation fingerprint) is prepared again.
 
 Format (``version`` 1)::
 
@@ -12,7 +13,8 @@ Format (``version`` 1)::
                                 "devices": [{"requests": [...], "pool": ..., "device": ...,
                                              "cdi_ids": [...], "share_id": ... or null}],
                                 "bookings": [{"uuid": ..., "memory_mib": ..., "cores": ...}],
-                                "nodes": {"<device>": [[container path, host path], ...]}}}}
+                                "nodes": {"<device>": [[container path, host path], ...]},
+                                "allocation": "<sha-256 of the allocation's results>"}}}
 
 A file that cannot be read as this format raises :class:`CheckpointError` at start: the plugin does
 not guess which claims are prepared (it would otherwise answer a later prepare differently, or
@@ -61,6 +63,9 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
     bookings: tuple[DeviceBooking, ...]
     nodes: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+    #: fingerprint of the claim's allocation when it was prepared
+    #: (:func:`deviceplugin.dra.plugin.allocation_fingerprint`; "" when unknown)
+    allocation: str = ""
 
 
 def _encode(c: PreparedClaim) -> dict[str, Any]:
@@ -68,7 +73,7 @@ def _encode(c: PreparedClaim) -> dict[str, Any]:
             "devices": [{"requests": list(d.requests), "pool": d.pool, "device": d.device,
                          "cdi_ids": list(d.cdi_ids), "share_id": d.share_id} for d in c.devices],
             "bookings": [{"uuid": b.uuid, "memory_mib": b.memory_mib, "cores": b.cores} for b in c.bookings],
-            "nodes": {dev: [list(p) for p in pairs] for dev, pairs in c.nodes}}
+            "nodes": {dev: [list(p) for p in pairs] for dev, pairs in c.nodes}, "allocation": c.allocation}
 
 
 def _decode(uid: str, o: Any, where: str) -> PreparedClaim:
@@ -81,7 +86,8 @@ def _decode(uid: str, o: Any, where: str) -> PreparedClaim:
         bookings = tuple(DeviceBooking(str(b["uuid"]), int(b["memory_mib"]), int(b["cores"])) for b in o["bookings"])
         nodes = tuple((str(dev), tuple((str(p[0]), str(p[1])) for p in pairs))
                       for dev, pairs in dict(o.get("nodes") or {}).items())
-        return PreparedClaim(str(o["namespace"]), str(o["name"]), uid, devices, bookings, nodes)
+        return PreparedClaim(str(o["namespace"]), str(o["name"]), uid, devices, bookings, nodes,
+                             str(o.get("allocation") or ""))
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         raise CheckpointError(f"{where}: claims[{uid!r}] is malformed ({type(e).__name__}: {e}); "
                               f"allowed: the version {VERSION} format written by this plugin") from None

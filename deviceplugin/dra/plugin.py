@@ -3,9 +3,11 @@
 kubelet calls :meth:`DRAPlugin.prepare` with (namespace, uid, name) for each ResourceClaim of a pod
 that names our driver. For each claim the plugin:
 
-1. answers from its checkpoint when the claim is already prepared (a repeat after a kubelet or
-   plugin restart), rewriting the claim's files from the checkpoint (no API call);
-2. otherwise reads the claim from the API server and refuses it unless its ``metadata.uid`` is the
+1. reads the claim from the API server; when the checkpoint already holds it (a repeat after a
+   kubelet or plugin restart) with the same allocation, or the API server cannot be asked, it gives
+   the checkpoint's answer and rewrites the claim's files from it; a claim allocated anew since
+   (same uid, another allocation) is prepared again;
+2. refuses a claim unless its ``metadata.uid`` is the
    uid kubelet named (a claim deleted and recreated under the same name is another claim), it is
    allocated and reserved for a consumer, and each of our results is in this node's pool
    (the node's name) on a GPU this plugin advertises, within that GPU's memory and cores;
@@ -33,12 +35,14 @@ up after a lost checkpoint) and forgets it; unpreparing an unknown claim succeed
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from kube_vgpu import envcontract
@@ -140,6 +144,13 @@ def nvml_minor(uuid: str) -> int | None:
     import pynvml
 
     return int(pynvml.nvmlDeviceGetMinorNumber(pynvml.nvmlDeviceGetHandleByUUID(uuid)))
+
+
+def allocation_fingerprint(claim: dict[str, Any]) -> str:
+    """SHA-256 (hex) of the claim's ``status.allocation.devices.results`` (every driver's, keys sorted):
+    the same allocation gives the same value, a new allocation of the same claim (new share ids) another."""
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+    return hashlib.sha256(json.dumps(results, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def alloc_dir_name(claim_uid: str) -> str:
@@ -355,26 +366,32 @@ class DRAPlugin:
         who = f"claim {namespace}/{name} ({uid})"
         key = alloc_dir_name(uid)  # refuses a uid unsafe in a path before anything else
         done = self.checkpoint.claims.get(uid)
-        if done is not None:
-            if (done.namespace, done.name) != (namespace, name):
-                raise PrepareError(f"{who}: this uid was prepared as {done.namespace}/{done.name}; refused")
-            self._write_files(done, key)
-            log.info("claim already prepared; files rewritten from the checkpoint", extra={"claim": who})
-            return done
+        if done is not None and (done.namespace, done.name) != (namespace, name):
+            raise PrepareError(f"{who}: this uid was prepared as {done.namespace}/{done.name}; refused")
         try:
             obj = self.claims.get_claim(namespace, name)
         except Exception as e:  # noqa: BLE001 - ApiException or a connection error
+            if done is not None:  # prepared before (a restart): the checkpoint is the truth we have
+                return self._again(done, key, f"the API server cannot be asked ({api_error_text(e)})")
             if is_not_found(e):
                 raise PrepareError(f"{who}: not found in the API server") from None
             raise PrepareError(f"{who}: cannot be read from the API server: {api_error_text(e)}") from None
         got_uid = str((obj.get("metadata") or {}).get("uid") or "")
         if got_uid != uid:
+            if done is not None:  # the prepared claim is being deleted; its pod may still be stopping
+                return self._again(done, key, f"the API server now holds uid {got_uid!r} under this name")
             raise PrepareError(f"{who}: the API server's {namespace}/{name} has uid {got_uid!r}, not the uid "
                                f"kubelet named (deleted and recreated?); refused")
+        fingerprint = allocation_fingerprint(obj)
+        if done is not None:
+            if done.allocation == fingerprint:
+                return self._again(done, key, "")
+            log.warning("claim allocated anew since it was prepared; preparing the new allocation",
+                        extra={"claim": who})
         grants = read_claim(obj, default_cores=MAX_CORES)
         if not grants.reserved_for:
             raise PrepareError(f"{who}: status.reservedFor is empty (the claim is not reserved for any pod); refused")
-        prepared = self._plan(namespace, name, uid, grants.grants)
+        prepared = replace(self._plan(namespace, name, uid, grants.grants), allocation=fingerprint)
         try:
             self._write_files(prepared, key)
             self.checkpoint.put(prepared)
@@ -389,6 +406,13 @@ class DRAPlugin:
                                           "memory_mib": ",".join(str(b.memory_mib) for b in prepared.bookings),
                                           "cores": ",".join(str(b.cores) for b in prepared.bookings)})
         return prepared
+
+    def _again(self, done: PreparedClaim, key: str, why: str) -> PreparedClaim:
+        """A repeat prepare of the same allocation: the files rewritten from the checkpoint, the same answer."""
+        self._write_files(done, key)
+        log.info("claim already prepared; files rewritten from the checkpoint",
+                 extra={"claim": f"{done.namespace}/{done.name}", "uid": done.uid, "reason": why or None})
+        return done
 
     def _plan(self, namespace: str, name: str, uid: str, grants: Sequence[Grant]) -> PreparedClaim:
         """Bookings per GPU (grants summed in status order), CDI devices and device nodes. Raises

@@ -119,9 +119,6 @@ class Node:
     def checkpoint(self) -> dict[str, Any]:
         return json.loads((Path(self.opts.plugin_dir) / "checkpoint.json").read_text())
 
-    def claim_gets(self) -> int:
-        return sum(1 for r in self.api.request_log if r.verb == "get" and r.resource.startswith("resourceclaims"))
-
 
 def make_root() -> str:
     """A short directory (unix socket paths are limited to 107 bytes) with the shim and a /dev."""

@@ -141,3 +141,17 @@ def test_a_prepared_uid_is_not_served_under_another_claim_name(node: Node) -> No
     assert prepare(node, uid, "c1")[0] == ""
     err, devices = prepare(node, uid, "other-name")
     assert "was prepared as" in err and devices == []
+
+
+def test_a_claim_allocated_anew_is_not_served_its_old_grant(node: Node) -> None:
+    """Same claim (same uid) deallocated and allocated again, smaller, while a stale checkpoint entry
+    remained (an unprepare that never came): the new allocation is what the container gets."""
+    c = node.claim("c1", [result("gpu-0", "20000Mi", "80")])
+    uid = c["metadata"]["uid"]
+    assert prepare(node, uid, "c1")[0] == ""
+    node.api.patch_object("resourceclaims", "c1", {"status": {"allocation": {"devices": {"results": [
+        result("gpu-1", "1000Mi", "10")]}}}}, namespace=NS, patch_type="merge", subresource="status")
+    err, devices = prepare(node, uid, "c1")
+    lim = node.limits(uid)
+    assert err == "" and [d.device_name for d in devices] == ["gpu-1"]
+    assert lim is not None and (lim["uuid_0"], lim["memory_mib_0"], lim["cores_0"]) == (node.gpu_uuid(1), "1000", "10")
