@@ -33,6 +33,7 @@ from typing import Any
 from ..errors import QuantityError
 from ..model import GPUDevice
 from ..quantity import parse_quantity
+from ..views import ObjectView
 from . import (
     ATTR_DRIVER_VERSION,
     ATTR_INDEX,
@@ -249,7 +250,7 @@ def same_content(published: dict[str, Any], wanted: dict[str, Any]) -> bool:
     generation, the server's canonical spelling of quantities (``1024Mi`` reads back as ``1Gi``)
     and the taints' server-set ``timeAdded``. Labels and ownerReferences we set are compared too."""
     def spec(o: dict[str, Any]) -> Any:
-        s = dict(o.get("spec") or {})
+        s = dict(ObjectView(o).spec)
         pool = dict(s.get("pool") or {})
         pool.pop("generation", None)
         s["pool"] = pool
@@ -257,9 +258,9 @@ def same_content(published: dict[str, Any], wanted: dict[str, Any]) -> bool:
         return _norm(s)
 
     def meta(o: dict[str, Any]) -> Any:
-        m = o.get("metadata") or {}
-        labels = {k: v for k, v in (m.get("labels") or {}).items() if k == LABEL_DRIVER}
-        owners = [{k: r.get(k) for k in ("apiVersion", "kind", "name", "uid")} for r in m.get("ownerReferences") or ()]
+        view = ObjectView(o)
+        labels = {k: v for k, v in view.labels.items() if k == LABEL_DRIVER}
+        owners = [{k: r.get(k) for k in ("apiVersion", "kind", "name", "uid")} for r in view.owner_references]
         return labels, owners
 
     return bool(spec(published) == spec(wanted) and meta(published) == meta(wanted))
@@ -268,8 +269,8 @@ def same_content(published: dict[str, Any], wanted: dict[str, Any]) -> bool:
 def taints_dropped(published: dict[str, Any], wanted: dict[str, Any]) -> bool:
     """True when ``wanted`` tainted a device and the server's copy has no taints on it: the
     DRADeviceTaints feature gate is off (the server drops disabled fields without an error)."""
-    got = {d.get("name"): d for d in (published.get("spec") or {}).get("devices") or ()}
-    for d in (wanted.get("spec") or {}).get("devices") or ():
+    got = {d.get("name"): d for d in ObjectView(published).spec.get("devices") or ()}
+    for d in ObjectView(wanted).spec.get("devices") or ():
         if d.get("taints") and not (got.get(d.get("name")) or {}).get("taints"):
             return True
     return False
@@ -278,4 +279,4 @@ def taints_dropped(published: dict[str, Any], wanted: dict[str, Any]) -> bool:
 def capacity_dropped(published: dict[str, Any]) -> bool:
     """True when the server's copy of a slice we wrote lacks ``allowMultipleAllocations`` on a
     device: the DRAConsumableCapacity feature gate is off, so every claim would take a whole GPU."""
-    return any(not d.get("allowMultipleAllocations") for d in (published.get("spec") or {}).get("devices") or ())
+    return any(not d.get("allowMultipleAllocations") for d in ObjectView(published).spec.get("devices") or ())

@@ -207,7 +207,6 @@ ALLOWED_WALKS: dict[str, tuple[int, str]] = {
     "kubectl_vgpu/cluster.py": (3, "the shape checker reads the raw object to decide whether it can be viewed "
                                    "(2); the inventory read is not converted yet (shape-checker work in progress)"),
     "kube_vgpu/dra/claims.py": (1, "the DRA claim reader's own strict shape check of a ResourceClaim"),
-    "kube_vgpu/dra/slices.py": (5, "DRA ResourceSlice builder/comparer, written in the same session: to convert"),
     "deviceplugin/dra/plugin.py": (2, "DRA kubelet plugin, written in the same session: to convert"),
     "deviceplugin/dra_publish.py": (20, "DRA ResourceSlice publisher, written in the same session: to convert"),
 }
