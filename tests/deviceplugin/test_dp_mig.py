@@ -133,19 +133,23 @@ def test_fake_driver_state_outlives_the_process(gpus: FakeGPUs, nvml: NVML, migs
     assert out.stdout.strip().split(",") == made
 
 
-def test_domain_placements_are_what_the_driver_accepts(gpus: FakeGPUs, nvml: NVML) -> None:
+@pytest.mark.parametrize("key", sorted(MODELS))
+def test_domain_placements_are_what_the_driver_accepts(gpus: FakeGPUs, nvml: NVML, key: str) -> None:
     """kube_vgpu.mig's geometry and the driver's agree: every placement place() chooses is created
     without a refusal, and a request place() refuses finds no room on the driver either."""
-    gpus.set([H200])
+    name, mib = MODELS[key]
+    gpus.set([{"name": name, "memory_mib": mib, "mig": 1}])
     (g0,), _ = nvml.discover()
     rng = random.Random(7)
-    table = TABLES["H200-141GB"]
+    table = TABLES[key]
+    sizes = sorted({p.memory_mib for p in table.profiles})
+    placed = 0
     for _ in range(4):
         for m in nvml.mig_devices(g0.uuid):
             nvml.mig_destroy(g0.uuid, m.uuid)
         layout: list[Instance] = []
         for _ in range(8):
-            req = rng.choice([1000, 20000, 30000, 40000, 80000])
+            req = rng.choice([1000] + [m - 1 for m in sizes] + [m + 1 for m in sizes[:-1]])
             try:
                 pl = place(req, table, layout)
             except MigError:
@@ -158,9 +162,11 @@ def test_domain_placements_are_what_the_driver_accepts(gpus: FakeGPUs, nvml: NVM
                 pytest.fail(f"place() refused {req} MiB ({smallest.name}) on {layout} but the driver has room")
             nvml.mig_create(g0.uuid, pl.profile.name, pl.start)
             layout.append(Instance(pl.profile.name, pl.start))
+            placed += 1
         assert sorted((m.profile, m.start) for m in nvml.mig_devices(g0.uuid)) == sorted(
             (i.profile, i.start) for i in layout)
         assert layout_error(table, layout) is None
+    assert placed >= 8  # the rounds really exercised the driver
 
 
 # ------------------------------------------------------------------ the device plugin
