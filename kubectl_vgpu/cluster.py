@@ -23,6 +23,7 @@ from kube_vgpu import podshape
 from kube_vgpu.codec import decode_inventory
 from kube_vgpu.errors import CodecError, ShapeError, json_type
 from kube_vgpu.resources import ANN_NODE_INVENTORY
+from kube_vgpu.views import NodeView
 
 Obj = dict[str, Any]
 
@@ -109,7 +110,7 @@ def newest_heartbeat(nodes: list[Obj]) -> float:
     for n in nodes:
         if object_problem(n, "node"):
             continue
-        text = ((n.get("metadata") or {}).get("annotations") or {}).get(ANN_NODE_INVENTORY)
+        text = NodeView(n).annotations.get(ANN_NODE_INVENTORY)
         if not text:
             continue
         try:
