@@ -26,7 +26,8 @@ Kubernetes v1.36's scheduler and its structured-parameters allocator:
 
 Scorers:
 
-* :class:`DraAllocator`: GPU-blind node scores, devices first fit in index order (or, with
+* :class:`DraAllocator`: GPU-blind node scores (NodeResourcesFit's LeastAllocated, or the
+  MostAllocated strategy an admin can configure), devices first fit in index order (or, with
   ``device_order="bestfit"``, in the order a driver that republishes its slice least free GPU
   first would give: first fit then is best fit). With ``prefer_in_use`` the claim asks with two
   ``firstAvailable`` subrequests, the first selecting GPUs the driver marks as in use (a
@@ -42,10 +43,12 @@ Units: CPU in millicores, memory in MiB, scores as kube-scheduler's integers (0.
 from __future__ import annotations
 
 from ..model import ContainerRequest, PodRequest
+from .engine import pod_shape
 from .fit import ORDER_BESTFIT, ORDER_INDEX, Plan, fit_pod, gpu_order
+from .memo import BoundedMemo
 from .policies import FGD, Policy, TaskShape
 from .state import NodeState
-from .status import FitFailure
+from .status import Code, FitFailure
 
 #: kube-scheduler's MaxNodeScore
 MAX_NODE_SCORE = 100
@@ -59,6 +62,9 @@ MIN_FEASIBLE_NODES, MIN_FEASIBLE_PERCENT = 100, 5
 NONZERO_CPU_MILLI, NONZERO_MEMORY_MIB = 100, 200 * 1000 * 1000 // (1024 * 1024)
 #: the device orders a driver may publish (:class:`DraAllocator` ``device_order``)
 DEVICE_ORDERS = (ORDER_INDEX, ORDER_BESTFIT)
+#: NodeResourcesFit's scoring strategies modelled (:class:`DraAllocator` ``fit_strategy``)
+LEAST_ALLOCATED, MOST_ALLOCATED = "LeastAllocated", "MostAllocated"
+FIT_STRATEGIES = (LEAST_ALLOCATED, MOST_ALLOCATED)
 
 
 def nodes_to_find(percentage: int, n_nodes: int) -> int:
@@ -73,16 +79,20 @@ def nodes_to_find(percentage: int, n_nodes: int) -> int:
     return max(MIN_FEASIBLE_NODES, n_nodes * pct // 100)
 
 
-def least_allocated(node: NodeState, pod: PodRequest) -> int:
-    """NodeResourcesFit's LeastAllocated score on host CPU and memory (weights 1:1), 0..100; a
-    resource the node does not model is left out (100 when neither is)."""
+def least_allocated(node: NodeState, pod: PodRequest, most: bool = False) -> int:
+    """NodeResourcesFit's LeastAllocated score on host CPU and memory (weights 1:1), 0..100, or
+    with ``most`` its MostAllocated strategy; a resource the node does not model is left out
+    (100 when neither is)."""
     parts = []
     for cap, free, want, floor in ((node.cpu_total, node.cpu_free, pod.cpu_milli, NONZERO_CPU_MILLI),
                                    (node.memory_total, node.memory_free, pod.memory_mib, NONZERO_MEMORY_MIB)):
         if cap <= 0:
             continue
         requested = cap - free + (want or floor)
-        parts.append(0 if requested > cap else (cap - requested) * MAX_NODE_SCORE // cap)
+        if most:
+            parts.append(min(requested, cap) * MAX_NODE_SCORE // cap)
+        else:
+            parts.append(0 if requested > cap else (cap - requested) * MAX_NODE_SCORE // cap)
     return sum(parts) // len(parts) if parts else MAX_NODE_SCORE
 
 
@@ -119,19 +129,42 @@ class DraAllocator(Policy):
     free GPU first). prefer_in_use: claims ask in-use GPUs first (two ``firstAvailable``
     subrequests) and the DynamicResources score rewards the nodes where that subrequest fits.
     nodes_to_score: ``percentageOfNodesToScore`` of the scheduler modelled (0 = adaptive,
-    100 = every feasible node), applied by the replay. Raises ValueError for another order.
+    100 = every feasible node), applied by the replay. fit_strategy: NodeResourcesFit's scoring
+    strategy, ``LeastAllocated`` (the default) or ``MostAllocated``. Raises ValueError for
+    another order or strategy.
     """
 
     def __init__(self, gpu_policy: str = ORDER_INDEX, device_order: str = ORDER_INDEX,
-                 prefer_in_use: bool = False, nodes_to_score: int = 0):
+                 prefer_in_use: bool = False, nodes_to_score: int = 0, fit_strategy: str = LEAST_ALLOCATED):
         if device_order not in DEVICE_ORDERS:
             raise ValueError(f"device_order: {device_order!r} is not known; allowed: {', '.join(DEVICE_ORDERS)}")
+        if fit_strategy not in FIT_STRATEGIES:
+            raise ValueError(f"fit_strategy: {fit_strategy!r} is not known; allowed: {', '.join(FIT_STRATEGIES)}")
+        self.most_allocated = fit_strategy == MOST_ALLOCATED
         nodes_to_find(nodes_to_score, 0)  # validate the percentage
         self.first_fit = gpu_order(device_order)
         self.order = self._in_use_first if prefer_in_use else self.first_fit
         self.order_kind = device_order
         self.prefer_in_use = prefer_in_use
         self.nodes_to_score = nodes_to_score
+        #: (GPU request, node GPU state) -> first-fit plan or failure: the GPU fit does not depend
+        #: on the pod's host CPU and memory, which the engine's cache keys on
+        self._fits: BoundedMemo[tuple[object, ...], Plan | FitFailure] = BoundedMemo(300_000, lru=False)
+
+    def evaluate(self, node: NodeState, pod: PodRequest) -> tuple[float, Plan] | FitFailure:
+        """The host check, then the allocator's plan (memoised on the GPU state), then the score."""
+        if node.cpu_total and pod.cpu_milli > node.cpu_free:
+            return FitFailure(Code.HOST_CPU, need=pod.cpu_milli, have=node.cpu_free)
+        if node.memory_total and pod.memory_mib > node.memory_free:
+            return FitFailure(Code.HOST_MEMORY, need=pod.memory_mib, have=node.memory_free)
+        key = (pod_shape(pod, host=False), node.devclass, tuple(node.free_mem), tuple(node.free_cores),
+               tuple(node.free_slots))
+        plan = self._fits.get(key)
+        if plan is None:
+            plan = self._fits.put(key, fit_pod(node, pod, self.order))
+        if isinstance(plan, FitFailure):
+            return plan
+        return self.score(node, pod, plan), plan
 
     def _in_use_first(self, node: NodeState, cands: list[int], mem: list[int], cores: list[int],
                       req: ContainerRequest) -> list[int]:
@@ -155,7 +188,8 @@ class DraAllocator(Policy):
         return WEIGHT_DRA * (raw * MAX_NODE_SCORE // FIRST_AVAILABLE_MAX)
 
     def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
-        return float(WEIGHT_FIT * least_allocated(node, pod) + WEIGHT_BALANCED * balanced_allocation(node, pod)
+        return float(WEIGHT_FIT * least_allocated(node, pod, self.most_allocated)
+                     + WEIGHT_BALANCED * balanced_allocation(node, pod)
                      + self.dra_score(node, pod, plan))
 
 
@@ -176,5 +210,5 @@ def first_fit_plan(node: NodeState, pod: PodRequest) -> Plan | FitFailure:
     return fit_pod(node, pod, gpu_order(ORDER_INDEX))
 
 
-__all__ = ["DEVICE_ORDERS", "DraAllocator", "DraExtenderFGD", "balanced_allocation", "first_fit_plan", "in_use",
+__all__ = ["DEVICE_ORDERS", "FIT_STRATEGIES", "LEAST_ALLOCATED", "MOST_ALLOCATED", "DraAllocator", "DraExtenderFGD", "balanced_allocation", "first_fit_plan", "in_use",
            "least_allocated", "nodes_to_find"]
