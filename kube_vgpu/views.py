@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from .errors import ShapeError
+from .podshape import key_path
 
 #: pod phases after which no container of the pod runs again
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -63,10 +64,6 @@ def str_field(value: Any, path: str) -> str:
     if isinstance(value, str):
         return value
     raise ShapeError(path, value, "a string")
-
-
-def _key_path(field: str, key: str) -> str:
-    return f'{field}["{key}"]'
 
 
 class ObjectView:
@@ -170,14 +167,14 @@ class ObjectView:
         v = self.annotations.get(key)
         if v is None or isinstance(v, str):
             return v
-        raise ShapeError(_key_path("metadata.annotations", key), v, "a string")
+        raise ShapeError(key_path("metadata.annotations", key), v, "a string")
 
     def label(self, key: str) -> str | None:
         """The label ``key``'s value, None when absent. Raises ShapeError when it is not a string."""
         v = self.labels.get(key)
         if v is None or isinstance(v, str):
             return v
-        raise ShapeError(_key_path("metadata.labels", key), v, "a string")
+        raise ShapeError(key_path("metadata.labels", key), v, "a string")
 
     @property
     def owner_references(self) -> tuple[Mapping[str, Any], ...]:
