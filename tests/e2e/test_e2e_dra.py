@@ -76,10 +76,10 @@ def _scheduler(cp: ControlPlane, work: Path) -> Proc:
     return p
 
 
-def _chart(version: str, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
+def _chart(version: str, kinds: tuple[str, ...], *sets: str) -> list[dict[str, Any]]:
     r = subprocess.run([helm_binary(), "template", RELEASE, str(ROOT / "charts" / "kube-vgpu"), "--namespace", CHART_NS,
-                        "--kube-version", version, "--set", "dra.enabled=true"], capture_output=True, text=True,
-                       timeout=120)
+                        "--kube-version", version, "--set", "dra.enabled=true", *(a for x in sets for a in ("--set", x))],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return [d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] in kinds]
 
@@ -379,6 +379,41 @@ def test_prepare_on_the_plugin_node(dra: dict[str, Any]) -> None:
     print(f"E2E dra prepare: examples/dra/gpu-slice.yaml's claim on {r['pool']}/{r['device']} prepared (memory_mib_0=3000, cores_0=30, "
           f"CDI {resp.devices[0].cdi_device_ids[0]}) and unprepared")
     _delete_batch(core, co, "prep")
+
+
+def test_extended_resource_mapping_gives_whole_gpus(dra: dict[str, Any]) -> None:
+    """dra.deviceClass.extendedResourceName=nvidia.com/gpu: pods asking for nvidia.com/gpu: 1 on nodes
+    without a device plugin advertising it get a claim on the class, i.e. a whole GPU each."""
+    core, co = dra["core"], dra["co"]
+    [dc] = _chart(dra["version"], ("DeviceClass",), "dra.deviceClass.extendedResourceName=nvidia.com/gpu")
+    assert dc["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    old = co.get_cluster_custom_object(G, V, "deviceclasses", DRIVER_NAME)
+    dc["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+    co.replace_cluster_custom_object(G, V, "deviceclasses", DRIVER_NAME, dc)
+    total = GPUS * len(NODES)
+    try:
+        for i in range(total + 1):
+            core.create_namespaced_pod(NS, {"metadata": {"name": f"ext-{i:02d}", "labels": {"batch": "ext"}}, "spec": {
+                "terminationGracePeriodSeconds": 0, "containers": [{"name": "c", "image": "busybox", "resources": {
+                    "limits": {"nvidia.com/gpu": "1"}}}]}})
+
+        def settled() -> bool:
+            pods = core.list_namespaced_pod(NS, label_selector="batch=ext").items
+            waiting = [p for p in pods if not p.spec.node_name and any(
+                c.type == "PodScheduled" and c.status == "False" for c in p.status.conditions or ())]
+            return len(_bound(core, "ext")) == total and len(waiting) == 1
+        wait_for(settled, 300, f"{total} nvidia.com/gpu pods bound through DRA, one left over", every=0.5)
+        use = _assert_within_capacity(co)
+        assert len(use) == total and all(u["claims"] == 1 and u["cores"] == 100 and u["memory"] == GPU_MIB * 2**20
+                                         for u in use.values())
+        print(f"E2E dra extended resource: {total} pods asking nvidia.com/gpu: 1 got one whole GPU each "
+              f"through the class, the {total + 1}th waits")
+    finally:
+        _delete_batch(core, co, "ext")
+        old = co.get_cluster_custom_object(G, V, "deviceclasses", DRIVER_NAME)
+        old["spec"].pop("extendedResourceName", None)
+        co.replace_cluster_custom_object(G, V, "deviceclasses", DRIVER_NAME, old)
+    wait_for(lambda: not _usage(co)[0], 120, "every claim released")
 
 
 def test_node_deletion_takes_its_slices(dra: dict[str, Any]) -> None:
