@@ -33,6 +33,7 @@ from kube_vgpu.dra import DRIVER_NAME
 from kube_vgpu.dra.slices import capacity_dropped, resource_slices, same_content, taints_dropped
 from kube_vgpu.kubeapi import api_error_text, is_conflict, is_not_found, read_json
 from kube_vgpu.model import GPUDevice
+from kube_vgpu.views import ListView, NodeView, ObjectView
 
 log = logging.getLogger("kube_vgpu.deviceplugin.dra_publish")
 
@@ -47,9 +48,19 @@ class PublishError(Exception):
     """Publishing could not finish: the Node does not exist, or the pool kept changing under us."""
 
 
+def _name(s: Obj) -> str:
+    """A ResourceSlice's ``metadata.name``."""
+    return ObjectView(s).name
+
+
+def _devices(s: Obj) -> list[Any]:
+    """A ResourceSlice's ``spec.devices`` (empty when absent)."""
+    return list(ObjectView(s).spec.get("devices") or ())
+
+
 def _generation(s: Obj) -> int:
     try:
-        return int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+        return int((ObjectView(s).spec.get("pool") or {}).get("generation") or 0)
     except (TypeError, ValueError):
         return 0
 
@@ -89,7 +100,7 @@ class SlicePublisher:
             if is_not_found(e):
                 raise PublishError(f"node {self.node!r} not found: its ResourceSlices would have no owner") from e
             raise
-        uid = (node.get("metadata") or {}).get("uid")
+        uid = NodeView(node).uid
         if not uid:
             raise PublishError(f"node {self.node!r} has no metadata.uid")
         return {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid, "controller": True}
@@ -99,9 +110,12 @@ class SlicePublisher:
         body: Any = self._custom.list_cluster_custom_object(
             GROUP, VERSION, PLURAL, field_selector=f"spec.nodeName={self.node},spec.driver={DRIVER_NAME}",
             _request_timeout=self.timeout)
-        items = [s for s in body.get("items") or () if (s.get("spec") or {}).get("nodeName") == self.node
-                 and (s.get("spec") or {}).get("driver") == DRIVER_NAME]  # never trust a server to filter
-        return sorted(items, key=lambda s: s["metadata"]["name"])
+        items: list[Obj] = [s for s in ListView(body).items if self._ours(s)]  # never trust a server to filter
+        return sorted(items, key=_name)
+
+    def _ours(self, s: Obj) -> bool:
+        spec = ObjectView(s).spec
+        return spec.get("nodeName") == self.node and spec.get("driver") == DRIVER_NAME
 
     def _write(self, want: Obj, have: Obj | None) -> Obj:
         if have is None:
@@ -109,18 +123,19 @@ class SlicePublisher:
                                                                  _request_timeout=self.timeout)
             return dict(out)
         body = dict(want)
-        body["metadata"] = {**want["metadata"], "resourceVersion": have["metadata"]["resourceVersion"]}
-        out = self._custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, want["metadata"]["name"], body,
+        wv = ObjectView(want)
+        body["metadata"] = {**wv.meta, "resourceVersion": ObjectView(have).resource_version}
+        out = self._custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, wv.name, body,
                                                          _request_timeout=self.timeout)
         return dict(out)
 
     def _delete(self, s: Obj) -> None:
-        meta = s["metadata"]
+        view = ObjectView(s)
         kw: dict[str, Any] = {"_request_timeout": self.timeout}
-        if meta.get("uid"):  # only the slice we read, never one recreated meanwhile
-            kw["body"] = {"preconditions": {"uid": meta["uid"]}}
+        if view.uid:  # only the slice we read, never one recreated meanwhile
+            kw["body"] = {"preconditions": {"uid": view.uid}}
         try:
-            self._custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, meta["name"], **kw)
+            self._custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, view.name, **kw)
         except Exception as e:
             if not is_not_found(e):
                 raise
@@ -141,8 +156,8 @@ class SlicePublisher:
                     gen, again = self._publish_once(devices)
                 except Exception as e:
                     if is_conflict(e):
-                        log.info("ResourceSlices of node %s changed meanwhile (%s); re-reading", self.node,
-                                 api_error_text(e))
+                        log.info("ResourceSlices changed meanwhile; re-reading",
+                                 extra={"node": self.node, "error": api_error_text(e)})
                         continue
                     raise
                 if not again:
@@ -154,13 +169,13 @@ class SlicePublisher:
         """One list-compare-write pass: (generation in effect, whether to pass again)."""
         owner = self._owner()
         have = self.current()
-        by_name = {s["metadata"]["name"]: s for s in have}
+        by_name = {_name(s): s for s in have}
         cur = max((_generation(s) for s in have), default=0)
         taint = self.device_taints is not False
         want = resource_slices(self.node, devices, pool_generation=cur, driver_version=self.driver_version,
                                taint_unhealthy=taint, owner=owner)
-        if (len(have) == len(want) and all(w["metadata"]["name"] in by_name for w in want)
-                and all(same_content(by_name[w["metadata"]["name"]], w) for w in want)
+        if (len(have) == len(want) and all(_name(w) in by_name for w in want)
+                and all(same_content(by_name[_name(w)], w) for w in want)
                 and len({_generation(s) for s in have}) == 1):
             return cur, False
         gen = cur + 1
@@ -168,27 +183,29 @@ class SlicePublisher:
                                taint_unhealthy=taint, owner=owner)
         again = False
         for w in want:
-            got = self._write(w, by_name.get(w["metadata"]["name"]))
-            if capacity_dropped(got) and w["spec"]["devices"]:
+            name, wanted = _name(w), _devices(w)
+            got = self._write(w, by_name.get(name))
+            if capacity_dropped(got) and wanted:
                 if self.consumable_capacity is not False:
-                    log.error("the API server dropped allowMultipleAllocations from ResourceSlice %s: the "
+                    log.error("the API server dropped allowMultipleAllocations from a ResourceSlice: the "
                               "DRAConsumableCapacity feature gate is off, so each GPU goes whole to one claim",
-                              w["metadata"]["name"])
+                              extra={"node": self.node, "slice": name})
                 self.consumable_capacity = False
-            elif w["spec"]["devices"]:
+            elif wanted:
                 self.consumable_capacity = True
             if self.device_taints is None and taints_dropped(got, w):
-                log.warning("the API server dropped the device taints of ResourceSlice %s (DRADeviceTaints off): "
-                            "unhealthy GPUs are left out of the pool instead", w["metadata"]["name"])
+                log.warning("the API server dropped the device taints of a ResourceSlice (DRADeviceTaints off): "
+                            "unhealthy GPUs are left out of the pool instead", extra={"node": self.node, "slice": name})
                 self.device_taints = False
                 again = True
-            elif self.device_taints is None and any(d.get("taints") for d in w["spec"]["devices"]):
+            elif self.device_taints is None and any(d.get("taints") for d in wanted):
                 self.device_taints = True
-        keep = {w["metadata"]["name"] for w in want}
+        keep = {_name(w) for w in want}
         for s in have:
-            if s["metadata"]["name"] not in keep:
+            if _name(s) not in keep:
                 self._delete(s)
-        log.info("published %d GPU(s) of node %s as ResourceSlice generation %d", len(devices), self.node, gen)
+        log.info("published the node's GPUs as ResourceSlices",
+                 extra={"node": self.node, "gpus": len(devices), "generation": gen})
         return gen, again
 
     def remove(self) -> int:
@@ -199,7 +216,7 @@ class SlicePublisher:
             for s in have:
                 self._delete(s)
             if have:
-                log.info("removed %d ResourceSlice(s) of node %s", len(have), self.node)
+                log.info("removed the node's ResourceSlices", extra={"node": self.node, "slices": len(have)})
             return len(have)
 
     def run(self, devices: Callable[[], Sequence[GPUDevice]], stop: threading.Event, wake: threading.Event,
@@ -214,7 +231,8 @@ class SlicePublisher:
                 self.publish(devices())
                 wait = period
             except Exception as e:  # noqa: BLE001 - logged and retried; the pool is re-read each time
-                log.warning("publishing the ResourceSlices of node %s failed: %s", self.node, api_error_text(e))
+                log.warning("publishing the ResourceSlices failed",
+                            extra={"node": self.node, "error": api_error_text(e)})
                 wait = retry
             if stop.is_set():
                 break
