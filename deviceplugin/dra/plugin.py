@@ -51,6 +51,7 @@ from kube_vgpu.dra import DRIVER_NAME, device_name
 from kube_vgpu.dra.claims import Grant, read_claim
 from kube_vgpu.kubeapi import api_error_text, is_not_found
 from kube_vgpu.model import DeviceBooking, GPUDevice
+from kube_vgpu.views import ObjectView
 
 from .. import inventory as inv
 from ..nvml import NVML, GPUBackend, HealthTracker, NVMLError, PhysicalGPU
@@ -147,10 +148,11 @@ def nvml_minor(uuid: str) -> int | None:
 
 
 def allocation_fingerprint(claim: dict[str, Any]) -> str:
-    """SHA-256 (hex) of the claim's ``status.allocation.devices.results`` (every driver's, keys sorted):
-    the same allocation gives the same value, a new allocation of the same claim (new share ids) another."""
-    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
-    return hashlib.sha256(json.dumps(results, sort_keys=True, default=str).encode()).hexdigest()
+    """SHA-256 (hex) of the claim's ``status.allocation`` (keys sorted): the same allocation gives the
+    same value, a new allocation of the same claim (new share ids, timestamp) another. Raises
+    ShapeError when ``status`` is not an object."""
+    allocation = ObjectView(claim).status.get("allocation")
+    return hashlib.sha256(json.dumps(allocation, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def alloc_dir_name(claim_uid: str) -> str:
@@ -376,7 +378,7 @@ class DRAPlugin:
             if is_not_found(e):
                 raise PrepareError(f"{who}: not found in the API server") from None
             raise PrepareError(f"{who}: cannot be read from the API server: {api_error_text(e)}") from None
-        got_uid = str((obj.get("metadata") or {}).get("uid") or "")
+        got_uid = ObjectView(obj).uid
         if got_uid != uid:
             if done is not None:  # the prepared claim is being deleted; its pod may still be stopping
                 return self._again(done, key, f"the API server now holds uid {got_uid!r} under this name")
