@@ -244,3 +244,23 @@ def test_node_component_writes_only_its_own_node(vap: ModuleType, docs: list[dic
     # a token that names no node (not bound to a pod)
     d = _decide(vap, docs, "CREATE", DP_USER, _slice("n1"))
     assert d.denied and "token names no node" in d.denied[0]
+
+
+@pytest.mark.parametrize("values", [
+    {"dra": {"enabled": True, "deviceClass": {"extendedResourceName": "nvidia.com/gpu"},
+             "modelClasses": [{"name": "h200.vgpu.kube-vgpu.io", "model": "NVIDIA H200"}]}},
+    {"dra": {"enabled": True, "nodes": "all"}},
+], ids=["labelled", "all"])
+def test_rendered_dra_manifests_validate(renderer: Renderer, values: dict[str, Any]) -> None:
+    """Every object (DeviceClasses, DaemonSets, RBAC, policy) against Kubernetes' own 1.36 schemas."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = renderer.render(values, kube_version=KUBE)
+    kinds = {d["kind"] for d in docs}
+    assert {"DeviceClass", "DaemonSet", "ValidatingAdmissionPolicy"} <= kinds
+    for d in docs:
+        try:
+            kubernetes_validate.validate(d, KUBE, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{d['kind']}/{d['metadata']['name']} invalid for {KUBE}: {e.message}")
+        if d["kind"] == "DeviceClass":
+            assert "namespace" not in d["metadata"]
