@@ -206,7 +206,6 @@ ALLOWED_WALKS: dict[str, tuple[int, str]] = {
     "scheduler/kube.py": (1, "not converted yet: edited by the API-layer work in the same session"),
     "kubectl_vgpu/cluster.py": (2, "the shape checker reads the raw object to decide whether it can be viewed"),
     "kube_vgpu/dra/claims.py": (1, "the DRA claim reader's own strict shape check of a ResourceClaim"),
-    "deviceplugin/dra_publish.py": (20, "DRA ResourceSlice publisher, written in the same session: to convert"),
 }
 
 
