@@ -152,3 +152,16 @@ def test_dropped_fields_detected() -> None:
         d.pop("taints", None)
         d.pop("allowMultipleAllocations")
     assert taints_dropped(got, want) and capacity_dropped(got)
+
+
+def test_slices_validate_against_the_1_36_schema() -> None:
+    """Field names and types as kube-apiserver 1.36 serves them (offline; the e2e suite creates them)."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    owner = {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u-1", "controller": True}
+    for s in resource_slices("n", [gpu(i, healthy=i != 1) for i in range(70)], pool_generation=2,
+                             driver_version="550.54.15", owner=owner):
+        kubernetes_validate.validate(s, "1.36.0", strict=True)
+    bad = resource_slice("n", [gpu(0)], pool_generation=1)
+    bad["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["validRnage"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.36.0", strict=True)
