@@ -106,7 +106,11 @@ class ObjectView:
         raise AttributeError(f"{type(self).__name__} is read-only")
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.namespace + '/' if self.namespace else ''}{self.name})"
+        try:
+            ns, name = self.namespace, self.name
+        except ShapeError:
+            return f"{type(self).__name__}(<malformed metadata>)"
+        return f"{type(self).__name__}({ns + '/' if ns else ''}{name})"
 
     # -- metadata ---------------------------------------------------------------------------------
 

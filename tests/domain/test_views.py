@@ -175,6 +175,12 @@ def test_list_view():
         ListView([])  # type: ignore[arg-type]
 
 
+def test_repr_never_raises():
+    assert repr(PodView(_pod())) == "PodView(team-a/p)"
+    assert repr(NodeView({"metadata": {"name": "n1"}})) == "NodeView(n1)"
+    assert repr(PodView({"metadata": {"name": 5}})) == "PodView(<malformed metadata>)"
+
+
 def test_not_an_object():
     for bad in (None, "pod", [], 3):
         with pytest.raises(ShapeError) as e:
