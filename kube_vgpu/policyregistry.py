@@ -101,6 +101,9 @@ DRA_MODEL_SPECS: tuple[NodePolicySpec, ...] = (
     NodePolicySpec("dra-extender-fgd", "draalloc.DraExtenderFGD",
                    "kube-vgpu's extender picks the node (FGD of the allocator's choice), the allocator first fit",
                    needs_shapes=True, options={"tie_break": "bestfit"}),
+    NodePolicySpec("dra-extender-fgd-unaware", "draalloc.DraExtenderFGD",
+                   "dra-extender-fgd with the extender scoring FGD's own GPU choice, not the allocator's",
+                   needs_shapes=True, options={"tie_break": "bestfit", "predict": False}),
 )
 
 NODE_POLICIES: tuple[str, ...] = tuple(s.name for s in NODE_POLICY_SPECS)

@@ -197,12 +197,28 @@ class DraExtenderFGD(FGD):
     """kube-vgpu's extender choosing the node of a pod that carries claims (FGD with BestFit
     breaking ties, scored on the allocator's first-fit choice on each node); the allocator then
     places the devices first fit in index order. Every feasible node is scored (kube-vgpu's chart
-    sets ``percentageOfNodesToScore: 100``; the extender's filter answers the best node)."""
+    sets ``percentageOfNodesToScore: 100``; the extender's filter answers the best node).
+    predict: the extender scores the allocator's first-fit choice (True) or FGD's own (False)."""
 
-    def __init__(self, shapes: list[TaskShape], gpu_policy: str = ORDER_INDEX, tie_break: str = ORDER_BESTFIT):
+    def __init__(self, shapes: list[TaskShape], gpu_policy: str = ORDER_INDEX, tie_break: str = ORDER_BESTFIT,
+                 predict: bool = True):
         super().__init__(shapes, gpu_policy, tie_break)
-        self.order = gpu_order(ORDER_INDEX)
-        self.order_kind = ORDER_INDEX
+        self.first_fit = gpu_order(ORDER_INDEX)
+        self.predict = predict
+        if predict:
+            self.order = self.first_fit
+            self.order_kind = ORDER_INDEX
+
+    def evaluate(self, node: NodeState, pod: PodRequest) -> tuple[float, Plan] | FitFailure:
+        """FGD's score of the node; the plan is the allocator's first fit. With ``predict`` the
+        score is of that plan; without, of FGD's own GPU choice (an extender that does not know
+        the allocator's order)."""
+        r = super().evaluate(node, pod)
+        if self.predict or isinstance(r, FitFailure):
+            return r
+        plan = fit_pod(node, pod, self.first_fit)
+        assert isinstance(plan, Plan), "the same GPUs qualify whatever their order"
+        return r[0], plan
 
 
 def first_fit_plan(node: NodeState, pod: PodRequest) -> Plan | FitFailure:

@@ -117,6 +117,23 @@ def test_prefer_in_use_moves_devices_and_nodes_within_its_weight() -> None:
         trace_pod("p", 500))) == ("node-b", [0])
 
 
+def test_extender_must_predict_the_allocators_gpu() -> None:
+    # node-a: 600 and 300 milli free, node-b: 300 and 1000; a 300 pod. FGD itself would fill
+    # node-a's GPU 1, but the allocator puts it on node-a's GPU 0 (first fit), leaving 300 + 300.
+    # The extender that scores the allocator's choice sends it to node-b (fills GPU 0 exactly);
+    # one that scores FGD's own choice sends it to node-a, where the allocator fragments it.
+    def setup(policy: str) -> Engine:
+        e = engine(cluster(("node-a", 2, 64000, 262144), ("node-b", 2, 64000, 262144)), policy)
+        book(e, trace_pod("x", 400), "node-a", [0])
+        book(e, trace_pod("y", 700), "node-a", [1])
+        book(e, trace_pod("z", 700), "node-b", [0])
+        return e
+    assert gpus_of(placer(setup("dra-extender-fgd"), "dra-extender-fgd")(trace_pod("p", 300))) == ("node-b", [0])
+    assert gpus_of(placer(setup("dra-extender-fgd-unaware"), "dra-extender-fgd-unaware")(
+        trace_pod("p", 300))) == ("node-a", [0])
+    assert gpus_of(placer(setup("fgd-bestfit"), "fgd-bestfit")(trace_pod("p", 300))) == ("node-a", [1])
+
+
 def test_mostallocated_packs_the_busier_node() -> None:
     e = _two_nodes("dra-mostallocated", 8000)
     pod = trace_pod("p", 500)
@@ -173,7 +190,7 @@ def test_scan_window_counts_infeasible_nodes_it_examined() -> None:
 
 def test_models_are_replay_policies_but_not_config_values() -> None:
     assert list(DRA_MODELS) == ["dra-allocator", "dra-bestfit-order", "dra-prefer-in-use", "dra-mostallocated",
-                                "dra-extender-fgd"]
+                                "dra-extender-fgd", "dra-extender-fgd-unaware"]
     rp = replay_policies()
     for name in DRA_MODELS:
         assert rp[name][0] == name and name in sim.POLICIES and name not in sim.DEFAULT_POLICIES
@@ -186,7 +203,7 @@ def test_models_are_replay_policies_but_not_config_values() -> None:
                                             "annotations": {ANN_NODE_POLICY: name}},
                                "spec": {"containers": [{"name": "c", "image": "x", "resources": {
                                    "limits": {"nvidia.com/gpumem": 1000}}}]}}, config.Config())
-    assert [window_of(n) for n in DRA_MODELS] == [0, 0, 0, 0, None]
+    assert [window_of(n) for n in DRA_MODELS] == [0, 0, 0, 0, None, None]
 
 
 def test_docs_describe_every_model() -> None:
