@@ -55,6 +55,7 @@ from .codec import decode_allocation, decode_inventory, read_allocation
 from .config import Config, rfc3339_seconds
 from .cordon import apply_cordon, cordoned_tokens
 from .errors import CodecError, QuantityError
+from .mig import TABLES, instance_cores
 from .model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
 from .placement import Booking, ClusterState, OvercommitError
 from .placement.fastpath import NO_INVENTORY, ExtenderEngine
@@ -360,6 +361,14 @@ class ClusterCache:
             for i, ann in chosen:
                 dev = node.devices[i]
                 mem, cores = r.memory_on(dev), r.cores_on(dev)
+                if ann is not None and ann.profile and dev.mig:  # a dynamic-MIG instance
+                    p = next((p for p in TABLES[dev.mig].profiles if p.name == ann.profile), None)
+                    if p is None or p.memory_mib < mem or (ann.memory_mib, ann.cores) != (
+                            p.memory_mib, instance_cores(p, dev.cores)):
+                        problems.append(f"container {r.name}: GPU {ann.uuid} annotated MIG {ann.profile} "
+                                        f"{ann.memory_mib} MiB/{ann.cores}%, request is {mem} MiB")
+                    books.append(ann)  # the signed instance stands: it is what the node creates
+                    continue
                 if ann is not None and (ann.memory_mib, ann.cores) != (mem, cores):
                     problems.append(f"container {r.name}: GPU {ann.uuid} annotated {ann.memory_mib} MiB/"
                                     f"{ann.cores}%, request is {mem} MiB/{cores}%")

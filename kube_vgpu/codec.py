@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import CodecError, ShapeError
+from .mig import MEMORY_SLICES, TABLES
 from .model import ContainerAllocation, DeviceBooking, GPUDevice, NodeInventory, PodAllocation
 from .resources import ANN_ALLOCATION
 from .views import ObjectView
@@ -100,6 +101,9 @@ def encode_inventory(inv: NodeInventory) -> str:
                                "cores": d.cores, "split": d.split, "healthy": d.healthy, "numa": d.numa}
         if d.links:
             dev["links"] = list(d.links)
+        if d.mig:
+            dev["mig"] = d.mig
+            dev["migprofiles"] = list(d.mig_profiles)
         devices.append(dev)
     return _dump({"v": VERSION, "hb": inv.heartbeat, "devices": devices})
 
@@ -125,25 +129,51 @@ def decode_inventory(text: str) -> NodeInventory:
             if any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_LINK_RANK for x in raw):
                 raise CodecError(f"{w}: field 'links' must be a list of integers 0..{MAX_LINK_RANK}")
             links = tuple(raw)
+        mig, mig_profiles = _mig_fields(d, w)
         devs.append(GPUDevice(
             uuid=uuid, index=_int_in(d, "idx", 0, 4096, w), model=_get(d, "model", str, w),
             memory_mib=_int_in(d, "mem", 1, MAX_MIB, w), cores=_int_in(d, "cores", 1, MAX_CORES, w),
             split=_int_in(d, "split", 1, MAX_SPLIT, w), healthy=_get(d, "healthy", bool, w),
-            numa=_int_in(d, "numa", -1, 4096, w), links=links))
+            numa=_int_in(d, "numa", -1, 4096, w), links=links, mig=mig, mig_profiles=mig_profiles))
     if any(d.links for d in devs) and any(len(d.links) != len(devs) for d in devs):
         raise CodecError(f"{what}: every device's 'links' must list one rank per device ({len(devs)})")
     return NodeInventory(devices=tuple(devs), heartbeat=hb)
 
 
+def _mig_fields(d: dict[str, Any], w: str) -> tuple[str, tuple[str, ...]]:
+    """A device's dynamic-MIG fields (``mig``: a profile table key; ``migprofiles``: names of that
+    table's profiles), ("", ()) when absent. Raises CodecError naming the field and what is allowed."""
+    if "mig" not in d:
+        return "", ()
+    table = _get(d, "mig", str, w)
+    if table not in TABLES:
+        raise CodecError(f"{w}: field 'mig' = {table!r} is not a known MIG profile table; allowed: "
+                         f"{', '.join(sorted(TABLES))}")
+    raw = _get(d, "migprofiles", list, w) if "migprofiles" in d else []
+    names = {p.name for p in TABLES[table].profiles}
+    if any(not isinstance(x, str) or x not in names for x in raw) or len(set(raw)) != len(raw):
+        raise CodecError(f"{w}: field 'migprofiles' must list distinct profiles of {table}: "
+                         f"{', '.join(p.name for p in TABLES[table].profiles)}")
+    return table, tuple(raw)
+
+
+def _booking(d: DeviceBooking) -> dict[str, Any]:
+    out: dict[str, Any] = {"uuid": d.uuid, "mem": d.memory_mib, "cores": d.cores}
+    if d.profile:  # a dynamic-MIG instance (written only then: older readers ignore the fields)
+        out["mig"] = d.profile
+        out["start"] = d.start
+    return out
+
+
 def encode_allocation(alloc: PodAllocation) -> str:
-    """Encode a pod allocation to the annotation string (v1)."""
+    """Encode a pod allocation to the annotation string (v1). A dynamic-MIG booking adds its
+    profile (``mig``) and first memory slice (``start``)."""
     return _dump({
         "v": VERSION,
         "node": alloc.node,
         "t": alloc.time,
         "containers": [
-            {"name": c.name, "init": c.init,
-             "devices": [{"uuid": d.uuid, "mem": d.memory_mib, "cores": d.cores} for d in c.devices]}
+            {"name": c.name, "init": c.init, "devices": [_booking(d) for d in c.devices]}
             for c in alloc.containers
         ],
     })
@@ -170,8 +200,14 @@ def decode_allocation(text: str) -> PodAllocation:
             if not uuid or uuid in uuids:
                 raise CodecError(f"{wd}: uuid {uuid!r} is empty or booked twice for one container")
             uuids.add(uuid)
+            profile, start = "", 0
+            if "mig" in d:
+                profile = _get(d, "mig", str, wd)
+                if not profile or len(profile) > 32:
+                    raise CodecError(f"{wd}: field 'mig' = {profile!r} must be a MIG profile name (1..32 characters)")
+                start = _int_in(d, "start", 0, MEMORY_SLICES - 1, wd)
             devs.append(DeviceBooking(uuid=uuid, memory_mib=_int_in(d, "mem", 0, MAX_MIB, wd),
-                                      cores=_int_in(d, "cores", 0, MAX_CORES, wd)))
+                                      cores=_int_in(d, "cores", 0, MAX_CORES, wd), profile=profile, start=start))
         key = (_get(c, "name", str, w), _get(c, "init", bool, w))
         if not key[0] or key in names:
             raise CodecError(f"{w}: container name {key[0]!r} is empty or listed twice")

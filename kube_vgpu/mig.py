@@ -36,6 +36,8 @@ from .errors import VGPUError
 MIG_STRATEGIES = ("none", "single", "mixed", "dynamic")
 #: memory slices of a GPU in MIG mode (A100, H100, H200)
 MEMORY_SLICES = 8
+#: compute slices of a GPU in MIG mode (A100, H100, H200)
+COMPUTE_SLICES = 7
 
 
 class MigError(VGPUError):
@@ -136,6 +138,20 @@ class Instance:
 
     profile: str
     start: int
+
+
+def instance_cores(profile: Profile, gpu_cores: int = 100) -> int:
+    """A whole instance of ``profile`` as percent of its GPU's compute (``gpu_cores``: the GPU's,
+    percent): its compute slices of 7, rounded down, so the instances of a layout never add up to
+    more than the GPU (what a dynamic-MIG booking records as its cores)."""
+    return profile.compute_slices * gpu_cores // COMPUTE_SLICES
+
+
+def instance_memory_share(profile: Profile, gpu_mib: int) -> int:
+    """The part of a GPU's memory (``gpu_mib``, MiB) an instance of ``profile`` takes: its memory
+    slices of 8, rounded down. The scheduler's per-GPU accounting uses it (the profiles' own MiB
+    can add up to more than the card: 3g.71gb twice is 145408 MiB on a 144384 MiB H200)."""
+    return profile.memory_slices * gpu_mib // MEMORY_SLICES
 
 
 def layout_error(table: Table, instances: Sequence[Instance]) -> str | None:

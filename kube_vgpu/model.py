@@ -20,6 +20,10 @@ class GPUDevice:
     sharing it); healthy: False when NVML reports an XID/failure; numa: NUMA node (0 if unknown);
     links: interconnect rank to each GPU of the node, by position in the inventory
     (:mod:`kube_vgpu.topology`; empty when not published).
+    mig: for a GPU in dynamic-MIG mode (``migStrategy: dynamic``), its MIG profile table
+    (a :data:`kube_vgpu.mig.TABLES` key, e.g. ``H200-141GB``); empty for any other GPU.
+    mig_profiles: the profiles a dynamic-MIG GPU may serve requests with (the admin's
+    ``devices.migProfiles``; empty = every profile without media extensions).
     """
 
     uuid: str
@@ -31,6 +35,8 @@ class GPUDevice:
     healthy: bool = True
     numa: int = 0
     links: tuple[int, ...] = ()
+    mig: str = ""
+    mig_profiles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,11 +169,20 @@ class PodRequest:
 
 @dataclass(frozen=True, slots=True)
 class DeviceBooking:
-    """What one container holds on one GPU: memory in MiB, cores in percent."""
+    """What one container holds on one GPU: memory in MiB, cores in percent.
+
+    On a dynamic-MIG GPU (:attr:`GPUDevice.mig`) the container holds one MIG instance:
+    ``profile`` (e.g. ``1g.18gb``) at first memory slice ``start``; ``memory_mib`` is then the
+    profile's memory (what the container gets) and ``cores`` the whole instance's compute as
+    percent of the GPU (:func:`kube_vgpu.mig.instance_cores`). ``profile`` is empty for any other
+    booking.
+    """
 
     uuid: str
     memory_mib: int
     cores: int
+    profile: str = ""
+    start: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,11 +159,17 @@ class Engine:
         if len(dirty) and len(dirty) >= self.vector_min and not pod.constraints.min_link:
             vk = kinds(pol)  # (the vectorised fit does not evaluate interconnect requirements)
             if vk is not None:
-                sc, out = evaluate_vector(self.state.table, dirty, pod, *vk)
-                e.scores[dirty] = sc
-                e.results[dirty] = out
-                e.versions[dirty] = versions[dirty]
-                return
+                # nor dynamic-MIG geometry: nodes with such GPUs take the reference path below
+                mig = self.state.table.mig[dirty] != 0
+                vec = dirty[~mig] if mig.any() else dirty
+                if len(vec):
+                    sc, out = evaluate_vector(self.state.table, vec, pod, *vk)
+                    e.scores[vec] = sc
+                    e.results[vec] = out
+                    e.versions[vec] = versions[vec]
+                if len(vec) == len(dirty):
+                    return
+                dirty = dirty[mig]
         nodes = self.state.node_list
         memo = self._memo
         results = e.results
@@ -287,6 +293,11 @@ class Engine:
     def assume(self, pod: PodRequest, uid: str, node: str, plan: Plan, expires: float) -> Assumption | None:
         """Promise ``plan`` on ``node`` to ``pod`` until ``expires`` (see
         :meth:`ClusterState.assume`): the next pods' decisions see that capacity as taken."""
+        n = self.state.nodes.get(node)
+        if n is not None and plan.mig:  # dynamic-MIG instances: accounted as the booking will be
+            alloc = self.allocation(pod, node, plan, 0.0)
+            return self.state.assume(pod.key, uid, node, self.state.usage_for(n, alloc), expires,
+                                     self.state.mig_of(n, alloc))
         usage = tuple((i, m, c, s) for i, (m, c, s) in sorted(plan.usage(len(pod.init)).items()))
         return self.state.assume(pod.key, uid, node, usage, expires)
 
@@ -295,10 +306,13 @@ class Engine:
         """The allocation record of ``plan`` on ``node``, containers named from ``pod``."""
         n: NodeState = self.state.nodes[node]
         conts = []
-        for req, cp in zip(pod.containers, plan.containers, strict=True):
-            conts.append(ContainerAllocation(
-                name=req.name, init=req.init,
-                devices=tuple(DeviceBooking(n.devices[i].uuid, mem, cores) for i, mem, cores in cp)))
+        for k, (req, cp) in enumerate(zip(pod.containers, plan.containers, strict=True)):
+            devs = []
+            for i, mem, cores in cp:
+                inst = plan.instance(k, i) if plan.mig else None
+                devs.append(DeviceBooking(n.devices[i].uuid, mem, cores) if inst is None else
+                            DeviceBooking(n.devices[i].uuid, mem, cores, inst[0], inst[1]))
+            conts.append(ContainerAllocation(name=req.name, init=req.init, devices=tuple(devs)))
         return PodAllocation(node=node, containers=tuple(conts), time=time.time() if now is None else now)
 
     def book(self, pod: PodRequest, alloc: PodAllocation, check: bool = True) -> Booking:

@@ -11,6 +11,14 @@ containers never double-book a GPU beyond its capacity. The pod then holds, per 
 A pod that does not fit gets a :class:`~kube_vgpu.placement.status.FitFailure` (code and
 numbers, no text). Pure functions over a :class:`NodeState`; they never mutate it.
 
+A GPU in dynamic-MIG mode (:attr:`~kube_vgpu.model.GPUDevice.mig`) serves a container asking for
+one GPU with one MIG instance: the smallest allowed profile that holds the container's memory and
+has a free start on the GPU's geometry, at the start that keeps the most large profiles possible
+(:func:`kube_vgpu.mig.place`, over the instances booked or promised on the GPU and those of the
+pod's earlier app containers). The booking holds the profile's memory and the whole instance's
+compute (:func:`kube_vgpu.mig.instance_cores`); the compute a container asks for does not choose
+the profile. Containers asking for several GPUs are not served by dynamic-MIG GPUs.
+
 These are the reference rules. :mod:`kube_vgpu.placement.vector` is their vectorised twin (all
 nodes at once, for the first decision of a new pod shape); a property test holds the two equal.
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..mig import TABLES, Instance, MigError, allowed_profiles, choose_profile, instance_cores, place
 from ..model import Constraints, ContainerRequest, GPUDevice, PodRequest
 from ..topology import best_connected, weakest
 from .state import NodeState
@@ -27,15 +36,26 @@ from .status import Code, FitFailure
 
 #: per container: tuple of (gpu index on node, MiB, cores)
 ContainerPlan = tuple[tuple[int, int, int], ...]
+#: the dynamic-MIG instances of a plan: (container position in the plan, gpu index, profile, start)
+MigPlan = tuple[tuple[int, int, str, int], ...]
 #: ordering of candidate GPU indexes for one container (policy decides)
 GpuOrder = Callable[[NodeState, list[int], list[int], list[int], ContainerRequest], list[int]]
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A feasible placement on one node: per container (init first, then app) its GPU plan."""
+    """A feasible placement on one node: per container (init first, then app) its GPU plan, and
+    the dynamic-MIG instances it places (:data:`MigPlan`; empty when none)."""
 
     containers: tuple[ContainerPlan, ...]
+    mig: MigPlan = ()
+
+    def instance(self, k: int, i: int) -> tuple[str, int] | None:
+        """(profile, first memory slice) of container ``k``'s MIG instance on GPU ``i``, or None."""
+        for kk, ii, profile, start in self.mig:
+            if kk == k and ii == i:
+                return profile, start
+        return None
 
     def usage(self, n_init: int) -> dict[int, tuple[int, int, int]]:
         """Per GPU index: (MiB, cores, slots) the pod would hold (init collapsed into app)."""
@@ -87,9 +107,47 @@ def _excluded(pod: PodRequest, d: GPUDevice) -> Code | None:
     return None
 
 
-def _fail(code: Code, req: ContainerRequest, need: int = 0, have: int = 0, gpu: int = -1) -> FitFailure:
+def _fail(code: Code, req: ContainerRequest, need: int = 0, have: int = 0, gpu: int = -1,
+          detail: str = "") -> FitFailure:
     return FitFailure(code, req.name, req.init, req.count, req.memory_mib, req.memory_percent, req.cores,
-                      need, have, gpu)
+                      need, have, gpu, detail)
+
+
+@dataclass(slots=True)
+class _MigTally:
+    """What the dynamic-MIG GPUs of a node said to one container: the instance placed per GPU,
+    and why the others refused (request, largest allowed profile, smallest that holds it)."""
+
+    placed: dict[int, tuple[str, int, int, int]]  # gpu -> (profile, start, MiB, cores)
+    no_profile: int = 0
+    no_place: int = 0
+    want: int = 0
+    largest: int = 0
+    table: str = ""
+    first: str = ""
+
+
+def _mig_try(d: GPUDevice, i: int, req: ContainerRequest, used: list[tuple[str, int]], t: _MigTally) -> bool:
+    """Place ``req`` on dynamic-MIG GPU ``d`` (index ``i``) beside the instances ``used``; True
+    (and ``t.placed[i]`` set) when it fits, else the refusal counted in ``t``."""
+    table = TABLES[d.mig]
+    want = req.memory_on(d)
+    t.want = want
+    try:
+        first = choose_profile(want, table, d.mig_profiles)
+    except MigError:
+        t.no_profile += 1
+        t.largest = max((p.memory_mib for p in allowed_profiles(table, d.mig_profiles)), default=0)
+        t.table = table.key
+        return False
+    try:
+        pl = place(want, table, [Instance(p, s) for p, s in used], d.mig_profiles)
+    except MigError:
+        t.no_place += 1
+        t.first = first.name
+        return False
+    t.placed[i] = (pl.profile.name, pl.start, pl.profile.memory_mib, instance_cores(pl.profile, d.cores))
+    return True
 
 
 def _linked(node: NodeState, req: ContainerRequest, ordered: list[int], pod: PodRequest
@@ -113,8 +171,17 @@ def _linked(node: NodeState, req: ContainerRequest, ordered: list[int], pod: Pod
 
 
 def _fit_container(node: NodeState, req: ContainerRequest, mem: list[int], cores: list[int],
-                   slots: list[int], pod: PodRequest, order: GpuOrder) -> ContainerPlan | FitFailure:
+                   slots: list[int], pod: PodRequest, order: GpuOrder,
+                   used: list[list[tuple[str, int]]] | None = None, mig: _MigTally | None = None
+                   ) -> ContainerPlan | FitFailure:
+    """One container on the node (free ``mem``, ``cores``, ``slots`` per GPU; ``used``: the
+    dynamic-MIG instances per GPU). The instances placed are left in ``mig.placed``."""
     devs = node.devices
+    if used is None:
+        used = node.mig_used
+    if mig is None:
+        mig = _MigTally({})
+    n_plain = 0
     n = len(devs)
     if req.count > n:
         return _fail(Code.TOO_FEW_GPUS, req, req.count, n)
@@ -133,6 +200,11 @@ def _fit_container(node: NodeState, req: ContainerRequest, mem: list[int], cores
         if slots[i] <= 0:
             n_slots += 1
             continue
+        if d.mig:  # dynamic MIG: one instance for a one-GPU container, where the geometry has room
+            if req.count == 1 and _mig_try(d, i, req, used[i], mig):
+                cands.append(i)
+            continue
+        n_plain += 1
         gpu_mem = req.memory_on(d)
         gpu_cores = req.cores_on(d)
         if req.exclusive and slots[i] < d.split:
@@ -152,12 +224,23 @@ def _fit_container(node: NodeState, req: ContainerRequest, mem: list[int], cores
         ordered = order(node, cands, mem, cores, req)
         if pod.constraints.min_link and req.count >= 2:
             return _linked(node, req, ordered, pod)
+        if mig.placed:
+            out = []
+            for i in ordered[: req.count]:
+                p = mig.placed.get(i)
+                out.append((i, p[2], p[3]) if p is not None else (i, req.memory_on(devs[i]), req.cores_on(devs[i])))
+            mig.placed = {i: p for i, p in mig.placed.items() if i in ordered[: req.count]}
+            return tuple(out)
         return tuple((i, req.memory_on(devs[i]), req.cores_on(devs[i])) for i in ordered[: req.count])
     # The most useful reason, as a code and its numbers.
     if n_excluded == n:
         for code in (Code.TYPE_EXCLUDED, Code.UUID_EXCLUDED, Code.GPU_UNHEALTHY):
             if code in excluded:
                 return _fail(code, req, n, excluded[code])
+    if not n_plain and (mig.no_place or mig.no_profile):  # only dynamic-MIG GPUs could take it
+        if mig.no_place:
+            return _fail(Code.MIG_NO_PLACEMENT, req, mig.want, mig.no_place, detail=mig.first)
+        return _fail(Code.MIG_NO_PROFILE, req, mig.want, mig.largest, detail=mig.table)
     if req.exclusive and n_excl:
         return _fail(Code.EXCLUSIVE_BUSY, req, req.count, n_excl)
     if n_slots and n_slots + n_excluded == n:
@@ -186,25 +269,33 @@ def fit_pod(node: NodeState, pod: PodRequest, order: GpuOrder = order_by_index) 
     if node.memory_total and pod.memory_mib > node.memory_free:
         return FitFailure(Code.HOST_MEMORY, need=pod.memory_mib, have=node.memory_free)
     plans: list[ContainerPlan] = []
+    migs: list[tuple[int, int, str, int]] = []
     for c in pod.init:
-        r = _fit_container(node, c, node.free_mem, node.free_cores, node.free_slots, pod, order)
+        t = _MigTally({})
+        r = _fit_container(node, c, node.free_mem, node.free_cores, node.free_slots, pod, order, node.mig_used, t)
         if isinstance(r, FitFailure):
             return r
+        migs += [(len(plans), i, p[0], p[1]) for i, p in t.placed.items()]
         plans.append(r)
     if pod.app:
         mem = list(node.free_mem)
         cores = list(node.free_cores)
         slots = list(node.free_slots)
+        used = [list(u) for u in node.mig_used] if node.has_mig else node.mig_used
         for c in pod.app:
-            r = _fit_container(node, c, mem, cores, slots, pod, order)
+            t = _MigTally({})
+            r = _fit_container(node, c, mem, cores, slots, pod, order, used, t)
             if isinstance(r, FitFailure):
                 return r
             for i, m, k in r:
                 mem[i] -= m
                 cores[i] -= k
                 slots[i] -= 1
+            for i, p in t.placed.items():
+                used[i].append((p[0], p[1]))
+                migs.append((len(plans), i, p[0], p[1]))
             plans.append(r)
-    return Plan(tuple(plans))
+    return Plan(tuple(plans), tuple(sorted(migs)))
 
 
 def topology_plan(node: NodeState, pod: PodRequest, plan: Plan) -> Plan:
@@ -214,7 +305,7 @@ def topology_plan(node: NodeState, pod: PodRequest, plan: Plan) -> Plan:
     choice first when it is as good. Feasibility is unchanged (the same candidates), so node
     choice and scores do not depend on it; pods with several GPU containers keep ``plan``."""
     conts = pod.containers
-    if len(conts) != 1 or conts[0].count < 2 or len(plan.containers) != 1 \
+    if plan.mig or len(conts) != 1 or conts[0].count < 2 or len(plan.containers) != 1 \
             or not all(len(d.links) == len(node.devices) for d in node.devices):
         return plan
     req = conts[0]

@@ -96,6 +96,9 @@ def what_if(node: NodeState, freed: Sequence[Holder], give_back: Usage = ()) -> 
         hmem += h.memory_mib
     n.free_mem, n.free_cores, n.free_slots = mem, cores, slots
     n.cpu_free, n.memory_free = cpu, hmem
+    # dynamic-MIG instances stay held (conservative: evicting their holders is not modelled, so a
+    # preemption never counts on a MIG instance being freed)
+    n.mig_used = [list(u) for u in node.mig_used]
     return n
 
 

@@ -81,6 +81,12 @@ def summary(f: FitFailure) -> str:
         return f"no free GPUs linked by {link_class(f.need)}: {_who(f)} needs {f.count} GPUs linked by {link_class(f.need)}"
     if c is Code.LINK_ABSENT:
         return f"no GPUs linked by {link_class(f.need)} on the node: {_who(f)} needs {f.count}"
+    if c is Code.MIG_NO_PROFILE:
+        return (f"no allowed MIG profile holds the request: {_who(f)} needs {f.need} MiB; the largest "
+                f"allowed MIG profile of {f.detail} has {f.have} MiB")
+    if c is Code.MIG_NO_PLACEMENT:
+        return (f"no free MIG placement: {_who(f)} needs {f.need} MiB (MIG profile {f.detail} or a larger "
+                f"allowed one) and the MIG GPUs' free memory slices cannot hold it")
     return str(c.value)  # pragma: no cover - every code is listed above
 
 
@@ -121,6 +127,8 @@ def detail(f: FitFailure, node: NodeState | None = None) -> str:
         return f"{s}: {f.detail}"
     if c in (Code.LINK_UNAVAILABLE, Code.LINK_ABSENT):
         return f"{s}; the best set reaches {link_class(f.have)}"
+    if c is Code.MIG_NO_PLACEMENT:
+        return f"{s} ({f.have} MIG GPU(s) tried)"
     return s
 
 

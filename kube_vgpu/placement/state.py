@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import GPUDevice, PodAllocation
+from ..mig import TABLES, Instance, instance_cores, instance_memory_share, layout_error
+from ..model import ContainerAllocation, DeviceBooking, GPUDevice, PodAllocation
 
 
 class OvercommitError(ValueError):
@@ -29,6 +30,8 @@ class Booking:
     cpu_milli: int
     memory_mib: int
     usage: tuple[tuple[int, int, int, int], ...]  # (gpu index in node.devices, MiB, cores, slots)
+    #: the dynamic-MIG instances it holds: (gpu index, profile, first memory slice), each once
+    mig: tuple[tuple[int, str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,17 +45,21 @@ class Assumption:
     node: str
     usage: tuple[tuple[int, int, int, int], ...]
     expires: float
+    mig: tuple[tuple[int, str, int], ...] = ()  #: as :attr:`Booking.mig`
 
 
 class NodeState:
     """One node's devices and what is free on each (lists indexed by position in ``devices``).
 
     cpu_total / memory_total: host capacity in millicores / MiB (0 = not modelled: always fits).
+    mig_used: per GPU, the dynamic-MIG instances booked or promised on it ((profile, first memory
+    slice), one entry per holding pod; empty lists on other GPUs); has_mig: the node has a GPU in
+    dynamic-MIG mode.
     """
 
     __slots__ = ("name", "idx", "devices", "free_mem", "free_cores", "free_slots", "cpu_total",
                  "cpu_free", "memory_total", "memory_free", "heartbeat", "version", "pods", "by_uuid",
-                 "model", "devclass")
+                 "model", "devclass", "mig_used", "has_mig")
 
     def __init__(self, name: str, idx: int, devices: tuple[GPUDevice, ...], cpu_milli: int = 0,
                  memory_mib: int = 0, heartbeat: float = 0.0):
@@ -63,7 +70,10 @@ class NodeState:
         self.model = devices[0].model if devices else ""
         #: what placement sees of the devices (no uuids): nodes alike in this and in their free
         #: resources get the same decision, so the engine can share it
-        self.devclass = tuple((d.model, d.memory_mib, d.cores, d.split, d.healthy, d.links) for d in devices)
+        self.devclass = tuple((d.model, d.memory_mib, d.cores, d.split, d.healthy, d.links, d.mig, d.mig_profiles)
+                              for d in devices)
+        self.mig_used: list[list[tuple[str, int]]] = [[] for _ in devices]
+        self.has_mig = any(d.mig for d in devices)
         self.free_mem = [d.memory_mib for d in devices]
         self.free_cores = [d.cores for d in devices]
         self.free_slots = [d.split for d in devices]
@@ -78,7 +88,8 @@ class NodeState:
     def signature(self) -> tuple[object, ...]:
         """Everything a placement decision on this node depends on, without names or uuids."""
         return (self.devclass, tuple(self.free_mem), tuple(self.free_cores), tuple(self.free_slots),
-                self.cpu_total, self.cpu_free, self.memory_total, self.memory_free)
+                self.cpu_total, self.cpu_free, self.memory_total, self.memory_free,
+                tuple(tuple(sorted(u)) for u in self.mig_used) if self.has_mig else ())
 
     def gpu_milli_free(self, i: int) -> int:
         """Usable share of GPU ``i`` in milli-GPU (0..1000): the tighter of memory and cores; 0 when
@@ -115,7 +126,7 @@ class GpuTable:
     """
 
     _GPU_INT = ("free_mem", "free_cores", "free_slots", "mem_total", "cores_total", "split", "model")
-    _NODE_INT = ("n_gpus", "cpu_total", "cpu_free", "host_mem_total", "host_mem_free", "milli_free")
+    _NODE_INT = ("n_gpus", "cpu_total", "cpu_free", "host_mem_total", "host_mem_free", "milli_free", "mig")
 
     def __init__(self) -> None:
         self.n = 0
@@ -159,6 +170,8 @@ class GpuTable:
     host_mem_total: np.ndarray
     host_mem_free: np.ndarray
     milli_free: np.ndarray
+    #: per node: how many of its GPUs are in dynamic-MIG mode (the vectorised fit skips such nodes)
+    mig: np.ndarray
     used_fraction: np.ndarray
 
     def _model_id(self, name: str) -> int:
@@ -188,6 +201,7 @@ class GpuTable:
         self.uuids[r, :k] = [d.uuid for d in devs]
         self.present[r, :k] = True
         self.n_gpus[r] = k
+        self.mig[r] = sum(1 for d in devs if d.mig)
         self.cpu_total[r] = node.cpu_total
         self.host_mem_total[r] = node.memory_total
         self.sync_free(r, node)
@@ -269,7 +283,8 @@ class ClusterState:
             self.table.write(idx, node)
             for b in list(old.pods.values()):
                 rebased = self._usage_for(node, b.allocation)
-                b2 = Booking(b.pod, name, b.allocation, b.cpu_milli, b.memory_mib, rebased)
+                b2 = Booking(b.pod, name, b.allocation, b.cpu_milli, b.memory_mib, rebased,
+                             self.mig_of(node, b.allocation))
                 self._apply(node, b2, +1)
                 node.pods[b.pod] = b2
                 self.bookings[b.pod] = b2
@@ -297,9 +312,65 @@ class ClusterState:
 
     # -- bookings ------------------------------------------------------------------------------
     @staticmethod
-    def _usage_for(node: NodeState, alloc: PodAllocation) -> tuple[tuple[int, int, int, int], ...]:
+    def _accounted(node: NodeState, alloc: PodAllocation) -> PodAllocation:
+        """``alloc`` as the node's per-GPU accounting counts it: a dynamic-MIG instance takes its
+        share of the GPU (:func:`kube_vgpu.mig.instance_memory_share`, :func:`instance_cores`),
+        not the profile's own MiB (whose sum over a layout can exceed the card)."""
+        if not node.has_mig:
+            return alloc
+        conts = []
+        for c in alloc.containers:
+            devs = []
+            for d in c.devices:
+                i = node.by_uuid.get(d.uuid)
+                dev = node.devices[i] if i is not None else None
+                if d.profile and dev is not None and dev.mig:
+                    p = next((p for p in TABLES[dev.mig].profiles if p.name == d.profile), None)
+                    if p is not None:
+                        d = DeviceBooking(d.uuid, instance_memory_share(p, dev.memory_mib),
+                                          instance_cores(p, dev.cores), d.profile, d.start)
+                devs.append(d)
+            conts.append(ContainerAllocation(c.name, c.init, tuple(devs)))
+        return PodAllocation(alloc.node, tuple(conts), alloc.time)
+
+    @staticmethod
+    def mig_of(node: NodeState, alloc: PodAllocation) -> tuple[tuple[int, str, int], ...]:
+        """The dynamic-MIG instances ``alloc`` holds on ``node``: (GPU index, profile, first memory
+        slice), each once (an init and an app container of one pod may use one instance in turn)."""
+        if not node.has_mig:
+            return ()
+        out: set[tuple[int, str, int]] = set()
+        for c in alloc.containers:
+            for d in c.devices:
+                i = node.by_uuid.get(d.uuid)
+                if d.profile and i is not None and node.devices[i].mig:
+                    out.add((i, d.profile, d.start))
+        return tuple(sorted(out))
+
+    @staticmethod
+    def mig_error(node: NodeState, mig: tuple[tuple[int, str, int], ...]) -> str | None:
+        """Why the instances ``mig`` cannot join what ``node``'s GPUs hold (an unknown profile, a bad
+        start, a slice already taken, too many of a profile), or None."""
+        for i in sorted({i for i, _, _ in mig}):
+            d = node.devices[i]
+            held = [Instance(p, s) for p, s in node.mig_used[i]]
+            new = [Instance(p, s) for j, p, s in mig if j == i]
+            bad = layout_error(TABLES[d.mig], held + new)
+            if bad is not None:
+                return f"GPU {d.uuid} on {node.name}: {bad}"
+        return None
+
+    @classmethod
+    def usage_for(cls, node: NodeState, alloc: PodAllocation) -> tuple[tuple[int, int, int, int], ...]:
+        """Per GPU index of ``node``: (MiB, cores, slots) ``alloc`` holds there, init containers
+        collapsed (:meth:`PodAllocation.usage`), dynamic-MIG instances as their share of the GPU;
+        GPUs not on the node are left out."""
+        return cls._usage_for(node, alloc)
+
+    @classmethod
+    def _usage_for(cls, node: NodeState, alloc: PodAllocation) -> tuple[tuple[int, int, int, int], ...]:
         out = []
-        for uuid, (mem, cores, slots) in sorted(alloc.usage().items()):
+        for uuid, (mem, cores, slots) in sorted(cls._accounted(node, alloc).usage().items()):
             i = node.by_uuid.get(uuid)
             if i is not None:
                 out.append((i, mem, cores, slots))
@@ -310,6 +381,11 @@ class ClusterState:
             node.free_mem[i] -= sign * mem
             node.free_cores[i] -= sign * cores
             node.free_slots[i] -= sign * slots
+        for i, profile, start in b.mig:
+            if sign > 0:
+                node.mig_used[i].append((profile, start))
+            else:
+                node.mig_used[i].remove((profile, start))
         if isinstance(b, Booking):
             node.cpu_free -= sign * b.cpu_milli
             node.memory_free -= sign * b.memory_mib
@@ -334,14 +410,18 @@ class ClusterState:
         if node is None:
             raise OvercommitError(f"node {alloc.node} is unknown")
         usage = self._usage_for(node, alloc)
+        mig = self.mig_of(node, alloc)
         if check:
+            bad = self.mig_error(node, mig)
+            if bad is not None:
+                raise OvercommitError(bad)
             for i, mem, cores, slots in usage:
                 d = node.devices[i]
                 if mem > node.free_mem[i] or cores > node.free_cores[i] or slots > node.free_slots[i]:
                     raise OvercommitError(
                         f"GPU {d.uuid} on {node.name}: needs {mem} MiB/{cores}% /{slots} slot(s), "
                         f"free {node.free_mem[i]} MiB/{node.free_cores[i]}%/{node.free_slots[i]} slot(s)")
-        b = Booking(pod, node.name, alloc, cpu_milli, memory_mib, usage)
+        b = Booking(pod, node.name, alloc, cpu_milli, memory_mib, usage, mig)
         self._apply(node, b, +1)
         node.pods[pod] = b
         self.bookings[pod] = b
@@ -361,12 +441,14 @@ class ClusterState:
 
     # -- promises ("assume") --------------------------------------------------------------------
     def assume(self, pod: str, uid: str, node: str, usage: tuple[tuple[int, int, int, int], ...],
-               expires: float) -> Assumption | None:
+               expires: float, mig: tuple[tuple[int, str, int], ...] = ()) -> Assumption | None:
         """Promise ``usage`` (per GPU index: MiB, cores, slots) on ``node`` to ``pod`` until
         ``expires``, like kube-scheduler's assumed pods: every later fit sees it as taken. A newer
         promise to the same pod replaces the old one. Refused (None, nothing changed) when the pod
         holds a booking, the node is unknown or the usage no longer fits (never overcommits).
-        Holding :attr:`max_assumed` promises, the oldest is dropped."""
+        Holding :attr:`max_assumed` promises, the oldest is dropped. ``mig``: the dynamic-MIG
+        instances promised (:attr:`Booking.mig`), refused too when they no longer fit the GPU's
+        geometry."""
         self.forget_assumed(pod)
         n = self.nodes.get(node)
         if n is None or pod in self.bookings:
@@ -375,9 +457,12 @@ class ClusterState:
             if not (0 <= i < len(n.devices)) or mem > n.free_mem[i] or cores > n.free_cores[i] \
                     or slots > n.free_slots[i]:
                 return None
+        if any(not (0 <= i < len(n.devices)) or not n.devices[i].mig for i, _, _ in mig) \
+                or self.mig_error(n, mig) is not None:
+            return None
         while len(self.assumed) >= self.max_assumed:
             self.forget_assumed(next(iter(self.assumed)))
-        a = Assumption(pod, uid, node, usage, expires)
+        a = Assumption(pod, uid, node, usage, expires, mig)
         self._apply(n, a, +1)
         self.assumed[pod] = a
         return a

@@ -49,13 +49,20 @@ class Code(StrEnum):
     #: the node's free GPUs reach; the node has such a set, busy now (``link_absent``: it has none)
     LINK_UNAVAILABLE = "link_unavailable"
     LINK_ABSENT = "link_absent"  #: need / have: as LINK_UNAVAILABLE; no set of the node reaches it
+    #: only dynamic-MIG GPUs could serve the container and no allowed MIG profile holds it: need:
+    #: the request (MiB), have: the largest allowed profile's MiB; detail: the profile table
+    MIG_NO_PROFILE = "mig_no_profile"
+    #: only dynamic-MIG GPUs could serve the container and none has a free placement for a profile
+    #: that holds it: need: the request (MiB), have: how many such GPUs; detail: the smallest
+    #: allowed profile that holds it
+    MIG_NO_PLACEMENT = "mig_no_placement"
 
 
 #: codes where evicting pods from the node could make room (kube-scheduler's ``Unschedulable``);
 #: every other code is ``UnschedulableAndUnresolvable``
 RESOLVABLE = frozenset({Code.INSUFFICIENT_MEMORY, Code.INSUFFICIENT_CORES, Code.NO_FREE_SLOT,
                         Code.TOO_FEW_QUALIFY, Code.EXCLUSIVE_BUSY, Code.COMPUTE_FULL, Code.HOST_CPU,
-                        Code.HOST_MEMORY, Code.LINK_UNAVAILABLE})
+                        Code.HOST_MEMORY, Code.LINK_UNAVAILABLE, Code.MIG_NO_PLACEMENT})
 
 
 @dataclass(frozen=True, slots=True)
