@@ -56,3 +56,30 @@ def test_replay_without_the_sim_extra(monkeypatch: pytest.MonkeyPatch, tmp_path:
     with pytest.raises(replay.SimExtraMissing, match=r"pip install 'kube-vgpu\[sim\]'"):
         replay.write_outputs([r], tmp_path)
     assert (tmp_path / "allocation.csv").read_text().startswith("policy,seed,arrived_pct")
+
+
+def _floor(name: str) -> str:
+    for r in PROJECT["dependencies"]:
+        req = Requirement(r)
+        if canonicalize_name(req.name) == name:
+            lows = [s.version for s in req.specifier if s.operator == ">="]
+            assert len(lows) == 1, f"{name}: one >= floor expected in {r!r}"
+            return lows[0]
+    raise AssertionError(f"{name} is not a dependency")
+
+
+def test_generated_grpc_stubs_load_on_the_declared_floors() -> None:
+    """Every checked-in stub was written by the generator whose versions are pyproject's floors:
+    protobuf gencode refuses a runtime older than itself and the grpc stubs a grpcio older than
+    theirs, so a stub regenerated with a newer generator would break the declared range."""
+    import re
+
+    stubs = sorted((ROOT / "deviceplugin").rglob("*_pb2.py"))
+    grpc_stubs = sorted((ROOT / "deviceplugin").rglob("*_pb2_grpc.py"))
+    assert len(stubs) >= 4 and len(grpc_stubs) == len(stubs)
+    for p in stubs:
+        m = re.search(r"^# Protobuf Python Version: (\S+)$", p.read_text(), re.M)
+        assert m and m.group(1) == _floor("protobuf"), (p.name, m and m.group(1))
+    for p in grpc_stubs:
+        m = re.search(r"^GRPC_GENERATED_VERSION = '(\S+)'$", p.read_text(), re.M)
+        assert m and m.group(1) == _floor("grpcio"), (p.name, m and m.group(1))

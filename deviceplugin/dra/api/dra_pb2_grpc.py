@@ -5,8 +5,10 @@ import warnings
 
 from deviceplugin.dra.api import dra_pb2 as deviceplugin_dot_dra_dot_api_dot_dra__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.64.1'
 GRPC_VERSION = grpc.__version__
+EXPECTED_ERROR_RELEASE = '1.65.0'
+SCHEDULED_RELEASE_DATE = 'June 25, 2024'
 _version_not_supported = False
 
 try:
@@ -16,16 +18,19 @@ except ImportError:
     _version_not_supported = True
 
 if _version_not_supported:
-    raise RuntimeError(
+    warnings.warn(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in deviceplugin/dra/api/dra_pb2_grpc.py depends on'
+        + f' but the generated code in deviceplugin/dra/api/dra_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
+        + f' This warning will become an error in {EXPECTED_ERROR_RELEASE},'
+        + f' scheduled for release on {SCHEDULED_RELEASE_DATE}.',
+        RuntimeWarning
     )
 
 
-class DRAPluginStub:
+class DRAPluginStub(object):
     """Served by the DRA driver on the endpoint it names at registration.
     """
 
@@ -47,7 +52,7 @@ class DRAPluginStub:
                 _registered_method=True)
 
 
-class DRAPluginServicer:
+class DRAPluginServicer(object):
     """Served by the DRA driver on the endpoint it names at registration.
     """
 
@@ -86,7 +91,7 @@ def add_DRAPluginServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class DRAPlugin:
+class DRAPlugin(object):
     """Served by the DRA driver on the endpoint it names at registration.
     """
 

@@ -5,8 +5,10 @@ import warnings
 
 from deviceplugin.dra.api import pluginregistration_pb2 as deviceplugin_dot_dra_dot_api_dot_pluginregistration__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.64.1'
 GRPC_VERSION = grpc.__version__
+EXPECTED_ERROR_RELEASE = '1.65.0'
+SCHEDULED_RELEASE_DATE = 'June 25, 2024'
 _version_not_supported = False
 
 try:
@@ -16,16 +18,19 @@ except ImportError:
     _version_not_supported = True
 
 if _version_not_supported:
-    raise RuntimeError(
+    warnings.warn(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in deviceplugin/dra/api/pluginregistration_pb2_grpc.py depends on'
+        + f' but the generated code in deviceplugin/dra/api/pluginregistration_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
+        + f' This warning will become an error in {EXPECTED_ERROR_RELEASE},'
+        + f' scheduled for release on {SCHEDULED_RELEASE_DATE}.',
+        RuntimeWarning
     )
 
 
-class RegistrationStub:
+class RegistrationStub(object):
     """Served by the plugin on its registration socket.
     """
 
@@ -47,7 +52,7 @@ class RegistrationStub:
                 _registered_method=True)
 
 
-class RegistrationServicer:
+class RegistrationServicer(object):
     """Served by the plugin on its registration socket.
     """
 
@@ -84,7 +89,7 @@ def add_RegistrationServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Registration:
+class Registration(object):
     """Served by the plugin on its registration socket.
     """
 
