@@ -14,11 +14,14 @@ the same across restarts (bookings recorded against them stay valid).
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid as uuidlib
 from collections.abc import Iterable
 
 from .nvml import GPUUsage, PhysicalGPU
+
+log = logging.getLogger("kube_vgpu.deviceplugin.simgpu")
 
 #: model name of simulated GPUs when a group names none (shown by the inventory and kubectl vgpu)
 DEFAULT_MODEL = "Simulated GPU (no isolation)"
@@ -91,3 +94,12 @@ class SimulatedGPUs:
 
     def topology(self, uuids: list[str]) -> list[list[int]]:
         return []  # simulated GPUs have no interconnect to report
+
+
+def from_flag(spec: str, node: str) -> SimulatedGPUs:
+    """The GPUs of ``--simulate-gpus SPEC`` on ``node`` (both node components), announced with the
+    loud warning that nothing is isolated. Raises SimulateSpecError for a bad spec."""
+    gpus = SimulatedGPUs(spec, node)
+    log.warning("SIMULATED GPUs: this node has no GPU and NOTHING IS ISOLATED; for trying kube-vgpu only, "
+                "never for workloads", extra={"gpu": f"{len(gpus.gpus)} x {spec}", "node": node})
+    return gpus

@@ -23,7 +23,8 @@ from kube_vgpu.errors import ConfigError
 
 from ..metrics import HealthServer
 from ..nvml import NVMLError
-from ..simgpu import SimulatedGPUs, SimulateSpecError
+from ..simgpu import SimulateSpecError
+from ..simgpu import from_flag as simulated_gpus
 from . import health
 from .checkpoint import CheckpointError
 from .grpcserver import Server
@@ -77,13 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     gpus = None
     if args.simulate_gpus:
         try:
-            gpus = SimulatedGPUs(args.simulate_gpus, args.node_name)
+            gpus = simulated_gpus(args.simulate_gpus, args.node_name)
         except SimulateSpecError as e:
             log.error("invalid --simulate-gpus", extra={"error": str(e)})
             return 2
-        log.warning("SIMULATED GPUs: this node has no GPU and NOTHING IS ISOLATED; for trying kube-vgpu only, "
-                    "never for workloads", extra={"gpu": f"{len(gpus.gpus)} x {args.simulate_gpus}",
-                                                  "node": args.node_name})
     try:
         from deviceplugin.dra_publish import SlicePublisher
         from kube_vgpu.kubeapi import load_api_client
