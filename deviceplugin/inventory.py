@@ -6,6 +6,8 @@ Per-node overrides (config ``nodes[]``, matched by node name) replace the ``devi
 ``migStrategy``. GPUs in MIG mode are never advertised as vGPU slots: with ``migStrategy: none`` they
 are skipped (logged by the caller); with ``single`` their MIG devices join the inventory as whole GPUs
 (:func:`mig_to_devices`); with ``mixed`` they are advertised per profile (:mod:`deviceplugin.migserver`);
+with ``dynamic`` each joins the inventory as one GPU with its MIG profile table
+(:func:`dynamic_devices`) and kubelet sees one device ID per allowed placement (:func:`slots`);
 see docs/mig.md.
 """
 
@@ -15,10 +17,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kube_vgpu.config import Config
+from kube_vgpu.mig import COMPUTE_SLICES, TABLES, allowed_profiles, table_for
 from kube_vgpu.model import GPUDevice, NodeInventory
 
 from .nvml import MigDevice, PhysicalGPU
-from .podmatch import slot_id
+from .podmatch import mig_slot_id, slot_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,36 @@ def mig_to_devices(migs: Iterable[MigDevice], parents: Iterable[PhysicalGPU],
     return tuple(out)
 
 
+def dynamic_refusal(g: PhysicalGPU, s: DeviceSettings) -> str | None:
+    """Why GPU ``g`` (in MIG mode, ``migStrategy: dynamic``) cannot be served by dynamic MIG (no
+    profile table for its model; an allowlist naming none of its profiles), or None."""
+    table = table_for(g.model, g.memory_mib)
+    if table is None:
+        return f"{g.uuid} (index {g.index}, {g.model}): no MIG profile table is known for this model"
+    if s.mig_profiles and not allowed_profiles(table, s.mig_profiles):
+        return (f"{g.uuid} (index {g.index}, {g.model}): devices.migProfiles names none of the profiles of "
+                f"{table.key} ({', '.join(p.name for p in table.profiles)})")
+    return None
+
+
+def dynamic_devices(parents: Iterable[PhysicalGPU], s: DeviceSettings,
+                    health: Mapping[str, bool]) -> tuple[GPUDevice, ...]:
+    """``migStrategy: dynamic``: each GPU in MIG mode that :func:`dynamic_refusal` accepts as one
+    inventory GPU: its uuid, index and model, NVML total memory (MiB, never scaled: MIG instances
+    are hardware), 100 percent compute, one slot per compute slice (an instance per container),
+    ``mig`` its profile table and ``mig_profiles`` the admin's allowlist restricted to that table."""
+    out = []
+    for g in parents:
+        table = table_for(g.model, g.memory_mib)
+        if table is None or dynamic_refusal(g, s) is not None:
+            continue
+        names = {p.name for p in table.profiles}
+        out.append(GPUDevice(uuid=g.uuid, index=g.index, model=g.model, memory_mib=g.memory_mib, cores=100,
+                             split=COMPUTE_SLICES, healthy=health.get(g.uuid, True), numa=g.numa, mig=table.key,
+                             mig_profiles=tuple(p for p in s.mig_profiles if p in names)))
+    return tuple(out)
+
+
 def to_devices(gpus: Iterable[PhysicalGPU], s: DeviceSettings, health: Mapping[str, bool],
                links: list[list[int]] | None = None) -> tuple[GPUDevice, ...]:
     """Inventory devices: memory = NVML total MiB x memory scaling (rounded down), cores =
@@ -125,5 +158,14 @@ class Slot:
 
 
 def slots(devices: Iterable[GPUDevice]) -> list[Slot]:
-    """``split`` slots per GPU, each with its GPU's health and NUMA node."""
-    return [Slot(slot_id(d.uuid, k), d.uuid, d.healthy, d.numa) for d in devices for k in range(d.split)]
+    """``split`` slots per GPU, each with its GPU's health and NUMA node; a dynamic-MIG GPU has one
+    per allowed placement instead (:func:`deviceplugin.podmatch.mig_slot_id`: every start of every
+    allowed profile), so that the device ID kubelet hands over names the instance to create."""
+    out = []
+    for d in devices:
+        if d.mig:
+            out += [Slot(mig_slot_id(d.uuid, p.name, st), d.uuid, d.healthy, d.numa)
+                    for p in allowed_profiles(TABLES[d.mig], d.mig_profiles) for st in p.starts]
+        else:
+            out += [Slot(slot_id(d.uuid, k), d.uuid, d.healthy, d.numa) for k in range(d.split)]
+    return out

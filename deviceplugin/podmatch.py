@@ -94,6 +94,28 @@ def slot_uuid(device_id: str) -> str:
     return device_id.rsplit(SLOT_SEP, 1)[0]
 
 
+#: the slot part of a dynamic-MIG placement's device ID starts with this
+MIG_SLOT_PREFIX = "mig-"
+
+
+def mig_slot_id(uuid: str, profile: str, start: int) -> str:
+    """The device ID of one MIG placement of a GPU in dynamic-MIG mode (docs/mig.md):
+    ``<uuid>::mig-<profile>@<first memory slice>``, e.g. ``GPU-..::mig-1g.18gb@6``."""
+    return f"{uuid}{SLOT_SEP}{MIG_SLOT_PREFIX}{profile}@{start}"
+
+
+def mig_slot_placement(device_id: str) -> tuple[str, int] | None:
+    """(profile, first memory slice) of a dynamic-MIG placement ID (:func:`mig_slot_id`), or None
+    for any other ID."""
+    _, sep, slot = device_id.rpartition(SLOT_SEP)
+    if not sep or not slot.startswith(MIG_SLOT_PREFIX):
+        return None
+    profile, at, start = slot[len(MIG_SLOT_PREFIX):].rpartition("@")
+    if not at or not profile or not start.isdigit():
+        return None
+    return profile, int(start)
+
+
 @dataclass(frozen=True, slots=True)
 class PendingContainer:
     """A GPU container bound to this node whose Allocate has not been answered yet.
@@ -480,6 +502,17 @@ def check_assignment(pc: PendingContainer, device_ids: Sequence[str]) -> None:
                          f"{', '.join(sorted(device_ids))}) but the scheduler booked {', '.join(booked)} for it; "
                          f"refusing to start it on GPUs booked for another pod (no limits written). The pod "
                          f"must be recreated (delete it; its controller makes a new one)")
+    # a dynamic-MIG booking is one placement: kubelet's ID must be exactly it (another placement is
+    # another pod's instance, or one the scheduler did not book)
+    by_gpu = {slot_uuid(i): mig_slot_placement(i) for i in device_ids}
+    for d in pc.devices:
+        want = (d.profile, d.start) if d.profile else None
+        if by_gpu.get(d.uuid) != want:
+            got = by_gpu.get(d.uuid)
+            raise MatchError(f"{where} GPU {d.uuid}: kubelet assigned "
+                             f"{'MIG placement ' + got[0] + '@' + str(got[1]) if got else 'a vGPU slot'} but the "
+                             f"scheduler booked {'MIG placement ' + d.profile + '@' + str(d.start) if d.profile else 'a vGPU slot'}; "
+                             f"refusing to start it on an instance booked for another pod (no limits written)")
     if not pc.disable_control:
         zero = [d.uuid for d in pc.devices if d.memory_mib <= 0]
         if zero:
@@ -522,7 +555,8 @@ def preferred_allocation(available: Sequence[str], must_include: Sequence[str], 
         for d in target.devices:
             if len(chosen) >= size or d.uuid in covered:
                 continue
-            slots = sorted((i for i in available if slot_uuid(i) == d.uuid and i not in chosen),
+            slots = sorted((i for i in available if slot_uuid(i) == d.uuid and i not in chosen
+                            and mig_slot_placement(i) == ((d.profile, d.start) if d.profile else None)),
                            key=_slot_sort_key)
             if slots:
                 chosen.append(slots[0])

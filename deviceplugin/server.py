@@ -48,8 +48,9 @@ import grpc
 
 from kube_vgpu.codec import allocation_or_none, encode_inventory
 from kube_vgpu.config import Config
-from kube_vgpu.mig import single_profile_error
-from kube_vgpu.model import GPUDevice
+from kube_vgpu.envcontract import VISIBLE_DEVICES
+from kube_vgpu.mig import MigError, single_profile_error
+from kube_vgpu.model import DeviceBooking, GPUDevice
 from kube_vgpu.podlife import active
 from kube_vgpu.resources import (
     ANN_ALLOCATION_SIGNATURE,
@@ -64,6 +65,7 @@ from kube_vgpu.signing import KeyDir, KeyRing, KeySource, sign_progress
 from kube_vgpu.views import PodView
 
 from . import inventory as inv
+from . import mig as dmig
 from .api import api_pb2, api_pb2_grpc
 from .kube import KubeClient, PodWatchClient
 from .migserver import MixedMig, by_resource
@@ -77,6 +79,7 @@ from .podmatch import (
     allocated_names,
     check_assignment,
     identified,
+    mig_slot_placement,
     pending_containers,
     preferred_allocation,
     slot_uuid,
@@ -193,6 +196,8 @@ class DevicePlugin:
         #: GPUs in MIG mode whose MIG devices are advertised (migStrategy single / mixed) and those devices
         self._mig_parents: list[PhysicalGPU] = []
         self._migs: list[MigDevice] = []
+        #: GPUs in MIG mode served by dynamic MIG (migStrategy dynamic; docs/mig.md)
+        self._dynamic: list[PhysicalGPU] = []
         self._mixed_mig = MixedMig(opts.device_plugin_dir, opts.register_timeout)
         self._links: list[list[int]] = []
         self._devices: tuple[GPUDevice, ...] = ()
@@ -309,12 +314,19 @@ class DevicePlugin:
         """The MIG devices of ``parents`` the MIG strategy advertises (docs/mig.md): with ``single``
         none unless they all have one profile; a GPU whose MIG devices cannot be read is not advertised."""
         lister = getattr(self.nvml, "mig_devices", None)
+        self._dynamic = []
+        if parents and self.settings.mig_strategy == "dynamic":
+            for g in parents:
+                why = inv.dynamic_refusal(g, self.settings) if isinstance(self.nvml, NVML) else \
+                    f"{g.uuid}: the GPU backend cannot create MIG devices"
+                if why is not None:
+                    log.error("GPU in MIG mode not served by dynamic MIG, not advertised", extra={"reason": why})
+                    continue
+                log.info("GPU advertised for dynamic MIG", extra={"gpu": g.uuid, "index": g.index, "model": g.model})
+                self._dynamic.append(g)
+            return []
         if not parents or lister is None or self.settings.mig_strategy not in ("single", "mixed"):
-            if parents and self.settings.mig_strategy == "dynamic":
-                # docs/mig.md: the extender does not book MIG placements yet
-                log.error("migStrategy dynamic is not served by the scheduler yet; GPUs in MIG mode are not "
-                          "advertised", extra={"gpu": ",".join(g.uuid for g in parents)})
-            elif parents:
+            if parents:
                 log.warning("MIG devices not advertised", extra={"strategy": self.settings.mig_strategy,
                                                                  "gpu": ",".join(g.uuid for g in parents)})
             return []
@@ -344,6 +356,10 @@ class DevicePlugin:
             # MIG devices have no interconnect ranks: a node that has them publishes none
             devices = tuple(replace(d, links=()) for d in devices) + inv.mig_to_devices(
                 self._migs, self._mig_parents, health)
+        elif self._dynamic:
+            # MIG devices have no interconnect ranks: a node that has them publishes none
+            devices = tuple(replace(d, links=()) for d in devices) + inv.dynamic_devices(
+                self._dynamic, self.settings, health)
         elif self._migs and self.settings.mig_strategy == "mixed":
             numa = {g.uuid: g.numa for g in self._mig_parents}
             self._mixed_mig.set(by_resource(self.names.gpu, self._migs, health, numa),
@@ -605,6 +621,58 @@ class DevicePlugin:
 
     # ------------------------------------------------------------------ preferred allocation / allocate
 
+    def _mig_nvml(self) -> NVML:
+        if not isinstance(self.nvml, NVML):
+            raise ValueError("dynamic MIG needs NVML (the GPU backend cannot create MIG devices)")
+        return self.nvml
+
+    def _dynamic_gpu(self, uuid: str) -> PhysicalGPU:
+        g = next((g for g in self._dynamic if g.uuid == uuid), None)
+        if g is None:
+            raise ValueError(f"GPU {uuid} is not served by dynamic MIG on this node")
+        return g
+
+    def _ensure_mig(self, gpu: str, profile: str, start: int) -> MigDevice:
+        """The MIG device of placement ``profile@start`` on dynamic-MIG GPU ``gpu``, created when it
+        does not exist (:func:`deviceplugin.mig.ensure`). An instance in its way is destroyed only
+        when idle and not at a placement a verified booking on this node holds (read from the API
+        server: an instance booked by a pod whose container has not started yet is kept).
+
+        Raises MigError (a busy or booked instance in the way; the placement not valid), NVMLError
+        (the driver refused), or the API client's error (the bookings cannot be read: nothing is
+        destroyed on a guess)."""
+        g = self._dynamic_gpu(gpu)
+        self._refresh_keys()
+        pods = self.kube.list_node_pods(self.opts.node_name)
+        views, _ = trusted_view(pods, self.opts.node_name, self.keys.current(), self._written)
+        held: set[tuple[str, int]] = set()
+        for v in views:
+            pv = PodView(v)
+            if not active(pv):
+                continue
+            alloc = allocation_or_none(pv)
+            if alloc is None or alloc.node != self.opts.node_name:
+                continue
+            held |= {(d.profile, d.start) for c in alloc.containers for d in c.devices if d.uuid == gpu and d.profile}
+        held.discard((profile, start))
+        nvml = self._mig_nvml()
+        booked = {m.uuid for m in nvml.mig_devices(gpu) if (m.profile, m.start) in held}
+        m = dmig.ensure(nvml, g, profile, start, booked)
+        log.info("MIG device ready for a dynamic-MIG placement", extra={"gpu": gpu, "profile": profile,
+                                                                       "start": start, "mig": m.uuid})
+        return m
+
+    def _mig_limits(self, d: DeviceBooking) -> DeviceBooking:
+        """A container's booking as its limits file names it: a dynamic-MIG instance by its MIG uuid
+        (what the container sees), its profile's memory and no SM limit inside the instance.
+        Raises MatchError when the booked instance does not exist (Allocate did not create it)."""
+        if not d.profile:
+            return d
+        m = next((m for m in self._mig_nvml().mig_devices(d.uuid) if (m.profile, m.start) == (d.profile, d.start)), None)
+        if m is None:
+            raise MatchError(f"GPU {d.uuid}: the booked MIG instance {d.profile}@{d.start} does not exist")
+        return DeviceBooking(m.uuid, d.memory_mib, 100)
+
     def _check_ids(self, ids: list[str]) -> None:
         """Reject (ValueError -> INVALID_ARGUMENT) a container request whose IDs are not slots this plugin
         advertises now (``<uuid>::<k>`` exactly; a bare uuid or ``<uuid>::999`` is not one), name an ID
@@ -696,6 +764,13 @@ class DevicePlugin:
                 self._check_ids(ids)
                 spec = allocate_spec(ids, shim_host_path=self.opts.shim_host_path,
                                      cache_host_dir=self.opts.cache_host_dir)
+                placements = [(i, p) for i in ids if (p := mig_slot_placement(i)) is not None]
+                if placements:
+                    if len(ids) != 1:
+                        raise ValueError(f"device IDs {', '.join(ids)}: a dynamic-MIG placement is one "
+                                         f"container's only device")
+                    mig = self._ensure_mig(slot_uuid(ids[0]), *placements[0][1])
+                    spec = replace(spec, envs={**spec.envs, VISIBLE_DEVICES: mig.uuid})
                 self._prepare_mounts(spec)
                 log.info("allocated (limits pending until PreStartContainer)", extra={"ids": ",".join(ids),
                                                                                         "key": alloc_key(ids)})
@@ -738,6 +813,8 @@ class DevicePlugin:
                                             self._written)[0][0])
             pc = identified(view, h.container, self.opts.node_name, self.names, refused=refused.get(uid, ""))
             check_assignment(pc, ids)
+            if any(d.profile for d in pc.devices):
+                pc = replace(pc, devices=tuple(self._mig_limits(d) for d in pc.devices))
             key = alloc_key(ids)
             root = self.opts.cache_host_dir
             cache = os.path.join(root, key)
@@ -841,8 +918,8 @@ def _rpc_text(e: grpc.RpcError) -> str:
 
 
 class Servicer(api_pb2_grpc.DevicePluginServicer):
-    """gRPC glue: maps errors to status codes (FAILED_PRECONDITION for match errors,
-    INVALID_ARGUMENT for unknown IDs, UNAVAILABLE for API server, PodResources or file errors)."""
+    """gRPC glue: maps errors to status codes (FAILED_PRECONDITION for match errors and a dynamic-MIG
+    instance that cannot be created, INVALID_ARGUMENT for unknown IDs, UNAVAILABLE for API server, PodResources or file errors)."""
 
     def __init__(self, plugin: DevicePlugin) -> None:
         self.p = plugin
@@ -868,6 +945,8 @@ class Servicer(api_pb2_grpc.DevicePluginServicer):
     def Allocate(self, request: Any, context: Any) -> api_pb2.AllocateResponse:
         try:
             resp = self.p.allocate(request)
+        except MigError as e:  # a busy or booked MIG instance in the way: nothing destroyed
+            self._fail(context, "Allocate", grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except ValueError as e:
             self._fail(context, "Allocate", grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Exception as e:  # noqa: BLE001 - filesystem trouble

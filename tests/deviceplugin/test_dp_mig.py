@@ -205,7 +205,7 @@ def _partition(gpus: FakeGPUs, layout: list[tuple[str, int]]) -> tuple[list[Phys
     return found, migs
 
 
-@pytest.mark.parametrize("strategy", ["none", "dynamic"])  # dynamic: not served by the scheduler yet (docs/mig.md)
+@pytest.mark.parametrize("strategy", ["none"])  # dynamic: tests/deviceplugin/test_dp_mig_dynamic.py
 def test_strategy_none_skips_the_mig_gpu(gpus: FakeGPUs, migstate: Path, kubelet: FakeKubelet, kube_api: Any,
                                          sockdir: str, tmp_path: Path, strategy: str) -> None:
     found, _ = _partition(gpus, [("1g.18gb", 0)])
