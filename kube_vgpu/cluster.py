@@ -716,18 +716,29 @@ class ClusterCache:
         bookings = self.state.bookings
         for key, b in bookings.items():
             if key.startswith(prefix) and key != exclude:
-                total += self._held(b.node, b.usage)
+                total += self._held(b.node, b.usage, b.mig)
         for key, a in self.state.assumed.items():
             if key.startswith(prefix) and key != exclude and key not in bookings:
-                total += self._held(a.node, a.usage)
+                total += self._held(a.node, a.usage, a.mig)
         return total
 
-    def _held(self, node: str, usage: tuple[tuple[int, int, int, int], ...]) -> Amount:
+    def _held(self, node: str, usage: tuple[tuple[int, int, int, int], ...],
+              mig: tuple[tuple[int, str, int], ...] = ()) -> Amount:
         """The quota Amount of per-GPU usage on ``node``: a GPU whose compute the pod books in full
         takes no other pod, so it counts its whole memory (a pod asking 1 MiB with gpucores: 100
-        holds the card)."""
-        amount = usage_of(usage)
+        holds the card). A dynamic-MIG instance (``mig``) counts as its record does: the profile's
+        MiB and the instance's compute (what :func:`allocation_amount` charges a new pod)."""
         ns = self.state.nodes.get(node)
+        if mig and ns is not None:
+            on_mig = {i for i, _, _ in mig}
+            mib = cores = 0
+            for i, profile, _start in mig:
+                p = next((p for p in TABLES[ns.devices[i].mig].profiles if p.name == profile), None)
+                if p is not None:
+                    mib += p.memory_mib
+                    cores += instance_cores(p, ns.devices[i].cores)
+            return Amount(mib, cores) + self._held(node, tuple(u for u in usage if u[0] not in on_mig))
+        amount = usage_of(usage)
         if ns is None:
             return amount
         extra = 0

@@ -10,7 +10,17 @@ import json
 import time
 from typing import Any
 
-from vgpu_sched_util import Extender, api_extender, bind_args, filter_args, node_obj, pod_obj, run, wait_until
+from vgpu_sched_util import (
+    Extender,
+    api_extender,
+    bind_args,
+    filter_args,
+    node_obj,
+    pod_obj,
+    quota_obj,
+    run,
+    wait_until,
+)
 
 from kube_vgpu.codec import decode_allocation, encode_allocation, encode_inventory
 from kube_vgpu.mig import TABLES, Instance, place
@@ -123,4 +133,23 @@ def test_a_record_edited_to_a_bigger_profile_is_not_booked(fake: FakeKubeAPI) ->
             assert (kept.profile, kept.start, kept.memory_mib) == ("1g.18gb", 6, 18432)
             # another pod still gets an instance: the claim blocks nothing
             assert (await place_pod(ext, create_pod(fake, "other", gpu=1, gpumem=10000), nodes))[0] == "m0"
+    run(go)
+
+
+def test_a_memory_quota_counts_the_instance_not_the_request(fake: FakeKubeAPI) -> None:
+    """A 10000 MiB request is served by an 18432 MiB instance: the namespace's quota is charged what
+    the container gets, so a second one goes over a 30000 MiB quota (two requests would fit)."""
+    nodes = [mig_node(fake)]
+    fake.create_object("resourcequotas", quota_obj({"limits.nvidia.com/gpumem": "30000"}, "gpu", "default"),
+                       namespace="default")
+
+    async def go() -> None:
+        async with api_extender(fake) as ext:
+            await wait_until(lambda: "m0" in ext.svc.cache.state.nodes and ext.svc.cache.quotas.limits("default"))
+            assert (await place_pod(ext, create_pod(fake, "one", gpu=1, gpumem=10000), nodes))[0] == "m0"
+            assert ext.svc.cache.namespace_usage("default").mib == 18432
+            node, why = await place_pod(ext, create_pod(fake, "two", gpu=1, gpumem=10000), nodes)
+            assert node is None
+            assert why == ("GPU quota exceeded: namespace default, ResourceQuota gpu: limits.nvidia.com/gpumem "
+                           "used 18432 + asked 18432 > hard 30000"), why
     run(go)
