@@ -13,15 +13,12 @@ import signal
 import threading
 
 from kube_vgpu import jsonlog
-from kube_vgpu.config import load_config
-from kube_vgpu.errors import ConfigError
 from kube_vgpu.signing import KeyDir, SigningKeyError
 
 from .metrics import HealthServer
 from .nvml import NVMLError
 from .server import DevicePlugin, Options
-from .simgpu import SimulateSpecError
-from .simgpu import from_flag as simulated_gpus
+from .startup import StartError, node_start
 
 log = logging.getLogger("kube_vgpu.deviceplugin")
 
@@ -68,29 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit code."""
     args = parser().parse_args(argv)
     setup_logging(args.log_level)
-    if not args.node_name:
-        log.error("--node-name is required (or set env NODE_NAME)")
-        return 2
+    try:
+        start = node_start(args)
+    except StartError as e:
+        return e.code
+    cfg, gpus = start.config, start.gpus
     if args.heartbeat_seconds <= 0:
         log.error("--heartbeat-seconds must be > 0")
-        return 2
-    try:
-        cfg = load_config(args.config)
-    except (ConfigError, OSError) as e:
-        log.error("invalid config", extra={"key": getattr(e, "key", "(file)"), "error": str(e)})
         return 2
     try:
         keys = KeyDir(args.signing_keys_dir)
     except SigningKeyError as e:
         log.error("signing keys unusable (--signing-keys-dir)", extra={"error": str(e)})
         return 2
-    gpus = None
-    if args.simulate_gpus:
-        try:
-            gpus = simulated_gpus(args.simulate_gpus, args.node_name)
-        except SimulateSpecError as e:
-            log.error("invalid --simulate-gpus", extra={"error": str(e)})
-            return 2
     try:
         from .kube import ApiKubeClient
 

@@ -17,14 +17,11 @@ import signal
 import threading
 
 from kube_vgpu import jsonlog
-from kube_vgpu.config import load_config
 from kube_vgpu.dra import DRIVER_NAME
-from kube_vgpu.errors import ConfigError
 
 from ..metrics import HealthServer
 from ..nvml import NVMLError
-from ..simgpu import SimulateSpecError
-from ..simgpu import from_flag as simulated_gpus
+from ..startup import StartError, node_start
 from . import health
 from .checkpoint import CheckpointError
 from .grpcserver import Server
@@ -67,21 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit code."""
     args = parser().parse_args(argv)
     jsonlog.setup(args.log_level)
-    if not args.node_name:
-        log.error("--node-name is required (or set env NODE_NAME)")
-        return 2
     try:
-        cfg = load_config(args.config)
-    except (ConfigError, OSError) as e:
-        log.error("invalid config", extra={"key": getattr(e, "key", "(file)"), "error": str(e)})
-        return 2
-    gpus = None
-    if args.simulate_gpus:
-        try:
-            gpus = simulated_gpus(args.simulate_gpus, args.node_name)
-        except SimulateSpecError as e:
-            log.error("invalid --simulate-gpus", extra={"error": str(e)})
-            return 2
+        start = node_start(args)
+    except StartError as e:
+        return e.code
+    cfg, gpus = start.config, start.gpus
     try:
         from deviceplugin.dra_publish import SlicePublisher
         from kube_vgpu.kubeapi import load_api_client
