@@ -12,6 +12,11 @@ Pod annotation ``kube-vgpu.io/allocation``::
     {"v":1,"node":"gpu-1","t":<unix seconds>,"containers":[{"name":"main","init":false,
       "devices":[{"uuid":"GPU-..","mem":3000,"cores":30}]}]}
 
+Optional fields, written only when set (a reader that does not know a field ignores it): a
+device's ``links`` (interconnect ranks) and, for a GPU in dynamic-MIG mode, ``mig`` (its profile
+table) and ``migprofiles`` (the allowed profiles); a booking's ``mig`` (MIG profile) and ``start``
+(first memory slice) for a dynamic-MIG instance.
+
 Containers are identified by name (never by position), so an init container without GPUs cannot
 shift an app container's allocation (KF-06). Decoding is strict: a wrong version, a missing or
 mistyped field raises :class:`CodecError`, and so does a value out of its plausible range
