@@ -24,7 +24,7 @@ from vgpu_sched_util import (
 
 from kube_vgpu.codec import decode_allocation, encode_allocation, encode_inventory
 from kube_vgpu.mig import TABLES, Instance, place
-from kube_vgpu.model import GPUDevice, NodeInventory
+from kube_vgpu.model import ContainerAllocation, DeviceBooking, GPUDevice, NodeInventory, PodAllocation
 from kube_vgpu.resources import ANN_ALLOCATION, ANN_ALLOCATION_SIGNATURE, ANN_NODE_INVENTORY
 from tests.fakeapi import FakeKubeAPI
 
@@ -152,4 +152,26 @@ def test_a_memory_quota_counts_the_instance_not_the_request(fake: FakeKubeAPI) -
             assert node is None
             assert why == ("GPU quota exceeded: namespace default, ResourceQuota gpu: limits.nvidia.com/gpumem "
                            "used 18432 + asked 18432 > hard 30000"), why
+    run(go)
+
+
+def test_a_tenant_cannot_pick_its_profile(fake: FakeKubeAPI) -> None:
+    """What a tenant can write does not choose the instance: a forged record written before bind
+    (claiming the whole GPU) is replaced by the extender's signed one, and asking for all the
+    compute does not buy a bigger profile (memory alone chooses it)."""
+    nodes = [mig_node(fake)]
+    forged = PodAllocation("m0", (ContainerAllocation("c", False, (
+        DeviceBooking(GPU, 144384, 100, "7g.141gb", 0),)),), 1.0)
+    p = pod_obj("forger", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10000, "nvidia.com/gpucores": 100},
+                annotations={ANN_ALLOCATION: encode_allocation(forged)})
+    p["metadata"] = {k: v for k, v in p["metadata"].items() if k not in ("uid", "resourceVersion")}
+    pod = dict(fake.create_object("pods", p))
+
+    async def go() -> None:
+        async with api_extender(fake) as ext:
+            await wait_until(lambda: "m0" in ext.svc.cache.state.nodes)
+            assert ext.svc.cache.state.nodes["m0"].mig_used[0] == []  # the forged claim books nothing
+            assert (await place_pod(ext, pod, nodes))[0] == "m0"
+            assert instance_of(fake, "forger") == ("1g.18gb", 6, 18432, 14)
+            assert ext.svc.cache.state.nodes["m0"].mig_used[0] == [("1g.18gb", 6)]
     run(go)
