@@ -28,8 +28,10 @@ from itertools import combinations
 
 UNKNOWN, SYSTEM, NUMA, HOST_BRIDGE, PCIE_SWITCH = 0, 1, 2, 3, 4
 NVLINK = 10
-#: the most candidate sets :func:`best_connected` compares exactly; beyond it, a greedy choice
-MAX_SETS = 5000
+#: the most pair ranks :func:`best_connected` reads (candidate sets x pairs per set when it compares
+#: every set exactly; starts x GPUs x count when it grows sets greedily). The pod's GPU count and
+#: ``kube-vgpu.io/gpu-link`` are the tenant's: the work per node must stay bounded whatever they ask.
+MAX_PAIR_READS = 20_000
 #: NVML's nvmlGpuTopologyLevel_t -> rank
 _NVML_LEVEL = {10: PCIE_SWITCH, 20: PCIE_SWITCH, 30: HOST_BRIDGE, 40: NUMA, 50: SYSTEM}
 
@@ -68,22 +70,26 @@ def best_connected(ordered: Sequence[int], count: int, links: Sequence[Sequence[
     """``count`` GPUs out of ``ordered`` (node GPU positions, the policy's order): the set whose
     weakest pair has the highest rank, then the highest total, then the earliest in the policy's
     order. ``links[a][b]``: rank between positions a and b (:data:`UNKNOWN` everywhere: the first
-    ``count`` in order). Up to :data:`MAX_SETS` sets are compared exactly; beyond, the set is grown
-    greedily from each start."""
+    ``count`` in order). Every set is compared exactly while that reads at most
+    :data:`MAX_PAIR_READS` pair ranks; beyond, a set is grown greedily from each of the first starts
+    in the policy's order that the same budget allows (at least one)."""
     ordered = list(ordered)
     if count < 2 or len(ordered) <= count or not links:
         return ordered[:count]
+    n = len(ordered)
     best: list[int] | None = None
     best_key: tuple[int, int] | None = None
-    n = len(ordered)
-    if _sets(n, count) <= MAX_SETS:
-        candidates = (list(c) for c in combinations(ordered, count))  # in policy order, earliest first
+    if _sets(n, count) * (count * (count - 1) // 2) <= MAX_PAIR_READS:
+        for c in combinations(ordered, count):  # in policy order, earliest first
+            k = _key(links, c)
+            if best_key is None or k > best_key:
+                best, best_key = list(c), k
     else:
-        candidates = (_greedy(ordered, start, count, links) for start in ordered)
-    for chosen in candidates:
-        k = _key(links, chosen)
-        if best_key is None or k > best_key:
-            best, best_key = chosen, k
+        pos = {g: i for i, g in enumerate(ordered)}
+        for start in ordered[:max(1, MAX_PAIR_READS // (n * count))]:
+            chosen, k = _greedy(ordered, start, count, links, pos)
+            if best_key is None or k > best_key:
+                best, best_key = chosen, k
     assert best is not None
     return sorted(best, key=ordered.index)
 
@@ -95,11 +101,29 @@ def _sets(n: int, k: int) -> int:
     return out
 
 
-def _greedy(ordered: list[int], start: int, count: int, links: Sequence[Sequence[int]]) -> list[int]:
+def _greedy(ordered: list[int], start: int, count: int, links: Sequence[Sequence[int]],
+            pos: dict[int, int]) -> tuple[list[int], tuple[int, int]]:
+    """The set grown from ``start`` (each step: the GPU whose weakest link to the set is best, the
+    earliest in order on a tie) and its (weakest pair, total). Reads fewer than ``n * count`` ranks:
+    each GPU's weakest link and total to the set are kept as the set grows."""
     chosen = [start]
-    rest = [g for g in ordered if g != start]
+    row = links[start]
+    worst: dict[int, int] = {}
+    total: dict[int, int] = {}
+    for g in ordered:
+        if g != start:
+            worst[g] = total[g] = row[g]
+    low, tot = -1, 0
     while len(chosen) < count:
-        nxt = max(rest, key=lambda g: (min(links[g][c] for c in chosen), -ordered.index(g)))
+        nxt = max(worst, key=lambda g: (worst[g], -pos[g]))
+        low = worst[nxt] if low < 0 else min(low, worst[nxt])
+        tot += total[nxt]
         chosen.append(nxt)
-        rest.remove(nxt)
-    return chosen
+        del worst[nxt], total[nxt]
+        row = links[nxt]
+        for g in worst:
+            v = row[g]
+            total[g] += v
+            if v < worst[g]:
+                worst[g] = v
+    return chosen, (low, tot)
