@@ -246,3 +246,14 @@ def test_real_api_server_refuses_the_forged_limits_mount(tmp_path_factory: pytes
         print("\nE2E dra-pods: forged limits mount and LD_AUDIT refused, a clean claim pod admitted")
     finally:
         cp.stop()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "residual: LD_PRELOAD/LD_AUDIT through envFrom (a ConfigMap or Secret without a prefix) is not refused: "
+    "the policy cannot read the ConfigMap, and refusing every unprefixed envFrom in every claim container "
+    "(the webhook's rule on the extender path) would also refuse other DRA drivers' pods, which the "
+    "policy cannot tell apart from ours"))
+def test_a_claim_container_cannot_load_code_ahead_of_the_shim_through_env_from(policy: dict[str, Any]) -> None:
+    pod = claim_pod()
+    pod["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "has-an-LD_PRELOAD-key"}}]
+    assert not decide(policy, pod).allowed
