@@ -157,11 +157,15 @@ class DraAllocator(Policy):
             return FitFailure(Code.HOST_CPU, need=pod.cpu_milli, have=node.cpu_free)
         if node.memory_total and pod.memory_mib > node.memory_free:
             return FitFailure(Code.HOST_MEMORY, need=pod.memory_mib, have=node.memory_free)
-        key = (pod_shape(pod, host=False), node.devclass, tuple(node.free_mem), tuple(node.free_cores),
-               tuple(node.free_slots))
-        plan = self._fits.get(key)
-        if plan is None:
-            plan = self._fits.put(key, fit_pod(node, pod, self.order))
+        if not pod.constraints.empty:  # uuid selectors: the GPUs' identity matters, not only their state
+            plan: Plan | FitFailure | None = fit_pod(node, pod, self.order)
+        else:
+            key = (pod_shape(pod, host=False), node.devclass, tuple(node.free_mem), tuple(node.free_cores),
+                   tuple(node.free_slots))
+            plan = self._fits.get(key)
+            if plan is None:
+                plan = self._fits.put(key, fit_pod(node, pod, self.order))
+        assert plan is not None
         if isinstance(plan, FitFailure):
             return plan
         return self.score(node, pod, plan), plan

@@ -4,6 +4,8 @@ registration, and their ordering on a subset of the Alibaba trace."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 
 from kube_vgpu import config, podspec
 from kube_vgpu.errors import RequestError
-from kube_vgpu.model import PodAllocation, PodRequest
+from kube_vgpu.model import Constraints, PodAllocation, PodRequest
 from kube_vgpu.placement import ClusterState, Engine, FitFailure, Plan
 from kube_vgpu.placement.draalloc import balanced_allocation, least_allocated, nodes_to_find
 from kube_vgpu.policyregistry import DRA_MODEL_SPECS, DRA_MODELS, NODE_POLICIES, node_policy, replay_policies
@@ -65,6 +67,19 @@ def test_devices_are_first_fit_in_index_order() -> None:
     assert gpus_of(place(trace_pod("e", 500, num=2))) == ("n", [1, 2])  # the first two that fit
     whole = trace_pod("w", 1000)
     assert isinstance(e.policy(whole).evaluate(e.state.nodes["n"], whole), FitFailure)
+
+
+def test_uuid_selectors_are_not_shared_between_nodes_in_the_same_state() -> None:
+    # the model's GPU fit is memoised on a node's GPU state; a pod that names a GPU by uuid must
+    # not inherit another node's answer (two idle nodes, the pod allows only node-b's GPU 1)
+    e = engine(cluster(("node-a", 2, 64000, 262144), ("node-b", 2, 64000, 262144)), "dra-allocator")
+    pol = e.policy(trace_pod("p", 100))
+    a, b = e.state.nodes["node-a"], e.state.nodes["node-b"]
+    assert not isinstance(pol.evaluate(b, trace_pod("p", 100)), FitFailure)  # memo warm for this state
+    pinned = replace(trace_pod("p", 100), constraints=Constraints(use_uuids=("GPU-node-b-1",)))
+    assert isinstance(pol.evaluate(a, pinned), FitFailure)
+    got = pol.evaluate(b, pinned)
+    assert not isinstance(got, FitFailure) and got[1].containers == (((1, 1510, 10),),)
 
 
 def test_bestfit_order_packs_the_least_free_gpu_where_first_fit_does_not() -> None:
@@ -204,6 +219,10 @@ def test_models_are_replay_policies_but_not_config_values() -> None:
                                "spec": {"containers": [{"name": "c", "image": "x", "resources": {
                                    "limits": {"nvidia.com/gpumem": 1000}}}]}}, config.Config())
     assert [window_of(n) for n in DRA_MODELS] == [0, 0, 0, 0, None, None]
+    # the chart's schema (generated from the registry) offers the node policies only
+    schema = json.loads((ROOT / "charts" / "kube-vgpu" / "values.schema.json").read_text())
+    enum = schema["properties"]["config"]["properties"]["scheduling"]["properties"]["nodePolicy"]["enum"]
+    assert enum == list(NODE_POLICIES) and not set(enum) & set(DRA_MODELS)
 
 
 def test_docs_describe_every_model() -> None:
