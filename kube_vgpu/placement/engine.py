@@ -173,9 +173,12 @@ class Engine:
         nodes = self.state.node_list
         memo = self._memo
         results = e.results
+        c = pod.constraints
+        by_uuid = bool(c.use_uuids or c.nouse_uuids)  # then two nodes in one state differ by their GPUs' uuids
         for i in dirty.tolist():
             node = nodes[i]
-            mkey = (e.key, node.signature())
+            mkey = (e.key, node.signature(), tuple(d.uuid for d in node.devices)) if by_uuid \
+                else (e.key, node.signature())
             hit = memo.get(mkey)
             if hit is None:
                 r = pol.evaluate(node, pod)

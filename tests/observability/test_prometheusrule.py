@@ -19,7 +19,7 @@ from .promql import uses
 ALERTS = {"KubeVgpuExtenderDown", "KubeVgpuExtenderNoLeader", "KubeVgpuBindFailures", "KubeVgpuPolicyConfigInvalid",
           "KubeVgpuWebhookDown", "KubeVgpuWebhookErrors", "KubeVgpuWebhookCertExpiresSoon", "KubeVgpuDevicePluginDown",
           "KubeVgpuDevicePluginNotRegistered", "KubeVgpuGPUUnhealthy", "KubeVgpuGPUMemoryOverAllocated",
-          "KubeVgpuGPUCoresOverAllocated", "KubeVgpuContainerMemoryNearLimit"}
+          "KubeVgpuGPUCoresOverAllocated", "KubeVgpuContainerMemoryNearLimit", "KubeVgpuContainerOutOfMemory"}
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 BUILTIN = {"up"}  # written by Prometheus for every target
 

@@ -164,3 +164,26 @@ def test_the_link_annotation_is_parsed_and_a_bad_value_named() -> None:
         parse_constraints({ANN_GPU_LINK: "infiniband"})
     assert ANN_GPU_LINK in str(e.value) and "infiniband" in str(e.value) and "nvlink" in str(e.value)
     assert ANN_GPU_LINK in TENANT_KEYS and not system_owned(ANN_GPU_LINK)  # a tenant's own choice
+
+
+@pytest.mark.parametrize("policy", ["binpack", "bestfit", "spread", "dotprod"])
+def test_uuid_selectors_are_not_answered_by_a_twin_node(policy: str) -> None:
+    """Two idle nodes alike in every GPU but their uuids share one memo entry for ordinary pods; a
+    pod that names uuids must be fitted per node (it was refused everywhere: the first node's
+    answer was reused for its twin)."""
+    from kube_vgpu.model import Constraints
+    st = ClusterState()
+    for n in ("node-a", "node-b"):
+        st.set_node(n, tuple(GPUDevice(f"GPU-{n}-{i}", i, "NVIDIA T4", 15000) for i in range(2)), 0, 0, 0.0)
+    eng = Engine(st, policy, "spread", vector_min=10**9)  # the memoised reference path
+    plain = PodRequest("default", "p", app=(ContainerRequest("c", False, 1, 4000, 0, 10),))
+    assert eng.choose(plain) is not None
+    pinned = PodRequest("default", "q", app=plain.app, constraints=Constraints(use_uuids=("GPU-node-b-1",)))
+    d = eng.choose(pinned)
+    assert d is not None and d.node == "node-b" and d.plan.containers[0][0][0] == 1
+    avoid = PodRequest("default", "r", app=plain.app,
+                       constraints=Constraints(nouse_uuids=("GPU-node-a-0", "GPU-node-a-1")))
+    d2 = eng.choose(avoid)
+    assert d2 is not None and d2.node == "node-b"
+    feasible, failed, _ = eng.evaluate(pinned, ["node-a", "node-b"])
+    assert feasible == ["node-b"] and set(failed) == {"node-a"}
