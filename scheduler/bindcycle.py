@@ -41,7 +41,6 @@ from kube_vgpu.errors import CodecError, RequestError
 from kube_vgpu.kubeapi import api_error_text, is_conflict, is_not_found, outcome_unknown
 from kube_vgpu.model import PodAllocation, PodRequest
 from kube_vgpu.placement import Booking
-from kube_vgpu.podlife import finished, terminating
 from kube_vgpu.podspec import parse_pod, pod_asks
 from kube_vgpu.resources import (
     ANN_ALLOCATION,
@@ -53,6 +52,7 @@ from kube_vgpu.resources import (
 )
 from kube_vgpu.signing import KeySource, sign_allocation
 from kube_vgpu.taints import untolerated
+from kube_vgpu.views import PodView
 
 from .bindstate import BindCache
 from .kube import KubeAPI
@@ -112,7 +112,7 @@ class Pending:
 
 
 def _rv(pod: Obj | None) -> str:
-    return str(((pod or {}).get("metadata") or {}).get("resourceVersion") or "")
+    return PodView(pod).resource_version if pod is not None else ""
 
 
 def _outcome_of(e: BaseException) -> str:
@@ -140,14 +140,14 @@ def judge(pod: Obj | None, uid: str, node: str, allocation: str) -> str:
     record on it), ``absent`` (not bound, our record not on it)."""
     if pod is None:
         return "gone"
-    meta = pod.get("metadata") or {}
-    if uid and str(meta.get("uid") or "") != uid:
+    view = PodView(pod)
+    if uid and view.uid != uid:
         return "gone"
     try:
         ours = bool(allocation) and allocation_text(pod) == allocation
     except CodecError:
         ours = False
-    bound_to = str((pod.get("spec") or {}).get("nodeName") or "")
+    bound_to = view.node_name
     if bound_to:
         return "bound" if bound_to == node and ours else "elsewhere"
     return "landed" if ours else "absent"
@@ -162,7 +162,7 @@ def _verdict(v: str, pod: Obj | None, key: str, node: str, error: str, outcome: 
         return WriteResult("failed", error=f"{error}; pod {key} no longer exists (deleted or recreated)",
                            outcome="not_found", binding_posted=posted)
     if v == "elsewhere":
-        to = str(((pod or {}).get("spec") or {}).get("nodeName") or "")
+        to = PodView(pod).node_name if pod is not None else ""
         return WriteResult("lost", pod=pod, error=f"{error}; pod {key} is bound to node {to} without this "
                            f"bind's allocation (bound by someone else)", outcome="conflict", binding_posted=posted)
     return WriteResult("failed", error=error, outcome=outcome if outcome != "unknown" else "api_error",
@@ -237,9 +237,8 @@ def write_binding(api: KubeAPI, ns: str, name: str, uid: str, rv: str, annotatio
         if isinstance(got, Exception):
             return WriteResult("failed", error=f"binding {key} to {node}: the pod changed, and reading it again "
                                f"failed: {api_error_text(got)}", outcome="api_error", binding_posted=True)
-        fm = (got or {}).get("metadata") or {}
-        if got is None or str(fm.get("uid") or "") != uid or terminating(got) \
-                or (got.get("spec") or {}).get("nodeName"):
+        view = PodView(got) if got is not None else None
+        if view is None or view.uid != uid or view.terminating or view.node_name:
             raise BindError(f"pod {key} changed while binding (deleted, recreated or already bound)", "conflict")
         rv = _rv(got)
     raise AssertionError("unreachable")  # the last attempt returns
@@ -256,8 +255,8 @@ def bind_plain(api: KubeAPI, ns: str, name: str, uid: str, node: str) -> WriteRe
         if isinstance(got, Exception):
             return WriteResult("unknown", error=f"{error}; reading the pod back failed too: {api_error_text(got)}",
                                outcome="unknown", binding_posted=True)
-        if got is not None and str((got.get("metadata") or {}).get("uid") or "") == uid \
-                and (got.get("spec") or {}).get("nodeName") == node:
+        view = PodView(got) if got is not None else None
+        if view is not None and view.uid == uid and view.node_name == node:
             return WriteResult("bound", resource_version=_rv(got), binding_posted=True)
         return WriteResult("failed", error=error, outcome=_outcome_of(e) if not outcome_unknown(e) else "api_error",
                            binding_posted=True)
@@ -318,7 +317,7 @@ class BindCycle:
         the old one; /bind turns it into the booking (see docs/scheduler.md "Promises"). Returns
         True if promised."""
         ttl = self.opts.assume_seconds
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = PodView(pod).uid
         if ttl <= 0 or not uid or not req.has_gpu or req.key in self.cache.state.bookings:
             return False
         return self.cache.engine.assume_on(req, uid, node, self.clock() + ttl) is not None
@@ -370,7 +369,7 @@ class BindCycle:
             raise BindError(f"pod {ns}/{name}: {api_error_text(e)}", outcome) from e
         if not isinstance(pod, dict) or pod_key(pod) != f"{ns}/{name}":
             raise BindError(f"pod {ns}/{name}: the API server answered another object", "api_error")
-        got = str((pod.get("metadata") or {}).get("uid") or "")
+        got = PodView(pod).uid
         if uid and got != uid:
             raise BindError(f"pod {ns}/{name} has uid {got}, bind asked for {uid} (pod was recreated)", "not_found")
         return pod
@@ -381,30 +380,28 @@ class BindCycle:
         terminating or finished, or does not tolerate the node's NoSchedule/NoExecute taints (or
         its cordon). ``/bind`` has no caller authentication, so nothing here trusts the caller;
         fitting the node's GPUs is checked when booking."""
-        meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
-        key = pod_key(pod)
+        view = PodView(pod)
+        key = view.key
         cfg = self.config
         if not pod_asks(pod, cfg.resource_names):
             raise BindError(f"pod {key} asks for no vGPU resource (none of {', '.join(cfg.resource_names.all())} "
                             f"in its containers' resources); kube-vgpu binds only vGPU pods", "refused")
-        sched = spec.get("schedulerName")
+        sched = view.scheduler_name
         if sched != cfg.scheduler_name:
             raise BindError(f"pod {key}: spec.schedulerName={sched!r}; this extender binds only pods of "
                             f"schedulerName {cfg.scheduler_name!r}", "refused")
-        if spec.get("nodeName"):
-            raise BindError(f"pod {key} is already bound: spec.nodeName={spec['nodeName']!r}", "refused")
-        if terminating(pod):
+        if view.node_name:
+            raise BindError(f"pod {key} is already bound: spec.nodeName={view.node_name!r}", "refused")
+        if view.terminating:
             raise BindError(f"pod {key} is being deleted: metadata.deletionTimestamp="
-                            f"{meta['deletionTimestamp']!r}", "not_found")
-        if finished(pod):
-            raise BindError(f"pod {key} has finished: status.phase={(pod.get('status') or {}).get('phase')!r}",
-                            "refused")
+                            f"{view.deletion_timestamp!r}", "not_found")
+        if view.finished:
+            raise BindError(f"pod {key} has finished: status.phase={view.phase!r}", "refused")
         info = self.cache.nodes.get(node)
         if info is None:
             raise BindError(f"cannot bind pod {key}: node {node!r} is not known to the kube-vgpu scheduler",
                             "unschedulable")
-        taint = untolerated(spec.get("tolerations"), info.taints)
+        taint = untolerated(view.spec.get("tolerations"), info.taints)
         if taint is not None:
             raise BindError(f"cannot bind pod {key} to node {node}: the pod does not tolerate the node's taint "
                             f"{taint} (no entry of spec.tolerations matches it)", "unschedulable")
@@ -415,10 +412,8 @@ class BindCycle:
         :meth:`settled`). Returns the GPU uuids. Raises BindError."""
         assert self.api is not None
         api = self.api
-        meta = pod.get("metadata") or {}
-        ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
-        uid = str(meta.get("uid") or "")
-        key = f"{ns}/{name}"
+        view = PodView(pod)
+        ns, name, uid, key = view.namespace, view.name, view.uid, view.key
         try:
             req = parse_pod(pod, self.config)
         except RequestError as e:
@@ -432,7 +427,7 @@ class BindCycle:
         gpus = sorted({d.uuid for c in alloc.containers for d in c.devices})
         self.cache.inflight.add(key)
         annotations: dict[str, str] = {}
-        rv = str(meta.get("resourceVersion") or "")
+        rv = view.resource_version
         writing: asyncio.Future[WriteResult] | None = None
         try:
             annotations = self.bind_annotations(uid, node, alloc)

@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kube_vgpu.kubeapi import JSONClient, read_json, release
 from kube_vgpu.kubeapi import load_api_client as _load
+from kube_vgpu.views import ListView
 
 log = logging.getLogger("kube_vgpu.scheduler.kube")
 
@@ -132,8 +133,8 @@ class KubeAPI:
         if field_selector:
             kw["field_selector"] = field_selector
         resp: Any = self._lister(kind)(**kw)
-        obj = read_json(resp)
-        return list(obj.get("items") or []), str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        body = ListView(read_json(resp))
+        return list(body.items), body.resource_version
 
     def watch_objects(self, kind: str, resource_version: str, timeout_seconds: int,
                       label_selector: str | None = None, field_selector: str | None = None) -> Any:
