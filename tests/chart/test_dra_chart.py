@@ -57,7 +57,7 @@ def test_device_class_selects_our_driver(docs: list[dict[str, Any]]) -> None:
 
 
 def test_extended_resource_mapping_and_model_classes(renderer: Renderer) -> None:
-    d = renderer.render({"dra": {"enabled": True, "deviceClass": {"extendedResourceName": "nvidia.com/gpu"},
+    d = renderer.render({"dra": {"enabled": True, "nodes": "all", "deviceClass": {"extendedResourceName": "nvidia.com/gpu"},
                                  "modelClasses": [{"name": "h200.vgpu.kube-vgpu.io", "model": "NVIDIA H200",
                                                    "extendedResourceName": "example.com/h200"}]}}, kube_version=KUBE)
     by = {x["metadata"]["name"]: x["spec"] for x in find_all(d, "DeviceClass")}
@@ -87,6 +87,37 @@ def test_refused_where_it_cannot_work(renderer: Renderer) -> None:
     assert r.returncode != 0 and "dra.enabled=true needs Kubernetes >= 1.34" in r.stderr
     r = renderer.template({**ON, "devicePlugin": {"enabled": False}}, kube_version=KUBE)
     assert r.returncode != 0 and "needs devicePlugin.enabled=true" in r.stderr
+
+
+@pytest.mark.parametrize("dra", [
+    {"deviceClass": {"extendedResourceName": "nvidia.com/gpu"}},
+    {"nodes": "labelled", "modelClasses": [{"name": "h200.vgpu.kube-vgpu.io", "model": "NVIDIA H200",
+                                            "extendedResourceName": "nvidia.com/gpu"}]},
+], ids=["device-class", "model-class"])
+def test_mapping_the_gpu_resource_is_refused_on_labelled_nodes(renderer: Renderer, dra: dict[str, Any]) -> None:
+    """With dra.nodes=labelled the device-plugin nodes advertise nvidia.com/gpu as vGPU slots only our
+    scheduler may book, so the webhook routes every pod asking for it there, and our extender never
+    places on a DRA node: the mapping would serve no pod (docs/dra.md)."""
+    r = renderer.template({"dra": {"enabled": True, **dra}}, kube_version=KUBE)
+    assert r.returncode != 0, r.stdout[:200]
+    for needle in ("extendedResourceName=nvidia.com/gpu", "config.resourceNames.gpu", "dra.nodes=labelled",
+                   "Allowed: dra.nodes=all"):
+        assert needle in r.stderr, r.stderr
+    r = renderer.template({"dra": {"enabled": True, "deviceClass": {"extendedResourceName": "example.com/vgpu"}},
+                           "config": {"resourceNames": {"gpu": "example.com/vgpu"}}}, kube_version=KUBE)
+    assert r.returncode != 0 and "extendedResourceName=example.com/vgpu" in r.stderr, r.stderr
+    assert renderer.render({"dra": {"enabled": True, **dra, "nodes": "all"}}, kube_version=KUBE)
+
+
+@pytest.mark.parametrize("name", ["nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores",
+                                  "nvidia.com/priority"])
+def test_mapping_a_vgpu_amount_is_refused(renderer: Renderer, name: str) -> None:
+    """The mapping counts whole GPUs: nvidia.com/gpumem: 3000 would ask for 3000 of them."""
+    for dra in ({"deviceClass": {"extendedResourceName": name}},
+                {"modelClasses": [{"name": "h200.vgpu.kube-vgpu.io", "model": "NVIDIA H200", "extendedResourceName": name}]}):
+        r = renderer.template({"dra": {"enabled": True, "nodes": "all", **dra}}, kube_version=KUBE)
+        assert r.returncode != 0 and f"dra extendedResourceName={name} is one of config.resourceNames" in r.stderr, \
+            r.stderr
 
 
 def test_one_node_component_per_node(docs: list[dict[str, Any]], renderer: Renderer) -> None:
@@ -247,9 +278,9 @@ def test_node_component_writes_only_its_own_node(vap: ModuleType, docs: list[dic
 
 
 @pytest.mark.parametrize("values", [
-    {"dra": {"enabled": True, "deviceClass": {"extendedResourceName": "nvidia.com/gpu"},
+    {"dra": {"enabled": True, "deviceClass": {"extendedResourceName": "example.com/dra-gpu"},
              "modelClasses": [{"name": "h200.vgpu.kube-vgpu.io", "model": "NVIDIA H200"}]}},
-    {"dra": {"enabled": True, "nodes": "all"}},
+    {"dra": {"enabled": True, "nodes": "all", "deviceClass": {"extendedResourceName": "nvidia.com/gpu"}}},
 ], ids=["labelled", "all"])
 def test_rendered_dra_manifests_validate(renderer: Renderer, values: dict[str, Any]) -> None:
     """Every object (DeviceClasses, DaemonSets, RBAC, policy) against Kubernetes' own 1.36 schemas."""

@@ -104,12 +104,18 @@ false
 {{- end -}}
 
 {{/* The policy file: the domain config (kube-vgpu.io/v1) exactly as the components read it, with
-     webhook.systemUsers completed by the extender's and device plugin's ServiceAccount user names. */}}
+     webhook.systemUsers completed by the extender's and device plugin's ServiceAccount user names, and
+     webhook.mutateBareGpu false while DRA maps config.resourceNames.gpu (kube-vgpu.draMapsGpu). */}}
 {{- define "kube-vgpu.configYaml" -}}
 {{- $cfg := deepCopy .Values.config -}}
 {{- $webhook := default dict $cfg.webhook -}}
 {{- $users := concat (include "kube-vgpu.systemUsers" . | fromJsonArray) (default list $webhook.systemUsers) | uniq -}}
 {{- $_ := set $webhook "systemUsers" $users -}}
+{{- /* DRA serves the GPU count resource on every node (dra.nodes=all and the extended-resource mapping
+     of config.resourceNames.gpu): a pod asking only for it is left to its own scheduler (docs/dra.md). */ -}}
+{{- if eq (include "kube-vgpu.draMapsGpu" .) "true" -}}
+{{- $_ := set $webhook "mutateBareGpu" false -}}
+{{- end -}}
 {{- $_ := set $cfg "webhook" $webhook -}}
 apiVersion: kube-vgpu.io/v1
 {{ toYaml $cfg }}
