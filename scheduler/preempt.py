@@ -45,13 +45,14 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kube_vgpu.cluster import pod_key, pod_priority
-from kube_vgpu.errors import RequestError
+from kube_vgpu.errors import RequestError, ShapeError
 from kube_vgpu.placement.fit import gpu_order
 from kube_vgpu.placement.preempt import DEFAULT_BUDGET, Holder, VictimSet, select_victims
+from kube_vgpu.placement.render import summary
+from kube_vgpu.placement.status import NO_INVENTORY, FitFailure
+from kube_vgpu.podshape import check_pod_placement, key_path
 from kube_vgpu.podspec import parse_pod, pod_asks
 from kube_vgpu.views import PodView
-
-from .wire import check_pod, json_type
 
 if TYPE_CHECKING:
     from .bindstate import BindCache
@@ -61,44 +62,49 @@ log = logging.getLogger("kube_vgpu.scheduler")
 Obj = dict[str, Any]
 
 
-def check_preemption_args(args: Any) -> str | None:
-    """Shape check of ``ExtenderPreemptionArgs`` (only what is read); None when usable, else the
-    error naming the field, the JSON type found and what is allowed."""
-    if not isinstance(args, dict):
-        return f"ExtenderPreemptionArgs: must be an object, got {json_type(args)}"
-    err = check_pod(args.get("Pod"))
-    if err:
-        return err
-    for field, meta in (("NodeNameToMetaVictims", True), ("NodeNameToVictims", False)):
-        m = args.get(field)
-        if m is None:
+def _victims_shape(args: Obj, field: str, meta: bool) -> None:
+    """Check ``args[field]`` (node name -> ``{Pods, NumPDBViolations}`` or null). Raises ShapeError."""
+    m = args.get(field)
+    if m is None:
+        return
+    if not isinstance(m, dict):
+        raise ShapeError(field, m, "an object of node name -> victims")
+    for node, v in m.items():
+        if v is None:
             continue
-        if not isinstance(m, dict):
-            return f"{field}: must be an object of node name -> victims, got {json_type(m)}"
-        for node, v in m.items():
-            f = f"{field}[{node!r}]"
-            if v is None:
-                continue
-            if not isinstance(v, dict):
-                return f"{f}: must be an object {{Pods, NumPDBViolations}}, got {json_type(v)}"
-            n = v.get("NumPDBViolations")
-            if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
-                return f"{f}.NumPDBViolations: must be a whole number >= 0, got {n!r}"[:300]
-            pods = v.get("Pods")
-            if pods is None:
-                continue
-            if not isinstance(pods, list):
-                return f"{f}.Pods: must be an array, got {json_type(pods)}"
-            for i, p in enumerate(pods):
-                if meta:
-                    if not isinstance(p, dict):
-                        return f"{f}.Pods[{i}]: must be an object {{UID: string}}, got {json_type(p)}"
-                    if not isinstance(p.get("UID"), str):
-                        return f"{f}.Pods[{i}].UID: must be a string, got {json_type(p.get('UID'))}"
-                else:
-                    err = check_pod(p, f"{f}.Pods[{i}]")
-                    if err:
-                        return err
+        f = key_path(field, node)
+        if not isinstance(v, dict):
+            raise ShapeError(f, v, "an object {Pods, NumPDBViolations}")
+        n = v.get("NumPDBViolations")
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
+            raise ShapeError(f"{f}.NumPDBViolations", n, "a whole number >= 0")
+        pods = v.get("Pods")
+        if pods is None:
+            continue
+        if not isinstance(pods, list):
+            raise ShapeError(f"{f}.Pods", pods, "a list")
+        for i, p in enumerate(pods):
+            if not meta:
+                check_pod_placement(p, f"{f}.Pods[{i}]")
+            elif not isinstance(p, dict):
+                raise ShapeError(f"{f}.Pods[{i}]", p, "an object {UID: string}")
+            elif not isinstance(p.get("UID"), str):
+                raise ShapeError(f"{f}.Pods[{i}].UID", p.get("UID"), "a string")
+
+
+def check_preemption_args(args: Any) -> str | None:
+    """Shape check of ``ExtenderPreemptionArgs`` (only what is read; the pods as
+    :func:`kube_vgpu.podshape.check_pod_placement` checks them): None when usable, else the
+    :class:`~kube_vgpu.errors.ShapeError` text naming the field, the JSON type found and what is
+    allowed (``NodeNameToMetaVictims["n0"].Pods[0].UID must be a string, got a number``)."""
+    try:
+        if not isinstance(args, dict):
+            raise ShapeError("ExtenderPreemptionArgs", args, "an object (ExtenderPreemptionArgs)")
+        check_pod_placement(args.get("Pod"), "Pod")
+        _victims_shape(args, "NodeNameToMetaVictims", True)
+        _victims_shape(args, "NodeNameToVictims", False)
+    except ShapeError as e:
+        return str(e)
     return None
 
 
@@ -129,11 +135,27 @@ def meta_result(victims: Mapping[str, tuple[list[str], int]]) -> Obj:
 @dataclass(frozen=True, slots=True)
 class NodeAnswer:
     """One node's answer: the victims' UIDs (kube-scheduler's pass-through ones first, then ours,
-    highest priority first) and why; ``choice`` None when the node is left out."""
+    highest priority first) and why, as data (:func:`answer_text` renders it): ``failure`` when the
+    node is not a candidate (no inventory, or why the cache holds it unavailable); ``choice`` the
+    victim set found (None: no set of lower-priority pods makes room, or the node is not a
+    candidate); ``ignored``: how many of kube-scheduler's victims the answer leaves out."""
 
     uids: tuple[str, ...]
-    reason: str
     choice: VictimSet | None = None
+    failure: FitFailure | None = None
+    ignored: int = 0
+
+
+def answer_text(a: NodeAnswer) -> str:
+    """Why a node is answered as it is, for the log (fit failures as
+    :func:`kube_vgpu.placement.render.summary` words them)."""
+    if a.failure is not None:
+        return f"not a candidate: {summary(a.failure)}"
+    if a.choice is None:
+        return "no set of lower-priority pods makes room"
+    if not a.uids:
+        return "the pod fits without evicting any pod the extender knows"
+    return f"{len(a.choice.added)} added, {a.ignored} proposed ignored"
 
 
 class PreemptMetrics:
@@ -204,11 +226,11 @@ class Preemption:
         for node, (uids, _pdb) in victims.items():
             ns = self.cache.state.nodes.get(node)
             if ns is None:
-                out[node] = NodeAnswer((), "no vGPU inventory for the node")
+                out[node] = NodeAnswer((), failure=NO_INVENTORY)
                 continue
             why = self.cache.unavailable.get(node)
             if why is not None:
-                out[node] = NodeAnswer((), f"not a candidate: {why.code.value}")
+                out[node] = NodeAnswer((), failure=why)
                 continue
             holders, on_node = self.holders(node)
             by_uid = {h.uid: h for h in holders}
@@ -220,16 +242,15 @@ class Preemption:
             if choice is not None:
                 left -= choice.checks
             if choice is None:
-                out[node] = NodeAnswer((), "no set of lower-priority pods makes room")
+                out[node] = NodeAnswer(())
                 continue
             ours = [h.uid for h in choice.victims]
             if not passthrough and not ours:
-                out[node] = NodeAnswer((), "the pod fits without evicting any pod the extender knows")
+                out[node] = NodeAnswer((), choice)
                 continue
             ignored = [u for u in uids if u in on_node and u not in set(ours)] + \
                       [u for u in uids if u in everywhere and u not in on_node]
-            out[node] = NodeAnswer((*passthrough, *ours),
-                                   f"{len(choice.added)} added, {len(ignored)} proposed ignored", choice)
+            out[node] = NodeAnswer((*passthrough, *ours), choice, ignored=len(ignored))
         return out
 
     def handle(self, args: Obj) -> Obj:
@@ -259,7 +280,7 @@ class Preemption:
                 self.metrics.nodes.labels(outcome="dropped").inc()
             log.info("preemption", extra={"pod": pod_key(pod), "node": node,
                                           "outcome": "kept" if a.uids else "dropped",
-                                          "error": a.reason if not a.uids else None,
+                                          "error": answer_text(a) if not a.uids else None,
                                           "victims": [names.get(u, u) for u in a.uids]})
         self.metrics.seconds.observe(time.perf_counter() - t0)
         return meta_result(kept)

@@ -23,22 +23,6 @@ from kube_vgpu.errors import ShapeError
 Obj = dict[str, Any]
 
 
-def json_type(v: Any) -> str:
-    """The bare JSON type name of a decoded value (null, boolean, number, string, array, object),
-    for the preemption body's own messages."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    return "object"
-
-
 def check_pod(pod: Any, field: str = "Pod") -> str | None:
     """A ``core/v1 Pod`` as placement reads it (:data:`kube_vgpu.podshape.POD_PLACEMENT`) named
     ``field``: None, or the error."""

@@ -29,8 +29,11 @@ from kube_vgpu.model import (
 )
 from kube_vgpu.placement.fit import Plan, fit_pod
 from kube_vgpu.placement.preempt import Holder, select_victims, what_if
+from kube_vgpu.placement.render import summary
 from kube_vgpu.placement.state import ClusterState, OvercommitError
+from kube_vgpu.placement.status import NO_INVENTORY
 from kube_vgpu.podspec import parse_pod
+from scheduler.preempt import answer_text
 from scheduler.service import SchedulerService
 
 
@@ -174,6 +177,12 @@ def test_node_where_no_subset_helps_is_dropped() -> None:
     # stale: not a candidate; gone: unknown to the extender
     assert res == {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": lo1}], "NumPDBViolations": 0}}}, res
     assert hi not in str(res)
+    # why each node is left out is data; its text is rendered at the log (fit failures by render.summary)
+    answers = svc.preemption.answer(big, {n: ([], 0) for n in ("n0", "small", "stale", "gone")})
+    assert answers["stale"].failure is svc.cache.unavailable["stale"] and not answers["stale"].uids
+    assert answer_text(answers["stale"]) == f"not a candidate: {summary(svc.cache.unavailable['stale'])}"
+    assert answer_text(answers["gone"]) == f"not a candidate: {summary(NO_INVENTORY)}"
+    assert answer_text(answers["n0"]) == "no set of lower-priority pods makes room"
 
 
 def test_forged_body_cannot_make_a_victim_or_change_the_cache() -> None:
@@ -226,9 +235,12 @@ def test_full_victims_shape_and_pass_through_and_errors() -> None:
     for bad, field in [([], "ExtenderPreemptionArgs"), ({"Pod": preemptor(), "NodeNameToMetaVictims": []},
                                                          "NodeNameToMetaVictims"),
                        ({"Pod": preemptor(), "NodeNameToMetaVictims": {"n0": {"Pods": [{"UID": 5}]}}},
-                        "NodeNameToMetaVictims['n0'].Pods[0].UID: must be a string, got number"),
+                        'NodeNameToMetaVictims["n0"].Pods[0].UID must be a string, got a number'),
                        ({"Pod": preemptor(), "NodeNameToMetaVictims": {"n0": {"NumPDBViolations": -1}}},
-                        "NumPDBViolations"), ({"NodeNameToMetaVictims": {}}, "Pod")]:
+                        'NodeNameToMetaVictims["n0"].NumPDBViolations must be a whole number >= 0'),
+                       ({"Pod": preemptor(), "NodeNameToVictims": {"n0": {"Pods": [{"spec": []}]}}},
+                        'NodeNameToVictims["n0"].Pods[0].spec must be an object, got a list'),
+                       ({"NodeNameToMetaVictims": {}}, "Pod must be an object (core/v1 Pod), got null")]:
         status, res = preempt(svc, bad)
         assert status == 400 and field in res["Error"], (bad, res)
     # an invalid vGPU request keeps no node
