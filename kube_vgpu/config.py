@@ -252,7 +252,8 @@ class WebhookConfig:
     force_overwrite_default_scheduler: bool = _key(True, Rule(
         "forceOverwriteDefaultScheduler", "route pods of default-scheduler (and of none) to ours"))
     mutate_bare_gpu: bool = _key(True, Rule(
-        "mutateBareGpu", "treat a bare nvidia.com/gpu as a vGPU request"))
+        "mutateBareGpu", "treat a bare nvidia.com/gpu as a vGPU request (false: a pod asking only for it keeps "
+        "its scheduler; the chart sets false when DRA maps it with dra.nodes=all, docs/dra.md)"))
     privileged: str = _key("deny", Rule(
         "privileged", "privileged GPU containers (and SYS_ADMIN / ALL capabilities): deny or allow",
         choices=("deny", "allow")))

@@ -11,8 +11,10 @@ Scenarios: slices as the API server stores them; 100 pods with claims of mixed s
 ResourceClaimTemplates) all allocated with no GPU over its memory or cores, each claim consuming
 exactly what it asked; whole-GPU claims (no capacity named) fill exactly the GPUs left free and the
 rest wait until the mixed pods are deleted; NodePrepareResources on dra-node-0 gives the container its
-limits; the Node's deletion takes its slices with it; and the admission policy and RBAC against a
-tenant and a node component writing another node's slices.
+limits; the extended-resource mapping of ``nvidia.com/gpu`` serves whole GPUs, also with
+``kube-vgpu webhook`` on the chart's policy for ``dra.nodes=all``; the Node's deletion takes its
+slices with it; and the admission policy and RBAC against a tenant and a node component writing
+another node's slices.
 """
 
 from __future__ import annotations
@@ -385,7 +387,7 @@ def test_extended_resource_mapping_gives_whole_gpus(dra: dict[str, Any]) -> None
     """dra.deviceClass.extendedResourceName=nvidia.com/gpu: pods asking for nvidia.com/gpu: 1 on nodes
     without a device plugin advertising it get a claim on the class, i.e. a whole GPU each."""
     core, co = dra["core"], dra["co"]
-    [dc] = _chart(dra["version"], ("DeviceClass",), "dra.deviceClass.extendedResourceName=nvidia.com/gpu")
+    [dc] = _chart(dra["version"], ("DeviceClass",), "dra.nodes=all", "dra.deviceClass.extendedResourceName=nvidia.com/gpu")
     assert dc["spec"]["extendedResourceName"] == "nvidia.com/gpu"
     old = co.get_cluster_custom_object(G, V, "deviceclasses", DRIVER_NAME)
     dc["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
@@ -410,6 +412,85 @@ def test_extended_resource_mapping_gives_whole_gpus(dra: dict[str, Any]) -> None
               f"through the class, the {total + 1}th waits")
     finally:
         _delete_batch(core, co, "ext")
+        old = co.get_cluster_custom_object(G, V, "deviceclasses", DRIVER_NAME)
+        old["spec"].pop("extendedResourceName", None)
+        co.replace_cluster_custom_object(G, V, "deviceclasses", DRIVER_NAME, old)
+    wait_for(lambda: not _usage(co)[0], 120, "every claim released")
+
+
+def test_extended_resource_mapping_with_the_webhook_on(dra: dict[str, Any]) -> None:
+    """The same mapping with ``kube-vgpu webhook`` running on the policy the chart renders for
+    ``dra.nodes=all`` + ``extendedResourceName: nvidia.com/gpu``: a pod asking only ``nvidia.com/gpu``
+    is left to the default scheduler and gets a whole GPU through the class (routed to
+    kube-vgpu-scheduler, whose extender never places on a DRA node, it would wait forever); a pod
+    asking gpumem is still routed to kube-vgpu-scheduler; a forged system annotation is removed and
+    an isolation violation refused, by the real API server calling the webhook."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from .cluster import SCHEDULER_NAME, Components
+
+    core, co, cp = dra["core"], dra["co"], dra["cp"]
+    sets = ("dra.nodes=all", "dra.deviceClass.extendedResourceName=nvidia.com/gpu")
+    [dc] = _chart(dra["version"], ("DeviceClass",), *sets)
+    [cm] = [d for d in _chart(dra["version"], ("ConfigMap",), *sets) if d["metadata"]["name"] == f"{FULL}-config"]
+    comps = Components(cp, dra["work"] / "webhook-mapping")
+    comps.policy.write_text(cm["data"]["config.yaml"])
+    comps.start_webhook()
+    admreg = client.AdmissionregistrationV1Api(dra["admin"])
+    mwc = comps.webhook_configuration(NS)
+    old = co.get_cluster_custom_object(G, V, "deviceclasses", DRIVER_NAME)
+    dc["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+    co.replace_cluster_custom_object(G, V, "deviceclasses", DRIVER_NAME, dc)
+    n = 3
+
+    def pod(name: str, limits: dict[str, str], **meta: Any) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": {"batch": "extwh"}, **meta}, "spec": {
+            "terminationGracePeriodSeconds": 0, "containers": [{"name": "c", "image": "busybox", "resources": {
+                "limits": limits}}]}}
+
+    try:
+        admreg.create_mutating_webhook_configuration(mwc)
+
+        tries = iter(range(10_000))
+
+        def webhook_answers() -> bool:
+            """A pod with a forged system annotation: kept only until the API server calls the webhook
+            (the configuration reaches it asynchronously), then created without the annotation."""
+            name = f"extwh-probe-{next(tries)}"
+            core.create_namespaced_pod(NS, pod(name, {"nvidia.com/gpu": "1"},
+                                               annotations={"kube-vgpu.io/allocation": "forged"}))
+            if "kube-vgpu.io/allocation" in (core.read_namespaced_pod(name, NS).metadata.annotations or {}):
+                core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+                return False
+            return True
+        wait_for(webhook_answers, 60, "the API server calls the webhook (forged annotation removed)")
+        for i in range(n - 1):
+            core.create_namespaced_pod(NS, pod(f"extwh-{i}", {"nvidia.com/gpu": "1"}))
+        created = core.list_namespaced_pod(NS, label_selector="batch=extwh").items
+        assert len(created) == n
+        for p in created:
+            assert p.spec.scheduler_name == "default-scheduler", p.metadata.name
+            assert p.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}, p.metadata.name
+        wait_for(lambda: len(_bound(core, "extwh")) == n, 300, f"{n} nvidia.com/gpu pods bound through DRA")
+        use = _assert_within_capacity(co)
+        assert len(use) == n and all(u["claims"] == 1 and u["cores"] == 100 for u in use.values())
+        core.create_namespaced_pod(NS, pod("extwh-vgpu", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}))
+        assert core.read_namespaced_pod("extwh-vgpu", NS).spec.scheduler_name == SCHEDULER_NAME
+        bad = pod("extwh-bad", {"nvidia.com/gpu": "1"})
+        bad["spec"]["containers"][0]["env"] = [{"name": "LD_PRELOAD", "value": "/tmp/x.so"}]
+        with pytest.raises(ApiException) as e:
+            core.create_namespaced_pod(NS, bad)
+        assert e.value.status == 403 and "env LD_PRELOAD" in str(e.value.body), e.value.body
+        print(f"E2E dra extended resource with the webhook: {n} pods asking nvidia.com/gpu: 1 left to "
+              f"default-scheduler got a whole GPU each; a gpumem pod routed to {SCHEDULER_NAME}; LD_PRELOAD refused")
+    finally:
+        try:
+            admreg.delete_mutating_webhook_configuration(mwc["metadata"]["name"])
+        except ApiException:
+            pass
+        _delete_batch(core, co, "extwh")
+        comps.stop()
         old = co.get_cluster_custom_object(G, V, "deviceclasses", DRIVER_NAME)
         old["spec"].pop("extendedResourceName", None)
         co.replace_cluster_custom_object(G, V, "deviceclasses", DRIVER_NAME, old)
