@@ -42,7 +42,6 @@ import os
 import re
 import secrets
 import sys
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -53,6 +52,8 @@ from kube_vgpu import jsonlog
 from kube_vgpu.resources import ANN_ALLOCATION_SIGNATURE, ANN_PROGRESS_SIGNATURE
 from kube_vgpu.signing import ACTIVE_FILE, KEY_PREFIX, KID_PATTERN, MAX_KEY_BYTES, MIN_KEY_BYTES, VERSION
 from kube_vgpu.views import ListView, ObjectView
+
+from .files import atomic_write
 
 log = logging.getLogger("kube_vgpu.certs.signing_keys")
 
@@ -289,15 +290,7 @@ class DirStore:
             p = self.path / name
             if p.is_file() and p.read_bytes() == value:
                 continue
-            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{name}.")
-            try:
-                os.fchmod(fd, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(value)
-                os.replace(tmp, p)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            atomic_write(p, value, 0o600)
         for name in old - set(entries):
             (self.path / name).unlink(missing_ok=True)
 

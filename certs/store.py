@@ -11,13 +11,12 @@ chart's RBAC: secrets get/create/update; mutatingwebhookconfigurations get/patch
 from __future__ import annotations
 
 import base64
-import os
-import tempfile
 from pathlib import Path
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from .files import atomic_write
 from .pki import Bundle
 
 SECRET_TYPE = "kubernetes.io/tls"
@@ -45,18 +44,6 @@ def read_files(out_dir: str | Path) -> Bundle | None:
         return None
 
 
-def _atomic_write(path: Path, data: bytes, mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_files(out_dir: str | Path, bundle: Bundle) -> bool:
     """Write the bundle; files already holding the same bytes are left alone. Returns True if any
     file changed. The key is written first, so a watcher sees the new pair complete on tls.crt."""
@@ -71,7 +58,7 @@ def write_files(out_dir: str | Path, bundle: Bundle) -> bool:
                 continue
         except FileNotFoundError:
             pass
-        _atomic_write(p, data, mode)
+        atomic_write(p, data, mode)
         changed = True
     return changed
 
