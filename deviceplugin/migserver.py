@@ -43,6 +43,17 @@ def socket_name(profile: str) -> str:
     return f"kube-vgpu-mig-{profile.replace('+', '-')}.sock"
 
 
+def no_preference(request: Any) -> api_pb2.PreferredAllocationResponse:
+    """A ``GetPreferredAllocation`` answer without a preference: per container request, the IDs it
+    must include, then the first available ones up to its allocation size (kubelet's own choice)."""
+    resp = api_pb2.PreferredAllocationResponse()
+    for creq in request.container_requests:
+        ids = list(creq.must_include_deviceIDs)
+        ids += [i for i in creq.available_deviceIDs if i not in ids][: max(0, creq.allocation_size - len(ids))]
+        resp.container_responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
+    return resp
+
+
 @dataclass(frozen=True, slots=True)
 class MigSlot:
     """One advertised MIG device: uuid (the device ID), health, NUMA node."""
@@ -132,12 +143,7 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreStartContainerResponse()
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> api_pb2.PreferredAllocationResponse:
-        resp = api_pb2.PreferredAllocationResponse()
-        for creq in request.container_requests:
-            ids = list(creq.must_include_deviceIDs)
-            ids += [i for i in creq.available_deviceIDs if i not in ids][: max(0, creq.allocation_size - len(ids))]
-            resp.container_responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
-        return resp
+        return no_preference(request)
 
 
 class MixedMig:

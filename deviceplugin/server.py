@@ -68,7 +68,7 @@ from . import inventory as inv
 from . import mig as dmig
 from .api import api_pb2, api_pb2_grpc
 from .kube import KubeClient, PodWatchClient
-from .migserver import MixedMig, by_resource
+from .migserver import MixedMig, by_resource, no_preference
 from .nvml import NVML, GPUBackend, HealthTracker, MigDevice, NVMLError, PhysicalGPU
 from .podmatch import (
     ANN_ALLOCATED_CONTAINERS,
@@ -287,12 +287,7 @@ class DevicePlugin:
     # ------------------------------------------------------------------ devices
 
     def _discover(self) -> None:
-        gpus, problems = self.nvml.discover()
-        for p in problems:
-            log.error("GPU not usable, not advertised", extra={"problem": str(p)})
-        keep, skipped = inv.select(gpus, self.settings)
-        for s in skipped:
-            log.warning("GPU skipped", extra={"reason": str(s)})
+        gpus, keep = discover_gpus(self.nvml, self.settings, log, "GPU not usable, not advertised")
         self._mig_parents = inv.mig_parents(gpus, self.settings)
         self._migs = self._discover_mig(self._mig_parents)
         for g in self._mig_parents:
@@ -398,12 +393,7 @@ class DevicePlugin:
         next_probe = 0.0
         while not self._stop.is_set():
             changed = False
-            try:
-                ev = self.nvml.wait_event(self.opts.health_poll_ms)
-            except NVMLError as e:
-                log.warning("NVML event wait failed", extra={"error": str(e)})
-                self._stop.wait(self.opts.health_poll_ms / 1000)
-                ev = None
+            ev = wait_gpu_event(self.nvml, self._stop, self.opts.health_poll_ms, log)
             if ev is not None:
                 uuid, etype, xid = ev
                 if self._health.on_event(uuid, etype, xid):
@@ -873,6 +863,33 @@ class DevicePlugin:
         write_preload_file(self.opts.shim_host_path)
 
 
+def discover_gpus(nvml: GPUBackend, settings: inv.DeviceSettings, logger: logging.Logger,
+                  unusable: str) -> tuple[list[PhysicalGPU], list[PhysicalGPU]]:
+    """NVML's GPUs and those to offer (:func:`deviceplugin.inventory.select`), logging each GPU NVML
+    could not use (``unusable``: the message) and each one skipped. Used by the device plugin and
+    the DRA plugin. Raises NVMLError when NVML cannot list the GPUs."""
+    gpus, problems = nvml.discover()
+    for p in problems:
+        logger.error(unusable, extra={"problem": str(p)})
+    keep, skipped = inv.select(gpus, settings)
+    for s in skipped:
+        logger.warning("GPU skipped", extra={"reason": str(s)})
+    return gpus, keep
+
+
+def wait_gpu_event(nvml: GPUBackend, stop: threading.Event, poll_ms: int,
+                   logger: logging.Logger) -> tuple[str, int, int] | None:
+    """The next NVML event (GPU uuid, event type, XID), waiting up to ``poll_ms`` milliseconds; None
+    when none came. A failed wait is logged and waits ``poll_ms`` (or until ``stop``) before
+    answering None. Used by the device plugin's and the DRA plugin's health loops."""
+    try:
+        return nvml.wait_event(poll_ms)
+    except NVMLError as e:
+        logger.warning("NVML event wait failed", extra={"error": str(e)})
+        stop.wait(poll_ms / 1000)
+        return None
+
+
 def write_preload_file(shim_host_path: str) -> None:
     """Write ``ld.so.preload`` next to the shim (:func:`deviceplugin.response.preload_host_path`)
     unless it already holds :func:`deviceplugin.response.preload_contents`; a failure is logged
@@ -935,12 +952,7 @@ class Servicer(api_pb2_grpc.DevicePluginServicer):
             return self.p.preferred(request)
         except Exception as e:  # noqa: BLE001 - a preference is optional; never fail kubelet here
             log.warning("GetPreferredAllocation failed, answering without preference", extra={"error": str(e)})
-            resp = api_pb2.PreferredAllocationResponse()
-            for creq in request.container_requests:
-                ids = list(creq.must_include_deviceIDs)
-                ids += [i for i in creq.available_deviceIDs if i not in ids][: max(0, creq.allocation_size - len(ids))]
-                resp.container_responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
-            return resp
+            return no_preference(request)
 
     def Allocate(self, request: Any, context: Any) -> api_pb2.AllocateResponse:
         try:

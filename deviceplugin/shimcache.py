@@ -62,6 +62,35 @@ def read_container(cache_host_dir: str, pod_uid: str, container: str,
     return ContainerUsage({i: int(u) for i, u in enumerate(region.used)}, int(region.oom_refusals))
 
 
+def atomic_write(path: str, text: str, mode: int, sync_dir: bool = True) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory (opened with
+    O_NOFOLLOW): fsync, chmod to ``mode``, rename over ``path``, and with ``sync_dir`` an fsync of the
+    directory (so a crash leaves the old or the new file, never a torn one). Raises OSError (the
+    temporary file is removed)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if not sync_dir:
+        return
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 def write_host_files(spec: ContainerSpec) -> list[str]:
     """Write ``spec.files`` (the container's limits file) on the host, each atomically (temporary file,
     fsync, rename) with its mode; parent directories are created with mode 0755 (readable by any
@@ -74,20 +103,6 @@ def write_host_files(spec: ContainerSpec) -> list[str]:
         d = os.path.dirname(f.host_path)
         os.makedirs(d, mode=0o755, exist_ok=True)
         os.chmod(d, 0o755)
-        tmp = f"{f.host_path}.tmp{os.getpid()}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(f.contents)
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(tmp, f.mode)
-            os.replace(tmp, f.host_path)
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write(f.host_path, f.contents, f.mode, sync_dir=False)
         written.append(f.host_path)
     return written

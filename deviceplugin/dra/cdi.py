@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..response import MountSpec
+from ..shimcache import atomic_write
 
 #: CDI vendor and class of our devices; the kind is ``<vendor>/<class>``
 CDI_VENDOR = "kube-vgpu.io"
@@ -132,29 +133,3 @@ def remove_spec(cdi_dir: str, claim_uid: str) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def atomic_write(path: str, text: str, mode: int) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory: fsync, chmod,
-    rename over ``path``, fsync of the directory (so a crash leaves the old or the new file, never a
-    torn one). Raises OSError (the temporary file is removed)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)

@@ -56,7 +56,7 @@ from kube_vgpu.views import ObjectView
 from .. import inventory as inv
 from ..nvml import NVML, GPUBackend, HealthTracker, NVMLError, PhysicalGPU
 from ..response import ContainerSpec, HostFile, alloc_mounts
-from ..server import _remove_dir, write_preload_file
+from ..server import _remove_dir, discover_gpus, wait_gpu_event, write_preload_file
 from ..shimcache import write_host_files
 from ..simgpu import SimulatedGPUs
 from . import cdi
@@ -246,12 +246,7 @@ class DRAPlugin:
     # ------------------------------------------------------------------ devices
 
     def _discover(self) -> None:
-        gpus, problems = self.nvml.discover()
-        for p in problems:
-            log.error("GPU not usable, not published", extra={"problem": str(p)})
-        keep, skipped = inv.select(gpus, self.settings)
-        for s in skipped:
-            log.warning("GPU skipped", extra={"reason": str(s)})
+        _, keep = discover_gpus(self.nvml, self.settings, log, "GPU not usable, not published")
         for g in keep:
             self._health.add(g.uuid)
         for p in self.nvml.watch_events([g.uuid for g in keep]):
@@ -271,12 +266,7 @@ class DRAPlugin:
         while not self._stop.is_set():
             changed = False
             t0 = time.monotonic()
-            try:
-                ev = self.nvml.wait_event(self.opts.health_poll_ms)
-            except NVMLError as e:
-                log.warning("NVML event wait failed", extra={"error": str(e)})
-                self._stop.wait(self.opts.health_poll_ms / 1000)
-                ev = None
+            ev = wait_gpu_event(self.nvml, self._stop, self.opts.health_poll_ms, log)
             if ev is not None and self._health.on_event(*ev):
                 changed = True
                 log.error("GPU unhealthy", extra={"gpu": ev[0], "reason": self._health.reason(ev[0])})
