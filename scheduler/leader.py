@@ -36,6 +36,30 @@ def _parse_time(s: str | None) -> float:
     return dt.datetime.strptime(s, fmt).replace(tzinfo=dt.UTC).timestamp()
 
 
+async def _rounds(lease: LeaseElector | LeaseFollower, step: Callable[[], bool], failed: str,
+                  stop: asyncio.Event, extra: dict[str, Callable[[], Any]]) -> None:
+    """The loop both lease kinds run until ``stop`` is set: ``step`` (blocking) every
+    ``retry_period`` seconds (an exception is logged as ``failed`` at debug level and the next round
+    tries again); each change of ``is_leader`` is logged (with ``extra``'s fields, read then) and
+    reported to ``on_change``."""
+    while not stop.is_set():
+        try:
+            await lease.run_blocking(step)
+        except Exception as e:  # noqa: BLE001 - the next round tries again
+            log.debug(failed, extra={"error": api_error_text(e)})
+        lead = lease.is_leader
+        if lead != lease._was_leader:
+            lease._was_leader = lead
+            log.info("leadership changed", extra={"outcome": "leader" if lead else "follower",
+                                                  **{k: f() for k, f in extra.items()}})
+            if lease.on_change is not None:
+                lease.on_change(lead)
+        try:
+            await asyncio.wait_for(stop.wait(), lease.retry_period)
+        except TimeoutError:
+            pass
+
+
 class LeaseElector:
     """Acquire and hold one Lease. ``is_leader`` is read by the bind handler.
 
@@ -101,21 +125,8 @@ class LeaseElector:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Loop until ``stop`` is set; steps down (and releases nothing) when stopped."""
-        while not stop.is_set():
-            try:
-                await self.run_blocking(self.try_acquire_or_renew)
-            except Exception as e:  # noqa: BLE001 - conflicts and API errors: retry next round
-                log.debug("lease round failed", extra={"error": api_error_text(e)})
-            lead = self.is_leader
-            if lead != self._was_leader:
-                self._was_leader = lead
-                log.info("leadership changed", extra={"outcome": "leader" if lead else "follower"})
-                if self.on_change is not None:
-                    self.on_change(lead)
-            try:
-                await asyncio.wait_for(stop.wait(), self.retry_period)
-            except TimeoutError:
-                pass
+        # conflicts and API errors: retry next round
+        await _rounds(self, self.try_acquire_or_renew, "lease round failed", stop, {})
 
 
 class LeaseFollower:
@@ -166,19 +177,5 @@ class LeaseFollower:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll the Lease every ``retry_period`` seconds until ``stop`` is set."""
-        while not stop.is_set():
-            try:
-                await self.run_blocking(self.check)
-            except Exception as e:  # noqa: BLE001 - API errors: leadership lapses by itself
-                log.debug("lease read failed", extra={"error": api_error_text(e)})
-            lead = self.is_leader
-            if lead != self._was_leader:
-                self._was_leader = lead
-                log.info("leadership changed", extra={"outcome": "leader" if lead else "follower",
-                                                      "holder": self.holder})
-                if self.on_change is not None:
-                    self.on_change(lead)
-            try:
-                await asyncio.wait_for(stop.wait(), self.retry_period)
-            except TimeoutError:
-                pass
+        # API errors: leadership lapses by itself
+        await _rounds(self, self.check, "lease read failed", stop, {"holder": lambda: self.holder})
