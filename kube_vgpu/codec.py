@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .errors import CodecError, ShapeError
@@ -82,6 +82,26 @@ MAX_CORES = 10_000  # percent; 100 x the largest core scaling
 MAX_SPLIT = 1024
 
 
+def _objects(obj: dict[str, Any], key: str, what: str, item: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(``<what> <item>[i]``, the object) for each item of the list ``obj[key]``. Raises CodecError
+    when the list is missing or an item is not an object."""
+    for i, d in enumerate(_get(obj, key, list, what)):
+        w = f"{what} {item}[{i}]"
+        if not isinstance(d, dict):
+            raise CodecError(f"{w}: must be an object")
+        yield w, d
+
+
+def _uuid(d: dict[str, Any], w: str, seen: set[str], twice: str) -> str:
+    """``d["uuid"]``, added to ``seen``. Raises CodecError when it is missing, empty or already in
+    ``seen`` (``twice`` says how, e.g. ``listed twice``)."""
+    uuid: str = _get(d, "uuid", str, w)
+    if not uuid or uuid in seen:
+        raise CodecError(f"{w}: uuid {uuid!r} is empty or {twice}")
+    seen.add(uuid)
+    return uuid
+
+
 def _int_in(obj: dict[str, Any], key: str, lo: int, hi: int, what: str) -> int:
     v: int = _get(obj, key, int, what)
     if not lo <= v <= hi:
@@ -120,14 +140,8 @@ def decode_inventory(text: str) -> NodeInventory:
     hb = _time(obj, "hb", what)
     devs = []
     seen: set[str] = set()
-    for i, d in enumerate(_get(obj, "devices", list, what)):
-        w = f"{what} device[{i}]"
-        if not isinstance(d, dict):
-            raise CodecError(f"{w}: must be an object")
-        uuid = _get(d, "uuid", str, w)
-        if not uuid or uuid in seen:
-            raise CodecError(f"{w}: uuid {uuid!r} is empty or listed twice")
-        seen.add(uuid)
+    for w, d in _objects(obj, "devices", what, "device"):
+        uuid = _uuid(d, w, seen, "listed twice")
         links: tuple[int, ...] = ()
         if "links" in d:
             raw = _get(d, "links", list, w)
@@ -191,20 +205,11 @@ def decode_allocation(text: str) -> PodAllocation:
     t = _time(obj, "t", what)
     conts = []
     names: set[tuple[str, bool]] = set()
-    for i, c in enumerate(_get(obj, "containers", list, what)):
-        w = f"{what} container[{i}]"
-        if not isinstance(c, dict):
-            raise CodecError(f"{w}: must be an object")
+    for w, c in _objects(obj, "containers", what, "container"):
         devs = []
         uuids: set[str] = set()
-        for j, d in enumerate(_get(c, "devices", list, w)):
-            wd = f"{w} device[{j}]"
-            if not isinstance(d, dict):
-                raise CodecError(f"{wd}: must be an object")
-            uuid = _get(d, "uuid", str, wd)
-            if not uuid or uuid in uuids:
-                raise CodecError(f"{wd}: uuid {uuid!r} is empty or booked twice for one container")
-            uuids.add(uuid)
+        for wd, d in _objects(c, "devices", w, "device"):
+            uuid = _uuid(d, wd, uuids, "booked twice for one container")
             profile, start = "", 0
             if "mig" in d:
                 profile = _get(d, "mig", str, wd)
