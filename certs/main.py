@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import logging
 import os
 import sys
@@ -37,6 +36,7 @@ from cryptography.hazmat.primitives import serialization
 from kube_vgpu import jsonlog
 
 from . import pki, store
+from .job import run_job
 
 log = logging.getLogger("kube_vgpu.certs")
 
@@ -173,13 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"kube-vgpu certs: --ip: {e}", file=sys.stderr)
         return 2
-    try:
-        summary = run(args)
-    except Exception as e:  # ApiException, OSError, ConfigException: report, exit 1 (the Job retries)
-        log.error("certs failed", extra={"error": f"{type(e).__name__}: {e}"})
-        return 1
-    print(json.dumps(summary))
-    return 0
+    return run_job(run, args, log, "certs failed")  # ApiException, OSError, ConfigException
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ from kube_vgpu.resources import ANN_ALLOCATION_SIGNATURE, ANN_PROGRESS_SIGNATURE
 from kube_vgpu.signing import ACTIVE_FILE, KEY_PREFIX, KID_PATTERN, MAX_KEY_BYTES, MIN_KEY_BYTES, VERSION
 from kube_vgpu.views import ListView, ObjectView
 
-from .files import atomic_write
+from .job import atomic_write, run_job
 
 log = logging.getLogger("kube_vgpu.certs.signing_keys")
 
@@ -430,13 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.activate_after_seconds >= args.rotate_after_days * 86400:
         return _usage_error(parser, f"--activate-after-seconds {args.activate_after_seconds:g} must be shorter "
                                     f"than --rotate-after-days {args.rotate_after_days:g} (in seconds)")
-    try:
-        summary = run(args)
-    except Exception as e:  # ApiException, ConfigException, OSError, Conflict: report, exit 1 (the Job retries)
-        log.error("signing keys failed", extra={"error": f"{type(e).__name__}: {e}"})
-        return 1
-    print(json.dumps(summary))
-    return 0
+    return run_job(run, args, log, "signing keys failed")  # ApiException, ConfigException, OSError, Conflict
 
 
 if __name__ == "__main__":

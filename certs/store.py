@@ -16,7 +16,7 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from .files import atomic_write
+from .job import atomic_write
 from .pki import Bundle
 
 SECRET_TYPE = "kubernetes.io/tls"
