@@ -295,3 +295,29 @@ def test_rendered_dra_manifests_validate(renderer: Renderer, values: dict[str, A
             pytest.fail(f"{d['kind']}/{d['metadata']['name']} invalid for {KUBE}: {e.message}")
         if d["kind"] == "DeviceClass":
             assert "namespace" not in d["metadata"]
+
+
+def test_the_dra_plugin_is_scraped_and_alerted_on_and_nodes_all_leaves_no_device_plugin_target(
+        renderer: Renderer) -> None:
+    mon = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
+    d = renderer.render({**mon, "dra": {"enabled": True}}, kube_version=KUBE)
+    svc = find(d, "Service", "dra-plugin")
+    ds = _ds(d, "dra-plugin")
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    port = svc["spec"]["ports"][0]
+    assert port["name"] == "http-metrics" and port["targetPort"] == "metrics"
+    assert any(p["name"] == "metrics" for c in containers(ds).values() for p in c.get("ports", []))
+    sm = find(d, "ServiceMonitor", "dra-plugin")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == "http-metrics"
+    rules = {r["alert"]: r for g in find(d, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    assert rules["KubeVgpuDRAPluginDown"]["expr"] == f'up{{job="{svc["metadata"]["name"]}"}} == 0'
+    assert find(d, "Service", "device-plugin") and find(d, "ServiceMonitor", "device-plugin")  # labelled: both
+    every = renderer.render({**mon, "dra": {"enabled": True, "nodes": "all"}}, kube_version=KUBE)
+    names = {(o["kind"], o["metadata"]["name"]) for o in every}
+    assert ("Service", f"{FULL}-device-plugin") not in names and ("ServiceMonitor", f"{FULL}-device-plugin") not in names
+    assert ("ServiceMonitor", f"{FULL}-dra-plugin") in names
+    off = renderer.render(mon)
+    assert "KubeVgpuDRAPluginDown" not in {r["alert"] for g in find(off, "PrometheusRule")["spec"]["groups"]
+                                           for r in g["rules"]}
