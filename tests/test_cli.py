@@ -78,6 +78,9 @@ def test_python_dash_m_runs_the_dispatcher() -> None:
     r = subprocess.run([sys.executable, "-m", "kube_vgpu_cli", "--version"], capture_output=True, text=True,
                        cwd=ROOT, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == kube_vgpu.__version__
+    r = subprocess.run([sys.executable, "-m", "kubectl_vgpu", "--help"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("usage: kubectl vgpu")  # the kubectl plugin too
 
 
 COMPONENTS = {"scheduler", "webhook", "deviceplugin", "certs", "kubectl_vgpu", "replay", "kube_vgpu_cli", "libvgpu"}
