@@ -234,15 +234,33 @@ def format_table(results: Sequence[ReplayResult], against: dict[str, dict[int, f
 
 
 def load_expected(path: str | Path, workload: str) -> dict[str, dict[int, float]]:
-    """Published mean allocation % per our policy name from ``fgd_expected_summary.csv``."""
+    """Published mean allocation % per our policy name and arrived %, read from either the FGD
+    artifact's own per-seed file (``experiments/analysis/expected_results/analysis_allo_discrete.csv``:
+    ``workload,sc_policy,tune,seed,total_gpus,0..130``; averaged over its seeds here) or a summary
+    of it with ``workload,sc_policy,arrived_pct,alloc_pct_mean`` columns.
+
+    Raises OSError (unreadable), KeyError (neither layout), ValueError (a number that is not one)."""
     inv = {v: k for k, v in ARTIFACT_NAMES.items()}
-    out: dict[str, dict[int, float]] = {}
+    sums: dict[str, dict[int, list[float]]] = {}
     with Path(path).open(newline="") as f:
-        for row in csv.DictReader(f):
+        reader = csv.DictReader(f)
+        fields = reader.fieldnames or []
+        per_seed = "seed" in fields and "100" in fields
+        if not per_seed and not {"arrived_pct", "alloc_pct_mean"} <= set(fields):
+            raise KeyError(f"{path}: columns {fields[:6]}...: expected the FGD artifact's analysis_allo_discrete.csv "
+                           "(workload,sc_policy,tune,seed,total_gpus,0..130) or workload,sc_policy,arrived_pct,"
+                           "alloc_pct_mean")
+        for row in reader:
             if row["workload"] != workload or row["sc_policy"] not in inv:
                 continue
-            out.setdefault(inv[row["sc_policy"]], {})[int(row["arrived_pct"])] = float(row["alloc_pct_mean"])
-    return out
+            pol = sums.setdefault(inv[row["sc_policy"]], {})
+            if per_seed:
+                for x in REPORT_POINTS:
+                    if row.get(str(x)):
+                        pol.setdefault(x, []).append(float(row[str(x)]))
+            else:
+                pol.setdefault(int(row["arrived_pct"]), []).append(float(row["alloc_pct_mean"]))
+    return {p: {x: sum(v) / len(v) for x, v in pts.items()} for p, pts in sums.items()}
 
 
 def write_outputs(results: Sequence[ReplayResult], out: Path, against: dict[str, dict[int, float]] | None = None,
@@ -325,7 +343,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=None, help="number of seeds, starting at 42 (trace: 10, synthetic: 2)")
     p.add_argument("--inflate", type=float, default=1.3, help="top up arrivals to this x GPU capacity (default 1.3)")
     p.add_argument("--out", type=Path, help="write allocation.csv and allocation.png here")
-    p.add_argument("--against", type=Path, help="fgd_expected_summary.csv: print the published numbers beside ours")
+    p.add_argument("--against", type=Path,
+                   help="the FGD artifact's analysis_allo_discrete.csv (or a summary of it): print the "
+                        "published numbers beside ours")
     p.add_argument("--nodes-to-score", type=int, default=None, metavar="PCT",
                    help="kube-scheduler's percentageOfNodesToScore for the DRA-path models that scan a window "
                         "(0 = adaptive; default: each model's own, see docs/dra-placement.md)")

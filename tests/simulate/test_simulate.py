@@ -170,3 +170,27 @@ def test_plot_has_title_units_one_line_per_policy_and_published_markers(tmp_path
     assert 'id="published-binpack"' not in svg  # nothing published for it
     img = matplotlib.image.imread(png)
     assert img.shape[0] > 300 and img.shape[1] > 600
+
+
+def test_against_reads_the_artifacts_per_seed_file_and_a_summary_alike(tmp_path: Path) -> None:
+    cols = [str(x) for x in range(131)]
+    per_seed = tmp_path / "analysis_allo_discrete.csv"
+    rows = [("06-FGD", 42, 95.0), ("06-FGD", 43, 95.4), ("05-BestFit", 42, 92.8), ("06-FGD-other", 42, 1.0)]
+    with per_seed.open("w") as f:
+        f.write(",".join(["workload", "sc_policy", "tune", "seed", "total_gpus", *cols]) + "\n")
+        for pol, seed, v in rows:
+            vals = [f"{min(x, v):.2f}" for x in range(131)]
+            f.write(",".join(["openb_pod_list_default", pol, "1.3", str(seed), "6212", *vals]) + "\n")
+        f.write(",".join(["openb_pod_list_cpu050", "06-FGD", "1.3", "42", "6212", *["7"] * 131]) + "\n")
+    got = sim.load_expected(per_seed, "openb_pod_list_default")
+    assert got["fgd"][100] == pytest.approx(95.2) and got["fgd"][80] == pytest.approx(80.0)
+    assert got["bestfit"][130] == pytest.approx(92.8) and set(got) == {"fgd", "bestfit"}
+    summary = tmp_path / "summary.csv"
+    summary.write_text("workload,sc_policy,arrived_pct,alloc_pct_mean\n"
+                       "openb_pod_list_default,06-FGD,100,95.2\nopenb_pod_list_default,05-BestFit,130,92.8\n")
+    s = sim.load_expected(summary, "openb_pod_list_default")
+    assert s["fgd"][100] == pytest.approx(got["fgd"][100]) and s["bestfit"][130] == pytest.approx(92.8)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(KeyError, match="analysis_allo_discrete.csv"):
+        sim.load_expected(bad, "openb_pod_list_default")
