@@ -169,29 +169,34 @@ class Spread(Policy):
         return -node.used_fraction()
 
 
-class BestFit(Policy):
-    """The FGD artifact's BestFit baseline (see module docstring)."""
+class _Baseline(Policy):
+    """The FGD artifact's baselines: GPUs are chosen best-fit whatever ``gpu_policy`` says."""
 
     def __init__(self, gpu_policy: str = "spread"):
         self.order = gpu_order(ORDER_BESTFIT)
         self.order_kind = ORDER_BESTFIT
 
+    @staticmethod
+    def node_milli_free(node: NodeState) -> int:
+        """Free milli-GPU summed over the node's GPUs."""
+        return sum(node.gpu_milli_free(i) for i in range(len(node.devices)))
+
+
+class BestFit(_Baseline):
+    """The FGD artifact's BestFit baseline (see module docstring)."""
+
     def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
-        gfree = sum(node.gpu_milli_free(i) for i in range(len(node.devices)))
+        gfree = self.node_milli_free(node)
         cpu_left = (node.cpu_free - pod.cpu_milli) / MAX_CPU_MILLI if node.cpu_total else 0.0
         gpu_left = (gfree - pod_gpu_milli(node, pod, plan)) / MAX_GPU_MILLI
         return -(0.5 * cpu_left + 0.5 * gpu_left)
 
 
-class DotProd(Policy):
+class DotProd(_Baseline):
     """The FGD artifact's DotProd baseline (see module docstring)."""
 
-    def __init__(self, gpu_policy: str = "spread"):
-        self.order = gpu_order(ORDER_BESTFIT)
-        self.order_kind = ORDER_BESTFIT
-
     def score(self, node: NodeState, pod: PodRequest, plan: Plan) -> float:
-        gfree = sum(node.gpu_milli_free(i) for i in range(len(node.devices)))
+        gfree = self.node_milli_free(node)
         cpu = (node.cpu_free / MAX_CPU_MILLI) * (pod.cpu_milli / MAX_CPU_MILLI) if node.cpu_total else 0.0
         gpu = (gfree / MAX_GPU_MILLI) * (pod_gpu_milli(node, pod, plan) / MAX_GPU_MILLI)
         return 1.0 - (cpu + gpu) / 2.0
