@@ -190,6 +190,21 @@ static int key_is(const char *key, size_t klen, const char *name)
     return klen == strlen(name) && !strncmp(key, name, klen);
 }
 
+/* `v` is `no` (*out = 0) or `yes` (*out = 1); else -1 with `err` naming the key, the value and both. */
+static int lf_choice(const char *key, const char *v, const char *no, const char *yes, int *out, char *err,
+                     size_t errlen)
+{
+    if (!strcmp(v, no))
+        *out = 0;
+    else if (!strcmp(v, yes))
+        *out = 1;
+    else {
+        snprintf(err, errlen, "%s=\"%.30s\": expected %s or %s", key, v, no, yes);
+        return -1;
+    }
+    return 0;
+}
+
 static int lf_uint(const char *key, const char *v, uint64_t max, uint64_t *out, char *err, size_t errlen)
 {
     int bad;
@@ -336,29 +351,14 @@ static int load_limits_file(const char *path, struct limits_file *L, char *err, 
             }
             snprintf(L->cache, sizeof L->cache, "%s", v);
         } else if (!strcmp(key, VGPU_KEY_CORE_POLICY)) {
-            if (!strcmp(v, VGPU_POLICY_DEFAULT))
-                L->core_disable = 0;
-            else if (!strcmp(v, VGPU_POLICY_DISABLE))
-                L->core_disable = 1;
-            else {
-                snprintf(err, errlen, "core_policy=\"%.30s\": expected default or disable", v);
+            if (lf_choice(key, v, VGPU_POLICY_DEFAULT, VGPU_POLICY_DISABLE, &L->core_disable, err, errlen))
                 return -1;
-            }
         } else if (!strcmp(key, VGPU_KEY_CORE_SHARING)) {
-            if (!strcmp(v, VGPU_SHARING_STRICT))
-                L->core_conserving = 0;
-            else if (!strcmp(v, VGPU_SHARING_CONSERVING))
-                L->core_conserving = 1;
-            else {
-                snprintf(err, errlen, "core_sharing=\"%.30s\": expected strict or work_conserving", v);
+            if (lf_choice(key, v, VGPU_SHARING_STRICT, VGPU_SHARING_CONSERVING, &L->core_conserving, err, errlen))
                 return -1;
-            }
         } else if (!strcmp(key, VGPU_KEY_DISABLE_CONTROL)) {
-            if (strcmp(v, "true") && strcmp(v, "false")) {
-                snprintf(err, errlen, "disable_control=\"%.30s\": expected true or false", v);
+            if (lf_choice(key, v, "false", "true", &L->disable_control, err, errlen))
                 return -1;
-            }
-            L->disable_control = !strcmp(v, "true");
         } else if (!strcmp(key, VGPU_KEY_STATE)) {
             if (strcmp(v, "ready")) {
                 snprintf(err, errlen, "state=%.30s: the device plugin has not written this container's limits yet "

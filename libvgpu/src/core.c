@@ -179,11 +179,17 @@ void vgpu_base_init(void)
     pthread_once(&g_base_once, base_init);
 }
 
-static void nvml_load(void)
+/* dlopen the library named by env `env` when set and not empty, else `dflt` (after the base init) */
+static void *open_library(const char *env, const char *dflt)
 {
     vgpu_base_init();
-    const char *path = getenv(VGPU_ENV_NVML_LIBRARY);
-    g_libnvml = dlopen(path && *path ? path : "libnvidia-ml.so.1", RTLD_NOW | RTLD_GLOBAL);
+    const char *path = getenv(env);
+    return dlopen(path && *path ? path : dflt, RTLD_NOW | RTLD_GLOBAL);
+}
+
+static void nvml_load(void)
+{
+    g_libnvml = open_library(VGPU_ENV_NVML_LIBRARY, "libnvidia-ml.so.1");
     if (!g_libnvml) {
         LOG_INFO("libnvidia-ml.so.1 not loadable: %s", dlerror());
         return;
@@ -213,9 +219,7 @@ int vgpu_nvml_load(void)
 
 static void cuda_init(void)
 {
-    vgpu_base_init();
-    const char *path = getenv(VGPU_ENV_CUDA_LIBRARY);
-    g_libcuda = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    g_libcuda = open_library(VGPU_ENV_CUDA_LIBRARY, "libcuda.so.1");
     if (!g_libcuda) {
         LOG_ERROR("cannot load libcuda.so.1: %s", dlerror());
     } else {

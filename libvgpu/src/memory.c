@@ -1271,24 +1271,33 @@ static nvmlDeviceGetMemoryInfo_fn real_nvml_mem(void)
     return g_nvml.mem_info;
 }
 
+/* The container's view of GPU `d`'s memory, over what NVML answered: *total = the limit (never more
+ * than the GPU has), *used = the container's accounted usage (at most the limit), *free = the rest.
+ * Returns 0, changing nothing, when the GPU has no memory limit; 1 otherwise. */
+static int nvml_mem_view(nvmlDevice_t d, unsigned long long *total, unsigned long long *used,
+                         unsigned long long *free_)
+{
+    int dev = vgpu_dev_of_nvml(d);
+    uint64_t lim;
+    if (!vgpu_mem_limit(dev, &lim))
+        return 0;
+    uint64_t u = region_used(dev);
+    if (lim > *total)
+        lim = *total; /* never more than the GPU has */
+    *total = lim;
+    *used = u > lim ? lim : u;
+    *free_ = lim - *used;
+    return 1;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
     nvmlDeviceGetMemoryInfo_fn fn = real_nvml_mem();
     if (!fn)
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t rc = fn(d, m);
-    if (rc != NVML_SUCCESS || !g_cfg.enabled || !m)
-        return rc;
-    int dev = vgpu_dev_of_nvml(d);
-    uint64_t lim;
-    if (!vgpu_mem_limit(dev, &lim))
-        return rc;
-    uint64_t used = region_used(dev);
-    if (lim > m->total)
-        lim = m->total; /* never more than the GPU has */
-    m->total = lim;
-    m->used = used > lim ? lim : used;
-    m->free = lim - m->used;
+    if (rc == NVML_SUCCESS && g_cfg.enabled && m)
+        nvml_mem_view(d, &m->total, &m->used, &m->free);
     return rc;
 }
 
@@ -1298,18 +1307,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     if (!g_nvml.mem_info_v2)
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t rc = g_nvml.mem_info_v2(d, m);
-    if (rc != NVML_SUCCESS || !g_cfg.enabled || !m)
-        return rc;
-    int dev = vgpu_dev_of_nvml(d);
-    uint64_t lim;
-    if (!vgpu_mem_limit(dev, &lim))
-        return rc;
-    uint64_t used = region_used(dev);
-    if (lim > m->total)
-        lim = m->total;
-    m->total = lim;
-    m->reserved = 0;
-    m->used = used > lim ? lim : used;
-    m->free = lim - m->used;
+    if (rc == NVML_SUCCESS && g_cfg.enabled && m && nvml_mem_view(d, &m->total, &m->used, &m->free))
+        m->reserved = 0;
     return rc;
 }

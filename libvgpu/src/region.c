@@ -150,16 +150,23 @@ int vgpu_self_pid(void)
     return g_self_pid ? g_self_pid : (int)getpid();
 }
 
+/* an OFD lock request of `type` (F_WRLCK, F_RDLCK, F_UNLCK) on one byte of the lock file */
+static struct flock byte_lock(int type, uint64_t byte)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = (short)type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)byte;
+    fl.l_len = 1;
+    return fl;
+}
+
 static int slot_lock_held(int i)
 {
     if (g_lock_fd < 0)
         return 1; /* cannot tell: alive */
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)(SLOT_LOCK_BASE + (uint64_t)i);
-    fl.l_len = 1;
+    struct flock fl = byte_lock(F_WRLCK, SLOT_LOCK_BASE + (uint64_t)i);
     if (fcntl(g_lock_fd, F_OFD_GETLK, &fl) != 0)
         return 1;
     return fl.l_type != F_UNLCK;
@@ -169,12 +176,7 @@ static int slot_take_lock(int i)
 {
     if (g_lock_fd < 0)
         return -1;
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)(SLOT_LOCK_BASE + (uint64_t)i);
-    fl.l_len = 1;
+    struct flock fl = byte_lock(F_WRLCK, SLOT_LOCK_BASE + (uint64_t)i);
     return fcntl(g_lock_fd, F_OFD_SETLK, &fl);
 }
 
@@ -710,12 +712,7 @@ static void slot_drop_lock(int i)
 {
     if (g_lock_fd < 0 || i < 0)
         return;
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_UNLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)(SLOT_LOCK_BASE + (uint64_t)i);
-    fl.l_len = 1;
+    struct flock fl = byte_lock(F_UNLCK, SLOT_LOCK_BASE + (uint64_t)i);
     fcntl(g_lock_fd, F_OFD_SETLK, &fl);
 }
 
@@ -974,12 +971,7 @@ static int hp_lock(int type)
 {
     if (g_lock_fd < 0)
         return 0; /* no shared file: nothing to serialise with */
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = (short)type;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)HP_LOCK;
-    fl.l_len = 1;
+    struct flock fl = byte_lock(type, HP_LOCK);
     for (int waited = 0;; waited += 5) {
         if (fcntl(g_lock_fd, F_OFD_SETLK, &fl) == 0)
             return 0;
