@@ -157,6 +157,14 @@ static void pools_after_fork_child(void);
 
 /* Drops every memory entry owned by ctx (the driver freed them with the context; memory from a pool
  * goes back to the pool's reserve). */
+/* give back to the shared region what was freed, per device (called without g_tmu) */
+static void release_freed(const uint64_t freed[VGPU_MAX_DEV])
+{
+    for (int d = 0; d < VGPU_MAX_DEV; d++)
+        if (freed[d])
+            region_release(d, freed[d]);
+}
+
 static void drop_context_entries(CUcontext ctx)
 {
     uint64_t freed[VGPU_MAX_DEV] = {0};
@@ -175,9 +183,7 @@ static void drop_context_entries(CUcontext ctx)
         i++;
     }
     pthread_mutex_unlock(&g_tmu);
-    for (int d = 0; d < VGPU_MAX_DEV; d++)
-        if (freed[d])
-            region_release(d, freed[d]);
+    release_freed(freed);
     if (pooled)
         pools_sync_all();
 }
@@ -1209,9 +1215,7 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
         i++;
     }
     pthread_mutex_unlock(&g_tmu);
-    for (int d = 0; d < VGPU_MAX_DEV; d++)
-        if (freed[d])
-            region_release(d, freed[d]);
+    release_freed(freed);
     return rc;
 }
 
