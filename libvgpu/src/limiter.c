@@ -24,6 +24,7 @@
  * change of kernel shape (a wrong cost per block) are charged what they really used.
  */
 #include "vgpu.h"
+#include "track.h"
 
 #include <signal.h>
 #include <stdlib.h>

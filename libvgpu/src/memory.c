@@ -7,157 +7,18 @@
  * cuDeviceTotalMem, nvmlDeviceGetMemoryInfo) show the limit as the total.
  */
 #include "vgpu.h"
+#include "track.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ------------------------------------------------------------------ tracking table */
-struct entry {
-    uint64_t key;
-    uint64_t size;
-    CUcontext ctx;
-    int16_t dev;
-    uint8_t kind;     /* 0 = empty */
-    uint8_t released; /* TK_HANDLE: cuMemRelease done, physical memory lives on while mapped */
-    uint32_t maps;    /* TK_HANDLE: live mappings */
-    uint16_t pool;    /* TK_PTR from a memory pool: index + 1 in g_pools */
-};
-
-static pthread_mutex_t g_tmu = PTHREAD_MUTEX_INITIALIZER;
-/* VMM mappings (under g_tmu): few, and cuMemUnmap may cover several, so a plain array */
-struct vmap {
-    uint64_t va, size, handle;
-};
-static struct vmap *g_maps;
-static size_t g_nmaps, g_capmaps;
-static struct entry *g_tab;
-static size_t g_cap; /* power of two */
-static size_t g_cnt;
-
-static inline size_t slot_of(int kind, uint64_t key)
-{
-    uint64_t k = key * 0x9e3779b97f4a7c15ull + (uint64_t)kind;
-    k ^= k >> 29;
-    return (size_t)k & (g_cap - 1);
-}
-
-static struct entry *t_find(int kind, uint64_t key)
-{
-    if (!g_tab)
-        return NULL;
-    for (size_t i = slot_of(kind, key);; i = (i + 1) & (g_cap - 1)) {
-        struct entry *e = &g_tab[i];
-        if (!e->kind)
-            return NULL;
-        if (e->kind == kind && e->key == key)
-            return e;
-    }
-}
-
-static void t_insert_raw(struct entry *tab, size_t cap, const struct entry *src)
-{
-    uint64_t k = src->key * 0x9e3779b97f4a7c15ull + (uint64_t)src->kind;
-    k ^= k >> 29;
-    for (size_t i = (size_t)k & (cap - 1);; i = (i + 1) & (cap - 1)) {
-        if (!tab[i].kind) {
-            tab[i] = *src;
-            return;
-        }
-    }
-}
-
-static int t_grow(void)
-{
-    size_t ncap = g_cap ? g_cap * 2 : 4096;
-    struct entry *nt = calloc(ncap, sizeof *nt);
-    if (!nt)
-        return -1;
-    for (size_t i = 0; i < g_cap; i++)
-        if (g_tab[i].kind)
-            t_insert_raw(nt, ncap, &g_tab[i]);
-    free(g_tab);
-    g_tab = nt;
-    g_cap = ncap;
-    return 0;
-}
-
-static void t_remove(struct entry *e)
-{
-    size_t i = (size_t)(e - g_tab);
-    g_tab[i].kind = 0;
-    g_cnt--;
-    size_t j = i;
-    for (;;) {
-        j = (j + 1) & (g_cap - 1);
-        if (!g_tab[j].kind)
-            return;
-        size_t h = slot_of(g_tab[j].kind, g_tab[j].key);
-        int move = (j > i) ? (h <= i || h > j) : (h <= i && h > j);
-        if (move) {
-            g_tab[i] = g_tab[j];
-            g_tab[j].kind = 0;
-            i = j;
-        }
-    }
-}
-
-int track_put(int kind, uint64_t key, uint64_t size, int dev, CUcontext ctx)
-{
-    pthread_mutex_lock(&g_tmu);
-    if ((g_cnt + 1) * 2 > g_cap && t_grow() != 0) {
-        pthread_mutex_unlock(&g_tmu);
-        return -1;
-    }
-    struct entry *e = t_find(kind, key);
-    if (!e) {
-        struct entry n = {.key = key, .size = size, .ctx = ctx, .dev = (int16_t)dev, .kind = (uint8_t)kind,
-                          .released = 0, .maps = 0, .pool = 0};
-        t_insert_raw(g_tab, g_cap, &n);
-        g_cnt++;
-    } else {
-        e->size = size;
-        e->dev = (int16_t)dev;
-        e->ctx = ctx;
-    }
-    pthread_mutex_unlock(&g_tmu);
-    return 0;
-}
-
-int track_get(int kind, uint64_t key, uint64_t *size, int *dev)
-{
-    pthread_mutex_lock(&g_tmu);
-    struct entry *e = t_find(kind, key);
-    if (e) {
-        if (size)
-            *size = e->size;
-        if (dev)
-            *dev = e->dev;
-    }
-    pthread_mutex_unlock(&g_tmu);
-    return e != NULL;
-}
-
-int track_take(int kind, uint64_t key, uint64_t *size, int *dev)
-{
-    pthread_mutex_lock(&g_tmu);
-    struct entry *e = t_find(kind, key);
-    if (e) {
-        *size = e->size;
-        *dev = e->dev;
-        t_remove(e);
-    }
-    pthread_mutex_unlock(&g_tmu);
-    return e != NULL;
-}
-
+/* ------------------------------------------------------------------ context teardown */
 static uint64_t pool_freed_locked(int ix, uint64_t bytes);
 static void pools_sync_all(void);
 static void pools_after_fork_child(void);
 
-/* Drops every memory entry owned by ctx (the driver freed them with the context; memory from a pool
- * goes back to the pool's reserve). */
-/* give back to the shared region what was freed, per device (called without g_tmu) */
+/* give back to the shared region what was freed, per device (called without the track lock) */
 static void release_freed(const uint64_t freed[VGPU_MAX_DEV])
 {
     for (int d = 0; d < VGPU_MAX_DEV; d++)
@@ -165,37 +26,42 @@ static void release_freed(const uint64_t freed[VGPU_MAX_DEV])
             region_release(d, freed[d]);
 }
 
+struct ctx_drop {
+    CUcontext ctx;
+    uint64_t freed[VGPU_MAX_DEV];
+    int pooled;
+};
+
+/* Called with the track lock held: 1 when e is memory owned by the context being destroyed. */
+static int drop_if_ctx_locked(struct track_entry *e, void *arg)
+{
+    struct ctx_drop *c = arg;
+    if (!((e->kind <= TK_HANDLE || e->kind == TK_LIMIT) && e->ctx == c->ctx))
+        return 0;
+    uint64_t b = e->pool ? pool_freed_locked(e->pool, e->size) : e->size;
+    c->pooled |= e->pool != 0;
+    if (e->dev >= 0 && e->dev < VGPU_MAX_DEV)
+        c->freed[e->dev] += b;
+    return 1;
+}
+
+/* Drops every memory entry owned by ctx (the driver freed them with the context; memory from a pool
+ * goes back to the pool's reserve). */
 static void drop_context_entries(CUcontext ctx)
 {
-    uint64_t freed[VGPU_MAX_DEV] = {0};
-    int pooled = 0;
-    pthread_mutex_lock(&g_tmu);
-    for (size_t i = 0; i < g_cap;) {
-        struct entry *e = &g_tab[i];
-        if (e->kind && (e->kind <= TK_HANDLE || e->kind == TK_LIMIT) && e->ctx == ctx) {
-            uint64_t b = e->pool ? pool_freed_locked(e->pool, e->size) : e->size;
-            pooled |= e->pool != 0;
-            if (e->dev >= 0 && e->dev < VGPU_MAX_DEV)
-                freed[e->dev] += b;
-            t_remove(e); /* may move a later entry into i: look at i again */
-            continue;
-        }
-        i++;
-    }
-    pthread_mutex_unlock(&g_tmu);
-    release_freed(freed);
-    if (pooled)
+    struct ctx_drop c = {.ctx = ctx};
+    track_lock();
+    track_remove_if_locked(drop_if_ctx_locked, &c);
+    track_unlock();
+    release_freed(c.freed);
+    if (c.pooled)
         pools_sync_all();
 }
 
 void memory_after_fork_child(void)
 {
     /* the child owns none of the parent's device memory */
-    pthread_mutex_init(&g_tmu, NULL);
-    if (g_tab)
-        memset(g_tab, 0, g_cap * sizeof *g_tab);
-    g_cnt = 0;
-    g_nmaps = 0;
+    track_after_fork_child();
     pools_after_fork_child();
     region_after_fork_child();
 }
@@ -224,7 +90,7 @@ struct poolacct {
     uint64_t live;    /* bytes of this process's live allocations from it */
     uint64_t excess;  /* bytes of reserve beyond them, charged to this process */
 };
-static struct poolacct g_pools[MAX_POOLS]; /* under g_tmu */
+static struct poolacct g_pools[MAX_POOLS]; /* under the track lock (track.h) */
 static int g_npools;
 /* Serialises every operation on pools (allocation, free, re-read), so a re-read never sees an allocation
  * half done; recursive: a refused reservation re-reads the pools from inside an allocation. */
@@ -234,7 +100,7 @@ static pthread_mutex_t g_pool_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 /* Index + 1 of pool in g_pools (registered on first use), 0 when the table is full. */
 static int pool_index(CUmemoryPool pool, int dev)
 {
-    pthread_mutex_lock(&g_tmu);
+    track_lock();
     int ix = 0;
     for (int i = 0; i < g_npools && !ix; i++)
         if (g_pools[i].pool == pool && !g_pools[i].gone)
@@ -243,7 +109,7 @@ static int pool_index(CUmemoryPool pool, int dev)
         g_pools[g_npools] = (struct poolacct){.pool = pool, .dev = dev};
         ix = ++g_npools;
     }
-    pthread_mutex_unlock(&g_tmu);
+    track_unlock();
     return ix;
 }
 
@@ -254,19 +120,19 @@ static void pool_sync(int ix)
     if (ix <= 0 || !real_cuMemPoolGetAttribute)
         return;
     pthread_mutex_lock(&g_pool_mu);
-    pthread_mutex_lock(&g_tmu);
+    track_lock();
     struct poolacct p = g_pools[ix - 1];
-    pthread_mutex_unlock(&g_tmu);
+    track_unlock();
     uint64_t reserved = 0;
     if (p.gone || real_cuMemPoolGetAttribute(p.pool, POOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS) {
         pthread_mutex_unlock(&g_pool_mu);
         return; /* not known: what is charged stays charged */
     }
-    pthread_mutex_lock(&g_tmu);
+    track_lock();
     struct poolacct *q = &g_pools[ix - 1];
     uint64_t want = reserved > q->live ? reserved - q->live : 0, have = q->excess;
     q->excess = want;
-    pthread_mutex_unlock(&g_tmu);
+    track_unlock();
     if (want > have)
         region_reserve(p.dev, want - have, 1, NULL, NULL); /* held by the driver already: never refused */
     else if (want < have)
@@ -286,9 +152,9 @@ static void pools_after_fork_child(void)
 
 static void pools_sync_all(void)
 {
-    pthread_mutex_lock(&g_tmu);
+    track_lock();
     int n = g_npools;
-    pthread_mutex_unlock(&g_tmu);
+    track_unlock();
     for (int i = 1; i <= n; i++)
         pool_sync(i);
 }
@@ -298,12 +164,12 @@ static uint64_t pool_take(int ix, uint64_t bytes)
 {
     if (ix <= 0)
         return 0;
-    pthread_mutex_lock(&g_tmu);
+    track_lock();
     struct poolacct *q = &g_pools[ix - 1];
     uint64_t t = bytes < q->excess ? bytes : q->excess;
     q->excess -= t;
     q->live += t;
-    pthread_mutex_unlock(&g_tmu);
+    track_unlock();
     return t;
 }
 
@@ -312,7 +178,7 @@ static uint64_t pool_take(int ix, uint64_t bytes)
  * driver released it. Returns the bytes to uncharge now (a destroyed pool, a failed allocation). */
 static uint64_t pool_put(int ix, uint64_t bytes, int failed, uint64_t taken)
 {
-    pthread_mutex_lock(&g_tmu);
+    track_lock();
     struct poolacct *q = &g_pools[ix - 1];
     uint64_t now;
     if (failed) {
@@ -322,11 +188,11 @@ static uint64_t pool_put(int ix, uint64_t bytes, int failed, uint64_t taken)
     } else {
         now = pool_freed_locked(ix, bytes);
     }
-    pthread_mutex_unlock(&g_tmu);
+    track_unlock();
     return now;
 }
 
-/* Caller holds g_tmu. A live allocation of pool ix was freed: back to the reserve (still charged), or
+/* Caller holds the track lock. A live allocation of pool ix was freed: back to the reserve (still charged), or
  * to the driver if the pool is destroyed. Returns the bytes to uncharge now. */
 static uint64_t pool_freed_locked(int ix, uint64_t bytes)
 {
@@ -367,7 +233,7 @@ static CUresult reserve(int dev, uint64_t bytes, const char *api)
     static uint64_t last_ns, suppressed;
     uint64_t now = now_ns(), skipped = 0;
     int log = 0;
-    pthread_mutex_lock(&g_tmu);
+    track_lock();
     if (!last_ns || now - last_ns >= 1000000000ull) {
         last_ns = now;
         skipped = suppressed;
@@ -376,7 +242,7 @@ static CUresult reserve(int dev, uint64_t bytes, const char *api)
     } else {
         suppressed++;
     }
-    pthread_mutex_unlock(&g_tmu);
+    track_unlock();
     if (log)
         LOG_WARN("%s: out of memory on device %d: request %llu bytes, used %llu of limit %llu (%llu similar "
                  "refusals not logged in the last second)", api, dev, (unsigned long long)bytes,
@@ -794,18 +660,18 @@ static CUresult pooled_alloc(CUresult (*call)(void *), void *arg, CUdeviceptr *d
         pthread_mutex_unlock(&g_pool_mu);
         return rc;
     }
-    pthread_mutex_lock(&g_tmu);
+    track_lock();
     g_pools[ix - 1].live += need;
     g_pools[ix - 1].excess += charge - need; /* until the re-read below says what the pool holds */
-    pthread_mutex_unlock(&g_tmu);
+    track_unlock();
     if (track_put(TK_PTR, *dptr, bytesize, dev, ctx) != 0)
         LOG_ERROR("cannot record allocation of %llu bytes; usage stays charged", (unsigned long long)bytesize);
     else {
-        pthread_mutex_lock(&g_tmu);
-        struct entry *e = t_find(TK_PTR, *dptr);
+        track_lock();
+        struct track_entry *e = track_find_locked(TK_PTR, *dptr);
         if (e)
             e->pool = (uint16_t)ix;
-        pthread_mutex_unlock(&g_tmu);
+        track_unlock();
     }
     pool_sync(ix);
     pthread_mutex_unlock(&g_pool_mu);
@@ -909,7 +775,7 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
         uint64_t excess[MAX_POOLS];
         int devs[MAX_POOLS], n = 0;
         pthread_mutex_lock(&g_pool_mu);
-        pthread_mutex_lock(&g_tmu);
+        track_lock();
         for (int i = 0; i < g_npools; i++)
             if (g_pools[i].pool == pool && !g_pools[i].gone) {
                 g_pools[i].gone = 1;
@@ -917,7 +783,7 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
                 devs[n++] = g_pools[i].dev;
                 g_pools[i].excess = 0;
             }
-        pthread_mutex_unlock(&g_tmu);
+        track_unlock();
         for (int i = 0; i < n; i++)
             if (excess[i])
                 region_release(devs[i], excess[i]);
@@ -933,11 +799,11 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
     CUresult rc = real_cuMemPoolTrimTo(pool, keep);
     if (rc == CUDA_SUCCESS && g_cfg.enabled) {
         int ix = 0;
-        pthread_mutex_lock(&g_tmu);
+        track_lock();
         for (int i = 0; i < g_npools && !ix; i++)
             if (g_pools[i].pool == pool && !g_pools[i].gone)
                 ix = i + 1;
-        pthread_mutex_unlock(&g_tmu);
+        track_unlock();
         pool_sync(ix);
     }
     return rc;
@@ -1060,16 +926,16 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D
         uint64_t size_ = 0;                                         \
         int dev_ = -1, ix_ = 0;                                     \
         CUcontext ctx_ = NULL;                                      \
-        pthread_mutex_lock(&g_tmu);                                 \
-        struct entry *e_ = t_find(TK_PTR, key);                     \
+        track_lock();                                               \
+        struct track_entry *e_ = track_find_locked(TK_PTR, key);    \
         if (e_) {                                                   \
             size_ = e_->size;                                       \
             dev_ = e_->dev;                                         \
             ix_ = e_->pool;                                         \
             ctx_ = e_->ctx;                                         \
-            t_remove(e_);                                           \
+            track_remove_locked(e_);                                \
         }                                                           \
-        pthread_mutex_unlock(&g_tmu);                               \
+        track_unlock();                                             \
         CUresult rc_ = call;                                        \
         if (!e_)                                                    \
             return rc_;                                             \
@@ -1093,11 +959,11 @@ static void free_failed(uint64_t key, uint64_t size, int dev, CUcontext ctx, int
 {
     track_put(TK_PTR, key, size, dev, ctx);
     if (ix) {
-        pthread_mutex_lock(&g_tmu);
-        struct entry *e = t_find(TK_PTR, key);
+        track_lock();
+        struct track_entry *e = track_find_locked(TK_PTR, key);
         if (e)
             e->pool = (uint16_t)ix;
-        pthread_mutex_unlock(&g_tmu);
+        track_unlock();
     }
 }
 
@@ -1126,16 +992,30 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
 
 /* ---- VMM: cuMemCreate's physical memory stays charged until the handle is released *and* every
  * mapping of it is unmapped, as the driver keeps it (release-while-mapped is the CUDA samples'
- * pattern). Mappings are kept in a small array (few, and cuMemUnmap may cover several of them). */
-/* Caller holds g_tmu. Drops a released, unmapped handle; returns 1 (and its size/dev) if it was. */
-static int handle_gone_locked(struct entry *e, uint64_t *size, int *dev)
+ * pattern). The mappings are recorded in track.c. */
+/* Caller holds the track lock. Drops a released, unmapped handle; returns 1 (and its size/dev) if it was. */
+static int handle_gone_locked(struct track_entry *e, uint64_t *size, int *dev)
 {
     if (!e->released || e->maps)
         return 0;
     *size = e->size;
     *dev = e->dev;
-    t_remove(e);
+    track_remove_locked(e);
     return 1;
+}
+
+/* Caller holds the track lock. A mapping of handle is gone: a released handle with no mapping left is
+ * added to freed[] (per device). */
+static void unmapped_locked(uint64_t handle, void *freed_)
+{
+    uint64_t *freed = freed_;
+    struct track_entry *e = track_find_locked(TK_HANDLE, handle);
+    if (e && e->maps)
+        e->maps--;
+    uint64_t b;
+    int d;
+    if (e && handle_gone_locked(e, &b, &d) && d >= 0 && d < VGPU_MAX_DEV)
+        freed[d] += b;
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
@@ -1147,13 +1027,13 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
         return rc;
     uint64_t size = 0;
     int dev = -1, gone = 0;
-    pthread_mutex_lock(&g_tmu);
-    struct entry *e = t_find(TK_HANDLE, handle);
+    track_lock();
+    struct track_entry *e = track_find_locked(TK_HANDLE, handle);
     if (e && !e->released) {
         e->released = 1;
         gone = handle_gone_locked(e, &size, &dev);
     }
-    pthread_mutex_unlock(&g_tmu);
+    track_unlock();
     if (gone)
         region_release(dev, size);
     return rc;
@@ -1167,26 +1047,14 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
     CUresult rc = real_cuMemMap(ptr, size, offset, handle, flags);
     if (rc != CUDA_SUCCESS || !g_cfg.enabled)
         return rc;
-    pthread_mutex_lock(&g_tmu);
-    struct entry *e = t_find(TK_HANDLE, handle);
+    track_lock();
+    struct track_entry *e = track_find_locked(TK_HANDLE, handle);
     if (e) { /* handles the shim did not create (imported) are not charged here */
-        if (g_nmaps == g_capmaps) {
-            size_t ncap = g_capmaps ? g_capmaps * 2 : 64;
-            struct vmap *n = realloc(g_maps, ncap * sizeof *n);
-            if (n) {
-                g_maps = n;
-                g_capmaps = ncap;
-            }
-        }
-        if (g_nmaps < g_capmaps) {
-            g_maps[g_nmaps++] = (struct vmap){ptr, size, handle};
-            e->maps++;
-        } else {
+        if (track_map_add_locked(ptr, size, handle) != 0)
             LOG_ERROR("cannot record a mapping; its memory stays charged until the process exits");
-            e->maps++; /* never unmapped in our books: stays charged, never under-counted */
-        }
+        e->maps++; /* unrecorded mappings are never unmapped in our books: stay charged, never under-counted */
     }
-    pthread_mutex_unlock(&g_tmu);
+    track_unlock();
     return rc;
 }
 
@@ -1198,23 +1066,9 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     if (rc != CUDA_SUCCESS || !g_cfg.enabled)
         return rc;
     uint64_t freed[VGPU_MAX_DEV] = {0};
-    pthread_mutex_lock(&g_tmu);
-    for (size_t i = 0; i < g_nmaps;) {
-        struct vmap *m = &g_maps[i];
-        if (m->va >= ptr && m->va < (uint64_t)ptr + size) {
-            struct entry *e = t_find(TK_HANDLE, m->handle);
-            if (e && e->maps)
-                e->maps--;
-            uint64_t b;
-            int d;
-            if (e && handle_gone_locked(e, &b, &d) && d >= 0 && d < VGPU_MAX_DEV)
-                freed[d] += b;
-            *m = g_maps[--g_nmaps];
-            continue;
-        }
-        i++;
-    }
-    pthread_mutex_unlock(&g_tmu);
+    track_lock();
+    track_unmap_range_locked(ptr, size, unmapped_locked, freed);
+    track_unlock();
     release_freed(freed);
     return rc;
 }

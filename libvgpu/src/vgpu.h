@@ -120,11 +120,7 @@ void hostpid_after_ctx(int created);
 /* ------------------------------------------------------------------ memory / contexts (memory.c) */
 int current_device(CUdevice *dev, CUcontext *ctx);
 void memory_after_fork_child(void);
-/* generic tracking table used for allocations and graph costs */
-enum { TK_PTR = 1, TK_ARRAY, TK_MIPMAP, TK_HANDLE, TK_GRAPHEXEC, TK_POOL, TK_CTX, TK_LIMIT };
-int track_get(int kind, uint64_t key, uint64_t *size, int *dev);
-int track_put(int kind, uint64_t key, uint64_t size, int dev, CUcontext ctx);
-int track_take(int kind, uint64_t key, uint64_t *size, int *dev);
+/* the tracking table used for allocations and graph costs: track.h */
 
 /* ------------------------------------------------------------------ SM limiter (limiter.c) */
 void limiter_start(void);
