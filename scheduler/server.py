@@ -18,6 +18,7 @@ from kube_vgpu.errors import ConfigError
 from kube_vgpu.signing import KeyDir, SigningKeyError
 
 from . import jsonlog
+from .drascore import parse_device_classes
 from .kube import KubeAPI, load_api_client
 from .service import Options, SchedulerService
 
@@ -76,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "kube-scheduler skips scoring and never calls /prioritize (one round trip less per pod); "
                         "false: every feasible node, scored by /prioritize together with kube-scheduler's own "
                         "scores (preferred node affinity, topology spreading)")
+    p.add_argument("--dra-scoring", type=_bool_flag, nargs="?", const=True, default=False, metavar="true|false",
+                   help="serve /dra-prioritize: watch ResourceSlices and ResourceClaims and rank the nodes of pods "
+                        "whose DRA claims ask --dra-device-class with the node policy (default false)")
+    p.add_argument("--dra-device-class", action="append", default=[], metavar="NAME[=MODEL]",
+                   help="a DeviceClass of kube-vgpu's DRA driver (repeatable; MODEL: the GPU model it selects); "
+                        "default: vgpu.kube-vgpu.io, any model")
     return p
 
 
@@ -115,7 +122,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
     return Options(config_path=args.config, leader_elect=args.leader_elect, leader_mode=args.leader_elect_mode,
                    hostname=socket.gethostname(), lease_name=args.lease_name or DEFAULT_LEASE[args.leader_elect_mode],
                    lease_namespace=args.lease_namespace, identity=identity, resync_seconds=args.resync_seconds,
-                   freeze_gc=True, filter_best_node=args.filter_best_node)
+                   freeze_gc=True, filter_best_node=args.filter_best_node, dra_scoring=args.dra_scoring,
+                   dra_classes=parse_device_classes(args.dra_device_class))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,6 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.metrics_port and args.metrics_port == args.port:
         log.error("--metrics-port must differ from --port", extra={"port": args.port})
+        return 2
+    try:
+        parse_device_classes(args.dra_device_class)
+    except ValueError as e:
+        log.error("invalid --dra-device-class", extra={"error": str(e)})
         return 2
     if bool(args.tls_cert_file) != bool(args.tls_key_file):
         log.error("--tls-cert-file and --tls-key-file go together")

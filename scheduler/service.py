@@ -37,7 +37,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -71,6 +71,7 @@ from kube_vgpu.views import NodeView, PodView
 
 from .bindcycle import BindCycle
 from .bindstate import BindCache
+from .drascore import DraListWatch, DraScorer
 from .hostpriority import HostPriorityEncoder
 from .kube import KubeAPI
 from .leader import LeaseElector, LeaseFollower
@@ -126,6 +127,10 @@ class Options:
     unknown_retry: tuple[float, float] = (0.2, 10.0)
     component: str = "kube-vgpu-scheduler"
     freeze_gc: bool = False  #: after the first sync, move the cache out of the GC's scans (p99)
+    #: DRA scoring (``/dra-prioritize``, scheduler/drascore.py): watch ResourceSlices and
+    #: ResourceClaims and rank the nodes of pods whose claims ask ``dra_classes`` (class -> model)
+    dra_scoring: bool = False
+    dra_classes: dict[str, str] = field(default_factory=dict)
 
 
 def _names_of(args: Obj) -> tuple[list[str], Obj | None]:
@@ -193,6 +198,8 @@ class SchedulerService:
         self.preemption = Preemption(self.cache, PreemptMetrics(self.metrics.registry))
         self.cache.on_reject = lambda code: self.metrics.records_rejected.labels(reason=code).inc()
         self.cache.on_resign = self._resign_soon
+        #: the DRA path's view and scores (with ``dra_scoring``), else None: /dra-prioritize answers 0s
+        self.dra: DraScorer | None = DraScorer(self.opts.dra_classes) if self.opts.dra_scoring else None
 
     # -- plumbing -----------------------------------------------------------------------------
     @property
@@ -232,6 +239,7 @@ class SchedulerService:
         app.router.add_post("/prioritize", self.handle_prioritize)
         app.router.add_post("/bind", self.handle_bind)
         app.router.add_post("/preempt", self.handle_preempt)
+        app.router.add_post("/dra-prioritize", self.handle_dra_prioritize)
         app.router.add_get("/livez", self.handle_livez)
         app.router.add_get("/healthz", self.handle_livez)
         app.router.add_get("/readyz", self.handle_readyz)
@@ -299,6 +307,12 @@ class SchedulerService:
                           marshal(partial(self.mark_synced, "resourcequotas")),
                           resync_seconds=self.opts.resync_seconds),
             ]
+            if self.dra is not None:
+                dra, lw = self.dra, DraListWatch(api.api_client, api.timeout)
+                for kind in ("resourceslices", "resourceclaims"):
+                    self._reflectors.append(Reflector(
+                        lw, kind, marshal(partial(dra.replace, kind)), marshal(partial(dra.event, kind)),
+                        resync_seconds=self.opts.resync_seconds))
             for r in self._reflectors:
                 r.start()
             if self.opts.leader_elect:
@@ -605,6 +619,26 @@ class SchedulerService:
                             scores[tied] = top - 1
                             scores[best] = top
         return self._priorities.encode(names, scores, key)
+
+    async def handle_dra_prioritize(self, request: web.Request) -> web.Response:
+        """``/dra-prioritize`` (the second extender entry, ``dra.extenderScoring``): ExtenderArgs ->
+        HostPriorityList ranking the nodes of a pod whose claims ask our DeviceClasses
+        (scheduler/drascore.py); 0 for every node otherwise. A malformed body: HTTP 400."""
+        body, err = await self._checked_args(request, self.dra_prioritize)
+        if err:
+            return web.json_response({"Error": f"invalid ExtenderArgs: {err}"}, status=400)
+        return web.Response(body=body, content_type="application/json")
+
+    async def dra_prioritize(self, args: Obj) -> bytes:
+        """ExtenderArgs -> HostPriorityList JSON (scores 0..10 in input order; see handle_dra_prioritize).
+        Nothing is promised or booked: kube-scheduler's DynamicResources plugin allocates."""
+        pod = args.get("Pod") or {}
+        names, _ = _names_of(args)
+        scores = np.zeros(len(names), dtype=np.int64)
+        if self.dra is not None and names:
+            eng = self.cache.engine
+            scores = self.dra.scores(pod, names, eng.node_policy, eng.shapes)
+        return self._priorities.encode(names, scores, names_key(names))
 
     async def handle_bind(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()

@@ -1,0 +1,323 @@
+"""Node scores for pods that carry DRA claims (the extender's ``/dra-prioritize`` verb).
+
+On the DRA path kube-scheduler's own allocator places a claim's devices first fit by GPU index on
+whichever node kube-scheduler's GPU-blind scores prefer (docs/dra-placement.md). With
+``--dra-scoring`` the extender ranks the candidate nodes of a pod whose claims ask kube-vgpu's
+DeviceClasses with the same placement policy as vGPU pods (``scheduling.nodePolicy``; the scorer
+built by :func:`kube_vgpu.placement.policies.make_policy`), applied to the placement the allocator
+will make: its first fit by the published GPU order. It only ranks: kube-scheduler's
+DynamicResources plugin filters and allocates, and a node where the claims cannot fit scores 0.
+
+What the scores are computed from:
+
+* the GPUs and what allocated claims hold of them: :func:`kube_vgpu.dra.capacity.node_capacity`
+  over our driver's ResourceSlices and the ResourceClaims' ``status.allocation`` (written by the
+  control plane; a claim allocated and not yet reserved counts as used), kept current by two
+  list+watch loops (:class:`kube_vgpu.kubeapi.Reflector` over :class:`DraListWatch`);
+* what the pod asks: its claims, looked up **in the pod's namespace only** (``spec.resourceClaims``
+  ``resourceClaimName``, or for a template the claim named in ``status.resourceClaimStatuses``,
+  which must be owned by the pod), their ``exactly`` requests against our classes
+  (:func:`kube_vgpu.dra.capacity.claim_requests`). The claim spec is the tenant's wish: it only
+  predicts, nothing is booked from it. Annotations and labels are never read.
+
+A pod without such claims, one whose claims are already allocated, not yet created, or not
+predictable (``firstAvailable``, ``allocationMode: All``) gets all zeros: no preference.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import numpy as np
+import urllib3
+
+from kube_vgpu.dra import DEVICE_CLASS, DRIVER_NAME
+from kube_vgpu.dra.capacity import ClaimSpecError, NodeCapacity, allocated, claim_requests, node_capacity
+from kube_vgpu.errors import ShapeError
+from kube_vgpu.kubeapi import Gone, JSONClient
+from kube_vgpu.model import ContainerRequest, GPUDevice, PodRequest
+from kube_vgpu.placement.fastpath import normalise_array
+from kube_vgpu.placement.fit import ORDER_INDEX, gpu_order
+from kube_vgpu.placement.policies import Policy, TaskShape, make_policy
+from kube_vgpu.placement.state import NodeState
+from kube_vgpu.placement.status import FitFailure
+from kube_vgpu.views import ListView, ObjectView, PodView
+
+log = logging.getLogger("kube_vgpu.scheduler.dra")
+
+Obj = dict[str, Any]
+
+#: the kinds watched and their cluster-wide API paths (resource.k8s.io/v1)
+PATHS = {"resourceslices": "/apis/resource.k8s.io/v1/resourceslices",
+         "resourceclaims": "/apis/resource.k8s.io/v1/resourceclaims"}
+
+
+class WatchError(Exception):
+    """A list or watch request of :class:`DraListWatch` was answered with an HTTP error."""
+
+
+class DraListWatch:
+    """:class:`kube_vgpu.kubeapi.ListWatch` for ``resourceslices`` and ``resourceclaims`` (all
+    namespaces), over the extender's client connections (:class:`kube_vgpu.kubeapi.JSONClient`:
+    same host, TLS and bearer token). Blocking; called from the reflector threads."""
+
+    def __init__(self, api_client: Any, timeout: float = 10.0):
+        self.http = JSONClient(api_client, timeout)
+        self.configuration = api_client.configuration
+        self.base = str(self.configuration.host).rstrip("/")
+        #: the generated client's urllib3 pool (host, TLS, proxy), for the streaming watch
+        self.pool: urllib3.PoolManager = api_client.rest_client.pool_manager
+
+    @staticmethod
+    def _path(kind: str, query: dict[str, str]) -> str:
+        path = PATHS.get(kind)
+        if path is None:
+            raise ValueError(f"kind: {kind!r} is not watched here; allowed: {', '.join(PATHS)}")
+        return f"{path}?{urlencode(query, quote_via=quote)}" if query else path
+
+    def list_objects(self, kind: str, label_selector: str | None = None,
+                     field_selector: str | None = None) -> tuple[list[Obj], str]:
+        """(items, the list's resourceVersion). Raises ApiException / urllib3 errors as JSONClient."""
+        q = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
+        body = ListView(self.http.request("GET", self._path(kind, q)))
+        return list(body.items), body.resource_version
+
+    def watch_objects(self, kind: str, resource_version: str, timeout_seconds: int,
+                      label_selector: str | None = None, field_selector: str | None = None) -> Any:
+        """A watch from ``resource_version`` with bookmarks: the streaming urllib3 response. Raises
+        :class:`~kube_vgpu.kubeapi.Gone` for HTTP 410, :class:`WatchError` for other HTTP errors."""
+        q = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": resource_version,
+             "timeoutSeconds": str(timeout_seconds)}
+        q.update({k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v})
+        cfg = self.configuration
+        headers = {"Accept": "application/json"}
+        auth = cfg.auth_settings().get("BearerToken")
+        if auth and auth.get("value"):
+            headers["Authorization"] = str(auth["value"])
+        resp = self.pool.request("GET", self.base + self._path(kind, q), headers=headers,
+                                      preload_content=False,
+                                      timeout=urllib3.Timeout(connect=10, read=timeout_seconds + 30))
+        if resp.status >= 400:
+            try:
+                text = resp.data.decode("utf-8", "replace")[:300]
+            finally:
+                resp.release_conn()
+            if resp.status == 410:
+                raise Gone(text)
+            raise WatchError(f"watch {kind}: HTTP {resp.status}: {text}")
+        return resp
+
+
+def parse_device_classes(values: Sequence[str]) -> dict[str, str]:
+    """``--dra-device-class`` values (``NAME`` or ``NAME=MODEL``) -> {class name: GPU model ("" any)}.
+    None given: the chart's default class (:data:`kube_vgpu.dra.DEVICE_CLASS`, any model).
+    Raises ValueError naming a value that is not a DNS subdomain (with an optional model)."""
+    out: dict[str, str] = {}
+    for v in values:
+        name, _, model = v.partition("=")
+        if not name or len(name) > 253 or not all(
+                p and p[0].isalnum() and p[-1].isalnum() and all(c.islower() or c.isdigit() or c == "-" for c in p)
+                for p in name.split(".")):
+            raise ValueError(f"--dra-device-class {v!r}: allowed: NAME or NAME=MODEL, NAME a DNS subdomain "
+                             "(lower-case letters, digits, '-', '.')")
+        out[name] = model
+    return out or {DEVICE_CLASS: ""}
+
+
+def _node_state(cap: NodeCapacity, idx: int) -> NodeState:
+    """The placement engine's view of one DRA node: one GPU per published device (in the
+    allocator's order), free memory / cores / shares after what allocated claims hold. A
+    shareable device has as many slots as it has cores (every share consumes at least 1);
+    one that is not shareable has 1."""
+    devs = tuple(GPUDevice(uuid=d.uuid or f"{cap.pool}/{d.name}", index=d.index if d.index >= 0 else i,
+                           model=d.model, memory_mib=d.memory_mib, cores=d.cores,
+                           split=max(1, d.cores) if d.shared else 1, healthy=d.healthy)
+                 for i, d in enumerate(cap.devices))
+    n = NodeState(cap.node, idx, devs)
+    for i, (g, u) in enumerate(zip(devs, cap.used, strict=True)):
+        n.free_mem[i], n.free_cores[i] = cap.free(i)
+        n.free_slots[i] = max(0, g.split - u.shares)
+    return n
+
+
+def pod_request(pod: Mapping[str, Any], claims: Mapping[tuple[str, str], Obj],
+                classes: Mapping[str, str]) -> PodRequest | None:
+    """What ``pod`` asks of our DeviceClasses through its claims, as one PodRequest (one
+    container request per claim request, claims in the pod's order), or None when there is
+    nothing to predict (module docstring). ``claims``: the watch cache by (namespace, name)."""
+    try:
+        view = PodView(pod)
+        ns, uid = view.namespace, view.uid
+        refs, statuses = view.spec.get("resourceClaims"), view.status.get("resourceClaimStatuses")
+    except ShapeError:
+        return None
+    if not isinstance(refs, list) or not refs:
+        return None
+    generated = {s.get("name"): s.get("resourceClaimName") for s in statuses or ()
+                 if isinstance(s, Mapping)} if isinstance(statuses, list) else {}
+    reqs: list[ContainerRequest] = []
+    models: set[str] = set()
+    seen: set[str] = set()
+    for ref in refs:
+        if not isinstance(ref, Mapping):
+            return None
+        template = ref.get("resourceClaimTemplateName")
+        name = ref.get("resourceClaimName") if not template else generated.get(ref.get("name"))
+        if not isinstance(name, str) or not name:
+            return None  # a template's claim not created yet: kube-scheduler waits for it
+        if name in seen:
+            continue
+        seen.add(name)
+        claim = claims.get((ns, name))  # the pod's namespace only
+        if claim is None:
+            return None
+        if template and not any(o.get("uid") == uid and o.get("controller") is True
+                                for o in ObjectView(claim).owner_references):
+            return None  # a generated claim must be the pod's own (as kube-scheduler checks)
+        if allocated(claim):
+            return None  # already placed: nothing to rank
+        try:
+            wants = claim_requests(claim, classes)
+        except ClaimSpecError as e:
+            log.debug("claim not predicted", extra={"pod": f"{ns}/{view.name}", "error": str(e)})
+            return None
+        for r in wants:
+            models.add(r.model)
+            reqs.append(ContainerRequest(name=r.name, init=False, count=r.count, memory_mib=r.memory_mib or 0,
+                                         memory_percent=0 if r.memory_mib else 100,
+                                         cores=r.cores if r.cores is not None else 100))
+    if not reqs:
+        return None
+    spec = tuple(models) if len(models) == 1 and "" not in models else ()
+    return PodRequest(namespace=ns, name=view.name, uid=uid, app=tuple(reqs), gpu_spec=spec)
+
+
+class DraScorer:
+    """The extender's view of the DRA path and its node scores.
+
+    classes: our DeviceClasses -> GPU model ("" any) (:func:`parse_device_classes`); driver: the
+    driver name whose slices and claim results count. Fed by :meth:`replace` / :meth:`event` (on
+    the extender's event loop); the capacity is derived again lazily after a change."""
+
+    def __init__(self, classes: Mapping[str, str] | None = None, driver: str = DRIVER_NAME):
+        self.classes = dict(classes) if classes else {DEVICE_CLASS: ""}
+        self.driver = driver
+        self.slices: dict[str, Obj] = {}
+        self.claims: dict[tuple[str, str], Obj] = {}
+        self.synced: dict[str, bool] = dict.fromkeys(PATHS, False)
+        self._capacity: dict[str, NodeCapacity] | None = None
+        self._states: dict[str, tuple[NodeCapacity, NodeState]] = {}
+        self._policies: dict[tuple[str, int], Policy] = {}
+
+    # -- feeding -----------------------------------------------------------------------------
+    def _key(self, kind: str, obj: Obj) -> Any:
+        v = ObjectView(obj)
+        return v.name if kind == "resourceslices" else (v.namespace, v.name)
+
+    def replace(self, kind: str, items: Sequence[Obj], resource_version: str = "") -> None:
+        """A (re)list of ``kind`` (``resourceslices`` | ``resourceclaims``): the full set (the
+        list's ``resource_version`` is not needed: the reflector watches from it)."""
+        store: dict[Any, Obj] = {}
+        for o in items:
+            try:
+                store[self._key(kind, o)] = o
+            except ShapeError:
+                continue
+        if kind == "resourceslices":
+            self.slices = store
+        else:
+            self.claims = store
+        self.synced[kind] = True
+        self._capacity = None
+
+    def event(self, kind: str, typ: str, obj: Obj) -> None:
+        """A watch event (ADDED / MODIFIED / DELETED) of ``kind``."""
+        try:
+            key = self._key(kind, obj)
+        except ShapeError:
+            return
+        store: dict[Any, Obj] = self.slices if kind == "resourceslices" else self.claims  # type: ignore[assignment]
+        if typ == "DELETED":
+            store.pop(key, None)
+        else:
+            store[key] = obj
+        self._capacity = None
+
+    @property
+    def ready(self) -> bool:
+        """Both kinds have been listed."""
+        return all(self.synced.values())
+
+    def capacity(self) -> dict[str, NodeCapacity]:
+        """Per node: GPUs and what allocated claims hold (derived again after any change)."""
+        if self._capacity is None:
+            self._capacity = node_capacity(self.slices.values(), self.claims.values(), self.driver)
+        return self._capacity
+
+    def node_state(self, name: str) -> NodeState | None:
+        """The placement view of DRA node ``name``, or None when it publishes no GPUs of ours."""
+        cap = self.capacity().get(name)
+        if cap is None:
+            return None
+        hit = self._states.get(name)
+        if hit is None or hit[0] != cap:
+            hit = (cap, _node_state(cap, 0))
+            self._states[name] = hit
+        return hit[1]
+
+    # -- scoring -----------------------------------------------------------------------------
+    def policy(self, node_policy: str, shapes: list[TaskShape] | None) -> Policy:
+        """``node_policy``'s scorer (the registry's), choosing GPUs as the allocator does: first
+        fit in the published order. Raises ValueError as make_policy does."""
+        key = (node_policy, id(shapes))
+        p = self._policies.get(key)
+        if p is None:
+            p = make_policy(node_policy, "spread", shapes)
+            p.order = gpu_order(ORDER_INDEX)
+            p.order_kind = ORDER_INDEX
+            self._policies = {key: p}  # one policy at a time (config or shapes changed: rebuilt)
+        return p
+
+    def raw_scores(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str,
+                   shapes: list[TaskShape] | None) -> np.ndarray | None:
+        """Policy scores (float64, -inf where the claims do not fit or the node publishes no GPUs
+        of ours), or None when the pod has nothing to predict."""
+        if not self.ready:
+            return None
+        req = pod_request(pod, self.claims, self.classes)
+        if req is None:
+            return None
+        try:
+            pol = self.policy(node_policy, shapes)
+        except ValueError as e:
+            log.warning("DRA scoring: no policy", extra={"policy": node_policy, "error": str(e)})
+            return None
+        raw = np.full(len(names), -math.inf, dtype=np.float64)
+        for k, name in enumerate(names):
+            n = self.node_state(name)
+            if n is None:
+                continue
+            r = pol.evaluate(n, req)
+            if not isinstance(r, FitFailure):
+                raw[k] = r[0]
+        return raw
+
+    def scores(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str,
+               shapes: list[TaskShape] | None) -> np.ndarray:
+        """HostPriority scores 0..10 (int64) aligned with ``names``: the policy's ranking of the
+        nodes where the claims fit (best 10), 0 where they do not; all 0 when nothing is predicted."""
+        out = np.zeros(len(names), dtype=np.int64)
+        raw = self.raw_scores(pod, names, node_policy, shapes) if len(names) else None
+        if raw is None:
+            return out
+        ok = raw > -math.inf
+        if ok.any():
+            out[ok] = normalise_array(raw[ok])
+        return out
+
+
+__all__ = ["PATHS", "DraListWatch", "DraScorer", "WatchError", "parse_device_classes", "pod_request"]

@@ -1,0 +1,224 @@
+"""The extender's DRA scoring (scheduler/drascore.py, /dra-prioritize): the nodes of pods whose
+claims ask kube-vgpu's DeviceClass are ranked by the node policy on the allocator's first-fit
+placement; anything a tenant writes (claims of other drivers or namespaces, unallocated claims,
+annotations) moves no score."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from vgpu_sched_util import SAFETY_SCALE, Extender, offline_service, run, wait_until
+
+from kube_vgpu.config import load_config_text
+from kube_vgpu.placement.policies import TaskShape
+from scheduler.drascore import DraScorer, parse_device_classes, pod_request
+from tests.dra.dra_objects import claim, claim_pod, node_slice, owner, result
+
+SLICES = [node_slice("n-empty", 2), node_slice("n-used", 2), node_slice("n-small", 1, mem=2048)]
+#: n-used: 10000 MiB and 40 cores of its gpu-0 held by another tenant's allocated claim
+USED = claim("held", ns="team-b", memory="10000Mi", cores="40", results=[result("n-used", "gpu-0", "10000Mi", "40")])
+NAMES = ["n-empty", "n-used", "n-small", "n-none"]
+
+
+def scorer(*claims: dict[str, Any]) -> DraScorer:
+    d = DraScorer()
+    d.replace("resourceslices", copy.deepcopy(SLICES))
+    d.replace("resourceclaims", [USED, *claims])
+    return d
+
+
+def scores(d: DraScorer, pod: dict[str, Any], policy: str = "binpack",
+           shapes: list[TaskShape] | None = None) -> dict[str, int]:
+    return dict(zip(NAMES, d.scores(pod, NAMES, policy, shapes).tolist(), strict=True))
+
+
+def test_binpack_prefers_the_used_node_spread_the_empty_one() -> None:
+    mine = claim("mine", memory="3000Mi", cores="30")
+    d = scorer(mine)
+    pod = claim_pod("p", claims=("mine",))
+    assert scores(d, pod, "binpack") == {"n-empty": 0, "n-used": 10, "n-small": 0, "n-none": 0}
+    assert scores(d, pod, "spread") == {"n-empty": 10, "n-used": 0, "n-small": 0, "n-none": 0}
+
+
+def test_a_node_where_the_claim_cannot_fit_scores_zero() -> None:
+    d = scorer(claim("big", memory="12000Mi", cores="30", count=2))
+    got = scores(d, claim_pod("p", claims=("big",)), "spread")
+    assert got["n-small"] == 0 and got["n-none"] == 0  # one GPU of 2 GiB; no slices at all
+    raw = d.raw_scores(claim_pod("p", claims=("big",)), NAMES, "spread", None)
+    assert raw is not None and math.isinf(raw[2]) and math.isinf(raw[3])
+    assert np.isfinite(raw[:2]).all()
+
+
+def test_score_is_the_policys_on_the_allocators_first_fit() -> None:
+    """bestfit scores the leftover of the GPUs used: first fit by index puts a 10000 MiB claim on
+    n-used's gpu-0 (already 10000 used); both nodes rank as the registry's BestFit says."""
+    d = scorer(claim("c", memory="10000Mi", cores="10"))
+    pod = claim_pod("p", claims=("c",))
+    from kube_vgpu.placement.fit import fit_pod
+    n = d.node_state("n-used")
+    assert n is not None
+    plan = fit_pod(n, pod_request(pod, d.claims, d.classes))  # type: ignore[arg-type]
+    assert [i for cp in plan.containers for i, _, _ in cp] == [0]  # type: ignore[union-attr]
+    got = scores(d, pod, "bestfit")
+    assert got["n-used"] == 10 and got["n-empty"] == 0
+
+
+def test_fgd_policy_scores_with_the_engines_shapes() -> None:
+    shapes = [TaskShape(0, 300, 1, frozenset(), 0.5), TaskShape(0, 1000, 1, frozenset(), 0.5)]
+    d = scorer(claim("c", memory="3000Mi", cores="30"))
+    got = scores(d, claim_pod("p", claims=("c",)), "fgd-bestfit", shapes)
+    assert max(got.values()) == 10 and got["n-none"] == 0
+    assert scores(d, claim_pod("p", claims=("c",)), "fgd", None) == dict.fromkeys(NAMES, 0)  # no shapes: no ranking
+
+
+def test_template_claims_are_read_from_the_pod_status() -> None:
+    pod = claim_pod("p", templates={"gpu": "p-gpu-x7"})
+    d = scorer(claim("p-gpu-x7", memory="3000Mi", cores="30", owner=owner(pod)))
+    assert scores(d, pod)["n-used"] == 10
+
+
+def test_pods_without_our_claims_get_zeros() -> None:
+    d = scorer(claim("other", device_class="gpu.example.com"))
+    zero = dict.fromkeys(NAMES, 0)
+    assert scores(d, claim_pod("p")) == zero  # no claims
+    assert scores(d, claim_pod("p", claims=("other",))) == zero  # another driver's class
+    assert scores(d, claim_pod("p", claims=("missing",))) == zero  # not in the cache (yet)
+    assert scores(d, claim_pod("p", templates={"gpu": ""})) == zero  # template claim not created yet
+    d.synced["resourceclaims"] = False
+    assert scores(d, claim_pod("p", claims=("held",))) == zero  # not synced
+
+
+def test_an_allocated_claim_is_not_ranked_again() -> None:
+    d = scorer()
+    assert scores(d, claim_pod("p", ns="team-b", claims=("held",))) == dict.fromkeys(NAMES, 0)
+
+
+# -- hostile tenants ---------------------------------------------------------------------------------
+
+def test_claim_in_another_namespace_is_never_read() -> None:
+    """A pod in team-a naming team-b's claim (or a path-like name) gets nothing from it."""
+    d = scorer(claim("mine", ns="team-b"))
+    zero = dict.fromkeys(NAMES, 0)
+    assert scores(d, claim_pod("p", ns="team-a", claims=("mine",))) == zero
+    assert scores(d, claim_pod("p", ns="team-a", claims=("team-b/mine",))) == zero
+    assert scores(d, claim_pod("p", ns="team-b", claims=("mine",)))["n-used"] == 10
+
+
+def test_generated_claim_must_be_owned_by_the_pod() -> None:
+    """A template pod whose status names a claim it does not own (another pod's) is not ranked."""
+    victim = claim_pod("victim", templates={"gpu": "victim-gpu"})
+    d = scorer(claim("victim-gpu", owner=owner(victim)))
+    thief = claim_pod("thief", templates={"gpu": "victim-gpu"})
+    assert scores(d, thief) == dict.fromkeys(NAMES, 0)
+
+
+def test_foreign_unallocated_and_forged_claims_move_nothing() -> None:
+    """Claims of another driver allocated on n-empty, claims of our class never allocated, forged
+    allocation annotations on claims and pods, and a pod asking for another policy by annotation:
+    the scores are those of the clean cluster."""
+    mine = claim("mine", memory="3000Mi", cores="30")
+    pod = claim_pod("p", claims=("mine",))
+    clean = scores(scorer(mine), pod)
+    noise = [
+        claim("foreign", ns="team-c", results=[result("n-empty", "gpu-0", "24Gi", "100", driver="gpu.example.com"),
+                                               result("n-empty", "gpu-1", "24Gi", "100", driver="gpu.example.com")]),
+        claim("never", ns="team-c", memory="24Gi", cores="100"),
+        claim("forged", ns="team-c", annotations={"kube-vgpu.io/allocation": "n-empty:gpu-0:24576:100"}),
+    ]
+    forged_pod = claim_pod("p", claims=("mine",), annotations={
+        "kube-vgpu.io/node-scheduler-policy": "spread", "kube-vgpu.io/allocation": "{}",
+        "kube-vgpu.io/allocation-signature": "x"})
+    assert scores(scorer(mine, *noise), pod) == clean
+    assert scores(scorer(mine, *noise), forged_pod) == clean
+
+
+def test_watch_events_update_the_view() -> None:
+    d = scorer(claim("mine"))
+    pod = claim_pod("p", claims=("mine",))
+    assert scores(d, pod)["n-used"] == 10
+    d.event("resourceclaims", "DELETED", USED)  # n-used's claim released: both nodes empty
+    assert scores(d, pod)["n-used"] == scores(d, pod)["n-empty"] == 10
+    d.event("resourceclaims", "ADDED", claim("late", ns="team-b", results=[result("n-empty", "gpu-1")]))
+    assert scores(d, pod) == {"n-empty": 10, "n-used": 0, "n-small": 0, "n-none": 0}
+
+
+def test_device_class_flag_values() -> None:
+    assert parse_device_classes([]) == {"vgpu.kube-vgpu.io": ""}
+    assert parse_device_classes(["a.example.com", "h200.x=NVIDIA H200"]) == {"a.example.com": "", "h200.x": "NVIDIA H200"}
+    for bad in ("", "Bad", "a..b", "-a"):
+        with pytest.raises(ValueError, match="--dra-device-class"):
+            parse_device_classes([bad])
+
+
+# -- over HTTP -----------------------------------------------------------------------------------------
+
+def _fresh(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` as a client creates it (the server assigns uid and resourceVersion)."""
+    obj = copy.deepcopy(obj)
+    obj["metadata"] = {k: v for k, v in obj["metadata"].items() if k not in ("uid", "resourceVersion")}
+    return obj
+
+
+def _args(pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return {"Pod": pod, "Nodes": None, "NodeNames": names}
+
+
+def test_http_dra_prioritize_offline_service() -> None:
+    """With scoring off the verb answers zeros; a malformed body gets 400 naming the problem."""
+    async def go() -> None:
+        async with Extender(offline_service()) as ext:
+            st, res = await ext.post("/dra-prioritize", _args(claim_pod("p", claims=("x",)), ["a", "b"]))
+            assert st == 200 and res == [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 0}]
+            st, res = await ext.post("/dra-prioritize", {"Pod": 3, "NodeNames": ["a"]})
+            assert st == 400 and "Pod" in res["Error"]
+    run(go)
+
+
+def test_http_dra_prioritize_over_the_fake_api_server(fake) -> None:
+    """The real extender, its DRA reflectors against the fake API server, served over HTTP."""
+    from scheduler.kube import KubeAPI
+    from scheduler.service import Options, SchedulerService
+
+    for ns in ("team-a", "team-b"):
+        fake.create_object("namespaces", {"metadata": {"name": ns}})
+    for s in SLICES:
+        fake.create_object("resourceslices", s)
+    for c in (USED, claim("mine", memory="3000Mi", cores="30")):
+        c = _fresh(c)
+        status = c.pop("status", None)
+        fake.create_object("resourceclaims", c, namespace=c["metadata"]["namespace"])
+        if status is not None:
+            fake.patch_object("resourceclaims", c["metadata"]["name"], {"status": status},
+                              c["metadata"]["namespace"], subresource="status")
+    pod = claim_pod("p", claims=("mine",))
+
+    async def go(policy: str) -> list[dict[str, Any]]:
+        cfg = load_config_text(f"apiVersion: kube-vgpu.io/v1\nscheduling: {{nodePolicy: {policy}}}\n")
+        svc = SchedulerService(cfg, KubeAPI(fake.api_client()), Options(sync_wait=5.0, dra_scoring=True))
+        async with Extender(svc) as ext:
+            assert svc.dra is not None
+            await wait_until(lambda: svc.dra is not None and svc.dra.ready, timeout=10)
+            st, res = await ext.post("/dra-prioritize", _args(pod, NAMES))
+            assert st == 200
+            # a claim allocated later on n-empty's both GPUs reaches the scores through the watch
+            late = _fresh(claim("late", ns="team-b"))
+            await asyncio.to_thread(fake.create_object, "resourceclaims", late, "team-b")
+            status = {"allocation": {"devices": {"results": [result("n-empty", "gpu-0", "20000Mi", "60"),
+                                                             result("n-empty", "gpu-1", "20000Mi", "60")]}}}
+            await asyncio.to_thread(lambda: fake.patch_object("resourceclaims", "late", {"status": status}, "team-b",
+                                                              subresource="status"))
+            await wait_until(lambda: ("team-b", "late") in svc.dra.claims
+                             and svc.dra.claims[("team-b", "late")].get("status") is not None, timeout=10)
+            st, after = await ext.post("/dra-prioritize", _args(pod, NAMES))
+            return [res, after]
+    binpack, after = run(lambda: go("binpack"), timeout=60 / SAFETY_SCALE * 2)
+    assert binpack == [{"Host": "n-empty", "Score": 0}, {"Host": "n-used", "Score": 10},
+                       {"Host": "n-small", "Score": 0}, {"Host": "n-none", "Score": 0}]
+    assert [h["Score"] for h in after][:2] == [10, 0]  # n-empty is now the fuller node
+    assert fake.errors == []
+
