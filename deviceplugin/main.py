@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import signal
 import threading
 
 from kube_vgpu import jsonlog
 from kube_vgpu.signing import KeyDir, SigningKeyError
 
+from . import startup
 from .metrics import HealthServer
 from .nvml import NVMLError
 from .server import DevicePlugin, Options
-from .startup import StartError, node_start
 
 log = logging.getLogger("kube_vgpu.deviceplugin")
 
@@ -26,16 +24,11 @@ log = logging.getLogger("kube_vgpu.deviceplugin")
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kube-vgpu device-plugin",
                                 description="kubelet device plugin: vGPU slots, node inventory, Allocate")
-    p.add_argument("--config", help="config file (kube-vgpu.io/v1); defaults when omitted")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
-                   help="this node's name (default: env NODE_NAME)")
+    startup.add_start_flags(p, node_help="this node's name (default: env NODE_NAME)",
+                    simulate_help="advertise these simulated GPUs instead of asking NVML")
     p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins",
                    help="kubelet's device plugin directory (holds kubelet.sock)")
-    p.add_argument("--shim-host-path", default="/usr/local/vgpu/libvgpu.so",
-                   help="host path of libvgpu.so; ld.so.preload is kept next to it")
-    p.add_argument("--cache-host-dir", default="/var/lib/kube-vgpu/containers",
-                   help="host directory for per-container shared cache directories")
+    startup.add_shim_flags(p, cache_help="host directory for per-container shared cache directories")
     p.add_argument("--metrics-port", type=int, default=9394)
     p.add_argument("--metrics-bind-address", default="0.0.0.0")
     p.add_argument("--heartbeat-seconds", type=float, default=30.0,
@@ -46,10 +39,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
                    help="kubelet's PodResources API socket: names the pod and container holding the device IDs "
                         "of a PreStartContainer call")
-    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
-    p.add_argument("--simulate-gpus", metavar="COUNTxMIB[:MODEL],...", default="",
-                   help="GPU-less trial: advertise these simulated GPUs instead of asking NVML (e.g. 4x24576). "
-                        "NOTHING IS ISOLATED; never for workloads")
     p.add_argument("--signing-keys-dir", required=True,
                    help="directory of the allocation signing keys (the scheduler's): 'active' and 'key.<kid>' "
                         "files; only pods whose allocation record verifies are served; reloaded when it changes")
@@ -66,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     setup_logging(args.log_level)
     try:
-        start = node_start(args)
-    except StartError as e:
+        start = startup.node_start(args)
+    except startup.StartError as e:
         return e.code
     cfg, gpus = start.config, start.gpus
     if args.heartbeat_seconds <= 0:
@@ -90,9 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                    heartbeat_seconds=args.heartbeat_seconds, pending_stale_seconds=args.pending_stale_seconds,
                    pod_resources_socket=args.pod_resources_socket)
     plugin = DevicePlugin(cfg, opts, kube, nvml=gpus, keys=keys)
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
+    done = startup.stop_on_signals()
     try:
         plugin.start()
     except NVMLError as e:
@@ -103,11 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     http.start()
     log.info("device plugin up", extra={"node": args.node_name,
                                        "metrics": f"{args.metrics_bind_address}:{http.port}"})
-    while not done.wait(1.0):
-        if not plugin.alive():
-            log.error("a background thread died; exiting")
-            break
-    log.info("shutting down")
+    startup.serve_until_stopped(done, plugin.alive, log)
     # side by side: the HTTP server's poll (0.5 s) overlaps the plugin's gRPC grace and thread joins
     http_stop = threading.Thread(target=http.stop, name="deviceplugin-http-stop")
     http_stop.start()

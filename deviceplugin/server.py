@@ -90,8 +90,10 @@ from .podresources import DEFAULT_SOCKET, PodResourcesClient, PodResourcesError,
 from .podwatch import ArrivalBook, PodWatcher
 from .response import (
     ALLOC_PREFIX,
+    CACHE_HOST_DIR,
     LIMITS_SUFFIX,
     OWNER_FILE,
+    SHIM_HOST_PATH,
     ContainerSpec,
     alloc_key,
     allocate_spec,
@@ -121,8 +123,8 @@ class Options:
 
     node_name: str
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
-    shim_host_path: str = "/usr/local/vgpu/libvgpu.so"
-    cache_host_dir: str = "/var/lib/kube-vgpu/containers"
+    shim_host_path: str = SHIM_HOST_PATH
+    cache_host_dir: str = CACHE_HOST_DIR
     heartbeat_seconds: float = 30.0
     #: a pod pending Allocate for longer than this (since first seen bound) is demoted: it is no
     #: longer the target of GetPreferredAllocation while a newer pod waits (0 or less: never)

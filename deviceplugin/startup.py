@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kube_vgpu.config import Config, load_config
 from kube_vgpu.errors import ConfigError
 
+from .response import CACHE_HOST_DIR, SHIM_HOST_PATH
 from .simgpu import SimulatedGPUs, SimulateSpecError
 from .simgpu import from_flag as simulated_gpus
 
@@ -31,6 +36,27 @@ class NodeStart:
 
     config: Config
     gpus: SimulatedGPUs | None
+
+
+def add_start_flags(p: argparse.ArgumentParser, *, node_help: str, simulate_help: str) -> None:
+    """Declare the flags both node components read the same way: ``--config``, ``--log-level``,
+    ``--node-name`` (env ``NODE_NAME``), ``--kubeconfig`` and ``--simulate-gpus`` (read by :func:`node_start`).
+
+    node_help: what the node name is also used for; simulate_help: what the simulated GPUs replace."""
+    p.add_argument("--config", help="config file (kube-vgpu.io/v1); defaults when omitted")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), help=node_help)
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--simulate-gpus", metavar="COUNTxMIB[:MODEL],...", default="",
+                   help=f"GPU-less trial: {simulate_help} (e.g. 4x24576). NOTHING IS ISOLATED; never for workloads")
+
+
+def add_shim_flags(p: argparse.ArgumentParser, *, cache_help: str) -> None:
+    """Declare where the node components find the shim and keep the containers' shared files on the host:
+    ``--shim-host-path`` (``ld.so.preload`` is kept next to it) and ``--cache-host-dir``."""
+    p.add_argument("--shim-host-path", default=SHIM_HOST_PATH,
+                   help="host path of libvgpu.so; ld.so.preload is kept next to it")
+    p.add_argument("--cache-host-dir", default=CACHE_HOST_DIR, help=cache_help)
 
 
 def node_start(args: argparse.Namespace) -> NodeStart:
@@ -54,3 +80,21 @@ def node_start(args: argparse.Namespace) -> NodeStart:
             log.error("invalid --simulate-gpus", extra={"error": str(e)})
             raise StartError(2) from None
     return NodeStart(cfg, gpus)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT set (the handlers are installed now, before anything starts)."""
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    return done
+
+
+def serve_until_stopped(done: threading.Event, alive: Callable[[], bool], logger: logging.Logger) -> None:
+    """Block until ``done`` is set or ``alive()`` turns false (checked every second, logged as an error
+    on ``logger``); then log the shutdown. The caller stops its servers after it returns."""
+    while not done.wait(1.0):
+        if not alive():
+            logger.error("a background thread died; exiting")
+            break
+    logger.info("shutting down")

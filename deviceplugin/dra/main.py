@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import signal
-import threading
 
 from kube_vgpu import jsonlog
 from kube_vgpu.dra import DRIVER_NAME
 
+from .. import startup
 from ..metrics import HealthServer
 from ..nvml import NVMLError
-from ..startup import StartError, node_start
 from . import health
 from .checkpoint import CheckpointError
 from .grpcserver import Server
@@ -33,30 +30,21 @@ log = logging.getLogger("kube_vgpu.deviceplugin.dra")
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kube-vgpu dra-plugin",
                                 description="kubelet DRA plugin: ResourceSlices, NodePrepareResources, CDI specs")
-    p.add_argument("--config", help="config file (kube-vgpu.io/v1); defaults when omitted")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
-                   help="this node's name, also the ResourceSlice pool name (default: env NODE_NAME)")
-    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
+    startup.add_start_flags(p, node_help="this node's name, also the ResourceSlice pool name (default: env NODE_NAME)",
+                    simulate_help="publish these simulated GPUs instead of asking NVML")
     p.add_argument("--plugin-dir", default=f"/var/lib/kubelet/plugins/{DRIVER_NAME}",
                    help="directory of the plugin's service socket (dra.sock) and, by default, its checkpoint")
     p.add_argument("--registry-dir", default="/var/lib/kubelet/plugins_registry",
                    help="kubelet's plugin registration directory")
     p.add_argument("--cdi-dir", default="/var/run/cdi", help="where CDI spec files are written (the runtime's CDI dir)")
     p.add_argument("--state-dir", default="", help="directory of checkpoint.json (default: --plugin-dir)")
-    p.add_argument("--shim-host-path", default="/usr/local/vgpu/libvgpu.so",
-                   help="host path of libvgpu.so; ld.so.preload is kept next to it")
-    p.add_argument("--cache-host-dir", default="/var/lib/kube-vgpu/containers",
-                   help="host directory for the claims' allocation directories (dra-<claim uid>)")
+    startup.add_shim_flags(p, cache_help="host directory for the claims' allocation directories (dra-<claim uid>)")
     p.add_argument("--dev-root", default="/dev", help="the host's /dev as this process sees it (device nodes)")
     p.add_argument("--device-taints", choices=["auto", "true", "false"], default="auto",
                    help="unhealthy GPUs: taint them (true), leave them out of the slice (false), or taint and fall "
                         "back to leaving out when the API server drops taints (auto)")
     p.add_argument("--metrics-port", type=int, default=9395, help="port of /metrics, /livez and /readyz (0: any)")
     p.add_argument("--metrics-bind-address", default="0.0.0.0")
-    p.add_argument("--simulate-gpus", metavar="COUNTxMIB[:MODEL],...", default="",
-                   help="GPU-less trial: publish these simulated GPUs instead of asking NVML (e.g. 4x24576). "
-                        "NOTHING IS ISOLATED; never for workloads")
     return p
 
 
@@ -65,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     jsonlog.setup(args.log_level)
     try:
-        start = node_start(args)
-    except StartError as e:
+        start = startup.node_start(args)
+    except startup.StartError as e:
         return e.code
     cfg, gpus = start.config, start.gpus
     try:
@@ -86,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                    cdi_dir=args.cdi_dir, state_dir=args.state_dir, shim_host_path=args.shim_host_path,
                    cache_host_dir=args.cache_host_dir, dev_root=args.dev_root)
     plugin = DRAPlugin(cfg, opts, claims, nvml=gpus, publisher=publisher)
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
+    done = startup.stop_on_signals()
     try:
         plugin.start()
     except CheckpointError as e:
@@ -105,11 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     http.start()
     log.info("DRA plugin up", extra={"node": args.node_name, "socket": server.service_socket,
                                      "metrics": f"{args.metrics_bind_address}:{http.port}"})
-    while not done.wait(1.0):
-        if not (plugin.alive() and server.alive()):
-            log.error("a background thread died; exiting")
-            break
-    log.info("shutting down")
+    startup.serve_until_stopped(done, lambda: plugin.alive() and server.alive(), log)
     http.stop()
     server.stop()
     plugin.stop()

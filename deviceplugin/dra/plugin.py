@@ -55,7 +55,7 @@ from kube_vgpu.views import ObjectView
 
 from .. import inventory as inv
 from ..nvml import NVML, GPUBackend, HealthTracker, NVMLError, PhysicalGPU
-from ..response import ContainerSpec, HostFile, alloc_mounts
+from ..response import CACHE_HOST_DIR, SHIM_HOST_PATH, ContainerSpec, HostFile, alloc_mounts
 from ..server import _remove_dir, discover_gpus, wait_gpu_event, write_preload_file
 from ..shimcache import write_host_files
 from ..simgpu import SimulatedGPUs
@@ -109,8 +109,8 @@ class Options:
     cdi_dir: str = "/var/run/cdi"
     #: where checkpoint.json lives ("" = plugin_dir)
     state_dir: str = ""
-    shim_host_path: str = "/usr/local/vgpu/libvgpu.so"
-    cache_host_dir: str = "/var/lib/kube-vgpu/containers"
+    shim_host_path: str = SHIM_HOST_PATH
+    cache_host_dir: str = CACHE_HOST_DIR
     #: the host's /dev (device nodes named in CDI specs)
     dev_root: str = "/dev"
     # not flags: timings the tests shrink
