@@ -289,6 +289,8 @@ schema = {
             "registryDir": HOSTDIR("kubelet's plugin registration directory"),
             "cdiDir": HOSTDIR("CDI spec directory"),
             "metricsPort": PORT,
+            "extenderScoring": b("The extender ranks the nodes of pods with claims on our DeviceClasses."),
+            "extenderWeight": i("Weight of the DRA scoring extender entry.", minimum=1, maximum=100),
             "extraArgs": STRLIST,
             "resources": RES,
         }),

@@ -4,6 +4,15 @@
 {{- if and .Values.dra.enabled (eq .Values.dra.nodes "all") }}true{{ else }}false{{ end -}}
 {{- end -}}
 
+{{/* "true" when the extender scores the nodes of pods that carry DRA claims (dra.extenderScoring: the
+     second extender entry, its flags and its RBAC); it needs dra.enabled (the DeviceClasses). */}}
+{{- define "kube-vgpu.draScoring" -}}
+{{- if and .Values.dra.extenderScoring (not .Values.dra.enabled) -}}
+{{- fail "dra.extenderScoring=true needs dra.enabled=true: the extender ranks nodes for claims on kube-vgpu's DeviceClasses, which dra.enabled installs" -}}
+{{- end -}}
+{{- if and .Values.dra.enabled .Values.dra.extenderScoring }}true{{ else }}false{{ end -}}
+{{- end -}}
+
 {{/* "true" when DRA serves the GPU count resource itself (config.resourceNames.gpu, nvidia.com/gpu by
      default) through the extended-resource mapping: dra.enabled and dra.deviceClass or one of
      dra.modelClasses has extendedResourceName equal to it (docs/dra.md, "Extended-resource mapping"). */}}
