@@ -47,7 +47,7 @@ import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from aiohttp import web
@@ -80,25 +80,24 @@ KEEPALIVE_TIMEOUT = "keepalive-timeout"
 CLOSED = "closed"  #: any other end (client closed, server answered with Connection: close, ...)
 
 
+def _limit(default: float, text: str) -> Any:
+    """A :class:`Limits` field: its default and its flag's help (the flag is ``--<name with dashes>``)."""
+    return field(default=default, metadata={"help": text})
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Connection limits of the listener (seconds, counts). Each maps to a flag of the same name.
+    """Connection limits of the listener (seconds, counts). Each field is a flag of the same name
+    (``max_connections``: ``--max-connections``), declared by :func:`build_parser` from the field's help."""
 
-    max_connections: open connections (from accept to close, TLS handshake included); more are
-    refused. tls_handshake_timeout: accept to finished handshake. idle_timeout: finished handshake
-    to a request's first byte. header_timeout: a request's first byte to its complete headers.
-    body_timeout: complete headers to complete body (POST /mutate). keepalive_timeout: a response to
-    the next request's first byte. gc_every_closed: run a full garbage collection after this many
-    connections ended without completing a request (0 = never).
-    """
-
-    max_connections: int = 256
-    tls_handshake_timeout: float = 5.0
-    idle_timeout: float = 10.0
-    header_timeout: float = 10.0
-    body_timeout: float = 10.0
-    keepalive_timeout: float = 100.0
-    gc_every_closed: int = 64
+    max_connections: int = _limit(256, "open connections (TLS handshakes included); more are refused at accept")
+    tls_handshake_timeout: float = _limit(5.0, "seconds from accept to a finished TLS handshake")
+    idle_timeout: float = _limit(10.0, "seconds from the handshake to a request's first byte")
+    header_timeout: float = _limit(10.0, "seconds from a request's first byte to its complete headers")
+    body_timeout: float = _limit(10.0, "seconds from complete headers to the complete body (then HTTP 408)")
+    keepalive_timeout: float = _limit(100.0, "seconds an idle keep-alive connection is kept after a response")
+    gc_every_closed: int = _limit(64, "full garbage collection after this many connections ended without a "
+                                      "request (frees the TLS buffers of aborted handshakes; 0 = never)")
 
     def check(self) -> None:
         """Raise ValueError naming the limit that is out of range."""
@@ -545,22 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest accepted request body in bytes; larger ones get HTTP 400")
     p.add_argument("--cert-check-seconds", type=float, default=2.0,
                    help="how often the certificate files are checked for changes")
-    d = Limits()
-    p.add_argument("--max-connections", type=int, default=d.max_connections,
-                   help="open connections (TLS handshakes included); more are refused at accept")
-    p.add_argument("--tls-handshake-timeout", type=float, default=d.tls_handshake_timeout,
-                   help="seconds from accept to a finished TLS handshake")
-    p.add_argument("--idle-timeout", type=float, default=d.idle_timeout,
-                   help="seconds from the handshake to a request's first byte")
-    p.add_argument("--header-timeout", type=float, default=d.header_timeout,
-                   help="seconds from a request's first byte to its complete headers")
-    p.add_argument("--body-timeout", type=float, default=d.body_timeout,
-                   help="seconds from complete headers to the complete body (then HTTP 408)")
-    p.add_argument("--keepalive-timeout", type=float, default=d.keepalive_timeout,
-                   help="seconds an idle keep-alive connection is kept after a response")
-    p.add_argument("--gc-every-closed", type=int, default=d.gc_every_closed,
-                   help="full garbage collection after this many connections ended without a request "
-                        "(frees the TLS buffers of aborted handshakes; 0 = never)")
+    for f in fields(Limits):
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
+                       help=f.metadata["help"])
     p.add_argument("--system-user", action="append", default=[],
                    help="a user name allowed to change system-owned pod annotations/labels, added to "
                         "webhook.systemUsers (repeat)")
@@ -571,10 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
     """The :class:`Limits` given on the command line. Raises ValueError for a value out of range."""
-    lim = Limits(max_connections=args.max_connections, tls_handshake_timeout=args.tls_handshake_timeout,
-                 idle_timeout=args.idle_timeout, header_timeout=args.header_timeout,
-                 body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
-                 gc_every_closed=args.gc_every_closed)
+    lim = Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)})
     lim.check()
     return lim
 
