@@ -200,8 +200,6 @@ class SchedulerService:
         self.cache.on_resign = self._resign_soon
         #: the DRA path's view and scores (with ``dra_scoring``), else None: /dra-prioritize answers 0s
         self.dra: DraScorer | None = DraScorer(self.opts.dra_classes) if self.opts.dra_scoring else None
-        if self.dra is not None:  # ready (and synced) once both DRA kinds are listed too
-            self._synced.update(dict.fromkeys(self.dra.synced, False))
 
     # -- plumbing -----------------------------------------------------------------------------
     @property
@@ -268,8 +266,8 @@ class SchedulerService:
         return self.elector is None or self.elector.is_leader
 
     def mark_synced(self, kind: str = "all") -> None:
-        """Record that ``kind`` (nodes | pods | resourcequotas | all; with DRA scoring also
-        resourceslices | resourceclaims) has been listed; ready once all are."""
+        """Record that ``kind`` (nodes | pods | resourcequotas | all) has been listed; ready once
+        all are."""
         if kind == "all":
             self._synced = dict.fromkeys(self._synced, True)
         else:
@@ -314,7 +312,7 @@ class SchedulerService:
                 for kind in ("resourceslices", "resourceclaims"):
                     self._reflectors.append(Reflector(
                         lw, kind, marshal(partial(dra.replace, kind)), marshal(partial(dra.event, kind)),
-                        marshal(partial(self.mark_synced, kind)), resync_seconds=self.opts.resync_seconds))
+                        resync_seconds=self.opts.resync_seconds))
             for r in self._reflectors:
                 r.start()
             if self.opts.leader_elect:
@@ -472,6 +470,8 @@ class SchedulerService:
     async def handle_readyz(self, request: web.Request) -> web.Response:
         if not self.synced.is_set():
             return web.Response(status=503, text="caches not synced")
+        if self.dra is not None and not self.dra.ready:  # (the vGPU path does not wait for these)
+            return web.Response(status=503, text="DRA caches (resourceslices, resourceclaims) not synced")
         # own Lease: a Service may route binds to the leader only. follow: kube-scheduler calls its
         # own sidecar, and a non-leader pod must stay Ready (or a rollout would stall).
         if self.opts.leader_elect and self.opts.leader_mode == "own" and not self.is_leader:

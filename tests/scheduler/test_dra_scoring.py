@@ -222,3 +222,28 @@ def test_http_dra_prioritize_over_the_fake_api_server(fake) -> None:
     assert [h["Score"] for h in after][:2] == [10, 0]  # n-empty is now the fuller node
     assert fake.errors == []
 
+
+
+def test_readyz_waits_for_the_dra_lists_the_vgpu_path_does_not(fake) -> None:
+    """While resourceslices cannot be listed (RBAC missing, say) the extender is not Ready and says
+    why, but its caches of nodes, pods and quotas are synced: vGPU pods are still filtered."""
+    from scheduler.kube import KubeAPI
+    from scheduler.service import Options, SchedulerService
+
+    fake.fail_next("list", "resourceslices", 403, count=None)
+
+    async def go() -> None:
+        svc = SchedulerService(load_config_text("apiVersion: kube-vgpu.io/v1\n"), KubeAPI(fake.api_client()),
+                               Options(sync_wait=5.0, dra_scoring=True))
+        async with Extender(svc) as ext:
+            await asyncio.wait_for(svc.synced.wait(), 10 * SAFETY_SCALE)
+            assert svc.dra is not None and not svc.dra.ready
+            await wait_until(lambda: any(r.path.endswith("/resourceslices") and r.status == 403
+                                         for r in fake.request_log), timeout=10)
+            st, text = await ext.get("/readyz")
+            assert st == 503 and "DRA caches" in text
+            fake.clear_failures()
+            await wait_until(lambda: svc.dra is not None and svc.dra.ready, timeout=20)
+            st, text = await ext.get("/readyz")
+            assert st == 200
+    run(go, timeout=60)
