@@ -16,6 +16,7 @@ from vgpu_sched_util import SAFETY_SCALE, Extender, offline_service, run, wait_u
 
 from kube_vgpu.config import load_config_text
 from kube_vgpu.placement.policies import TaskShape
+from kube_vgpu.placement.status import FitFailure
 from scheduler.drascore import DraScorer, parse_device_classes, pod_request
 from tests.dra.dra_objects import claim, claim_pod, node_slice, owner, result
 
@@ -74,6 +75,29 @@ def test_fgd_policy_scores_with_the_engines_shapes() -> None:
     got = scores(d, claim_pod("p", claims=("c",)), "fgd-bestfit", shapes)
     assert max(got.values()) == 10 and got["n-none"] == 0
     assert scores(d, claim_pod("p", claims=("c",)), "fgd", None) == dict.fromkeys(NAMES, 0)  # no shapes: no ranking
+
+
+def test_fgd_scores_the_allocators_first_fit_not_its_own_gpu_choice() -> None:
+    """docs/dra-placement.md's example: node a has 600 and 300 milli free, node b 300 and 1000, the
+    claim asks 300 milli. FGD's own GPU choice (a's gpu-1) would rank a first; the allocator takes
+    a's gpu-0 (first fit), leaving two slivers, so the extender must rank b first."""
+    from kube_vgpu.placement.policies import make_policy
+    slices = [node_slice("a", 2, mem=10000), node_slice("b", 2, mem=10000)]
+    held = [claim("u1", results=[result("a", "gpu-0", "4000Mi", "40")]),
+            claim("u2", results=[result("a", "gpu-1", "7000Mi", "70")]),
+            claim("u3", results=[result("b", "gpu-0", "7000Mi", "70")])]
+    d = DraScorer()
+    d.replace("resourceslices", slices)
+    d.replace("resourceclaims", [*held, claim("mine", memory="3000Mi", cores="30")])
+    pod = claim_pod("p", claims=("mine",))
+    shapes = [TaskShape(0, 600, 1, frozenset(), 0.5), TaskShape(0, 1000, 1, frozenset(), 0.5)]
+    assert d.scores(pod, ["a", "b"], "fgd-bestfit", shapes).tolist() == [0, 10]
+    own = make_policy("fgd-bestfit", "spread", shapes)  # FGD choosing its own GPU
+    req = pod_request(pod, d.claims, d.classes)
+    assert req is not None
+    on_a, on_b = (own.evaluate(d.node_state(n), req) for n in ("a", "b"))  # type: ignore[arg-type]
+    assert not isinstance(on_a, FitFailure) and not isinstance(on_b, FitFailure)
+    assert on_a[1].containers == (((1, 3000, 30),),) and on_a[0] > on_b[0]
 
 
 def test_template_claims_are_read_from_the_pod_status() -> None:
