@@ -309,7 +309,10 @@ class DraScorer:
     def scores(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str,
                shapes: list[TaskShape] | None) -> np.ndarray:
         """HostPriority scores 0..10 (int64) aligned with ``names``: the policy's ranking of the
-        nodes where the claims fit (best 10), 0 where they do not; all 0 when nothing is predicted."""
+        nodes where the claims fit, 0 where they do not; all 0 when nothing is predicted. The best
+        node (the first of the highest policy score) alone keeps 10: a node that scores less but
+        rounds to 10 gets 9, so kube-scheduler's own scores never outvote the policy's choice
+        (with the chart's weight) unless the policy scores tie exactly."""
         out = np.zeros(len(names), dtype=np.int64)
         raw = self.raw_scores(pod, names, node_policy, shapes) if len(names) else None
         if raw is None:
@@ -317,6 +320,8 @@ class DraScorer:
         ok = raw > -math.inf
         if ok.any():
             out[ok] = normalise_array(raw[ok])
+            best = int(np.argmax(raw))
+            out[(out == out[best]) & (raw < raw[best])] -= 1
         return out
 
 

@@ -100,6 +100,21 @@ def test_fgd_scores_the_allocators_first_fit_not_its_own_gpu_choice() -> None:
     assert on_a[1].containers == (((1, 3000, 30),),) and on_a[0] > on_b[0]
 
 
+def test_only_the_best_node_keeps_the_top_score() -> None:
+    """A node a hair less used than the best rounds to 10 too: it gets 9, so the policy's best node
+    wins over kube-scheduler's own scores; nodes the policy cannot tell apart keep 10 together."""
+    d = DraScorer()
+    d.replace("resourceslices", [node_slice(n, 2) for n in ("a", "b", "c", "d")])
+    d.replace("resourceclaims", [claim("x", ns="o", results=[result("a", "gpu-0", "10001Mi", "40")]),
+                                 claim("y", ns="o", results=[result("b", "gpu-0", "10000Mi", "40")]),
+                                 claim("z", ns="o", results=[result("d", "gpu-0", "10001Mi", "40")]),
+                                 claim("mine")])
+    pod = claim_pod("p", claims=("mine",))
+    raw = d.raw_scores(pod, ["a", "b", "c", "d"], "binpack", None)
+    assert raw is not None and raw[0] == raw[3] > raw[1] > raw[2]
+    assert d.scores(pod, ["a", "b", "c", "d"], "binpack", None).tolist() == [10, 9, 0, 10]
+
+
 def test_template_claims_are_read_from_the_pod_status() -> None:
     pod = claim_pod("p", templates={"gpu": "p-gpu-x7"})
     d = scorer(claim("p-gpu-x7", memory="3000Mi", cores="30", owner=owner(pod)))
