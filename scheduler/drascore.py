@@ -36,12 +36,24 @@ import numpy as np
 import urllib3
 
 from kube_vgpu.dra import DEVICE_CLASS, DRIVER_NAME
-from kube_vgpu.dra.capacity import ClaimSpecError, NodeCapacity, allocated, claim_requests, node_capacity
+from kube_vgpu.dra.capacity import (
+    ClaimSpecError,
+    DraDevice,
+    NodeCapacity,
+    Share,
+    Totals,
+    allocated,
+    claim_requests,
+    claim_shares,
+    nodes_of,
+    pools,
+)
 from kube_vgpu.errors import ShapeError
 from kube_vgpu.kubeapi import Gone, JSONClient
 from kube_vgpu.model import ContainerRequest, GPUDevice, PodRequest
 from kube_vgpu.placement.fastpath import normalise_array
 from kube_vgpu.placement.fit import ORDER_INDEX, gpu_order
+from kube_vgpu.placement.memo import BoundedMemo
 from kube_vgpu.placement.policies import Policy, TaskShape, make_policy
 from kube_vgpu.placement.state import NodeState
 from kube_vgpu.placement.status import FitFailure
@@ -201,22 +213,46 @@ class DraScorer:
 
     classes: our DeviceClasses -> GPU model ("" any) (:func:`parse_device_classes`); driver: the
     driver name whose slices and claim results count. Fed by :meth:`replace` / :meth:`event` (on
-    the extender's event loop); the capacity is derived again lazily after a change."""
+    the extender's event loop). What claims hold is kept per device as events come
+    (:class:`~kube_vgpu.dra.capacity.Totals`: O(results) per claim event); the pools are read again
+    after a slice changes; a node's placement view is rebuilt only when its capacity changed, and
+    policy scores are shared by nodes in the same state (memo on the node's signature)."""
 
-    def __init__(self, classes: Mapping[str, str] | None = None, driver: str = DRIVER_NAME):
+    def __init__(self, classes: Mapping[str, str] | None = None, driver: str = DRIVER_NAME,
+                 memo_entries: int = 200_000):
         self.classes = dict(classes) if classes else {DEVICE_CLASS: ""}
         self.driver = driver
         self.slices: dict[str, Obj] = {}
         self.claims: dict[tuple[str, str], Obj] = {}
         self.synced: dict[str, bool] = dict.fromkeys(PATHS, False)
-        self._capacity: dict[str, NodeCapacity] | None = None
-        self._states: dict[str, tuple[NodeCapacity, NodeState]] = {}
+        self._pools: dict[str, tuple[str, tuple[DraDevice, ...]]] | None = None
+        self._node_pool: dict[str, str] = {}
+        self._totals = Totals()
+        self._shares: dict[tuple[str, str], tuple[Share, ...]] = {}
+        #: node -> (its placement view, that view's signature), valid until its pool changes
+        self._states: dict[str, tuple[NodeState, tuple[object, ...]]] = {}
+        self._dirty: set[str] = set()  #: pools whose claims changed since their node's view was made
         self._policies: dict[tuple[str, int], Policy] = {}
+        #: (policy, request shape, node signature) -> policy score (-inf: does not fit)
+        self._memo: BoundedMemo[tuple[object, ...], float] = BoundedMemo(memo_entries, lru=False)
 
     # -- feeding -----------------------------------------------------------------------------
     def _key(self, kind: str, obj: Obj) -> Any:
         v = ObjectView(obj)
         return v.name if kind == "resourceslices" else (v.namespace, v.name)
+
+    def _set_claim(self, key: tuple[str, str], obj: Obj | None) -> None:
+        old = self._shares.pop(key, ())
+        self._totals.add(old, -1)
+        self.claims.pop(key, None)
+        shares = claim_shares(obj, self.driver) if obj is not None else ()
+        if obj is not None:
+            self.claims[key] = obj
+        if shares:
+            self._shares[key] = shares
+            self._totals.add(shares)
+        if old != shares:
+            self._dirty.update(sh.pool for sh in old + shares)
 
     def replace(self, kind: str, items: Sequence[Obj], resource_version: str = "") -> None:
         """A (re)list of ``kind`` (``resourceslices`` | ``resourceclaims``): the full set (the
@@ -228,11 +264,21 @@ class DraScorer:
             except ShapeError:
                 continue
         if kind == "resourceslices":
-            self.slices = store
+            if store != self.slices:  # a periodic relist of unchanged slices keeps every view
+                self.slices = store
+                self._pools = None
         else:
-            self.claims = store
+            old = self._shares
+            self.claims, self._shares, self._totals = store, {}, Totals()
+            for key, o in store.items():
+                shares = claim_shares(o, self.driver)
+                if shares:
+                    self._shares[key] = shares
+                    self._totals.add(shares)
+            for key in old.keys() | self._shares.keys():  # only pools whose shares differ change
+                if old.get(key) != self._shares.get(key):
+                    self._dirty.update(sh.pool for sh in old.get(key, ()) + self._shares.get(key, ()))
         self.synced[kind] = True
-        self._capacity = None
 
     def event(self, kind: str, typ: str, obj: Obj) -> None:
         """A watch event (ADDED / MODIFIED / DELETED) of ``kind``."""
@@ -240,34 +286,59 @@ class DraScorer:
             key = self._key(kind, obj)
         except ShapeError:
             return
-        store: dict[Any, Obj] = self.slices if kind == "resourceslices" else self.claims  # type: ignore[assignment]
-        if typ == "DELETED":
-            store.pop(key, None)
+        if kind == "resourceslices":
+            if typ == "DELETED":
+                self.slices.pop(key, None)
+            else:
+                self.slices[key] = obj
+            self._pools = None
         else:
-            store[key] = obj
-        self._capacity = None
+            self._set_claim(key, None if typ == "DELETED" else obj)
 
     @property
     def ready(self) -> bool:
         """Both kinds have been listed."""
         return all(self.synced.values())
 
+    def _pool_map(self) -> dict[str, tuple[str, tuple[DraDevice, ...]]]:
+        if self._pools is None:
+            self._pools = pools(self.slices.values(), self.driver)
+            self._node_pool = nodes_of(self._pools)
+            self._states.clear()
+        return self._pools
+
+    def node_capacity(self, name: str) -> NodeCapacity | None:
+        """DRA node ``name``'s GPUs and what allocated claims hold, or None without GPUs of ours."""
+        by_pool = self._pool_map()
+        pname = self._node_pool.get(name)
+        if pname is None:
+            return None
+        return self._totals.capacity(name, pname, by_pool[pname][1])
+
     def capacity(self) -> dict[str, NodeCapacity]:
-        """Per node: GPUs and what allocated claims hold (derived again after any change)."""
-        if self._capacity is None:
-            self._capacity = node_capacity(self.slices.values(), self.claims.values(), self.driver)
-        return self._capacity
+        """Per node: GPUs and what allocated claims hold (as :func:`kube_vgpu.dra.capacity.node_capacity`)."""
+        self._pool_map()
+        return {n: c for n in self._node_pool if (c := self.node_capacity(n)) is not None}
+
+    def _view(self, name: str) -> tuple[NodeState, tuple[object, ...]] | None:
+        """(placement view, its signature) of DRA node ``name``; None without GPUs of ours."""
+        self._pool_map()
+        pname = self._node_pool.get(name)
+        if pname is None:
+            return None
+        hit = self._states.get(name)
+        if hit is None or pname in self._dirty:
+            cap = self.node_capacity(name)
+            assert cap is not None
+            n = _node_state(cap, 0)
+            hit = self._states[name] = (n, n.signature())
+            self._dirty.discard(pname)
+        return hit
 
     def node_state(self, name: str) -> NodeState | None:
         """The placement view of DRA node ``name``, or None when it publishes no GPUs of ours."""
-        cap = self.capacity().get(name)
-        if cap is None:
-            return None
-        hit = self._states.get(name)
-        if hit is None or hit[0] != cap:
-            hit = (cap, _node_state(cap, 0))
-            self._states[name] = hit
-        return hit[1]
+        v = self._view(name)
+        return None if v is None else v[0]
 
     # -- scoring -----------------------------------------------------------------------------
     def policy(self, node_policy: str, shapes: list[TaskShape] | None) -> Policy:
@@ -280,6 +351,7 @@ class DraScorer:
             p.order = gpu_order(ORDER_INDEX)
             p.order_kind = ORDER_INDEX
             self._policies = {key: p}  # one policy at a time (config or shapes changed: rebuilt)
+            self._memo.clear()
         return p
 
     def raw_scores(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str,
@@ -297,13 +369,18 @@ class DraScorer:
             log.warning("DRA scoring: no policy", extra={"policy": node_policy, "error": str(e)})
             return None
         raw = np.full(len(names), -math.inf, dtype=np.float64)
+        shape = (node_policy, tuple((c.count, c.memory_mib, c.memory_percent, c.cores) for c in req.app), req.gpu_spec)
+        memo = self._memo
         for k, name in enumerate(names):
-            n = self.node_state(name)
-            if n is None:
+            view = self._view(name)
+            if view is None:
                 continue
-            r = pol.evaluate(n, req)
-            if not isinstance(r, FitFailure):
-                raw[k] = r[0]
+            mkey = (shape, view[1])
+            v = memo.get(mkey)
+            if v is None:
+                r = pol.evaluate(view[0], req)
+                v = memo.put(mkey, -math.inf if isinstance(r, FitFailure) else r[0])
+            raw[k] = v
         return raw
 
     def scores(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str,

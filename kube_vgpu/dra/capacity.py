@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from kube_vgpu.errors import QuantityError, ShapeError, VGPUError
@@ -113,13 +114,18 @@ class DraRequest:
     model: str = ""
 
 
-def _quantity(v: object) -> Fraction | None:
-    if isinstance(v, bool) or not isinstance(v, str | int):
-        return None
+@lru_cache(maxsize=4096)
+def _parsed(v: str | int) -> Fraction | None:
     try:
         return parse_quantity(v)
     except QuantityError:
         return None
+
+
+def _quantity(v: object) -> Fraction | None:
+    if isinstance(v, bool) or not isinstance(v, str | int):
+        return None
+    return _parsed(v)  # the same few spellings ("81920Mi", "30") come back all the time
 
 
 def _cap(capacity: Mapping[str, Any], name: str) -> Fraction | None:
@@ -207,10 +213,20 @@ def pools(slices: Iterable[Mapping[str, Any]], driver: str = DRIVER_NAME) -> dic
     return out
 
 
-def _consumed(r: Mapping[str, Any], dev: DraDevice) -> tuple[int, int]:
-    """(MiB, cores) one result consumes of ``dev``: its ``consumedCapacity``, memory rounded up;
-    the whole device when it is absent or cannot be read (never less than was booked)."""
-    whole = (dev.memory_mib, dev.cores)
+@dataclass(frozen=True, slots=True)
+class Share:
+    """One result of our driver in a claim's allocation: ``pool``, ``device``, ``memory_mib``
+    consumed (rounded up; None: the whole device: no ``consumedCapacity``, or one that cannot be
+    read) and ``cores`` (None: not named, the request policy's default ``min(100, capacity)``)."""
+
+    pool: str
+    device: str
+    memory_mib: int | None
+    cores: int | None
+
+
+def _share(r: Mapping[str, Any], pool: str, device: str) -> Share:
+    whole = Share(pool, device, None, None)
     cc = r.get("consumedCapacity")
     if not isinstance(cc, Mapping):
         return whole
@@ -218,9 +234,82 @@ def _consumed(r: Mapping[str, Any], dev: DraDevice) -> tuple[int, int]:
     if mem is None or mem < 0 or (CAPACITY_CORES in cc and (cores is None or cores < 0)):
         return whole
     mib = -(-mem.numerator // (mem.denominator * _MIB))  # ceil(bytes / MiB)
-    # no cores consumed named: the request policy's default (min(100, capacity)), as the allocator books it
-    c = -(-cores.numerator // cores.denominator) if cores is not None else min(100, dev.cores)
-    return int(mib), int(c)
+    c = -(-cores.numerator // cores.denominator) if cores is not None else None
+    return Share(pool, device, int(mib), None if c is None else int(c))
+
+
+def claim_shares(claim: Mapping[str, Any], driver: str = DRIVER_NAME) -> tuple[Share, ...]:
+    """The shares ``claim`` holds of ``driver``'s devices: its ``status.allocation`` results of that
+    driver (none when it is not allocated). Never raises: a malformed claim holds nothing it cannot
+    name (no pool or device), and a result it names but whose consumption cannot be read holds the
+    whole device."""
+    try:
+        status = ObjectView(claim).status
+    except ShapeError:
+        return ()
+    alloc = status.get("allocation")
+    devices = alloc.get("devices") if isinstance(alloc, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    if not isinstance(results, list):
+        return ()
+    out = []
+    for r in results:
+        if not isinstance(r, Mapping) or r.get("driver") != driver:
+            continue
+        pool, dev = r.get("pool"), r.get("device")
+        if isinstance(pool, str) and isinstance(dev, str):
+            out.append(_share(r, pool, dev))
+    return tuple(out)
+
+
+class Totals:
+    """What all shares hold, per (pool, device): summed MiB and cores, how many shares, how many of
+    them take the whole device, and how many take the cores default. Shares are added and removed
+    one claim at a time (a watch event), so keeping a cluster's totals current costs O(results)."""
+
+    __slots__ = ("_sums",)
+
+    def __init__(self) -> None:
+        #: (pool, device) -> [MiB, cores, shares, whole shares, shares taking the cores default]
+        self._sums: dict[tuple[str, str], list[int]] = {}
+
+    def add(self, shares: Iterable[Share], sign: int = 1) -> None:
+        """Add ``shares`` (``sign`` -1: remove shares added before)."""
+        for sh in shares:
+            t = self._sums.get((sh.pool, sh.device))
+            if t is None:
+                t = self._sums[(sh.pool, sh.device)] = [0, 0, 0, 0, 0]
+            t[2] += sign
+            if sh.memory_mib is None:
+                t[3] += sign
+            else:
+                t[0] += sign * sh.memory_mib
+                if sh.cores is None:
+                    t[4] += sign
+                else:
+                    t[1] += sign * sh.cores
+            if not t[2]:
+                del self._sums[(sh.pool, sh.device)]
+
+    def use(self, pool: str, dev: DraDevice) -> Use:
+        """What the shares hold of ``dev`` in ``pool``: a whole share counts the device's capacity."""
+        t = self._sums.get((pool, dev.name))
+        if t is None:
+            return Use()
+        return Use(t[0] + t[3] * dev.memory_mib, t[1] + t[3] * dev.cores + t[4] * min(100, dev.cores), t[2])
+
+    def capacity(self, node: str, pool: str, devices: tuple[DraDevice, ...]) -> NodeCapacity:
+        """``node``'s capacity: ``devices`` (of ``pool``) and what the shares hold of each."""
+        return NodeCapacity(node=node, pool=pool, devices=devices,
+                            used=tuple(self.use(pool, d) for d in devices))
+
+
+def nodes_of(by_pool: Mapping[str, tuple[str, tuple[DraDevice, ...]]]) -> dict[str, str]:
+    """Node name -> its pool (the first by pool name when a node has several of our pools)."""
+    out: dict[str, str] = {}
+    for pname in sorted(by_pool):
+        out.setdefault(by_pool[pname][0], pname)
+    return out
 
 
 def node_capacity(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
@@ -228,40 +317,13 @@ def node_capacity(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[
     """Per node: its pool's GPUs and what the allocated claims hold of each (module docstring).
     A node with several pools of our driver keeps the first by pool name (kube-vgpu publishes
     one per node). Never raises for malformed objects: they are skipped, or (a result of ours
-    that cannot be read) counted as holding the whole device."""
+    that cannot be read) counted as holding the whole device. Results naming a device that is
+    not published hold nothing."""
     by_pool = pools(slices, driver)
-    index: dict[tuple[str, str], int] = {}
-    used: dict[str, list[Use]] = {}
-    for pname, (_, devs) in by_pool.items():
-        used[pname] = [Use() for _ in devs]
-        for i, d in enumerate(devs):
-            index[(pname, d.name)] = i
+    totals = Totals()
     for c in claims:
-        try:
-            status = ObjectView(c).status
-        except ShapeError:
-            continue
-        alloc = status.get("allocation")
-        devices = alloc.get("devices") if isinstance(alloc, Mapping) else None
-        results = devices.get("results") if isinstance(devices, Mapping) else None
-        if not isinstance(results, list):
-            continue
-        for r in results:
-            if not isinstance(r, Mapping) or r.get("driver") != driver:
-                continue
-            rpool, rdev = r.get("pool"), r.get("device")
-            pos = index.get((rpool, rdev)) if isinstance(rpool, str) and isinstance(rdev, str) else None
-            if pos is None or not isinstance(rpool, str):
-                continue  # a device not published (any more): no capacity to take from
-            dev = by_pool[rpool][1][pos]
-            mem, cores = _consumed(r, dev)
-            used[rpool][pos] = used[rpool][pos].plus(mem, cores)
-    out: dict[str, NodeCapacity] = {}
-    for pname in sorted(by_pool):
-        node, devs = by_pool[pname]
-        if node not in out:
-            out[node] = NodeCapacity(node=node, pool=pname, devices=devs, used=tuple(used[pname]))
-    return out
+        totals.add(claim_shares(c, driver))
+    return {node: totals.capacity(node, pname, by_pool[pname][1]) for node, pname in nodes_of(by_pool).items()}
 
 
 def _request_quantity(v: object, field: str, cores: bool) -> int:
@@ -342,5 +404,5 @@ def allocated(claim: Mapping[str, Any]) -> bool:
         return True  # unreadable: treat as decided elsewhere (the caller does not predict it)
 
 
-__all__ = ["ClaimSpecError", "DraDevice", "DraRequest", "NodeCapacity", "Use", "allocated", "claim_requests",
-           "node_capacity", "pools"]
+__all__ = ["ClaimSpecError", "DraDevice", "DraRequest", "NodeCapacity", "Share", "Totals", "Use", "allocated",
+           "claim_requests", "claim_shares", "node_capacity", "nodes_of", "pools"]

@@ -286,3 +286,42 @@ def test_readyz_waits_for_the_dra_lists_the_vgpu_path_does_not(fake) -> None:
             st, text = await ext.get("/readyz")
             assert st == 200
     run(go, timeout=60)
+
+
+def test_incremental_view_equals_the_pure_derivation() -> None:
+    """Random claim events (added, re-allocated, deleted, malformed) and slice changes: the
+    scorer's per-event totals always equal kube_vgpu.dra.capacity.node_capacity over its objects."""
+    import random
+
+    from kube_vgpu.dra.capacity import node_capacity
+    rng = random.Random(7)
+    d = DraScorer()
+    d.replace("resourceslices", [node_slice(f"n{i}", 3) for i in range(4)])
+    d.replace("resourceclaims", [])
+    for step in range(400):
+        name = f"c{rng.randrange(30)}"
+        op = rng.random()
+        if op < 0.2:
+            d.event("resourceclaims", "DELETED", claim(name, ns="o"))
+        elif op < 0.25:
+            d.event("resourceslices", "MODIFIED", node_slice(f"n{rng.randrange(5)}", rng.randrange(1, 4),
+                                                             generation=step + 2))
+        else:
+            res = [result(f"n{rng.randrange(5)}", f"gpu-{rng.randrange(4)}",
+                          rng.choice(["1000Mi", "3Gi", None, "x"]), rng.choice(["10", None, "55"]))
+                   for _ in range(rng.randrange(3))]
+            d.event("resourceclaims", rng.choice(["ADDED", "MODIFIED"]),
+                    claim(name, ns="o", results=res if rng.random() < 0.8 else None))
+        if step % 50 == 25:  # a relist: the same claims but one dropped, or the same slices
+            items = list(d.claims.values())
+            d.replace("resourceclaims", items[1:] if items and rng.random() < 0.5 else items)
+            d.replace("resourceslices", list(d.slices.values()))
+        if step % 10 == 0:
+            want = node_capacity(d.slices.values(), d.claims.values())
+            assert d.capacity() == want
+            for node, cap in want.items():  # the cached placement views follow too
+                n = d.node_state(node)
+                assert n is not None
+                assert (n.free_mem, n.free_cores) == ([cap.free(i)[0] for i in range(len(cap.devices))],
+                                                      [cap.free(i)[1] for i in range(len(cap.devices))])
+    assert d.capacity() == node_capacity(d.slices.values(), d.claims.values())
