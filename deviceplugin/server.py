@@ -115,16 +115,33 @@ UNHEALTHY = "Unhealthy"
 
 
 @dataclass(frozen=True, slots=True)
-class Options:
-    """Runtime options (flags in docs/CONTRACTS.md, plus test-only timings).
+class NodeOptions:
+    """What both kubelet plugins of a node (this device plugin and ``kube-vgpu dra-plugin``) take alike:
+    the node, where the shim and the containers' shared files live on the host (flags), and the timings
+    of the GPU health watch (not flags; the tests shrink them). Paths on the node; times in seconds
+    unless the name says ms."""
+
+    node_name: str
+    shim_host_path: str = SHIM_HOST_PATH
+    cache_host_dir: str = CACHE_HOST_DIR
+    #: how often the plugin's sockets (and kubelet's, for the device plugin) are checked
+    watch_interval: float = 1.0
+    #: the longest wait for one NVML event before the health loop goes round again (ms)
+    health_poll_ms: int = 500
+    #: every GPU is probed this often
+    probe_interval: float = 5.0
+    #: after a critical event a GPU is healthy again at the first successful probe this long later
+    recovery_seconds: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Options(NodeOptions):
+    """Runtime options of the device plugin (flags in docs/CONTRACTS.md, plus test-only timings).
 
     Paths are on the node. Times in seconds unless the name says ms.
     """
 
-    node_name: str
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
-    shim_host_path: str = SHIM_HOST_PATH
-    cache_host_dir: str = CACHE_HOST_DIR
     heartbeat_seconds: float = 30.0
     #: a pod pending Allocate for longer than this (since first seen bound) is demoted: it is no
     #: longer the target of GetPreferredAllocation while a newer pod waits (0 or less: never)
@@ -135,10 +152,6 @@ class Options:
     #: removed this long after its Allocate (s)
     alloc_dir_grace_seconds: float = 3600.0
     # not flags: timings the tests shrink
-    watch_interval: float = 1.0
-    health_poll_ms: int = 500
-    probe_interval: float = 5.0
-    recovery_seconds: float = 60.0
     register_timeout: float = 5.0
     pod_watch_timeout: int = 300
 

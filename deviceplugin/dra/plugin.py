@@ -55,8 +55,8 @@ from kube_vgpu.views import ObjectView
 
 from .. import inventory as inv
 from ..nvml import NVML, GPUBackend, HealthTracker, NVMLError, PhysicalGPU
-from ..response import CACHE_HOST_DIR, SHIM_HOST_PATH, ContainerSpec, HostFile, alloc_mounts
-from ..server import _remove_dir, discover_gpus, wait_gpu_event, write_preload_file
+from ..response import ContainerSpec, HostFile, alloc_mounts
+from ..server import NodeOptions, _remove_dir, discover_gpus, wait_gpu_event, write_preload_file
 from ..shimcache import write_host_files
 from ..simgpu import SimulatedGPUs
 from . import cdi
@@ -97,11 +97,11 @@ class SlicePublisherLike(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Options:
-    """Runtime options (flags of ``kube-vgpu dra-plugin``; docs/dra-node.md). Paths are on the node,
-    times in seconds unless the name says ms."""
+class Options(NodeOptions):
+    """Runtime options (flags of ``kube-vgpu dra-plugin``; docs/dra-node.md), beyond those both node
+    plugins take (:class:`deviceplugin.server.NodeOptions`). Paths are on the node, times in seconds
+    unless the name says ms."""
 
-    node_name: str
     #: the plugin's own directory; its service socket ``dra.sock`` and (default) checkpoint are there
     plugin_dir: str = f"/var/lib/kubelet/plugins/{DRIVER_NAME}"
     #: kubelet's plugin registration directory (kubelet watches it for ``*.sock``)
@@ -109,15 +109,9 @@ class Options:
     cdi_dir: str = "/var/run/cdi"
     #: where checkpoint.json lives ("" = plugin_dir)
     state_dir: str = ""
-    shim_host_path: str = SHIM_HOST_PATH
-    cache_host_dir: str = CACHE_HOST_DIR
     #: the host's /dev (device nodes named in CDI specs)
     dev_root: str = "/dev"
     # not flags: timings the tests shrink
-    watch_interval: float = 1.0
-    health_poll_ms: int = 500
-    probe_interval: float = 5.0
-    recovery_seconds: float = 60.0
     publish_retry_seconds: float = 10.0
     #: the ResourceSlices are compared with the GPUs (and rewritten when they differ) at least this often
     resync_seconds: float = 60.0
