@@ -16,6 +16,11 @@
 #include <unistd.h>
 
 /* ------------------------------------------------------------------ configuration */
+/* The process's configuration: written here only (vgpu_read_config), read elsewhere through vgpu_cfg. */
+static struct vgpu_config g_cfg = {
+    .enabled = 1, .log_level = 2, .context_cost = -1, .sm_period_ms = 100, .nvisible = -1};
+const struct vgpu_config *const vgpu_cfg = &g_cfg;
+
 /* Strict "<digits>[k|m|g]" (suffix case-insensitive; none = bytes). No sign, no spaces, no
  * fraction, no overflow. Returns the value; *bad = 1 (and 0 returned) for anything else. */
 static uint64_t parse_bytes(const char *s, int *bad)

@@ -33,13 +33,10 @@
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m);
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m);
 
-struct vgpu_config g_cfg = {.enabled = 1, .log_level = 2, .context_cost = -1, .sm_period_ms = 100, .nvisible = -1};
-struct nvml_api g_nvml;
-int g_cuda_ready;
-int g_sm_active;
+static int g_cuda_ready;
+const int *const vgpu_cuda_ready = &g_cuda_ready;
 
 static void *g_libcuda;
-static void *g_libnvml;
 static void *(*real_dlsym)(void *, const char *);
 
 /* ------------------------------------------------------------------ hook table */
@@ -122,7 +119,7 @@ static void *hook_by_real(void *real)
 /* ------------------------------------------------------------------ logging */
 void vgpu_log(int level, const char *fmt, ...)
 {
-    if (level > g_cfg.log_level)
+    if (level > vgpu_cfg->log_level)
         return;
     static const char *names[] = {"", "ERROR", "WARN", "INFO", "DEBUG"};
     char buf[512];
@@ -151,7 +148,6 @@ uint64_t now_ns(void)
 /* ------------------------------------------------------------------ init */
 static pthread_once_t g_base_once = PTHREAD_ONCE_INIT;
 static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
-static pthread_once_t g_nvml_once = PTHREAD_ONCE_INIT;
 
 /* dlsym() runs before the sanitizer runtime is initialised when libasan is preloaded (ASan looks
  * up its interceptors through it): no instrumentation and no intercepted libc calls on that path. */
@@ -169,9 +165,9 @@ static void base_init(void)
     if (!real_dlsym)
         resolve_real_dlsym();
     vgpu_read_config();
-    if (g_cfg.enabled)
+    if (vgpu_cfg->enabled)
         region_open();
-    LOG_INFO("libvgpu initialised (control %s)", g_cfg.enabled ? "on" : "off");
+    LOG_INFO("libvgpu initialised (control %s)", vgpu_cfg->enabled ? "on" : "off");
 }
 
 void vgpu_base_init(void)
@@ -179,47 +175,23 @@ void vgpu_base_init(void)
     pthread_once(&g_base_once, base_init);
 }
 
-/* dlopen the library named by env `env` when set and not empty, else `dflt` (after the base init) */
-static void *open_library(const char *env, const char *dflt)
+void *vgpu_open_library(const char *env, const char *dflt)
 {
     vgpu_base_init();
     const char *path = getenv(env);
     return dlopen(path && *path ? path : dflt, RTLD_NOW | RTLD_GLOBAL);
 }
 
-static void nvml_load(void)
+void *vgpu_real_dlsym(void *handle, const char *symbol)
 {
-    g_libnvml = open_library(VGPU_ENV_NVML_LIBRARY, "libnvidia-ml.so.1");
-    if (!g_libnvml) {
-        LOG_INFO("libnvidia-ml.so.1 not loadable: %s", dlerror());
-        return;
-    }
-    g_nvml.init = (nvmlInit_v2_fn)real_dlsym(g_libnvml, "nvmlInit_v2");
-    g_nvml.handle_by_index = (nvmlDeviceGetHandleByIndex_v2_fn)real_dlsym(g_libnvml, "nvmlDeviceGetHandleByIndex_v2");
-    g_nvml.get_index = (nvmlDeviceGetIndex_fn)real_dlsym(g_libnvml, "nvmlDeviceGetIndex");
-    g_nvml.get_uuid = (nvmlDeviceGetUUID_fn)real_dlsym(g_libnvml, "nvmlDeviceGetUUID");
-    g_nvml.by_uuid = (nvmlDeviceGetHandleByUUID_fn)real_dlsym(g_libnvml, "nvmlDeviceGetHandleByUUID");
-    g_nvml.mem_info = (nvmlDeviceGetMemoryInfo_fn)real_dlsym(g_libnvml, "nvmlDeviceGetMemoryInfo");
-    g_nvml.mem_info_v2 = (nvmlDeviceGetMemoryInfo_v2_fn)real_dlsym(g_libnvml, "nvmlDeviceGetMemoryInfo_v2");
-    g_nvml.util = (nvmlDeviceGetUtilizationRates_fn)real_dlsym(g_libnvml, "nvmlDeviceGetUtilizationRates");
-    g_nvml.proc_util = (nvmlDeviceGetProcessUtilization_fn)real_dlsym(g_libnvml, "nvmlDeviceGetProcessUtilization");
-    g_nvml.running = (nvmlDeviceGetComputeRunningProcesses_v3_fn)real_dlsym(g_libnvml,
-                                                                            "nvmlDeviceGetComputeRunningProcesses_v3");
-    if (!g_nvml.running)
-        g_nvml.running = (nvmlDeviceGetComputeRunningProcesses_v3_fn)real_dlsym(
-            g_libnvml, "nvmlDeviceGetComputeRunningProcesses_v2");
-    g_nvml.ok = g_nvml.init && g_nvml.handle_by_index && g_nvml.init() == NVML_SUCCESS;
-}
-
-int vgpu_nvml_load(void)
-{
-    pthread_once(&g_nvml_once, nvml_load);
-    return g_nvml.ok;
+    if (!real_dlsym)
+        resolve_real_dlsym();
+    return real_dlsym(handle, symbol);
 }
 
 static void cuda_init(void)
 {
-    g_libcuda = open_library(VGPU_ENV_CUDA_LIBRARY, "libcuda.so.1");
+    g_libcuda = vgpu_open_library(VGPU_ENV_CUDA_LIBRARY, "libcuda.so.1");
     if (!g_libcuda) {
         LOG_ERROR("cannot load libcuda.so.1: %s", dlerror());
     } else {
@@ -238,9 +210,9 @@ static void cuda_init(void)
         }
     }
     qsort(g_by_real, g_nreal, sizeof g_by_real[0], cmp_real);
-    g_sm_active = g_cfg.enabled && (g_cfg.sm_any || g_cfg.sm_yield);
+    int throttled = limiter_init();
     __atomic_store_n(&g_cuda_ready, 1, __ATOMIC_RELEASE);
-    if (g_sm_active)
+    if (throttled)
         limiter_start();
 }
 
@@ -339,16 +311,16 @@ static int g_ord_dev[VGPU_MAX_DEV]; /* container GPU index + 1 per CUDA ordinal,
 
 static int dev_of_uuid(const char *uuid)
 {
-    if (g_cfg.nuuid > 0) {
-        for (int i = 0; i < g_cfg.nuuid; i++)
-            if (!strcasecmp(g_cfg.uuid[i], uuid))
+    if (vgpu_cfg->nuuid > 0) {
+        for (int i = 0; i < vgpu_cfg->nuuid; i++)
+            if (!strcasecmp(vgpu_cfg->uuid[i], uuid))
                 return i;
         return VGPU_FOREIGN;
     }
     nvmlDevice_t h;
     unsigned idx;
-    if (vgpu_nvml_load() && g_nvml.by_uuid && g_nvml.get_index && g_nvml.by_uuid(uuid, &h) == NVML_SUCCESS &&
-        g_nvml.get_index(h, &idx) == NVML_SUCCESS && idx < VGPU_MAX_DEV)
+    if (vgpu_nvml_load() && vnvml_handle_by_uuid(uuid, &h) == NVML_SUCCESS && vnvml_index(h, &idx) == NVML_SUCCESS &&
+        idx < VGPU_MAX_DEV)
         return (int)idx;
     return -1;
 }
@@ -356,7 +328,7 @@ static int dev_of_uuid(const char *uuid)
 int vgpu_dev_of_cuda(CUdevice ord)
 {
     if (ord < 0 || ord >= VGPU_MAX_DEV)
-        return g_cfg.nuuid > 0 ? VGPU_FOREIGN : -1;
+        return vgpu_cfg->nuuid > 0 ? VGPU_FOREIGN : -1;
     int c = __atomic_load_n(&g_ord_dev[ord], __ATOMIC_RELAXED);
     if (LIKELY(c))
         return c - 1;
@@ -371,13 +343,13 @@ int vgpu_dev_of_cuda(CUdevice ord)
         known = d >= 0;
     }
     if (d < 0) {
-        if (g_cfg.nuuid > 0)
+        if (vgpu_cfg->nuuid > 0)
             return VGPU_FOREIGN; /* the container's GPUs are known and this one cannot be named: nothing */
         /* no UUID and no list (no NVML): the process's numbering, through a numeric CUDA_VISIBLE_DEVICES */
         d = ord;
-        if (g_cfg.nvisible > 0 && ord < g_cfg.nvisible && isdigit((unsigned char)g_cfg.visible[ord][0]) &&
-            atoi(g_cfg.visible[ord]) < VGPU_MAX_DEV)
-            d = atoi(g_cfg.visible[ord]);
+        if (vgpu_cfg->nvisible > 0 && ord < vgpu_cfg->nvisible && isdigit((unsigned char)vgpu_cfg->visible[ord][0]) &&
+            atoi(vgpu_cfg->visible[ord]) < VGPU_MAX_DEV)
+            d = atoi(vgpu_cfg->visible[ord]);
     }
     if (known)
         __atomic_store_n(&g_ord_dev[ord], d + 1, __ATOMIC_RELAXED);
@@ -387,7 +359,7 @@ int vgpu_dev_of_cuda(CUdevice ord)
 int vgpu_dev_of_nvml(nvmlDevice_t h)
 {
     char uuid[96] = "";
-    if (g_nvml.get_uuid && g_nvml.get_uuid(h, uuid, sizeof uuid) == NVML_SUCCESS)
+    if (vnvml_uuid(h, uuid, sizeof uuid) == NVML_SUCCESS)
         return dev_of_uuid(uuid);
     return -1;
 }
@@ -396,9 +368,9 @@ int vgpu_nvml_of_dev(int dev, nvmlDevice_t *out)
 {
     if (dev < 0 || dev >= VGPU_MAX_DEV || !vgpu_nvml_load())
         return -1;
-    if (g_cfg.nuuid > 0)
-        return dev < g_cfg.nuuid && g_nvml.by_uuid && g_nvml.by_uuid(g_cfg.uuid[dev], out) == NVML_SUCCESS ? 0 : -1;
-    return g_nvml.handle_by_index((unsigned)dev, out) == NVML_SUCCESS ? 0 : -1;
+    if (vgpu_cfg->nuuid > 0)
+        return dev < vgpu_cfg->nuuid && vnvml_handle_by_uuid(vgpu_cfg->uuid[dev], out) == NVML_SUCCESS ? 0 : -1;
+    return vnvml_handle_by_index((unsigned)dev, out) == NVML_SUCCESS ? 0 : -1;
 }
 
 int vgpu_mem_limit(int dev, uint64_t *limit)
@@ -407,9 +379,9 @@ int vgpu_mem_limit(int dev, uint64_t *limit)
         *limit = 0;
         return 1;
     }
-    if (dev < 0 || dev >= VGPU_MAX_DEV || !g_cfg.mem_set[dev])
+    if (dev < 0 || dev >= VGPU_MAX_DEV || !vgpu_cfg->mem_set[dev])
         return 0;
-    *limit = g_cfg.mem_limit[dev];
+    *limit = vgpu_cfg->mem_limit[dev];
     return 1;
 }
 
@@ -423,7 +395,7 @@ EXPORT int vgpu_get_usage(int dev, uint64_t *used, uint64_t *limit)
     if (used)
         *used = region_used(dev);
     if (limit)
-        *limit = g_cfg.mem_set[dev] ? g_cfg.mem_limit[dev] : 0;
+        *limit = vgpu_cfg->mem_set[dev] ? vgpu_cfg->mem_limit[dev] : 0;
     return 0;
 }
 

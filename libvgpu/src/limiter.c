@@ -65,6 +65,7 @@ struct smdev {
 };
 
 static struct smdev g_sm[VGPU_MAX_DEV];
+static int g_sm_active; /* launches are throttled: set once by limiter_init, before any launch hook runs */
 static int g_pid_match;
 /* The container GPU of every launch when the process sees exactly one device (no context lookup then);
  * -1: look it up per launch; -2: not known yet. */
@@ -205,47 +206,45 @@ static int measure(struct smdev *d, uint64_t since_us, uint64_t blocks, double *
 {
     *self = *all = *foreign = *yield = 0;
     *exact = 0;
-    if (g_nvml.proc_util) {
-        nvmlProcessUtilizationSample_t buf[256];
-        unsigned n = 256;
-        nvmlReturn_t rc = g_nvml.proc_util(d->nvh, buf, &n, since_us);
-        if (rc == NVML_ERROR_NOT_FOUND)
-            return 0; /* no sample since since_us */
-        if (rc == NVML_SUCCESS) {
-            int pids[256], prio[256], np = 0, me = vgpu_host_pid();
-            region_procs(pids, prio, &np, 256);
-            double s = 0, a = 0, f = 0, y = 0;
-            int matched = 0;
-            for (unsigned i = 0; i < n && i < 256; i++) {
-                int p = (int)buf[i].pid, k;
-                for (k = 0; k < np && pids[k] != p; k++) {
-                }
-                if (k < np) {
-                    a += buf[i].smUtil;
-                    if (p == me)
-                        s += buf[i].smUtil;
-                    else if (g_cfg.from_file || prio[k] == 0)
-                        y += buf[i].smUtil; /* see below */
-                    matched = 1;
-                } else {
-                    f += buf[i].smUtil; /* another container's process */
-                }
+    nvmlProcessUtilizationSample_t buf[256];
+    unsigned n = 256;
+    nvmlReturn_t rc = vnvml_process_utilization(d->nvh, buf, &n, since_us);
+    if (rc == NVML_ERROR_NOT_FOUND)
+        return 0; /* no sample since since_us */
+    if (rc == NVML_SUCCESS) {
+        int pids[256], prio[256], np = 0, me = vgpu_host_pid();
+        region_procs(pids, prio, &np, 256);
+        double s = 0, a = 0, f = 0, y = 0;
+        int matched = 0;
+        for (unsigned i = 0; i < n && i < 256; i++) {
+            int p = (int)buf[i].pid, k;
+            for (k = 0; k < np && pids[k] != p; k++) {
             }
-            if (matched)
-                g_pid_match = 1;
-            if (matched || g_pid_match || blocks == 0) {
-                *self = s / 100.0;
-                *all = a / 100.0;
-                *foreign = f / 100.0;
-                *yield = (f + y) / 100.0;
-                *exact = g_pid_match;
-                return 1;
+            if (k < np) {
+                a += buf[i].smUtil;
+                if (p == me)
+                    s += buf[i].smUtil;
+                else if (vgpu_cfg->from_file || prio[k] == 0)
+                    y += buf[i].smUtil; /* see below */
+                matched = 1;
+            } else {
+                f += buf[i].smUtil; /* another container's process */
             }
-            /* our pids are not NVML's (pid namespace): fall through to device utilisation */
         }
+        if (matched)
+            g_pid_match = 1;
+        if (matched || g_pid_match || blocks == 0) {
+            *self = s / 100.0;
+            *all = a / 100.0;
+            *foreign = f / 100.0;
+            *yield = (f + y) / 100.0;
+            *exact = g_pid_match;
+            return 1;
+        }
+        /* our pids are not NVML's (pid namespace): fall through to device utilisation */
     }
     nvmlUtilization_t u;
-    if (g_nvml.util && g_nvml.util(d->nvh, &u) == NVML_SUCCESS) {
+    if (vnvml_utilization(d->nvh, &u) == NVML_SUCCESS) {
         *self = *all = u.gpu / 100.0; /* nothing can be told apart: no yielding, no bursting */
         return 1;
     }
@@ -308,14 +307,14 @@ static void update(struct smdev *d)
     /* Target: the limit, or in work-conserving mode what the other containers leave (never less). */
     double target = L;
     int bursting = 0;
-    if (g_cfg.sm_conserving && exact && 1.0 - foreign - WC_HEADROOM > L) {
+    if (vgpu_cfg->sm_conserving && exact && 1.0 - foreign - WC_HEADROOM > L) {
         target = 1.0 - foreign - WC_HEADROOM;
         bursting = 1;
     }
     /* Low priority: while others are busy, keep at most what they leave, minus headroom for them to grow
      * into (they are throttled by their own limits only, so they take the GPU back within a few periods). */
     double cap = 1.0;
-    if (g_cfg.sm_yield && yield > PRIO_BUSY) {
+    if (vgpu_cfg->sm_yield && yield > PRIO_BUSY) {
         cap = 1.0 - yield - PRIO_HEADROOM;
         if (cap < PRIO_FLOOR)
             cap = PRIO_FLOOR;
@@ -383,7 +382,7 @@ static void *sampler(void *arg)
         LOG_WARN("NVML unavailable: SM limit enforced with the initial cost estimate only");
         return NULL;
     }
-    uint64_t period = (uint64_t)g_cfg.sm_period_ms * 1000000ull;
+    uint64_t period = (uint64_t)vgpu_cfg->sm_period_ms * 1000000ull;
     for (;;) {
         sleep_ns(period);
         for (int i = 0; i < VGPU_MAX_DEV; i++)
@@ -393,15 +392,22 @@ static void *sampler(void *arg)
     return NULL;
 }
 
+int limiter_init(void)
+{
+    const struct vgpu_config *c = vgpu_cfg;
+    g_sm_active = c->enabled && (c->sm_any || c->sm_yield);
+    return g_sm_active;
+}
+
 void limiter_start(void)
 {
     uint64_t now = now_ns();
     for (int i = 0; i < VGPU_MAX_DEV; i++) {
         struct smdev *d = &g_sm[i];
         pthread_mutex_init(&d->mu, NULL);
-        d->limit = g_cfg.sm_limit[i];
+        d->limit = vgpu_cfg->sm_limit[i];
         /* low priority without an SM limit: limited to 100 % so it can yield (the container's GPUs only) */
-        if (!d->limit && g_cfg.sm_yield && (g_cfg.nuuid == 0 || i < g_cfg.nuuid)) {
+        if (!d->limit && vgpu_cfg->sm_yield && (vgpu_cfg->nuuid == 0 || i < vgpu_cfg->nuuid)) {
             d->limit = 100;
             d->prio_only = 1;
         }
@@ -535,22 +541,5 @@ static uint64_t exec_blocks(CUgraphExec exec)
     return b;
 }
 
-EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s)
-{
-    ensure_cuda();
-    if (UNLIKELY(!real_cuGraphLaunch))
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (UNLIKELY(g_sm_active))
-        limiter_throttle(exec_blocks(exec), s);
-    return real_cuGraphLaunch(exec, s);
-}
-
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s)
-{
-    ensure_cuda();
-    if (UNLIKELY(!real_cuGraphLaunch_ptsz))
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (UNLIKELY(g_sm_active))
-        limiter_throttle(exec_blocks(exec), s);
-    return real_cuGraphLaunch_ptsz(exec, s);
-}
+LAUNCH_HOOK(cuGraphLaunch, exec_blocks(exec), s, (CUgraphExec exec, CUstream s), (exec, s))
+LAUNCH_HOOK(cuGraphLaunch_ptsz, exec_blocks(exec), s, (CUgraphExec exec, CUstream s), (exec, s))

@@ -274,7 +274,7 @@ static void release_tracked(int kind, uint64_t key, CUresult rc, uint64_t size, 
 #define PASS_IF_OFF(call)             \
     do {                              \
         ensure_cuda();                \
-        if (!g_cfg.enabled)           \
+        if (!vgpu_cfg->enabled)           \
             return call;              \
     } while (0)
 
@@ -296,8 +296,7 @@ static int64_t nvml_used(int cdev)
 {
     nvmlDevice_t h;
     nvmlMemory_t m;
-    if (!vgpu_nvml_load() || !g_nvml.mem_info || vgpu_nvml_of_dev(cdev, &h) != 0 ||
-        g_nvml.mem_info(h, &m) != NVML_SUCCESS)
+    if (!vgpu_nvml_load() || vgpu_nvml_of_dev(cdev, &h) != 0 || vnvml_memory(h, &m) != NVML_SUCCESS)
         return -1;
     return (int64_t)m.used;
 }
@@ -305,20 +304,20 @@ static int64_t nvml_used(int cdev)
 /* Called before a context is created on dev; returns a token for ctx_created(). */
 static int64_t ctx_before(int dev)
 {
-    if (!g_cfg.enabled || dev < 0 || dev >= VGPU_MAX_DEV)
+    if (!vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
         return -1;
     hostpid_before_ctx(vgpu_dev_of_cuda(dev));
     pthread_mutex_lock(&g_cmu);
     int first = g_ctx_count[dev] == 0;
     pthread_mutex_unlock(&g_cmu);
-    if (!first || g_cfg.context_cost >= 0)
+    if (!first || vgpu_cfg->context_cost >= 0)
         return -1;
     return nvml_used(vgpu_dev_of_cuda(dev));
 }
 
 static void ctx_created(int dev, int64_t before)
 {
-    if (!g_cfg.enabled || dev < 0 || dev >= VGPU_MAX_DEV)
+    if (!vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
         return;
     pthread_mutex_lock(&g_cmu);
     int first = g_ctx_count[dev]++ == 0;
@@ -327,8 +326,8 @@ static void ctx_created(int dev, int64_t before)
         return;
     uint64_t cost = 0;
     int cdev = vgpu_dev_of_cuda(dev);
-    if (g_cfg.context_cost >= 0) {
-        cost = (uint64_t)g_cfg.context_cost;
+    if (vgpu_cfg->context_cost >= 0) {
+        cost = (uint64_t)vgpu_cfg->context_cost;
     } else if (before >= 0) {
         int64_t after = nvml_used(cdev);
         if (after > before)
@@ -364,7 +363,7 @@ static void ctx_gone(int dev, CUcontext ctx)
 static CUresult ctx_after(CUresult rc, CUcontext *pctx, CUdevice dev, int64_t before)
 {
     hostpid_after_ctx(rc == CUDA_SUCCESS);
-    if (rc == CUDA_SUCCESS && g_cfg.enabled && pctx) {
+    if (rc == CUDA_SUCCESS && vgpu_cfg->enabled && pctx) {
         track_put(TK_CTX, (uint64_t)(uintptr_t)*pctx, 0, dev, *pctx);
         ctx_created(dev, before);
     }
@@ -409,7 +408,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
 static CUresult ctx_destroy(cuCtxDestroy_v2_fn fn, CUcontext ctx)
 {
     CUresult rc = fn(ctx);
-    if (rc == CUDA_SUCCESS && g_cfg.enabled) {
+    if (rc == CUDA_SUCCESS && vgpu_cfg->enabled) {
         uint64_t unused;
         int dev = -1;
         if (track_take(TK_CTX, (uint64_t)(uintptr_t)ctx, &unused, &dev))
@@ -439,7 +438,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     ensure_cuda();
     REAL_OR_FAIL(cuDevicePrimaryCtxRetain);
     int64_t before = -1;
-    int track = g_cfg.enabled && dev >= 0 && dev < VGPU_MAX_DEV;
+    int track = vgpu_cfg->enabled && dev >= 0 && dev < VGPU_MAX_DEV;
     if (track) {
         pthread_mutex_lock(&g_cmu);
         int first = g_primary_refs[dev] == 0;
@@ -463,7 +462,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 static CUresult primary_release(cuDevicePrimaryCtxRelease_v2_fn fn, CUdevice dev, int reset)
 {
     CUresult rc = fn(dev);
-    if (rc != CUDA_SUCCESS || !g_cfg.enabled || dev < 0 || dev >= VGPU_MAX_DEV)
+    if (rc != CUDA_SUCCESS || !vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
         return rc;
     CUcontext ctx = NULL;
     int gone = 0;
@@ -484,33 +483,19 @@ static CUresult primary_release(cuDevicePrimaryCtxRelease_v2_fn fn, CUdevice dev
     return rc;
 }
 
-EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
-{
-    ensure_cuda();
-    REAL_OR_FAIL(cuDevicePrimaryCtxRelease_v2);
-    return primary_release(real_cuDevicePrimaryCtxRelease_v2, dev, 0);
-}
+/* The four ABI entry points that drop a primary context reference (reset: 1 for the _Reset forms). */
+#define PRIMARY_RELEASE_HOOK(name, reset)                   \
+    EXPORT CUresult name(CUdevice dev)                      \
+    {                                                       \
+        ensure_cuda();                                      \
+        REAL_OR_FAIL(name);                                 \
+        return primary_release(real_##name, dev, reset);    \
+    }
 
-EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
-{
-    ensure_cuda();
-    REAL_OR_FAIL(cuDevicePrimaryCtxRelease);
-    return primary_release(real_cuDevicePrimaryCtxRelease, dev, 0);
-}
-
-EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
-{
-    ensure_cuda();
-    REAL_OR_FAIL(cuDevicePrimaryCtxReset_v2);
-    return primary_release(real_cuDevicePrimaryCtxReset_v2, dev, 1);
-}
-
-EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
-{
-    ensure_cuda();
-    REAL_OR_FAIL(cuDevicePrimaryCtxReset);
-    return primary_release(real_cuDevicePrimaryCtxReset, dev, 1);
-}
+PRIMARY_RELEASE_HOOK(cuDevicePrimaryCtxRelease_v2, 0)
+PRIMARY_RELEASE_HOOK(cuDevicePrimaryCtxRelease, 0)
+PRIMARY_RELEASE_HOOK(cuDevicePrimaryCtxReset_v2, 1)
+PRIMARY_RELEASE_HOOK(cuDevicePrimaryCtxReset, 1)
 
 /* ------------------------------------------------------------------ allocations */
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -519,7 +504,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     REAL_OR_FAIL(cuMemAlloc_v2);
     CUdevice dev;
     CUcontext ctx;
-    if (!g_cfg.enabled || !dptr || !bytesize || current_device(&dev, &ctx))
+    if (!vgpu_cfg->enabled || !dptr || !bytesize || current_device(&dev, &ctx))
         return real_cuMemAlloc_v2(dptr, bytesize);
     CUresult rc = reserve(dev, bytesize, "cuMemAlloc");
     if (rc)
@@ -540,7 +525,7 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
     REAL_OR_FAIL(cuCtxSetLimit);
     CUdevice dev;
     CUcontext ctx;
-    if (!g_cfg.enabled || limit < 0 || limit > 2 || current_device(&dev, &ctx))
+    if (!vgpu_cfg->enabled || limit < 0 || limit > 2 || current_device(&dev, &ctx))
         return real_cuCtxSetLimit(limit, value);
     uint64_t bytes = value;
     if (limit == 0) {
@@ -586,7 +571,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
     REAL_OR_FAIL(cuMemAllocManaged);
     CUdevice dev;
     CUcontext ctx;
-    if (!g_cfg.enabled || !dptr || !bytesize || current_device(&dev, &ctx))
+    if (!vgpu_cfg->enabled || !dptr || !bytesize || current_device(&dev, &ctx))
         return real_cuMemAllocManaged(dptr, bytesize, flags);
     CUresult rc = reserve(dev, bytesize, "cuMemAllocManaged");
     if (rc)
@@ -601,7 +586,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     REAL_OR_FAIL(cuMemAllocPitch_v2);
     CUdevice dev;
     CUcontext ctx;
-    if (!g_cfg.enabled || !dptr || !pitch || !width || !height || current_device(&dev, &ctx))
+    if (!vgpu_cfg->enabled || !dptr || !pitch || !width || !height || current_device(&dev, &ctx))
         return real_cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
     /* the driver picks the pitch: reserve the usual 512-byte-aligned estimate, then adjust */
     uint64_t est = (((uint64_t)width + 511) & ~511ull) * height;
@@ -697,7 +682,7 @@ static CUresult alloc_async(cuMemAllocAsync_fn fn, CUdeviceptr *dptr, size_t byt
 {
     CUdevice dev;
     CUcontext ctx;
-    if (!g_cfg.enabled || !dptr || !bytesize || current_device(&dev, &ctx))
+    if (!vgpu_cfg->enabled || !dptr || !bytesize || current_device(&dev, &ctx))
         return fn(dptr, bytesize, s);
     /* the device's current pool, which cuMemAllocAsync allocates from */
     CUdevice ord;
@@ -728,7 +713,7 @@ static CUresult alloc_pool(cuMemAllocFromPoolAsync_fn fn, CUdeviceptr *dptr, siz
 {
     CUdevice dev;
     CUcontext ctx;
-    if (!g_cfg.enabled || !dptr || !bytesize || current_device(&dev, &ctx))
+    if (!vgpu_cfg->enabled || !dptr || !bytesize || current_device(&dev, &ctx))
         return fn(dptr, bytesize, pool, s);
     uint64_t unused;
     int pdev;
@@ -757,7 +742,7 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     ensure_cuda();
     REAL_OR_FAIL(cuMemPoolCreate);
     CUresult rc = real_cuMemPoolCreate(pool, props);
-    if (rc == CUDA_SUCCESS && g_cfg.enabled && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+    if (rc == CUDA_SUCCESS && vgpu_cfg->enabled && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
         track_put(TK_POOL, (uint64_t)(uintptr_t)*pool, 0, vgpu_dev_of_cuda(props->location.id), NULL);
     return rc;
 }
@@ -767,7 +752,7 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     ensure_cuda();
     REAL_OR_FAIL(cuMemPoolDestroy);
     CUresult rc = real_cuMemPoolDestroy(pool);
-    if (rc == CUDA_SUCCESS && g_cfg.enabled) {
+    if (rc == CUDA_SUCCESS && vgpu_cfg->enabled) {
         uint64_t s;
         int d;
         track_take(TK_POOL, (uint64_t)(uintptr_t)pool, &s, &d);
@@ -797,7 +782,7 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
     ensure_cuda();
     REAL_OR_FAIL(cuMemPoolTrimTo);
     CUresult rc = real_cuMemPoolTrimTo(pool, keep);
-    if (rc == CUDA_SUCCESS && g_cfg.enabled) {
+    if (rc == CUDA_SUCCESS && vgpu_cfg->enabled) {
         int ix = 0;
         track_lock();
         for (int i = 0; i < g_npools && !ix; i++)
@@ -814,7 +799,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemCreate);
-    if (!g_cfg.enabled || !handle || !size || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+    if (!vgpu_cfg->enabled || !handle || !size || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
         prop->location.id < 0 || prop->location.id >= VGPU_MAX_DEV)
         return real_cuMemCreate(handle, size, prop, flags); /* host-located memory is not counted */
     int dev = vgpu_dev_of_cuda(prop->location.id);
@@ -850,37 +835,27 @@ static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, int fmt, unsigne
     return w * (h ? h : 1) * (d ? d : 1) * format_bytes(fmt) * (ch ? ch : 1);
 }
 
-EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc)
-{
-    ensure_cuda();
-    REAL_OR_FAIL(cuArrayCreate_v2);
-    CUdevice dev;
-    CUcontext ctx;
-    if (!g_cfg.enabled || !arr || !desc || current_device(&dev, &ctx))
-        return real_cuArrayCreate_v2(arr, desc);
-    uint64_t b = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels);
-    CUresult rc = reserve(dev, b, "cuArrayCreate");
-    if (rc)
-        return rc;
-    rc = real_cuArrayCreate_v2(arr, desc);
-    return finish(rc, TK_ARRAY, rc ? 0 : (uint64_t)(uintptr_t)*arr, b, dev, ctx);
-}
+/* cuArrayCreate_v2 and cuArray3DCreate_v2: the same rule over their two descriptor types (depth: the
+ * descriptor's depth expression, 0 for 2D). */
+#define ARRAY_CREATE_HOOK(name, desc_t, depth, what)                                                 \
+    EXPORT CUresult name(CUarray *arr, const desc_t *desc)                                           \
+    {                                                                                                \
+        ensure_cuda();                                                                               \
+        REAL_OR_FAIL(name);                                                                          \
+        CUdevice dev;                                                                                \
+        CUcontext ctx;                                                                               \
+        if (!vgpu_cfg->enabled || !arr || !desc || current_device(&dev, &ctx))                       \
+            return real_##name(arr, desc);                                                           \
+        uint64_t b = array_bytes(desc->Width, desc->Height, depth, desc->Format, desc->NumChannels); \
+        CUresult rc = reserve(dev, b, what);                                                         \
+        if (rc)                                                                                      \
+            return rc;                                                                               \
+        rc = real_##name(arr, desc);                                                                 \
+        return finish(rc, TK_ARRAY, rc ? 0 : (uint64_t)(uintptr_t)*arr, b, dev, ctx);                \
+    }
 
-EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc)
-{
-    ensure_cuda();
-    REAL_OR_FAIL(cuArray3DCreate_v2);
-    CUdevice dev;
-    CUcontext ctx;
-    if (!g_cfg.enabled || !arr || !desc || current_device(&dev, &ctx))
-        return real_cuArray3DCreate_v2(arr, desc);
-    uint64_t b = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
-    CUresult rc = reserve(dev, b, "cuArray3DCreate");
-    if (rc)
-        return rc;
-    rc = real_cuArray3DCreate_v2(arr, desc);
-    return finish(rc, TK_ARRAY, rc ? 0 : (uint64_t)(uintptr_t)*arr, b, dev, ctx);
-}
+ARRAY_CREATE_HOOK(cuArrayCreate_v2, CUDA_ARRAY_DESCRIPTOR, 0, "cuArrayCreate")
+ARRAY_CREATE_HOOK(cuArray3DCreate_v2, CUDA_ARRAY3D_DESCRIPTOR, desc->Depth, "cuArray3DCreate")
 
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
 {
@@ -888,7 +863,7 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D
     REAL_OR_FAIL(cuMipmappedArrayCreate);
     CUdevice dev;
     CUcontext ctx;
-    if (!g_cfg.enabled || !arr || !desc || !levels || current_device(&dev, &ctx))
+    if (!vgpu_cfg->enabled || !arr || !desc || !levels || current_device(&dev, &ctx))
         return real_cuMipmappedArrayCreate(arr, desc, levels);
     uint64_t w = desc->Width, h = desc->Height, d = desc->Depth, b = 0;
     for (unsigned l = 0; l < levels && l < 64; l++) {
@@ -909,7 +884,7 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D
     do {                                                            \
         uint64_t size_;                                             \
         int dev_;                                                   \
-        if (!g_cfg.enabled)                                         \
+        if (!vgpu_cfg->enabled)                                         \
             return call;                                            \
         int found_ = track_take(kind, key, &size_, &dev_);          \
         CUresult rc_ = call;                                        \
@@ -921,7 +896,7 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D
 /* Frees of device pointers: as FREE_BODY, but memory from a pool goes back to the pool's reserve. */
 #define FREE_PTR_BODY(key, call)                                    \
     do {                                                            \
-        if (!g_cfg.enabled)                                         \
+        if (!vgpu_cfg->enabled)                                         \
             return call;                                            \
         uint64_t size_ = 0;                                         \
         int dev_ = -1, ix_ = 0;                                     \
@@ -1023,7 +998,7 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     ensure_cuda();
     REAL_OR_FAIL(cuMemRelease);
     CUresult rc = real_cuMemRelease(handle);
-    if (rc != CUDA_SUCCESS || !g_cfg.enabled)
+    if (rc != CUDA_SUCCESS || !vgpu_cfg->enabled)
         return rc;
     uint64_t size = 0;
     int dev = -1, gone = 0;
@@ -1045,7 +1020,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
     ensure_cuda();
     REAL_OR_FAIL(cuMemMap);
     CUresult rc = real_cuMemMap(ptr, size, offset, handle, flags);
-    if (rc != CUDA_SUCCESS || !g_cfg.enabled)
+    if (rc != CUDA_SUCCESS || !vgpu_cfg->enabled)
         return rc;
     track_lock();
     struct track_entry *e = track_find_locked(TK_HANDLE, handle);
@@ -1063,7 +1038,7 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     ensure_cuda();
     REAL_OR_FAIL(cuMemUnmap);
     CUresult rc = real_cuMemUnmap(ptr, size);
-    if (rc != CUDA_SUCCESS || !g_cfg.enabled)
+    if (rc != CUDA_SUCCESS || !vgpu_cfg->enabled)
         return rc;
     uint64_t freed[VGPU_MAX_DEV] = {0};
     track_lock();
@@ -1092,11 +1067,11 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemGetInfo_v2);
-    if (g_cfg.enabled && __atomic_load_n(&g_npools, __ATOMIC_RELAXED))
+    if (vgpu_cfg->enabled && __atomic_load_n(&g_npools, __ATOMIC_RELAXED))
         pools_sync_all(); /* report what the pools hold now */
     CUresult rc = real_cuMemGetInfo_v2(free_b, total_b);
     CUdevice dev;
-    if (rc != CUDA_SUCCESS || !g_cfg.enabled || !free_b || !total_b || current_device(&dev, NULL))
+    if (rc != CUDA_SUCCESS || !vgpu_cfg->enabled || !free_b || !total_b || current_device(&dev, NULL))
         return rc;
     uint64_t lim;
     if (!vgpu_mem_limit(dev, &lim))
@@ -1117,16 +1092,9 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     REAL_OR_FAIL(cuDeviceTotalMem_v2);
     CUresult rc = real_cuDeviceTotalMem_v2(bytes, dev);
     uint64_t lim;
-    if (rc == CUDA_SUCCESS && g_cfg.enabled && bytes && vgpu_mem_limit(vgpu_dev_of_cuda(dev), &lim) && lim < *bytes)
+    if (rc == CUDA_SUCCESS && vgpu_cfg->enabled && bytes && vgpu_mem_limit(vgpu_dev_of_cuda(dev), &lim) && lim < *bytes)
         *bytes = (size_t)lim;
     return rc;
-}
-
-/* NVML view: total = limit, used = the container's accounted usage, free = the rest. */
-static nvmlDeviceGetMemoryInfo_fn real_nvml_mem(void)
-{
-    vgpu_nvml_load();
-    return g_nvml.mem_info;
 }
 
 /* The container's view of GPU `d`'s memory, over what NVML answered: *total = the limit (never more
@@ -1150,11 +1118,9 @@ static int nvml_mem_view(nvmlDevice_t d, unsigned long long *total, unsigned lon
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
-    nvmlDeviceGetMemoryInfo_fn fn = real_nvml_mem();
-    if (!fn)
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
-    nvmlReturn_t rc = fn(d, m);
-    if (rc == NVML_SUCCESS && g_cfg.enabled && m)
+    vgpu_nvml_load();
+    nvmlReturn_t rc = vnvml_memory(d, m);
+    if (rc == NVML_SUCCESS && vgpu_cfg->enabled && m)
         nvml_mem_view(d, &m->total, &m->used, &m->free);
     return rc;
 }
@@ -1162,10 +1128,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
 {
     vgpu_nvml_load();
-    if (!g_nvml.mem_info_v2)
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
-    nvmlReturn_t rc = g_nvml.mem_info_v2(d, m);
-    if (rc == NVML_SUCCESS && g_cfg.enabled && m && nvml_mem_view(d, &m->total, &m->used, &m->free))
+    nvmlReturn_t rc = vnvml_memory_v2(d, m);
+    if (rc == NVML_SUCCESS && vgpu_cfg->enabled && m && nvml_mem_view(d, &m->total, &m->used, &m->free))
         m->reserved = 0;
     return rc;
 }

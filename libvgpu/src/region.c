@@ -244,7 +244,7 @@ static void init_mutex(pthread_mutex_t *mu)
 
 static uint64_t file_limit(int d)
 {
-    return d < VGPU_MAX_DEV && g_cfg.mem_set[d] ? g_cfg.mem_limit[d] : 0;
+    return d < VGPU_MAX_DEV && vgpu_cfg->mem_set[d] ? vgpu_cfg->mem_limit[d] : 0;
 }
 
 /* Writes a fresh header. keep_live: slots of live processes (strictly checked) are kept and the
@@ -266,7 +266,7 @@ static int fill_header(struct vgpu_region *r, int keep_live)
     r->nslots = VGPU_REGION_SLOTS;
     for (int d = 0; d < VGPU_REGION_DEVS; d++) {
         r->limit[d] = file_limit(d);
-        r->sm_limit[d] = (uint32_t)g_cfg.sm_limit[d];
+        r->sm_limit[d] = (uint32_t)vgpu_cfg->sm_limit[d];
     }
     rebuild_totals(r);
     init_mutex(&r->lock.mu);
@@ -283,7 +283,7 @@ static int layout_ok(const struct vgpu_region *r)
 static int limits_match(const struct vgpu_region *r)
 {
     for (int d = 0; d < VGPU_REGION_DEVS; d++)
-        if (r->limit[d] != file_limit(d) || r->sm_limit[d] != (uint32_t)g_cfg.sm_limit[d])
+        if (r->limit[d] != file_limit(d) || r->sm_limit[d] != (uint32_t)vgpu_cfg->sm_limit[d])
             return 0;
     return 1;
 }
@@ -359,7 +359,7 @@ static void install_guard(void)
 /* The task priority recorded in a slot (reserved[2]): the process's own (limits file, else env) + 1, 0 unset. */
 static uint64_t slot_priority(void)
 {
-    return g_cfg.priority == 0 || g_cfg.priority == 1 ? (uint64_t)g_cfg.priority + 1 : 0;
+    return vgpu_cfg->priority == 0 || vgpu_cfg->priority == 1 ? (uint64_t)vgpu_cfg->priority + 1 : 0;
 }
 
 /* ------------------------------------------------------------------ private accounting */
@@ -621,7 +621,7 @@ static void runlock(void)
 int region_open(void)
 {
     ident_init();
-    const char *path = g_cfg.cache_path;
+    const char *path = vgpu_cfg->cache_path;
     if (!path || !*path) {
         open_private();
         return 0;
@@ -781,8 +781,8 @@ int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint6
     }
     if (!g_reg || dev < 0 || dev >= VGPU_REGION_DEVS)
         return 0;
-    int limited = dev < VGPU_MAX_DEV && g_cfg.mem_set[dev];
-    uint64_t lim = limited ? g_cfg.mem_limit[dev] : 0;
+    int limited = dev < VGPU_MAX_DEV && vgpu_cfg->mem_set[dev];
+    uint64_t lim = limited ? vgpu_cfg->mem_limit[dev] : 0;
     pthread_mutex_lock(&g_pmu);
     for (;;) {
         rlock();
@@ -890,7 +890,7 @@ void region_procs(int *pids, int *prio, int *n, int max)
     }
     if (*n == 0 && max > 0) {
         if (prio)
-            prio[*n] = g_cfg.priority;
+            prio[*n] = vgpu_cfg->priority;
         pids[(*n)++] = vgpu_host_pid();
     }
 }
@@ -924,7 +924,7 @@ void region_after_fork_child(void)
     ident_init();
     if (g_lock_fd >= 0) { /* the inherited description is the parent's lock holder: get our own */
         close(g_lock_fd);
-        g_lock_fd = g_cfg.cache_path[0] ? open(g_cfg.cache_path, O_RDWR | O_CLOEXEC) : -1;
+        g_lock_fd = vgpu_cfg->cache_path[0] ? open(vgpu_cfg->cache_path, O_RDWR | O_CLOEXEC) : -1;
     }
 }
 
@@ -959,7 +959,7 @@ static int hp_list(unsigned *pids, unsigned *n)
 {
     static __thread nvmlProcessInfo_t buf[HP_MAX];
     unsigned cnt = HP_MAX;
-    if (g_nvml.running(g_hp_dev, &cnt, buf) != NVML_SUCCESS)
+    if (vnvml_running_processes(g_hp_dev, &cnt, buf) != NVML_SUCCESS)
         return -1;
     for (unsigned i = 0; i < cnt && i < HP_MAX; i++)
         pids[i] = buf[i].pid;
@@ -992,7 +992,7 @@ void hostpid_before_ctx(int cdev)
 {
     if (__atomic_load_n(&g_host_pid, __ATOMIC_RELAXED) || t_hp_active)
         return;
-    if (!vgpu_nvml_load() || !g_nvml.running || vgpu_nvml_of_dev(cdev, &g_hp_dev) != 0) {
+    if (!vgpu_nvml_load() || !vnvml_lists_processes() || vgpu_nvml_of_dev(cdev, &g_hp_dev) != 0) {
         hp_fallback();
         return;
     }

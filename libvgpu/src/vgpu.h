@@ -25,32 +25,22 @@
 #undef HOOK
 #undef REAL
 
-/* real NVML entry points used internally */
-typedef nvmlReturn_t (*nvmlInit_v2_fn)(void);
-typedef nvmlReturn_t (*nvmlDeviceGetHandleByIndex_v2_fn)(unsigned int, nvmlDevice_t *);
-typedef nvmlReturn_t (*nvmlDeviceGetIndex_fn)(nvmlDevice_t, unsigned int *);
-typedef nvmlReturn_t (*nvmlDeviceGetUUID_fn)(nvmlDevice_t, char *, unsigned int);
-typedef nvmlReturn_t (*nvmlDeviceGetHandleByUUID_fn)(const char *, nvmlDevice_t *);
-typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfo_fn)(nvmlDevice_t, nvmlMemory_t *);
-typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfo_v2_fn)(nvmlDevice_t, nvmlMemory_v2_t *);
-typedef nvmlReturn_t (*nvmlDeviceGetUtilizationRates_fn)(nvmlDevice_t, nvmlUtilization_t *);
-typedef nvmlReturn_t (*nvmlDeviceGetComputeRunningProcesses_v3_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
-typedef nvmlReturn_t (*nvmlDeviceGetProcessUtilization_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
-                                                           unsigned int *, unsigned long long);
-struct nvml_api {
-    int ok;
-    nvmlInit_v2_fn init;
-    nvmlDeviceGetHandleByIndex_v2_fn handle_by_index;
-    nvmlDeviceGetIndex_fn get_index;
-    nvmlDeviceGetUUID_fn get_uuid;
-    nvmlDeviceGetHandleByUUID_fn by_uuid;
-    nvmlDeviceGetMemoryInfo_fn mem_info;
-    nvmlDeviceGetMemoryInfo_v2_fn mem_info_v2;
-    nvmlDeviceGetUtilizationRates_fn util;
-    nvmlDeviceGetProcessUtilization_fn proc_util;
-    nvmlDeviceGetComputeRunningProcesses_v3_fn running; /* _v3, else _v2 (same layout) */
-};
-extern struct nvml_api g_nvml;
+/* ------------------------------------------------------------------ NVML (nvml.c owns its table)
+ * vgpu_nvml_load: loads and initialises libnvidia-ml.so.1 once; 1 when it is usable. The vnvml_* calls
+ * forward to the real entry point (after vgpu_nvml_load), or return NVML_ERROR_FUNCTION_NOT_FOUND when
+ * the library or that entry point is missing. */
+int vgpu_nvml_load(void);
+nvmlReturn_t vnvml_handle_by_index(unsigned index, nvmlDevice_t *out);
+nvmlReturn_t vnvml_handle_by_uuid(const char *uuid, nvmlDevice_t *out);
+nvmlReturn_t vnvml_index(nvmlDevice_t d, unsigned *index);
+nvmlReturn_t vnvml_uuid(nvmlDevice_t d, char *uuid, unsigned len);
+nvmlReturn_t vnvml_memory(nvmlDevice_t d, nvmlMemory_t *m);
+nvmlReturn_t vnvml_memory_v2(nvmlDevice_t d, nvmlMemory_v2_t *m);
+nvmlReturn_t vnvml_utilization(nvmlDevice_t d, nvmlUtilization_t *u);
+nvmlReturn_t vnvml_process_utilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *buf, unsigned *n,
+                                       unsigned long long since_us);
+nvmlReturn_t vnvml_running_processes(nvmlDevice_t d, unsigned *n, nvmlProcessInfo_t *buf);
+int vnvml_lists_processes(void); /* 1: vnvml_running_processes has a real entry point */
 
 /* ------------------------------------------------------------------ configuration (read once) */
 struct vgpu_config {
@@ -79,18 +69,26 @@ struct vgpu_config {
 #ifndef VGPU_LIMITS_PATH
 #define VGPU_LIMITS_PATH "/usr/local/vgpu/limits/vgpu.limits"
 #endif
-extern struct vgpu_config g_cfg;
-extern int g_cuda_ready;
-extern int g_sm_active;
+/* The process's configuration. config.c owns it and alone writes it (vgpu_read_config, once, from
+ * vgpu_base_init before any hook reads it); every other file reads it through this read-only view.
+ * tests/libvgpu/test_shim_ownership.py fails when a file shares writable state with another. */
+extern const struct vgpu_config *const vgpu_cfg;
+void vgpu_read_config(void); /* config.c: the limits file, else the environment (once) */
 
-void vgpu_read_config(void); /* config.c: the limits file, else the environment, into g_cfg (once) */
+/* ------------------------------------------------------------------ init (core.c) */
 void vgpu_cuda_init_slow(void);
 void vgpu_base_init(void);
-int vgpu_nvml_load(void);
+/* glibc's dlsym (never the shim's hooks), and the library named by env `env` when set and not empty,
+ * else `dflt` (dlopen after the base init; NULL when it cannot be loaded) */
+void *vgpu_real_dlsym(void *handle, const char *symbol);
+void *vgpu_open_library(const char *env, const char *dflt);
+
+/* 1 once the real driver's entry points are resolved (core.c writes it, once, with release order). */
+extern const int *const vgpu_cuda_ready;
 
 static inline void ensure_cuda(void)
 {
-    if (UNLIKELY(!__atomic_load_n(&g_cuda_ready, __ATOMIC_ACQUIRE)))
+    if (UNLIKELY(!__atomic_load_n(vgpu_cuda_ready, __ATOMIC_ACQUIRE)))
         vgpu_cuda_init_slow();
 }
 
@@ -123,6 +121,10 @@ void memory_after_fork_child(void);
 /* the tracking table used for allocations and graph costs: track.h */
 
 /* ------------------------------------------------------------------ SM limiter (limiter.c) */
+/* Decides from the configuration whether kernel launches are throttled (SM limit or low priority);
+ * returns 1 when they are. core.c calls it once, before it publishes the driver as ready, and then
+ * limiter_start() when it returned 1. */
+int limiter_init(void);
 void limiter_start(void);
 void limiter_throttle(uint64_t blocks, CUstream s);
 
