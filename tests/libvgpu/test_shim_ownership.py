@@ -114,7 +114,7 @@ def test_the_read_only_views_cannot_be_written(tmp_path: Path, write: str) -> No
     src = tmp_path / "writer.c"
     src.write_text(f'#include "vgpu.h"\nvoid writer(void) {{ {write} }}\n')
     proc = subprocess.run([fakebuild.gcc(), *FLAGS, "-fsyntax-only", str(src)], capture_output=True, text=True)
-    assert proc.returncode != 0 and "read-only" in proc.stderr, (write, proc.stderr)
+    assert proc.returncode != 0 and re.search(r"read-only|assign", proc.stderr), (write, proc.stderr)
     # the same file compiles when it only reads
     src.write_text('#include "vgpu.h"\nint reader(void) { return vgpu_cfg->enabled + *vgpu_cuda_ready; }\n')
     proc = subprocess.run([fakebuild.gcc(), *FLAGS, "-fsyntax-only", str(src)], capture_output=True, text=True)
