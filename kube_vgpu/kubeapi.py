@@ -105,7 +105,9 @@ def _dropped(sock: Any) -> bool:
     if sock is None:
         return True
     try:
-        return bool(select.select([sock], [], [], 0)[0])
+        poller = select.poll()  # not select(): no limit on the descriptor's number
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
 
