@@ -187,8 +187,11 @@ def pod_request(pod: Mapping[str, Any], claims: Mapping[tuple[str, str], Obj],
         claim = claims.get((ns, name))  # the pod's namespace only
         if claim is None:
             return None
-        if template and not any(o.get("uid") == uid and o.get("controller") is True
-                                for o in ObjectView(claim).owner_references):
+        try:
+            owners = ObjectView(claim).owner_references
+        except ShapeError:
+            return None
+        if template and not (uid and any(o.get("uid") == uid and o.get("controller") is True for o in owners)):
             return None  # a generated claim must be the pod's own (as kube-scheduler checks)
         if allocated(claim):
             return None  # already placed: nothing to rank

@@ -69,7 +69,7 @@ def claim_pod(name: str, ns: str = "team-a", *, claims: tuple[str, ...] = (), te
         refs.append({"name": pname, "resourceClaimTemplateName": "tmpl"})
         statuses.append({"name": pname, "resourceClaimName": gen})
     p: Obj = {"apiVersion": "v1", "kind": "Pod",
-              "metadata": {"name": name, "namespace": ns, "uid": pod_uid or uid(), "annotations": dict(annotations or {})},
+              "metadata": {"name": name, "namespace": ns, "uid": uid() if pod_uid is None else pod_uid, "annotations": dict(annotations or {})},
               "spec": {"schedulerName": "kube-vgpu-scheduler", "resourceClaims": refs,
                        "containers": [{"name": "c", "image": "busybox",
                                        "resources": {"claims": [{"name": r["name"]} for r in refs]}}]}}

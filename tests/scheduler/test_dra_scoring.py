@@ -156,6 +156,17 @@ def test_generated_claim_must_be_owned_by_the_pod() -> None:
     assert scores(d, thief) == dict.fromkeys(NAMES, 0)
 
 
+def test_malformed_claims_and_empty_uids_never_break_or_match() -> None:
+    """A claim whose ownerReferences are not a list, or that names an owner with an empty uid, for a
+    pod without uid: no score, no error."""
+    pod = claim_pod("p", templates={"gpu": "p-gpu"}, pod_uid="")
+    bad = claim("p-gpu")
+    bad["metadata"]["ownerReferences"] = "pod p"
+    empty = claim("p-gpu", owner={"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "", "controller": True})
+    for c in (bad, empty):
+        assert scores(scorer(c), pod) == dict.fromkeys(NAMES, 0)
+
+
 def test_foreign_unallocated_and_forged_claims_move_nothing() -> None:
     """Claims of another driver allocated on n-empty, claims of our class never allocated, forged
     allocation annotations on claims and pods, and a pod asking for another policy by annotation:
