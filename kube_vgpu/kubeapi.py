@@ -289,7 +289,8 @@ class JSONClient:
                 err = urllib3.exceptions.NewConnectionError(
                     None, f"Failed to establish a new connection: {e}")  # type: ignore[arg-type]
             else:
-                self.dials += 1
+                with self._lock:
+                    self.dials += 1
                 return conn, False
         raise urllib3.exceptions.MaxRetryError(None, self.base + path, err)  # type: ignore[arg-type]
 
