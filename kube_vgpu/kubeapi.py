@@ -334,7 +334,7 @@ def read_json(resp: Any) -> Obj:
         data = resp.data
     finally:
         release(resp)
-    return json.loads(data) if data else {}
+    return orjson.loads(data) if data else {}
 
 
 def release(resp: Any) -> None:
@@ -479,7 +479,7 @@ class Reflector:
                     return
                 if not line:
                     continue
-                ev = json.loads(line)
+                ev = orjson.loads(line)
                 typ = ev.get("type")
                 obj = ev.get("object") or {}
                 if typ == "ERROR":
