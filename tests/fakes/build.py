@@ -1,7 +1,8 @@
 """Compile the fake CUDA driver, the fake NVML, the libvgpu shim and C test programs.
 
 Used by pytest fixtures and by ``benchmarks/shim_bench.py``. Everything is built with gcc
-and ``-Wall -Wextra -Werror``; ``asan=True`` builds AddressSanitizer variants.
+and ``-Wall -Wextra -Werror``; ``asan=True`` builds AddressSanitizer + UndefinedBehaviorSanitizer
+variants (any undefined behaviour aborts the process, so a test sees it as a crash).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ FAKES_SRC = Path(__file__).resolve().parent
 PROGS_SRC = ROOT / "tests" / "libvgpu" / "progs"
 
 WARN = ["-Wall", "-Wextra", "-Werror"]
-ASAN = ["-fsanitize=address", "-fno-omit-frame-pointer"]
+ASAN = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
 
 
 class BuildError(RuntimeError):
@@ -118,6 +119,7 @@ def shim_env(built: Built, base: dict[str, str] | None = None, preload: bool = T
         if built.asan:
             pre.insert(0, asan_runtime())
             env.setdefault("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0:exitcode=86")
+            env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
         env["LD_PRELOAD"] = " ".join(pre)
     return env
 
