@@ -562,9 +562,10 @@ class SchedulerService:
             # best-scoring names in request order): kube-scheduler skips scoring for one feasible node
             if own is not None and own in ok:
                 ok = [own]
-            else:
-                order = {n: i for i, n in enumerate(names)}
-                ok = [min(ok, key=lambda n: (-scores.get(n, float("-inf")), order.get(n, 0)))]
+            else:  # ok keeps the request's order: the first of the best scores
+                sget, low = scores.get, float("-inf")
+                vals = [sget(n, low) for n in ok]
+                ok = [ok[vals.index(max(vals))]]
         if not failed:
             resolvable: dict[str, str] = {}
             unresolvable: dict[str, str] = {}
