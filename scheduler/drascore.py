@@ -35,7 +35,7 @@ from urllib.parse import quote, urlencode
 import numpy as np
 import urllib3
 
-from kube_vgpu.dra import DEVICE_CLASS, DRIVER_NAME
+from kube_vgpu.dra import CAPACITY_CORES, CAPACITY_MEMORY, DEVICE_CLASS, DRIVER_NAME
 from kube_vgpu.dra.capacity import (
     ClaimSpecError,
     DraDevice,
@@ -66,6 +66,12 @@ Obj = dict[str, Any]
 #: the kinds watched and their cluster-wide API paths (resource.k8s.io/v1)
 PATHS = {"resourceslices": "/apis/resource.k8s.io/v1/resourceslices",
          "resourceclaims": "/apis/resource.k8s.io/v1/resourceclaims"}
+
+#: the most devices (the sum of the counts of all its requests of our classes) a pod's claims may
+#: ask and still be predicted: every prediction fits each request on every node state, so a
+#: tenant's pod of 32 claims x 32 one-device requests would otherwise hold the extender's event
+#: loop (the vGPU path's filter and bind too) for seconds per scoring call
+MAX_PREDICTED_DEVICES = 64
 
 
 class WatchError(Exception):
@@ -207,8 +213,90 @@ def pod_request(pod: Mapping[str, Any], claims: Mapping[tuple[str, str], Obj],
                                          cores=r.cores if r.cores is not None else 100))
     if not reqs:
         return None
+    if sum(r.count for r in reqs) > MAX_PREDICTED_DEVICES:
+        log.debug("claims not predicted", extra={"pod": f"{ns}/{view.name}",
+                                                 "error": f"more than {MAX_PREDICTED_DEVICES} devices"})
+        return None
     spec = tuple(models) if len(models) == 1 and "" not in models else ()
     return PodRequest(namespace=ns, name=view.name, uid=uid, app=tuple(reqs), gpu_spec=spec)
+
+
+_MALFORMED = "(malformed)"  #: stands in a kept claim for a value of the wrong type (the reader refuses it alike)
+
+
+def _kept_request(r: object, classes: Mapping[str, str]) -> object:
+    """What :func:`kube_vgpu.dra.capacity.claim_requests` reads of one request: its name, whether
+    a ``firstAvailable`` entry names one of ``classes``, and an ``exactly`` of ours (class, mode,
+    count, capacity requests; an unknown capacity name kept alone, as it is refused)."""
+    if not isinstance(r, Mapping):
+        return _MALFORMED
+    out: Obj = {}
+    if isinstance(r.get("name"), str):
+        out["name"] = r["name"]
+    fa = r.get("firstAvailable")
+    if isinstance(fa, list):
+        out["firstAvailable"] = [{"deviceClassName": s["deviceClassName"]} for s in fa
+                                 if isinstance(s, Mapping) and s.get("deviceClassName") in classes][:1]
+    ex = r.get("exactly")
+    if isinstance(ex, Mapping) and ex.get("deviceClassName") in classes:
+        kept = {k: ex[k] for k in ("deviceClassName", "allocationMode", "count") if k in ex}
+        if "capacity" in ex:
+            cap = ex["capacity"]
+            wants = cap.get("requests") if isinstance(cap, Mapping) else None
+            if isinstance(wants, Mapping):
+                bad = [k for k in wants if k not in (CAPACITY_MEMORY, CAPACITY_CORES)]
+                wants = {bad[0]: None} if bad else dict(wants)
+            elif wants is not None:
+                wants = _MALFORMED
+            kept["capacity"] = {"requests": wants}
+        out["exactly"] = kept
+    return out
+
+
+def kept_claim(obj: Obj, classes: Mapping[str, str], driver: str = DRIVER_NAME) -> Obj:
+    """The part of a ResourceClaim the scorer reads (:func:`pod_request`, :func:`claim_shares`,
+    :func:`allocated`): name, namespace, uid, controller owner references, the requests as
+    :func:`_kept_request` keeps them, and ``driver``'s allocation results. A tenant pads a claim
+    with megabytes (opaque config, CEL selectors, annotations, many requests of other classes)
+    and the extender keeps every claim of the cluster: only these few KB are held. Values of the
+    wrong type are kept as a marker the readers refuse in the same way."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    m: Obj = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
+    owners = meta.get("ownerReferences")
+    if isinstance(owners, list):
+        m["ownerReferences"] = [
+            {"uid": o.get("uid"), "controller": True} if isinstance(o, Mapping) else _MALFORMED
+            for o in owners if not isinstance(o, Mapping) or o.get("controller") is True]
+    elif owners is not None:
+        m["ownerReferences"] = _MALFORMED
+    out: Obj = {"metadata": m}
+    spec = obj.get("spec")
+    if isinstance(spec, Mapping):
+        devices = spec.get("devices")
+        reqs = devices.get("requests") if isinstance(devices, Mapping) else None
+        if isinstance(reqs, list):
+            out["spec"] = {"devices": {"requests": [_kept_request(r, classes) for r in reqs]}}
+        else:
+            out["spec"] = {"devices": {"requests": _MALFORMED}} if reqs is not None else {}
+    elif spec is not None:
+        out["spec"] = _MALFORMED
+    status = obj.get("status")
+    if isinstance(status, Mapping):
+        alloc = status.get("allocation")
+        if isinstance(alloc, Mapping):
+            devs = alloc.get("devices")
+            results = devs.get("results") if isinstance(devs, Mapping) else None
+            alloc = {"devices": {"results": [
+                {k: r[k] for k in ("driver", "pool", "device", "consumedCapacity") if k in r}
+                for r in results if isinstance(r, Mapping) and r.get("driver") == driver]}} \
+                if isinstance(results, list) else {}
+        elif alloc is not None:
+            alloc = _MALFORMED
+        out["status"] = {} if alloc is None else {"allocation": alloc}
+    elif status is not None:
+        out["status"] = _MALFORMED
+    return out
 
 
 class DraScorer:
@@ -250,7 +338,7 @@ class DraScorer:
         self.claims.pop(key, None)
         shares = claim_shares(obj, self.driver) if obj is not None else ()
         if obj is not None:
-            self.claims[key] = obj
+            self.claims[key] = kept_claim(obj, self.classes, self.driver)
         if shares:
             self._shares[key] = shares
             self._totals.add(shares)
@@ -272,8 +360,9 @@ class DraScorer:
                 self._pools = None
         else:
             old = self._shares
-            self.claims, self._shares, self._totals = store, {}, Totals()
+            self.claims, self._shares, self._totals = {}, {}, Totals()
             for key, o in store.items():
+                self.claims[key] = kept_claim(o, self.classes, self.driver)
                 shares = claim_shares(o, self.driver)
                 if shares:
                     self._shares[key] = shares
@@ -405,4 +494,4 @@ class DraScorer:
         return out
 
 
-__all__ = ["PATHS", "DraListWatch", "DraScorer", "WatchError", "parse_device_classes", "pod_request"]
+__all__ = ["MAX_PREDICTED_DEVICES", "PATHS", "DraListWatch", "DraScorer", "WatchError", "kept_claim", "parse_device_classes", "pod_request"]
