@@ -210,6 +210,8 @@ _WALK = re.compile(r'''\.get\(\s*["'](?:metadata|spec)["']'''
 ALLOWED_WALKS: dict[str, tuple[int, str]] = {
     "kubectl_vgpu/cluster.py": (2, "the shape checker reads the raw object to decide whether it can be viewed"),
     "kube_vgpu/dra/claims.py": (1, "the DRA claim reader's own strict shape check of a ResourceClaim"),
+    "scheduler/drascore.py": (2, "kept_claim copies the few fields the DRA scorer reads out of a tenant's raw "
+                                 "ResourceClaim, marking each of the wrong type, before anything views it"),
 }
 
 
