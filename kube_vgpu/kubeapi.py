@@ -24,6 +24,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import os
 import random
 import select
 import ssl
@@ -124,7 +125,8 @@ class JSONClient:
     It sends over a small pool of kept-alive ``http.client`` connections built from the same
     ``kubernetes.client.Configuration`` the generated client uses: its host (and path prefix), TLS
     settings (``ssl_ca_cert`` / ``ca_cert_data``, client certificate ``cert_file`` / ``key_file``,
-    ``verify_ssl``, ``assert_hostname=False``, ``tls_server_name`` as SNI and verified name),
+    ``verify_ssl``, ``assert_hostname=False``, ``tls_server_name`` as SNI and verified name; the CA and
+    certificate files are read again for new connections once they change, as urllib3 does),
     ``socket_options`` / ``keep_alive``, and bearer token (``Configuration.auth_settings()``, which
     refreshes a kubeconfig or in-cluster token, read again every ``token_ttl`` seconds and after a
     401). What it leaves out is the generated
@@ -169,16 +171,11 @@ class JSONClient:
         self.via_urllib3 = bool(cfg.proxy and not _bypass_proxy(self.base, cfg.no_proxy or "")) or \
             isinstance(assert_hostname, str)
         self.context: ssl.SSLContext | None = None
+        #: the TLS files' identities (:meth:`_tls_files`) the context was built from
+        self._tls_stamp: tuple[object, ...] = ()
         if url.scheme == "https" and not self.via_urllib3:
-            ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None, cadata=cfg.ca_cert_data or None)
-            if cfg.cert_file:
-                ctx.load_cert_chain(cfg.cert_file, cfg.key_file or None)
-            if not cfg.verify_ssl:
-                ctx.check_hostname = False
-                ctx.verify_mode = ssl.CERT_NONE
-            elif assert_hostname is False:
-                ctx.check_hostname = False
-            self.context = ctx
+            self._tls_stamp = self._tls_files()
+            self.context = self._build_context()
         self.server_name = str(cfg.tls_server_name or self.host)
         if cfg.socket_options is not None:
             self.socket_options: list[tuple[int, int, Any]] = list(cfg.socket_options)
@@ -191,6 +188,52 @@ class JSONClient:
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self.dials = 0  #: connections opened so far
+
+    def _tls_files(self) -> tuple[object, ...]:
+        """(path, mtime in ns, size, inode) of the CA file and the client certificate and key, or
+        (path, None) for one that cannot be read: the identity the TLS context was built from."""
+        cfg = self.configuration
+        out: list[object] = []
+        for path in (cfg.ssl_ca_cert, cfg.cert_file, cfg.key_file):
+            if path:
+                try:
+                    st = os.stat(path)
+                    out.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
+                except OSError:
+                    out.append((path, None))
+        return tuple(out)
+
+    def _build_context(self) -> ssl.SSLContext:
+        """The TLS context of the configuration (files read now). Raises OSError / ssl.SSLError for
+        unreadable CA or client-certificate files."""
+        cfg = self.configuration
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None, cadata=cfg.ca_cert_data or None)
+        if cfg.cert_file:
+            ctx.load_cert_chain(cfg.cert_file, cfg.key_file or None)
+        if not cfg.verify_ssl:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        elif cfg.assert_hostname is False:
+            ctx.check_hostname = False
+        return ctx
+
+    def _dial_context(self) -> ssl.SSLContext | None:
+        """The TLS context for a new connection: built again when the CA or client-certificate
+        files changed since (a rotated cluster CA or client certificate; urllib3 reads them at every
+        new connection too); kept-alive connections keep theirs. Raises ApiException (status 0)
+        when the changed files cannot be read (no connection without verification)."""
+        if self.context is None:
+            return None
+        stamp = self._tls_files()
+        if stamp == self._tls_stamp:
+            return self.context
+        try:
+            ctx = self._build_context()
+        except (OSError, ssl.SSLError) as e:
+            raise ApiException(status=0, reason=f"TLS files unreadable: {type(e).__name__}: {e}") from e
+        with self._lock:
+            self.context, self._tls_stamp = ctx, stamp
+        return ctx
 
     def _token(self) -> str:
         """The ``Authorization`` value ("" for none): ``Configuration.auth_settings()``, asked at
@@ -272,8 +315,9 @@ class JSONClient:
                 return conn, True
             conn.close()
         err: Exception | None = None
+        context = self._dial_context()
         for _ in range(3):
-            conn = _Connection(self.host, self.port, self.timeout, self.context, self.server_name,
+            conn = _Connection(self.host, self.port, self.timeout, context, self.server_name,
                                self.socket_options)
             try:
                 conn.connect()
