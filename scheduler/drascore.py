@@ -72,6 +72,9 @@ PATHS = {"resourceslices": "/apis/resource.k8s.io/v1/resourceslices",
 #: tenant's pod of 32 claims x 32 one-device requests would otherwise hold the extender's event
 #: loop (the vGPU path's filter and bind too) for seconds per scoring call
 MAX_PREDICTED_DEVICES = 64
+#: the most claims a pod may use and still be predicted (each is looked up and read on every call;
+#: a pod spec can list thousands)
+MAX_PREDICTED_CLAIMS = 32
 
 
 class WatchError(Exception):
@@ -173,7 +176,7 @@ def pod_request(pod: Mapping[str, Any], claims: Mapping[tuple[str, str], Obj],
         refs, statuses = view.spec.get("resourceClaims"), view.status.get("resourceClaimStatuses")
     except ShapeError:
         return None
-    if not isinstance(refs, list) or not refs:
+    if not isinstance(refs, list) or not refs or len(refs) > MAX_PREDICTED_CLAIMS:
         return None
     generated = {s.get("name"): s.get("resourceClaimName") for s in statuses or ()
                  if isinstance(s, Mapping)} if isinstance(statuses, list) else {}
@@ -494,4 +497,4 @@ class DraScorer:
         return out
 
 
-__all__ = ["MAX_PREDICTED_DEVICES", "PATHS", "DraListWatch", "DraScorer", "WatchError", "kept_claim", "parse_device_classes", "pod_request"]
+__all__ = ["MAX_PREDICTED_CLAIMS", "MAX_PREDICTED_DEVICES", "PATHS", "DraListWatch", "DraScorer", "WatchError", "kept_claim", "parse_device_classes", "pod_request"]

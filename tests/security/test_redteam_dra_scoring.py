@@ -15,7 +15,7 @@ import orjson
 import kube_vgpu.placement.policies as policies
 from kube_vgpu.dra import DEVICE_CLASS
 from kube_vgpu.dra.capacity import node_capacity
-from scheduler.drascore import MAX_PREDICTED_DEVICES, DraScorer, pod_request
+from scheduler.drascore import MAX_PREDICTED_CLAIMS, MAX_PREDICTED_DEVICES, DraScorer, pod_request
 from tests.dra.dra_objects import claim, claim_pod, node_slice, owner, result
 
 Obj = dict[str, Any]
@@ -80,6 +80,29 @@ def test_one_request_over_the_bound_by_count_is_not_predicted() -> None:
     pod = claim_pod("p", claims=tuple(c["metadata"]["name"] for c in big))
     assert pod_request(pod, d.claims, d.classes) is None
     assert d.scores(pod, ["n0", "n1"], "binpack", None).tolist() == [0, 0]
+
+
+def test_a_pod_listing_thousands_of_claims_is_not_read_claim_by_claim(monkeypatch) -> None:
+    """A pod spec listing 20,000 existing claims (1.3 MB) had each looked up and parsed on every
+    scoring call (0.27 s of the event loop per call). Beyond MAX_PREDICTED_CLAIMS none is read;
+    at the bound the pod is still ranked."""
+    import scheduler.drascore as drascore
+    read: list[str] = []
+    real = drascore.claim_requests
+
+    def counting(claim, classes):  # type: ignore[no-untyped-def]
+        read.append(claim["metadata"]["name"])
+        return real(claim, classes)
+
+    monkeypatch.setattr(drascore, "claim_requests", counting)
+    many = [claim(f"o{i}", device_class="other-class") for i in range(2000)]
+    d = _scorer(2, [*many, claim("mine")])
+    pod = claim_pod("p", claims=(*(c["metadata"]["name"] for c in many), "mine"))
+    assert d.scores(pod, ["n0", "n1"], "spread", None).tolist() == [0, 0]
+    assert read == []
+    ok = claim_pod("q", claims=(*(c["metadata"]["name"] for c in many[:MAX_PREDICTED_CLAIMS - 1]), "mine"))
+    assert d.scores(ok, ["n0", "n1"], "spread", None).max() == 10
+    assert len(read) == MAX_PREDICTED_CLAIMS
 
 
 def _bloated(c: Obj) -> Obj:
