@@ -64,13 +64,12 @@ from kube_vgpu.resources import (
     ANN_ALLOCATION_SIGNATURE,
     ANN_BIND_PHASE,
     ANN_BIND_TIME,
-    ANN_PROGRESS_SIGNATURE,
     BIND_ALLOCATING,
     BIND_SUCCESS,
     ResourceNames,
     system_owned,
 )
-from kube_vgpu.signing import KeyRing, verify_allocation, verify_progress
+from kube_vgpu.signing import KeyRing, verify_record, verify_record_progress
 from kube_vgpu.views import ContainerView, PodView
 
 __all__ = ["ANN_ALLOCATED_CONTAINERS"]
@@ -312,7 +311,7 @@ def trusted_view(pods: Iterable[Mapping[str, Any]], node: str, ring: KeyRing,
         ann: dict[str, str] = {k: v for k, v in raw.items() if not system_owned(k)}
         text = raw.get(ANN_ALLOCATION)
         sig = raw.get(ANN_ALLOCATION_SIGNATURE)
-        v = verify_allocation(ring, sig, uid, node, raw.get(ANN_BIND_TIME), text)
+        v = verify_record(ring, raw, uid, node)
         why = "" if v.ok else v.reason
         if v.ok:
             try:
@@ -335,7 +334,7 @@ def trusted_view(pods: Iterable[Mapping[str, Any]], node: str, ring: KeyRing,
             if ANN_BIND_TIME in raw:
                 ann[ANN_BIND_TIME] = str(raw[ANN_BIND_TIME])
             p_phase, p_done = raw.get(ANN_BIND_PHASE), raw.get(ANN_ALLOCATED_CONTAINERS)
-            if verify_progress(ring, raw.get(ANN_PROGRESS_SIGNATURE), uid, sig, p_phase, p_done):
+            if verify_record_progress(ring, raw, uid, sig):
                 phase = str(p_phase or BIND_ALLOCATING)
                 done = tuple(n for n in (x.strip() for x in str(p_done or "").split(",")) if n)
             if mine is not None and mine.allocation_signature == sig:

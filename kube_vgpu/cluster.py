@@ -66,15 +66,13 @@ from .podspec import parse_pod
 from .quantity import parse_quantity
 from .quota import Amount, QuotaBook, exceeded, uncapped_compute, usage_of
 from .resources import (
-    ANN_ALLOCATED_CONTAINERS,
     ANN_ALLOCATION,
     ANN_ALLOCATION_SIGNATURE,
-    ANN_BIND_PHASE,
     ANN_BIND_TIME,
     ANN_NODE_INVENTORY,
     ANN_PROGRESS_SIGNATURE,
 )
-from .signing import MISSING, VERSION, KeySource, verify_allocation, verify_progress
+from .signing import MISSING, VERSION, KeySource, verify_record, verify_record_progress
 from .taints import Taint, node_taints
 from .views import NodeView, PodView
 
@@ -449,8 +447,7 @@ class ClusterCache:
                 return Record(alloc, text, None, None)
         assert self.keys is not None
         sig = ann.get(ANN_ALLOCATION_SIGNATURE)
-        v = verify_allocation(self.keys.current(), sig, uid,
-                              node or (alloc.node if alloc is not None else ""), ann.get(ANN_BIND_TIME), text)
+        v = verify_record(self.keys.current(), ann, uid, node or (alloc.node if alloc is not None else ""))
         if not v.ok:
             return Rejected(v.code, v.reason)
         if alloc is None:
@@ -495,8 +492,7 @@ class ClusterCache:
         psig = ann.get(ANN_PROGRESS_SIGNATURE)
         if not isinstance(psig, str) or psig.startswith(f"{VERSION}:{ring.active}:"):
             return False
-        return verify_progress(ring, psig, view.uid, rec.signature, ann.get(ANN_BIND_PHASE),
-                               ann.get(ANN_ALLOCATED_CONTAINERS)).ok
+        return verify_record_progress(ring, ann, view.uid, rec.signature).ok
 
     def stale_keys(self) -> list[str]:
         """Keys of bound pods that may be booked from a record signed with a key that is no longer

@@ -40,6 +40,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from .resources import (
+    ANN_ALLOCATED_CONTAINERS,
+    ANN_ALLOCATION,
+    ANN_ALLOCATION_SIGNATURE,
+    ANN_BIND_PHASE,
+    ANN_BIND_TIME,
+    ANN_PROGRESS_SIGNATURE,
+)
+
 log = logging.getLogger("kube_vgpu.signing")
 
 VERSION = "v1"
@@ -203,6 +212,39 @@ def verify_progress(ring: KeyRing, signature: object, uid: str, allocation_signa
                    (_s(uid), _s(allocation_signature), _s(bind_phase), _s(allocated_containers)),
                    "progress signature")
 
+
+
+# ---------------------------------------------------------------------------------------------
+# the same, over a pod's annotations (which annotation holds which signed field: here only)
+
+def verify_record(ring: KeyRing, annotations: Mapping[str, object], uid: str, node: str) -> VerifyResult:
+    """:func:`verify_allocation` of the record in a pod's ``annotations`` (signature, bind-time and
+    allocation texts) for pod ``uid`` bound to ``node``. Never raises."""
+    return verify_allocation(ring, annotations.get(ANN_ALLOCATION_SIGNATURE), uid, node,
+                             annotations.get(ANN_BIND_TIME), annotations.get(ANN_ALLOCATION))
+
+
+def verify_record_progress(ring: KeyRing, annotations: Mapping[str, object], uid: str,
+                           allocation_signature: object) -> VerifyResult:
+    """:func:`verify_progress` of the progress in a pod's ``annotations`` (its signature, bind-phase
+    and allocated-containers texts), tied to ``allocation_signature``. Never raises."""
+    return verify_progress(ring, annotations.get(ANN_PROGRESS_SIGNATURE), uid, allocation_signature,
+                           annotations.get(ANN_BIND_PHASE), annotations.get(ANN_ALLOCATED_CONTAINERS))
+
+
+def resign_record(ring: KeyRing, annotations: Mapping[str, object], uid: str, node: str) -> dict[str, str]:
+    """The annotations that sign a pod's record again with the ring's active key (the caller has
+    verified the record it books): a new allocation signature over the same uid, ``node``,
+    bind-time and allocation texts, and a new progress signature only when the old one verifies
+    against the old allocation signature (an unverified progress is left unsigned: it stays
+    untrusted)."""
+    sig = sign_allocation(ring, uid, node, _s(annotations.get(ANN_BIND_TIME)), _s(annotations.get(ANN_ALLOCATION)))
+    patch = {ANN_ALLOCATION_SIGNATURE: sig}
+    old = annotations.get(ANN_ALLOCATION_SIGNATURE)
+    if old and verify_record_progress(ring, annotations, uid, old).ok:
+        patch[ANN_PROGRESS_SIGNATURE] = sign_progress(ring, uid, sig, _s(annotations.get(ANN_BIND_PHASE)),
+                                                      _s(annotations.get(ANN_ALLOCATED_CONTAINERS)))
+    return patch
 
 # ---------------------------------------------------------------------------------------------
 # the key directory

@@ -57,6 +57,7 @@ from kube_vgpu.placement.memo import BoundedMemo
 from kube_vgpu.placement.policies import Policy, TaskShape, make_policy
 from kube_vgpu.placement.state import NodeState
 from kube_vgpu.placement.status import FitFailure
+from kube_vgpu.policyregistry import GPU_SPREAD
 from kube_vgpu.views import ListView, ObjectView, PodView
 
 log = logging.getLogger("kube_vgpu.scheduler.dra")
@@ -442,7 +443,7 @@ class DraScorer:
         key = (node_policy, id(shapes))
         p = self._policies.get(key)
         if p is None:
-            p = make_policy(node_policy, "spread", shapes)
+            p = make_policy(node_policy, GPU_SPREAD.name, shapes)  # the GPU order is replaced next
             p.order = gpu_order(ORDER_INDEX)
             p.order_kind = ORDER_INDEX
             self._policies = {key: p}  # one policy at a time (config or shapes changed: rebuilt)

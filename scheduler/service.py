@@ -58,15 +58,7 @@ from kube_vgpu.placement.render import detail, summaries, summary
 from kube_vgpu.placement.status import Code, FitFailure
 from kube_vgpu.podspec import parse_pod, pod_asks
 from kube_vgpu.policyregistry import needs_shapes
-from kube_vgpu.resources import (
-    ANN_ALLOCATED_CONTAINERS,
-    ANN_ALLOCATION,
-    ANN_ALLOCATION_SIGNATURE,
-    ANN_BIND_PHASE,
-    ANN_BIND_TIME,
-    ANN_PROGRESS_SIGNATURE,
-)
-from kube_vgpu.signing import KeyDir, KeyRing, KeySource, sign_allocation, sign_progress, verify_progress
+from kube_vgpu.signing import KeyDir, KeyRing, KeySource, resign_record
 from kube_vgpu.views import NodeView, PodView
 
 from .bindcycle import BindCycle
@@ -726,15 +718,9 @@ class SchedulerService:
         what the cache booked. A conflict or error is logged; the pod's next event asks again."""
         assert self.api is not None
         view = PodView(pod)
-        ann = view.annotations
         ns, name, uid, node = view.namespace, view.name, view.uid, view.node_name
         ring = self.keys.current()
-        sig = sign_allocation(ring, uid, node, str(ann.get(ANN_BIND_TIME) or ""), str(ann.get(ANN_ALLOCATION) or ""))
-        patch = {ANN_ALLOCATION_SIGNATURE: sig}
-        old = ann.get(ANN_ALLOCATION_SIGNATURE)
-        phase, done = ann.get(ANN_BIND_PHASE), ann.get(ANN_ALLOCATED_CONTAINERS)
-        if old and verify_progress(ring, ann.get(ANN_PROGRESS_SIGNATURE), uid, old, phase, done):
-            patch[ANN_PROGRESS_SIGNATURE] = sign_progress(ring, uid, sig, str(phase or ""), str(done or ""))
+        patch = resign_record(ring, view.annotations, uid, node)
         try:
             await self.run_blocking(self.api.patch_pod_metadata, ns, name, view.resource_version,
                                     patch, {})

@@ -48,10 +48,13 @@ from kube_vgpu.signing import (
     KeyRing,
     SigningKeyError,
     load_key_dir,
+    resign_record,
     sign_allocation,
     sign_progress,
     verify_allocation,
     verify_progress,
+    verify_record,
+    verify_record_progress,
 )
 from tests.fakeapi import FakeKubeAPI
 
@@ -165,6 +168,35 @@ def test_key_rotation_old_records_verify_while_their_key_is_present() -> None:
     gone = KeyRing("new", {"new": b"n" * 32})
     assert verify_allocation(gone, rec, *FIELDS).code == UNKNOWN_KEY
     assert verify_allocation(gone, fresh, *FIELDS).ok
+
+
+def test_resigning_a_record_carries_only_a_progress_that_verifies() -> None:
+    """After a key rotation the extender signs booked records again (resign_record): the record's
+    fields stay exactly as signed, and the device plugin's progress is signed again only when its
+    old signature verifies. A tenant who wrote bind-phase/allocated-containers (or a progress
+    signature of its own) before the rotation gets nothing signed."""
+    old = KeyRing("old", {"old": b"o" * 32})
+    new = KeyRing("new", {"old": b"o" * 32, "new": b"n" * 32})
+    uid, node, bt, text = "u-1", "node-a", "2026-12-01T00:00:00Z", "v1;node-a;c:0=1000/10"
+    sig = sign_allocation(old, uid, node, bt, text)
+    ann = {ANN_ALLOCATION: text, ANN_BIND_TIME: bt, ANN_ALLOCATION_SIGNATURE: sig, ANN_BIND_PHASE: BIND_SUCCESS,
+           ANN_ALLOCATED_CONTAINERS: "c", ANN_PROGRESS_SIGNATURE: sign_progress(old, uid, sig, BIND_SUCCESS, "c")}
+    assert verify_record(new, ann, uid, node).kid == "old"
+    assert verify_record_progress(new, ann, uid, sig)
+    patch = resign_record(new, ann, uid, node)
+    assert set(patch) == {ANN_ALLOCATION_SIGNATURE, ANN_PROGRESS_SIGNATURE}
+    after = {**ann, **patch}
+    assert verify_record(new, after, uid, node).kid == "new"
+    assert not verify_record(new, after, uid, "node-b")  # bound to the node it was signed for only
+    assert verify_record_progress(new, after, uid, patch[ANN_ALLOCATION_SIGNATURE]).kid == "new"
+    # the tenant's own progress: phase edited after signing, or a signature it made up
+    for forged in ({ANN_BIND_PHASE: BIND_ALLOCATING}, {ANN_ALLOCATED_CONTAINERS: "c,d"},
+                   {ANN_PROGRESS_SIGNATURE: "v1:old:" + "A" * 43}):
+        bad = {**ann, **forged}
+        assert not verify_record_progress(new, bad, uid, sig)
+        assert set(resign_record(new, bad, uid, node)) == {ANN_ALLOCATION_SIGNATURE}
+    # an edited record no longer verifies (the caller resigns only what it booked)
+    assert not verify_record(new, {**ann, ANN_ALLOCATION: text + "x"}, uid, node)
 
 
 def test_key_ring_checks_ids_and_sizes() -> None:
