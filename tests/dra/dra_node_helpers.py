@@ -8,6 +8,8 @@ import os
 import shutil
 import tempfile
 import uuid as uuidlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,3 +135,28 @@ def make_root() -> str:
 
 def remove_root(root: str) -> None:
     shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def running_node(check_api_errors: bool = False) -> Iterator[Node]:
+    """A fake API server, the plugin on its own root directory and the fake DRA kubelet with the
+    plugin registered; all stopped and removed afterwards (``check_api_errors``: then assert the
+    fake API server answered no request with an error of its own)."""
+    api = FakeKubeAPI(auto_create_namespaces=True)
+    api.start()
+    root = make_root()
+    n = Node(api=api, root=root)
+    try:
+        n.start_plugin()
+        n.kubelet = FakeDRAKubelet(n.opts.registry_dir)
+        n.kubelet.start()
+        n.kubelet.wait_registered(DRIVER_NAME)
+        yield n
+    finally:
+        if n.kubelet is not None:
+            n.kubelet.stop()
+        n.stop_plugin()
+        api.stop()
+        remove_root(root)
+    if check_api_errors:
+        assert api.errors == []

@@ -16,30 +16,14 @@ from deviceplugin.dra.checkpoint import Checkpoint, CheckpointError
 from deviceplugin.dra_publish import SlicePublisher
 from kube_vgpu import envcontract
 from kube_vgpu.dra import DRIVER_NAME
-from tests.dra.dra_node_helpers import NODE, NS, Node, make_root, remove_root, result
+from tests.dra.dra_node_helpers import NODE, NS, Node, make_root, remove_root, result, running_node
 from tests.fakeapi import FakeKubeAPI
-from tests.fakes.dra_kubelet import FakeDRAKubelet
 
 
 @pytest.fixture
 def node() -> Iterator[Node]:
-    api = FakeKubeAPI(auto_create_namespaces=True)
-    api.start()
-    root = make_root()
-    n = Node(api=api, root=root)
-    try:
-        n.start_plugin()
-        n.kubelet = FakeDRAKubelet(n.opts.registry_dir)
-        n.kubelet.start()
-        n.kubelet.wait_registered(DRIVER_NAME)
+    with running_node(check_api_errors=True) as n:
         yield n
-    finally:
-        if n.kubelet is not None:
-            n.kubelet.stop()
-        n.stop_plugin()
-        api.stop()
-        remove_root(root)
-        assert api.errors == []
 
 
 def prep(n: Node, *claims: dict) -> dict:

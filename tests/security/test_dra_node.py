@@ -11,29 +11,13 @@ from pathlib import Path
 import pytest
 
 from kube_vgpu.dra import DRIVER_NAME
-from tests.dra.dra_node_helpers import NS, Node, make_root, remove_root, result
-from tests.fakeapi import FakeKubeAPI
-from tests.fakes.dra_kubelet import FakeDRAKubelet
+from tests.dra.dra_node_helpers import NS, Node, result, running_node
 
 
 @pytest.fixture
 def node() -> Iterator[Node]:
-    api = FakeKubeAPI(auto_create_namespaces=True)
-    api.start()
-    root = make_root()
-    n = Node(api=api, root=root)
-    try:
-        n.start_plugin()
-        n.kubelet = FakeDRAKubelet(n.opts.registry_dir)
-        n.kubelet.start()
-        n.kubelet.wait_registered(DRIVER_NAME)
+    with running_node() as n:
         yield n
-    finally:
-        if n.kubelet is not None:
-            n.kubelet.stop()
-        n.stop_plugin()
-        api.stop()
-        remove_root(root)
 
 
 def prepare(n: Node, uid: str, name: str) -> tuple[str, list]:

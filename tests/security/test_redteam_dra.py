@@ -34,10 +34,8 @@ from kube_vgpu import envcontract
 from kube_vgpu.dra import DRIVER_NAME
 from tests.chart import vap
 from tests.chart.conftest import Renderer, find, find_all, helm, renderer  # noqa: F401 - fixtures
-from tests.dra.dra_node_helpers import NS, Node, make_root, remove_root, result
+from tests.dra.dra_node_helpers import NS, Node, result, running_node
 from tests.e2e.conftest import SKIP_REASON, have_control_plane
-from tests.fakeapi import FakeKubeAPI
-from tests.fakes.dra_kubelet import FakeDRAKubelet
 from webhook.isolation import PROTECTED_CONTAINER_PATHS
 
 FULL = "kv-kube-vgpu"
@@ -144,22 +142,8 @@ def test_policy_covers_the_webhooks_protected_paths(policy: dict[str, Any]) -> N
 
 @pytest.fixture
 def node() -> Iterator[Node]:
-    api = FakeKubeAPI(auto_create_namespaces=True)
-    api.start()
-    root = make_root()
-    n = Node(api=api, root=root)
-    try:
-        n.start_plugin()
-        n.kubelet = FakeDRAKubelet(n.opts.registry_dir)
-        n.kubelet.start()
-        n.kubelet.wait_registered(DRIVER_NAME)
+    with running_node() as n:
         yield n
-    finally:
-        if n.kubelet is not None:
-            n.kubelet.stop()
-        n.stop_plugin()
-        api.stop()
-        remove_root(root)
 
 
 def test_every_path_the_plugin_mounts_is_out_of_a_tenants_reach(node: Node, policy: dict[str, Any]) -> None:
