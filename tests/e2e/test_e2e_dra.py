@@ -559,8 +559,14 @@ def test_tenant_and_foreign_node_cannot_write_slices_or_claim_status(dra: dict[s
             probe.publish([GPUDevice(uuid="GPU-probe", index=0, model="m", memory_mib=1024)])
         except client.ApiException as e:
             return e.status == 403
-        probe.publish([GPUDevice(uuid=f"GPU-0001-{i:04d}", index=i, model="NVIDIA H200", memory_mib=GPU_MIB)
-                       for i in range(GPUS)])  # admitted before the policy took effect: put it back
+        try:  # admitted before the policy took effect: put it back
+            probe.publish([GPUDevice(uuid=f"GPU-0001-{i:04d}", index=i, model="NVIDIA H200", memory_mib=GPU_MIB)
+                           for i in range(GPUS)])
+        except client.ApiException as e:
+            # the policy took effect between the two writes (the probe's slice stays: the node
+            # component publishes this node's real GPUs again below). Without this, the next probe
+            # would find its own slice already in place, write nothing, and never see the policy.
+            return e.status == 403
         return False
     wait_for(policy_live, 60, "the ResourceSlice policy in effect (even cluster-admin refused)", every=1.0)
 
