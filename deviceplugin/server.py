@@ -6,8 +6,8 @@ Threads (all daemon threads, stopped by :meth:`DevicePlugin.stop`):
 * supervisor: registers with kubelet (``v1beta1.Registration/Register`` on ``kubelet.sock``) and
   re-registers when kubelet.sock is recreated (inode or mtime changed: kubelet restarted) or our own
   socket vanished (kubelet removes plugin sockets when it starts); our socket is recreated first;
-* health: NVML events + periodic probes (:class:`deviceplugin.nvml.HealthTracker`); a health change
-  is pushed to every ListAndWatch stream and to the node inventory at once;
+* health: NVML events + periodic probes (:func:`deviceplugin.gpuhealth.run_health_loop`, shared with
+  the DRA plugin); a health change is pushed to every ListAndWatch stream and to the node inventory at once;
 * heartbeat: writes the node inventory annotation every ``heartbeat_seconds`` and refreshes the pod
   list used by the metrics;
 * pod watch (:class:`deviceplugin.podwatch.PodWatcher`): numbers pods in the order they become bound
@@ -67,6 +67,7 @@ from kube_vgpu.views import PodView
 from . import inventory as inv
 from . import mig as dmig
 from .api import api_pb2, api_pb2_grpc
+from .gpuhealth import run_health_loop
 from .kube import KubeClient, PodWatchClient
 from .migserver import MixedMig, by_resource, no_preference
 from .nvml import NVML, GPUBackend, HealthTracker, MigDevice, NVMLError, PhysicalGPU
@@ -291,13 +292,10 @@ class DevicePlugin:
 
     def ready(self) -> tuple[bool, str]:
         """(ready, reason) for /readyz: registered with kubelet, inventory written recently, shim present."""
-        if not self.status.registered:
-            return False, "not registered with kubelet"
+        unpublished = None
         if time.time() - self.status.last_inventory_write > 3 * self.opts.heartbeat_seconds + 5:
-            return False, f"node inventory not written recently: {self.status.last_inventory_error or 'pending'}"
-        if not os.path.exists(self.opts.shim_host_path):
-            return False, f"shim not found at {self.opts.shim_host_path}"
-        return True, "ok"
+            unpublished = f"node inventory not written recently: {self.status.last_inventory_error or 'pending'}"
+        return node_readiness(self.status.registered, "", unpublished, self.opts.shim_host_path)
 
     # ------------------------------------------------------------------ devices
 
@@ -405,30 +403,14 @@ class DevicePlugin:
     # ------------------------------------------------------------------ health
 
     def _health_loop(self) -> None:
-        next_probe = 0.0
-        while not self._stop.is_set():
-            changed = False
-            ev = wait_gpu_event(self.nvml, self._stop, self.opts.health_poll_ms, log)
-            if ev is not None:
-                uuid, etype, xid = ev
-                if self._health.on_event(uuid, etype, xid):
-                    changed = True
-                    log.error("GPU unhealthy", extra={"gpu": uuid, "reason": self._health.reason(uuid)})
-                else:
-                    log.info("GPU event, no health change", extra={"gpu": uuid, "event_type": hex(etype), "xid": xid})
-            if time.monotonic() >= next_probe:
-                next_probe = time.monotonic() + self.opts.probe_interval
-                for g in [*self._gpus, *self._mig_parents]:
-                    err = self.nvml.probe(g.uuid)
-                    if self._health.on_probe(g.uuid, err):
-                        changed = True
-                        if self._health.healthy(g.uuid):
-                            log.info("GPU healthy again", extra={"gpu": g.uuid})
-                        else:
-                            log.error("GPU unhealthy", extra={"gpu": g.uuid, "reason": self._health.reason(g.uuid)})
-            if changed:
-                self._rebuild()
-                self._inventory_due.set()
+        run_health_loop(self.nvml, self._health, self._stop, poll_ms=self.opts.health_poll_ms,
+                        probe_interval=self.opts.probe_interval,
+                        uuids=lambda: [g.uuid for g in [*self._gpus, *self._mig_parents]],
+                        on_change=self._health_changed, logger=log)
+
+    def _health_changed(self) -> None:
+        self._rebuild()
+        self._inventory_due.set()
 
     # ------------------------------------------------------------------ inventory heartbeat
 
@@ -892,17 +874,19 @@ def discover_gpus(nvml: GPUBackend, settings: inv.DeviceSettings, logger: loggin
     return gpus, keep
 
 
-def wait_gpu_event(nvml: GPUBackend, stop: threading.Event, poll_ms: int,
-                   logger: logging.Logger) -> tuple[str, int, int] | None:
-    """The next NVML event (GPU uuid, event type, XID), waiting up to ``poll_ms`` milliseconds; None
-    when none came. A failed wait is logged and waits ``poll_ms`` (or until ``stop``) before
-    answering None. Used by the device plugin's and the DRA plugin's health loops."""
-    try:
-        return nvml.wait_event(poll_ms)
-    except NVMLError as e:
-        logger.warning("NVML event wait failed", extra={"error": str(e)})
-        stop.wait(poll_ms / 1000)
-        return None
+def node_readiness(registered: bool, registration_error: str, unpublished: str | None,
+                   shim_host_path: str) -> tuple[bool, str]:
+    """(ready, reason) of a node plugin for /readyz, the first failing of: kubelet accepted the
+    registration (``registration_error``: why not, when known), the node's GPUs were published
+    (``unpublished``: why not, None when they were) and the shim exists at ``shim_host_path``.
+    Used by the device plugin and the DRA plugin."""
+    if not registered:
+        return False, f"not registered with kubelet{': ' + registration_error if registration_error else ''}"
+    if unpublished is not None:
+        return False, unpublished
+    if not os.path.exists(shim_host_path):
+        return False, f"shim not found at {shim_host_path}"
+    return True, "ok"
 
 
 def write_preload_file(shim_host_path: str) -> None:

@@ -54,9 +54,10 @@ from kube_vgpu.model import DeviceBooking, GPUDevice
 from kube_vgpu.views import ObjectView
 
 from .. import inventory as inv
+from ..gpuhealth import run_health_loop
 from ..nvml import NVML, GPUBackend, HealthTracker, NVMLError, PhysicalGPU
 from ..response import ContainerSpec, HostFile, alloc_mounts
-from ..server import NodeOptions, _remove_dir, discover_gpus, wait_gpu_event, write_preload_file
+from ..server import NodeOptions, _remove_dir, discover_gpus, node_readiness, write_preload_file
 from ..shimcache import write_host_files
 from ..simgpu import SimulatedGPUs
 from . import cdi
@@ -228,14 +229,11 @@ class DRAPlugin:
     def ready(self) -> tuple[bool, str]:
         """(ready, reason) for /readyz: kubelet accepted the registration, the ResourceSlices were
         published (when a publisher is wired) and the shim is present."""
-        if not self.status.registered:
-            why = self.status.registration_error
-            return False, f"not registered with kubelet{': ' + why if why else ''}"
+        unpublished = None
         if self.publisher is not None and not self.status.last_publish:
-            return False, f"ResourceSlices not published: {self.status.last_publish_error or 'pending'}"
-        if not os.path.exists(self.opts.shim_host_path):
-            return False, f"shim not found at {self.opts.shim_host_path}"
-        return True, "ok"
+            unpublished = f"ResourceSlices not published: {self.status.last_publish_error or 'pending'}"
+        return node_readiness(self.status.registered, self.status.registration_error, unpublished,
+                              self.opts.shim_host_path)
 
     # ------------------------------------------------------------------ devices
 
@@ -256,27 +254,13 @@ class DRAPlugin:
         return self._devices
 
     def _health_loop(self) -> None:
-        next_probe = 0.0
-        while not self._stop.is_set():
-            changed = False
-            t0 = time.monotonic()
-            ev = wait_gpu_event(self.nvml, self._stop, self.opts.health_poll_ms, log)
-            if ev is not None and self._health.on_event(*ev):
-                changed = True
-                log.error("GPU unhealthy", extra={"gpu": ev[0], "reason": self._health.reason(ev[0])})
-            if time.monotonic() >= next_probe:
-                next_probe = time.monotonic() + self.opts.probe_interval
-                for g in self._gpus:
-                    if self._health.on_probe(g.uuid, self.nvml.probe(g.uuid)):
-                        changed = True
-                        log.warning("GPU health changed", extra={"gpu": g.uuid, "healthy": self._health.healthy(g.uuid),
-                                                                 "reason": self._health.reason(g.uuid) or None})
-            if changed:
-                self._rebuild()
-                self._publish_due.set()
-            left = self.opts.health_poll_ms / 1000 - (time.monotonic() - t0)
-            if ev is None and left > 0:  # a backend without events (simulated GPUs) answers at once
-                self._stop.wait(left)
+        run_health_loop(self.nvml, self._health, self._stop, poll_ms=self.opts.health_poll_ms,
+                        probe_interval=self.opts.probe_interval, uuids=lambda: [g.uuid for g in self._gpus],
+                        on_change=self._health_changed, logger=log)
+
+    def _health_changed(self) -> None:
+        self._rebuild()
+        self._publish_due.set()
 
     def _publish_loop(self) -> None:
         while not self._stop.is_set():
