@@ -57,6 +57,25 @@ def list_field(value: Any, path: str) -> list[Any] | tuple[()]:
     raise ShapeError(path, value, "a list")
 
 
+def obj_list_field(value: Any, path: str) -> tuple[Mapping[str, Any], ...]:
+    """``value`` if it is a JSON list of objects, ``()`` when absent (None). Raises ShapeError naming
+    ``path`` (the list, or ``path[i]`` for an entry that is not an object)."""
+    raw = list_field(value, path)
+    for i, v in enumerate(raw):
+        if not isinstance(v, Mapping):
+            raise ShapeError(f"{path}[{i}]", v, "an object")
+    return tuple(raw)
+
+
+def str_entry(values: Mapping[str, Any], path: str, key: str) -> str | None:
+    """The string at ``key`` of the map at ``path`` (annotations, labels), None when absent. Raises
+    ShapeError naming the key's path when it is not a string."""
+    v = values.get(key)
+    if v is None or isinstance(v, str):
+        return v
+    raise ShapeError(key_path(path, key), v, "a string")
+
+
 def str_field(value: Any, path: str) -> str:
     """``value`` if it is a string, ``""`` when absent (None). Raises ShapeError naming ``path``."""
     if value is None:
@@ -168,34 +187,20 @@ class ObjectView:
 
     def annotation(self, key: str) -> str | None:
         """The annotation ``key``'s value, None when absent. Raises ShapeError when it is not a string."""
-        v = self.annotations.get(key)
-        if v is None or isinstance(v, str):
-            return v
-        raise ShapeError(key_path("metadata.annotations", key), v, "a string")
+        return str_entry(self.annotations, "metadata.annotations", key)
 
     def label(self, key: str) -> str | None:
         """The label ``key``'s value, None when absent. Raises ShapeError when it is not a string."""
-        v = self.labels.get(key)
-        if v is None or isinstance(v, str):
-            return v
-        raise ShapeError(key_path("metadata.labels", key), v, "a string")
+        return str_entry(self.labels, "metadata.labels", key)
 
     @property
     def owner_references(self) -> tuple[Mapping[str, Any], ...]:
         """``metadata.ownerReferences`` (each an object)."""
-        refs = list_field(self.meta.get("ownerReferences"), "metadata.ownerReferences")
-        for i, r in enumerate(refs):
-            if not isinstance(r, Mapping):
-                raise ShapeError(f"metadata.ownerReferences[{i}]", r, "an object")
-        return tuple(refs)
+        return obj_list_field(self.meta.get("ownerReferences"), "metadata.ownerReferences")
 
     def conditions(self) -> tuple[Mapping[str, Any], ...]:
         """``status.conditions`` (each an object)."""
-        raw = list_field(self.status.get("conditions"), "status.conditions")
-        for i, c in enumerate(raw):
-            if not isinstance(c, Mapping):
-                raise ShapeError(f"status.conditions[{i}]", c, "an object")
-        return tuple(raw)
+        return obj_list_field(self.status.get("conditions"), "status.conditions")
 
     def condition(self, kind: str) -> Mapping[str, Any] | None:
         """The first ``status.conditions`` entry of ``type`` ``kind``, or None."""
@@ -258,11 +263,7 @@ class ContainerView:
 
     def env(self) -> tuple[Mapping[str, Any], ...]:
         """``env`` entries (each an object)."""
-        raw = list_field(self.raw.get("env"), f"{self.path}.env")
-        for i, e in enumerate(raw):
-            if not isinstance(e, Mapping):
-                raise ShapeError(f"{self.path}.env[{i}]", e, "an object")
-        return tuple(raw)
+        return obj_list_field(self.raw.get("env"), f"{self.path}.env")
 
 
 _cset_raw = vars(ContainerView)["raw"].__set__
@@ -425,4 +426,4 @@ class ListView:
 
 
 __all__ = ["EMPTY", "FINISHED_PHASES", "ContainerView", "ListView", "NodeView", "ObjectView", "PodView",
-           "list_field", "obj_field", "str_field"]
+           "list_field", "obj_field", "obj_list_field", "str_entry", "str_field"]
