@@ -28,14 +28,10 @@ import grpc
 from kube_vgpu.envcontract import VISIBLE_DEVICES
 from kube_vgpu.resources import mig_resource
 
-from .api import api_pb2, api_pb2_grpc
+from .api import API_VERSION, HEALTHY, UNHEALTHY, api_pb2, api_pb2_grpc
 from .nvml import MigDevice
 
 log = logging.getLogger("kube_vgpu.deviceplugin.mig")
-
-API_VERSION = "v1beta1"
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
 
 
 def socket_name(profile: str) -> str:

@@ -66,7 +66,7 @@ from kube_vgpu.views import PodView
 
 from . import inventory as inv
 from . import mig as dmig
-from .api import api_pb2, api_pb2_grpc
+from .api import API_VERSION, HEALTHY, KUBELET_SOCKET, UNHEALTHY, api_pb2, api_pb2_grpc
 from .gpuhealth import run_health_loop
 from .kube import KubeClient, PodWatchClient
 from .migserver import MixedMig, by_resource, no_preference
@@ -108,11 +108,8 @@ from .shimcache import write_host_files
 
 log = logging.getLogger("kube_vgpu.deviceplugin")
 
-API_VERSION = "v1beta1"
-KUBELET_SOCKET = "kubelet.sock"
+#: our socket in the device plugin directory
 PLUGIN_SOCKET = "kube-vgpu.sock"
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
 
 
 @dataclass(frozen=True, slots=True)
