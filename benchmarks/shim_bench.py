@@ -1,6 +1,6 @@
 """Added cost of the libvgpu shim per hooked call, against the fake driver called directly.
 
-Builds the fakes, the shim and ``benchmarks/libvgpu/bench.c`` with gcc, then runs the bench
+Builds the fakes, the shim and ``benchmarks/libvgpu/bench.c`` with gcc, then runs ``bench calls``
 plain and under the shim (memory limit on, shared accounting file, no SM limit) and prints
 ns per ``cuLaunchKernel`` and per ``cuMemAlloc_v2``+``cuMemFree_v2`` pair. Targets: <= 50 ns added
 per launch with no SM limit, <= 1 us added per alloc/free pair. Not a unit test; run by hand:
@@ -11,7 +11,6 @@ per launch with no SM limit, <= 1 us added per alloc/free pair. Not a unit test;
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -19,15 +18,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import _shimbench  # noqa: E402
+
 from tests.fakes import build as fakebuild  # noqa: E402
 
 LAUNCH_TARGET_NS = 50.0
 PAIR_TARGET_NS = 1000.0
-
-
-def _run(binary: Path, env: dict[str, str], args: list[str]) -> dict[str, float]:
-    out = subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, check=True).stdout
-    return {k: float(v) for k, v in (tok.split("=") for tok in out.split())}
 
 
 def main() -> int:
@@ -35,25 +31,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--launches", type=int, default=2_000_000)
     ap.add_argument("--allocs", type=int, default=200_000)
-    ap.add_argument("--reps", type=int, default=5, help="best of this many runs per process")
-    ap.add_argument("--rounds", type=int, default=3, help="alternate plain/shim processes this many times")
+    _shimbench.add_round_flags(ap)
     opts = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        built = fakebuild.build_all(out)
-        bench = fakebuild.build_prog(ROOT / "benchmarks" / "libvgpu" / "bench.c", out / "bench", out)
+        built, bench = _shimbench.build(out)
         base = {"FAKE_CUDA_NS_PER_BLOCK": "0", "PATH": "/usr/bin:/bin"}
-        plain_env = fakebuild.shim_env(built, base, preload=False)
         shim_env = fakebuild.shim_env(built, base, preload=True)
         shim_env.update(CUDA_DEVICE_MEMORY_LIMIT_0="64g", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(out / "vgpu.cache"),
                         LIBVGPU_CONTEXT_COST="0")
-        args = [str(opts.launches), str(opts.allocs), str(opts.reps)]
-        plain: dict[str, float] = {}
-        shim: dict[str, float] = {}
-        for _ in range(opts.rounds):
-            for store, env in ((plain, plain_env), (shim, shim_env)):
-                for k, v in _run(bench, env, args).items():
-                    store[k] = min(v, store.get(k, v))
+        envs = {"plain": fakebuild.shim_env(built, base, preload=False), "shim": shim_env}
+        args = ["calls", str(opts.launches), str(opts.allocs), str(opts.reps)]
+        best = _shimbench.best_of_rounds(bench, envs, args, opts.rounds)
+    plain, shim = best["plain"], best["shim"]
     d_launch = shim["launch_ns"] - plain["launch_ns"]
     d_pair = shim["alloc_free_ns"] - plain["alloc_free_ns"]
     print(f"{'call':<28}{'fake driver':>14}{'with shim':>12}{'added':>10}{'target':>10}")

@@ -1,7 +1,7 @@
 """Added cost of the libvgpu shim per ``cuLaunchKernel``, with and without an SM limit, on the fake driver.
 
-Builds the fakes and the shim (``tests/fakes/build.py``) and a small launch loop (below), then runs the
-loop plain (no shim), under the shim without an SM limit, under the shim with a 50 % SM limit, and as a
+Builds the fakes and the shim (``tests/fakes/build.py``) and ``benchmarks/libvgpu/bench.c``, then runs
+``bench launch`` plain (no shim), under the shim without an SM limit, under the shim with a 50 % SM limit, and as a
 low-priority process (``CUDA_TASK_PRIORITY=1``, limited only to give way to neighbours). Each run first
 warms up with real launches of 1 ns of simulated device time (the limiter's first cost estimate is
 1 us per block, so it throttles until its sampler has measured the real cost), then times loops of
@@ -18,7 +18,6 @@ status 1 if the target is missed. Not a unit test (run by hand, a few seconds):
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,75 +25,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import _shimbench  # noqa: E402
+
 from tests.fakes import build as fakebuild  # noqa: E402
 
 TARGET_NS = 50.0
-
-LOOP_C = r"""
-#define _GNU_SOURCE
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#include "cuda_abi.h"
-CUresult cuInit(unsigned int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                        void **, void **);
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-int main(int argc, char **argv)
-{
-    if (argc < 4)
-        return 2;
-    long n = atol(argv[1]);
-    int reps = atoi(argv[2]);
-    double warm = atof(argv[3]) * 1e9;
-    CUcontext c;
-    CUmodule m;
-    CUfunction f;
-    if (cuInit(0) || cuDevicePrimaryCtxRetain(&c, 0) || cuCtxSetCurrent(c) || cuModuleLoadData(&m, "x") ||
-        cuModuleGetFunction(&f, m, "k"))
-        return 1;
-    for (double t0 = now(); now() - t0 < warm;)
-        for (int i = 0; i < 10000; i++)
-            cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
-    double best = 1e30;
-    CUfunction none = NULL; /* timed launches: refused by the fake at once, so the shim's path dominates */
-    for (int r = 0; r < reps; r++) {
-        double t0 = now();
-        for (long i = 0; i < n; i++)
-            cuLaunchKernel(none, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
-        double per = (now() - t0) / (double)n;
-        if (per < best)
-            best = per;
-    }
-    printf("%.2f\n", best);
-    return 0;
-}
-"""
 
 
 def main() -> int:
     """Build, measure and print the table; returns 0, or 1 if the target is missed."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--launches", type=int, default=1_000_000, help="launches per timed loop")
-    ap.add_argument("--reps", type=int, default=5, help="timed loops per process (best is kept)")
-    ap.add_argument("--rounds", type=int, default=3, help="processes per configuration (best is kept)")
+    _shimbench.add_round_flags(ap)
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds of launches before timing")
     opts = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        built = fakebuild.build_all(out)
-        src = out / "launch_loop.c"
-        src.write_text(LOOP_C)
-        loop = fakebuild.build_prog(src, out / "launch_loop", out)
+        built, bench = _shimbench.build(out)
         base = {"FAKE_CUDA_NS_PER_BLOCK": "1", "FAKE_GPU_STATE": str(out / "gpu.state"), "PATH": "/usr/bin:/bin",
                 "LIBVGPU_CONTEXT_COST": "0", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(out / "vgpu.cache")}
         configs = {
@@ -103,13 +50,9 @@ def main() -> int:
             "shim, SM limit 50 %": {**fakebuild.shim_env(built, base), "CUDA_DEVICE_SM_LIMIT": "50"},
             "shim, priority 1": {**fakebuild.shim_env(built, base), "CUDA_TASK_PRIORITY": "1"},
         }
-        best: dict[str, float] = {}
-        args = [str(opts.launches), str(opts.reps), str(opts.warmup)]
-        for _ in range(opts.rounds):
-            for name, env in configs.items():
-                ns = float(subprocess.run([str(loop), *args], env=env, capture_output=True, text=True,
-                                          check=True).stdout)
-                best[name] = min(ns, best.get(name, ns))
+        args = ["launch", str(opts.launches), str(opts.reps), str(opts.warmup)]
+        best = {name: figures["launch_ns"] for name, figures in
+                _shimbench.best_of_rounds(bench, configs, args, opts.rounds).items()}
     plain = best["fake driver, no shim"]
     print(f"{'cuLaunchKernel, unthrottled':<28}{'ns/launch':>10}{'added':>10}{'target':>10}")
     ok = True
