@@ -1255,25 +1255,37 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const void *desc, s
     return CUDA_SUCCESS;
 }
 
+/* Bytes of one channel of an array element, per format (in the order of CUarray_format); 0 for a
+ * format the driver does not know: the create calls then fail with CUDA_ERROR_INVALID_VALUE, as the
+ * driver's do. */
 static uint64_t fmt_bytes(int f)
 {
     switch (f) {
     case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
         return 1;
     case CU_AD_FORMAT_UNSIGNED_INT16:
+        return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+        return 4;
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return 1;
     case CU_AD_FORMAT_SIGNED_INT16:
+        return 2;
+    case CU_AD_FORMAT_SIGNED_INT32:
+        return 4;
     case CU_AD_FORMAT_HALF:
         return 2;
-    default:
+    case CU_AD_FORMAT_FLOAT:
         return 4;
+    default:
+        return 0;
     }
 }
 
 EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
 {
     NEED_CTX();
-    if (!a || !d || !d->Width || !d->NumChannels)
+    if (!a || !d || !d->Width || !d->NumChannels || !fmt_bytes(d->Format))
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t sz = (uint64_t)d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels;
     unsigned long long k;
@@ -1286,7 +1298,7 @@ EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
 EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
 {
     NEED_CTX();
-    if (!a || !d || !d->Width || !d->NumChannels)
+    if (!a || !d || !d->Width || !d->NumChannels || !fmt_bytes(d->Format))
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t sz = (uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) *
                   fmt_bytes(d->Format) * d->NumChannels;
@@ -1306,7 +1318,7 @@ EXPORT CUresult cuArrayDestroy(CUarray a)
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
 {
     NEED_CTX();
-    if (!m || !d || !d->Width || !d->NumChannels || !levels)
+    if (!m || !d || !d->Width || !d->NumChannels || !levels || !fmt_bytes(d->Format))
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t w = d->Width, h = d->Height, z = d->Depth, sz = 0;
     for (unsigned l = 0; l < levels; l++) {

@@ -80,6 +80,7 @@ def test_every_allocation_path_and_its_free(tc: Toolchain) -> None:
         assert rc_usage(out[name]) == (0, 0), name
     for name in ("array_oom", "create_oom", "managed_oom", "pitch_oom", "async_oom"):
         assert rc_usage(out[name]) == (2, 0), name
+    assert rc_usage(out["array_badformat"]) == (1, 0)  # the driver's CUDA_ERROR_INVALID_VALUE; reserve given back
 
 
 @pytest.mark.parametrize(("value", "expected"), [("3000m", 3000 * MIB), ("1073741824", GIB), ("2G", 2 * GIB),

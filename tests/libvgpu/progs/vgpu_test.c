@@ -375,6 +375,8 @@ static int sc_paths(void)
     CUarray a;
     SHOW("array", p_cuArrayCreate_v2(&a, &ad));
     SHOW("array_free", p_cuArrayDestroy(a));
+    CUDA_ARRAY_DESCRIPTOR bad = {1024, 1024, 0x77, 1}; /* no such format: refused, nothing kept */
+    SHOW("array_badformat", p_cuArrayCreate_v2(&a, &bad));
     CUDA_ARRAY3D_DESCRIPTOR d3 = {256, 256, 16, CU_AD_FORMAT_HALF, 2, 0};
     SHOW("array3d", p_cuArray3DCreate_v2(&a, &d3));
     SHOW("array3d_free", p_cuArrayDestroy(a));
