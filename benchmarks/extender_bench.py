@@ -165,6 +165,7 @@ def _server(port: int, nodes: int, gpus: int, ready: Any, diverse: bool = False,
 
     from kube_vgpu.codec import encode_inventory
     from kube_vgpu.config import Config
+    from kube_vgpu.eventloop import new_event_loop
     from kube_vgpu.model import ContainerAllocation, DeviceBooking, GPUDevice, NodeInventory, PodAllocation
     from kube_vgpu.resources import ANN_NODE_INVENTORY
     from scheduler import jsonlog
@@ -270,7 +271,8 @@ def _server(port: int, nodes: int, gpus: int, ready: Any, diverse: bool = False,
     app.on_startup.append(attach)
     app.router.add_get("/bench/rss", rss)
     ready.set()
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, handle_signals=True)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, handle_signals=True,
+                loop=new_event_loop())  # the loop `kube-vgpu scheduler` runs on
 
 
 def _pct(xs: list[float], q: float) -> float:

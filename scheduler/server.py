@@ -15,6 +15,7 @@ from aiohttp import web
 
 from kube_vgpu.config import load_config
 from kube_vgpu.errors import ConfigError
+from kube_vgpu.eventloop import loop_name, new_event_loop
 from kube_vgpu.signing import KeyDir, SigningKeyError
 
 from . import jsonlog
@@ -176,10 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as e:  # includes ssl.SSLError: missing, unreadable or mismatched files
             log.error("cannot load the TLS certificate", extra={"error": str(e)})
             return 1
-    log.info("starting", extra={"policy": f"{cfg.scheduling.node_policy}/{cfg.scheduling.gpu_policy}"})
+    loop = new_event_loop()
+    log.info("starting", extra={"policy": f"{cfg.scheduling.node_policy}/{cfg.scheduling.gpu_policy}",
+                                "event_loop": loop_name(loop)})
     try:
         web.run_app(make_app(), host=args.bind_address, port=args.port, ssl_context=ctx, print=None,
-                    access_log=None, handle_signals=True)
+                    access_log=None, handle_signals=True, loop=loop)
     except MetricsListenError as e:
         log.error(f"cannot listen on {e.address}:{e.port} (--metrics-port)",
                   extra={"address": e.address, "port": e.port, "error": str(e.__cause__ or e)})

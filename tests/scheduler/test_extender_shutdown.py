@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -23,6 +24,8 @@ from typing import Any
 import pytest
 from vgpu_sched_util import node_obj, write_keys
 
+from certs import pki, store
+from kube_vgpu.eventloop import ENV_LOOP
 from kube_vgpu.kubeapi import Reflector
 from scheduler.kube import KubeAPI
 from tests.fakeapi import FakeKubeAPI
@@ -122,22 +125,31 @@ def test_reflector_stopped_before_its_watch_opens_does_not_read_it(quiet_api: Fa
     assert not r._thread.is_alive(), "reflector read a watch after stop"
 
 
-def test_cli_exits_0_soon_after_sigterm_with_quiet_watches(quiet_http_api: FakeKubeAPI, tmp_path: Path) -> None:
-    """``kube-vgpu scheduler`` with both watches open and silent: SIGTERM -> exit code 0. The time is
-    printed (docs/CONTRACTS.md: within 2 s); the assertion only bounds it generously."""
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_cli_exits_0_soon_after_sigterm_with_quiet_watches(quiet_http_api: FakeKubeAPI, tmp_path: Path,
+                                                           loop: str) -> None:
+    """``kube-vgpu scheduler`` serving TLS, with both watches open and silent and a client stuck in
+    its TLS handshake: SIGTERM -> exit code 0. The time is printed (docs/CONTRACTS.md: within 2 s);
+    the assertion only bounds it generously. On uvloop's loop (the default where it is installed)
+    and on asyncio's (``KUBE_VGPU_EVENT_LOOP=asyncio``); the startup line names the loop."""
     quiet_api = quiet_http_api
     quiet_api.create_object("nodes", node_obj("node-0"))
     kc = quiet_api.kubeconfig(tmp_path / "kubeconfig")
+    bundle = pki.create_bundle(["localhost"], ["127.0.0.1"])
+    store.write_files(tmp_path / "tls", bundle)
+    trust = ssl.create_default_context(cafile=str(tmp_path / "tls" / "ca.crt"))
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "kube_vgpu_cli", "scheduler", "--kubeconfig", kc, "--port", str(port),
          "--bind-address", "127.0.0.1", "--leader-elect=false", "--log-level", "info",
+         "--tls-cert-file", str(tmp_path / "tls" / "tls.crt"), "--tls-key-file", str(tmp_path / "tls" / "tls.key"),
          "--signing-keys-dir", str(write_keys(tmp_path / "keys"))],
-        cwd=ROOT, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        cwd=ROOT, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT), ENV_LOOP: loop})
+    half = socket.socket()
     try:
         def ready() -> bool:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", timeout=1, context=trust) as r:
                     return bool(r.status == 200)
             except OSError:
                 assert proc.poll() is None, "scheduler exited before it was ready"
@@ -145,12 +157,15 @@ def test_cli_exits_0_soon_after_sigterm_with_quiet_watches(quiet_http_api: FakeK
         _wait(ready, 60, "scheduler /readyz")
         quiet_api.wait_for_watch("nodes", timeout=30)
         quiet_api.wait_for_watch("pods", timeout=30)
+        half.connect(("127.0.0.1", port))  # a connection that never finishes its TLS handshake
         err, took = sigterm_and_wait(proc, "scheduler")
     finally:
+        half.close()
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     lines = [json.loads(x) for x in err.decode().splitlines() if x.startswith("{")]
     assert proc.returncode == 0, err.decode()[-3000:]
     assert not [x for x in lines if x["level"] == "error"], lines
-    print(f"\nSHUTDOWN scheduler: exit 0 {took:.2f} s after SIGTERM")
+    assert [x["event_loop"] for x in lines if x["msg"] == "starting"] == [loop], lines
+    print(f"\nSHUTDOWN scheduler ({loop}): exit 0 {took:.2f} s after SIGTERM (TLS, a half-open handshake)")
