@@ -111,6 +111,8 @@ class _StubAPI:
     """Answers the bind's API calls at once (no network): measures our work, not the API server's.
     Like the real client (``scheduler.kube.KubeAPI``), each answer is decoded from JSON bytes."""
 
+    aio = None  # no event-loop client: the bind's write runs in a worker thread, as with --api generated
+
     def __init__(self, svc: Any, cold: bool = False):
         self.svc = svc
         self.cold = cold

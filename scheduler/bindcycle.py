@@ -9,7 +9,8 @@
   ``schedulerName``, is bound, terminating or finished, or does not tolerate the node's taints.
 * **reserve** (:meth:`BindCycle.reserve`): choose the GPUs and book them in memory (no ``await``
   between choosing and booking), so concurrent binds never overcommit.
-* **write** (:func:`write_binding`, in an API worker thread): one Binding carrying the signed
+* **write** (:meth:`BindCycle.write`: sent from the event loop, and :func:`write_binding` in an API
+  worker thread after any failure): one Binding carrying the signed
   allocation record as its annotations, with the pod's uid and the checked resourceVersion as
   preconditions; the API server binds the pod and copies the annotations in one atomic update, so
   the pod the check passed is exactly the pod that is bound (a pod changed since: 409, re-read).
@@ -213,7 +214,7 @@ def settle(api: KubeAPI, ns: str, name: str, uid: str, node: str, annotations: d
 
 
 def write_binding(api: KubeAPI, ns: str, name: str, uid: str, rv: str, annotations: dict[str, str],
-                  node: str, attempts: int = 4) -> WriteResult:
+                  node: str, attempts: int = 4, first_error: Exception | None = None) -> WriteResult:
     """The bind's one API write, in a worker thread (blocking): POST the Binding carrying the
     signed allocation record as its annotations, with the pod's uid and ``rv`` as preconditions.
     The API server applies node name and annotations in one atomic update, so the pod is either
@@ -221,10 +222,13 @@ def write_binding(api: KubeAPI, ns: str, name: str, uid: str, rv: str, annotatio
     the new resourceVersion while it is the same live, unbound pod. A definite failure writes
     nothing (``failed``); a Binding whose outcome is unknown (timeout, 5xx, 429, connection error)
     is settled by reading the pod back (:func:`settle`). Raises BindError when the re-read pod may
-    not be bound any more."""
+    not be bound any more. ``first_error``: the first Binding was already sent (from the event
+    loop, :meth:`BindCycle.write`) and failed with this error; go on from there."""
     key = f"{ns}/{name}"
     for attempt in range(attempts):
         try:
+            if attempt == 0 and first_error is not None:
+                raise first_error
             api.create_binding(ns, name, uid, node, rv, annotations)
             return WriteResult("bound", binding_posted=True)
         except Exception as e:  # noqa: BLE001
@@ -431,9 +435,7 @@ class BindCycle:
         writing: asyncio.Future[WriteResult] | None = None
         try:
             annotations = self.bind_annotations(uid, node, alloc)
-            loop = asyncio.get_running_loop()
-            writing = loop.run_in_executor(self.svc.executor, partial(
-                write_binding, api, ns, name, uid, rv, annotations, node))
+            writing = asyncio.ensure_future(self.write(api, ns, name, uid, rv, annotations, node))
             result = await asyncio.shield(writing)
         except BaseException as e:
             if writing is not None and isinstance(e, asyncio.CancelledError):
@@ -457,6 +459,22 @@ class BindCycle:
         if err is not None:
             raise err
         return gpus
+
+    async def write(self, api: KubeAPI, ns: str, name: str, uid: str, rv: str, annotations: dict[str, str],
+                    node: str) -> WriteResult:
+        """:func:`write_binding`, its first Binding sent from the event loop when the API client
+        can (:attr:`KubeAPI.aio`): a bind that goes through makes no hop to a worker thread. Any
+        failure of that Binding (a definite one, a conflict, an unknown outcome) is handed with its
+        error to :func:`write_binding` in a worker thread, which goes on exactly as if it had sent
+        it (re-read and retry, or settle by reading the pod back)."""
+        if api.aio is None:
+            return await self.run_blocking(write_binding, api, ns, name, uid, rv, annotations, node)
+        try:
+            await api.create_binding_async(ns, name, uid, node, rv, annotations)
+        except Exception as e:  # noqa: BLE001 - every error is judged by write_binding
+            return await self.run_blocking(partial(write_binding, api, ns, name, uid, rv, annotations, node,
+                                                   first_error=e))
+        return WriteResult("bound", binding_posted=True)
 
     def reserve(self, req: PodRequest, uid: str, node: str) -> tuple[Booking, PodAllocation]:
         """Choose ``req``'s GPUs on ``node`` and book them (synchronous: no other bind interleaves;

@@ -1,14 +1,16 @@
 """Kubernetes API access for the extender, with the official ``kubernetes`` client.
 
-Every method here blocks; the service calls them from worker threads
-(``loop.run_in_executor``), never on the event loop. Objects are returned as plain JSON dicts
+Every method here blocks, but for the ``async`` ones; the service calls the blocking ones from
+worker threads (``loop.run_in_executor``), never on the event loop. Objects are returned as plain JSON dicts
 (``_preload_content=False``), the same shape the watch delivers.
 
 The calls on the bind's path (read a pod, patch its metadata, POST its Binding) go through
 :class:`~kube_vgpu.kubeapi.JSONClient`: plain JSON on kept-alive ``http.client`` connections built
 from the same configuration, without the generated client's validation and models or urllib3 (the
 same requests, errors and timeouts; a pod read over TLS costs about 0.25 ms of CPU instead of 0.6
-ms). Lists, watches and leases use the generated client.
+ms); the bind's Binding goes from the event loop through its asynchronous twin
+(:class:`~kube_vgpu.kubeapi.AsyncJSONClient`), which spares the bind a hop to a worker thread.
+Lists, watches and leases use the generated client.
 
 The client factory, the list+watch loop (:class:`~kube_vgpu.kubeapi.Reflector`) and the error
 helpers are the shared ones of :mod:`kube_vgpu.kubeapi`.
@@ -25,7 +27,7 @@ from urllib.parse import quote
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kube_vgpu.kubeapi import JSONClient, read_json, release
+from kube_vgpu.kubeapi import AsyncJSONClient, JSONClient, read_json, release
 from kube_vgpu.kubeapi import load_api_client as _load
 from kube_vgpu.views import ListView
 
@@ -46,6 +48,20 @@ def _pod_path(namespace: str, name: str, sub: str = "") -> str:
     return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}{sub}"
 
 
+def _binding(namespace: str, name: str, uid: str, node: str, resource_version: str,
+             annotations: dict[str, str] | None) -> Obj:
+    """The Binding object of :meth:`KubeAPI.create_binding`."""
+    meta: Obj = {"name": name, "namespace": namespace}
+    if uid:
+        meta["uid"] = uid
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+
+
 class KubeAPI:
     """The API calls the extender makes (blocking). ``timeout``: per-request seconds.
     ``generated_client``: send the bind's calls through the generated ``CoreV1Api`` instead of
@@ -58,6 +74,10 @@ class KubeAPI:
         self.coord = client.CoordinationV1Api(api_client)
         self.timeout = timeout
         self.http: JSONClient | None = None if generated_client else JSONClient(api_client, timeout)
+        #: the Binding's client on the event loop (None: a proxy configuration, or the generated
+        #: client; then the bind sends it from a worker thread with :meth:`create_binding`)
+        self.aio: AsyncJSONClient | None = \
+            AsyncJSONClient(self.http) if self.http is not None and not self.http.via_urllib3 else None
 
     # -- pods ---------------------------------------------------------------------------------
     def get_pod(self, namespace: str, name: str) -> Obj:
@@ -103,15 +123,7 @@ class KubeAPI:
         happens). The answer (a Status) is read and its connection returned to the pool. Raises
         ApiException (HTTP >= 400; status 0: TLS error) or a urllib3 error (no answer: the outcome
         is unknown)."""
-        meta: Obj = {"name": name, "namespace": namespace}
-        if uid:
-            meta["uid"] = uid
-        if resource_version:
-            meta["resourceVersion"] = resource_version
-        if annotations:
-            meta["annotations"] = annotations
-        body: Any = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
-                     "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        body: Any = _binding(namespace, name, uid, node, resource_version, annotations)
         if self.http is not None:
             self.http.request("POST", _pod_path(namespace, name, "/binding"), body)
             return
@@ -121,6 +133,19 @@ class KubeAPI:
             resp.data  # noqa: B018 - read the Status to the end, so the connection can be reused
         finally:
             release(resp)
+
+    async def create_binding_async(self, namespace: str, name: str, uid: str, node: str, resource_version: str = "",
+                                   annotations: dict[str, str] | None = None) -> None:
+        """:meth:`create_binding` sent from the event loop (:attr:`aio`; the caller checks it is
+        there): the same request, answers and errors."""
+        assert self.aio is not None
+        await self.aio.post(_pod_path(namespace, name, "/binding"),
+                            _binding(namespace, name, uid, node, resource_version, annotations))
+
+    async def aclose(self) -> None:
+        """Close the event loop's connections (:attr:`aio`), on that loop."""
+        if self.aio is not None:
+            await self.aio.close()
 
     # -- list / watch -------------------------------------------------------------------------
     def list_objects(self, kind: str, label_selector: str | None = None,

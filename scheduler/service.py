@@ -347,6 +347,8 @@ class SchedulerService:
         for r in self._reflectors:
             await loop.run_in_executor(None, r.stop)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.api is not None:
+            await self.api.aclose()
 
     async def _every(self, period: float, fn: Callable[[], Any]) -> None:
         while not self._stop.is_set():
