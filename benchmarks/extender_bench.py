@@ -40,7 +40,10 @@ before it is scheduled (kube-scheduler schedules the pods its own watch has show
 then takes its pod from the watch, as live, and GETs it only when the watch has not shown it yet;
 the watch's CPU (decoding every pod event) is counted. ``off`` (the default): no watch, every bind
 GETs its pod. ``both`` runs both and prints both CPU figures. The extender's CPU per decision is
-also split by thread (event loop, API worker threads, pod watch), read from ``/proc``.
+also split by thread (event loop, API worker threads, pod watch), read from ``/proc``. With
+``--api`` it ends with a calibration: the server CPU of a do-nothing aiohttp request on the same
+event loop and machine, and the CPU per decision in units of it (a decision is two requests plus
+the work), which compares across machines where milliseconds do not.
 
 Targets: filter+prioritize p99 <= 10 ms at 5,000 nodes x 8 GPUs, bind p99 <= 20 ms,
 >= 300 decisions/s (warm); new-shape filter p99 <= 20 ms at 5,000 diverse nodes (cold).
@@ -508,6 +511,69 @@ def _run(a: argparse.Namespace, diverse: bool, cold: bool, watch: bool = False) 
     return r
 
 
+def _noop_server(port: int) -> None:
+    """Child process: aiohttp on the extender's event loop with a handler that reads the body and
+    answers a constant (``POST /noop``), and ``GET /cpu`` (this process's CPU seconds so far)."""
+    import resource
+
+    from aiohttp import web
+
+    from kube_vgpu.eventloop import new_event_loop
+
+    async def noop(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=b'{"Error":""}', content_type="application/json")
+
+    async def cpu(_request: web.Request) -> web.Response:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return web.Response(text=repr(ru.ru_utime + ru.ru_stime))
+
+    app = web.Application()
+    app.router.add_post("/noop", noop)
+    app.router.add_get("/cpu", cpu)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=new_event_loop())
+
+
+def _calibrate(requests: int = 2000) -> float:
+    """Server CPU (ms) of one do-nothing aiohttp request on this machine (a 600-byte POST body, a
+    kept-alive connection, the extender's event loop): the unit that makes CPU per decision
+    comparable between machines (a decision is two such requests plus the work)."""
+    import http.client
+
+    port = _free_port()
+    proc = mp.get_context("spawn").Process(target=_noop_server, args=(port,), daemon=True)
+    proc.start()
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until it listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or not proc.is_alive():
+                    raise RuntimeError("the calibration server did not start") from None
+                time.sleep(0.1)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        body = b'{"PodName":"bench-1","PodNamespace":"default","PodUID":"u","Node":"node-00001"}' * 7
+
+        def cpu() -> float:
+            conn.request("GET", "/cpu")
+            return float(conn.getresponse().read())
+
+        def post(n: int) -> None:
+            for _ in range(n):
+                conn.request("POST", "/noop", body=body, headers={"Content-Type": "application/json"})
+                conn.getresponse().read()
+
+        post(200)  # warm-up
+        c0 = cpu()
+        post(requests)
+        return (cpu() - c0) / requests * 1e3
+    finally:
+        proc.terminate()
+        proc.join(10)
+
+
 def _server_means(r: dict[str, Any]) -> tuple[float, float, float] | None:
     sv = r["server"]
     if not sv.get("filter_count"):
@@ -609,6 +675,11 @@ def main(argv: list[str] | None = None) -> int:
         for watch, w, c in cpu:
             print(f"  {'pod watch (as live)' if watch else 'GET per bind, no watch':24}  "
                   + (f"warm {w:.2f} ms, cold {c:.2f} ms" if a.cold else f"{w:.2f} ms"))
+    if a.api:
+        unit = _calibrate()
+        print(f"machine calibration: a do-nothing aiohttp request costs {unit:.3f} ms of server CPU here "
+              f"(load avg {os.getloadavg()[0]:.1f}); CPU per sustained decision in such requests: "
+              + ", ".join(f"{'pod watch' if watch else 'no watch'} {w / unit:.1f}" for watch, w, _ in cpu))
     return 1 if (a.check and missed) else 0
 
 

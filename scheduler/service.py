@@ -649,7 +649,7 @@ class SchedulerService:
         except Exception as e:  # noqa: BLE001 - see _bad_request
             return web.json_response({"Error": self._bad_request("ExtenderBindingArgs", e)}, status=400)
         self.metrics.bind_seconds.observe(time.perf_counter() - t0)
-        return web.json_response({"Error": err})
+        return web.Response(body=orjson.dumps({"Error": err}), content_type="application/json")
 
     async def handle_preempt(self, request: web.Request) -> web.Response:
         """``preemptVerb``: ExtenderPreemptionArgs -> ExtenderPreemptionResult (scheduler/preempt.py).
