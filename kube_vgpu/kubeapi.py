@@ -387,10 +387,12 @@ class AsyncJSONClient:
     Not for a configuration :class:`JSONClient` sends through urllib3 (a proxy): ValueError.
 
     The session belongs to the event loop of the first request (made there, closed by
-    :meth:`close`); a request from another loop starts a new one. The TLS context is the
+    :meth:`close`); a request from another loop starts a new one. At most ``max_connections``
+    requests are in flight; more wait for a connection, within the connect timeout (then: no
+    answer, as above). The TLS context is the
     synchronous client's, looked up at most once a second (a rotated CA is used from then on)."""
 
-    def __init__(self, sync: JSONClient, context_ttl: float = 1.0):
+    def __init__(self, sync: JSONClient, context_ttl: float = 1.0, max_connections: int = 64):
         if sync.via_urllib3:
             raise ValueError("a proxy configuration is served by JSONClient through urllib3 only")
         self.sync = sync
@@ -398,15 +400,17 @@ class AsyncJSONClient:
         self._tls: tuple[float, ssl.SSLContext | None] = (0.0, None)
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=sync.timeout, sock_read=sync.timeout)
+        # connect: waiting for a free connection (at most max_connections in use) and dialling it
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=sync.timeout, sock_connect=sync.timeout,
+                                              sock_read=sync.timeout)
+        self.max_connections = max_connections
         self._server_hostname = sync.server_name if sync.server_name != sync.host else None
 
     def _session_here(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._loop is not loop:
-            # no connection limit: a bind never queues behind others for a connection
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ssl=False),
+                connector=aiohttp.TCPConnector(limit=self.max_connections, ssl=False),
                 timeout=self._timeout, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True)
             self._loop = loop
         return self._session

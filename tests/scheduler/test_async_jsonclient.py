@@ -74,6 +74,40 @@ def test_posts_share_one_kept_alive_connection_and_bind(fake: _Fake) -> None:
         assert got["metadata"]["annotations"]["kube-vgpu.io/t"] == "x"  # the Binding's annotations copied
 
 
+def test_at_most_max_connections_in_flight(fake: _Fake) -> None:
+    """Five Bindings at once with ``max_connections=2``: two connections carry them all (the
+    others wait for a free one); the server holds the first requests until two are in flight."""
+    pods = [_pod(fake, f"a-limit-{i}") for i in range(5)]
+    seen: list[int] = []
+    state = {"in": 0}
+    gate: list[asyncio.Event] = []
+
+    async def hook(info: Any) -> None:
+        if not info.path.endswith("/binding") or "a-limit-" not in info.path:
+            return
+        if not gate:
+            gate.append(asyncio.Event())
+        state["in"] += 1
+        seen.append(state["in"])
+        if state["in"] >= 2:
+            gate[0].set()
+        await gate[0].wait()
+        state["in"] -= 1
+    fake.add_hook(hook)
+    before = fake.connection_count
+    try:
+        async def go(ac: AsyncJSONClient) -> None:
+            await asyncio.gather(*(ac.post(_path(p["metadata"]["name"], "/binding"), _binding(p, "node-6"))
+                                   for p in pods))
+        _run(go, AsyncJSONClient(JSONClient(fake.api_client()), max_connections=2))
+    finally:
+        fake._hooks.remove(hook)
+    assert fake.connection_count - before == 2 and max(seen) == 2, (fake.connection_count - before, seen)
+    for p in pods:
+        got = fake.get_object("pods", p["metadata"]["name"], "default")
+        assert got is not None and got["spec"]["nodeName"] == "node-6"
+
+
 def test_http_errors_map_as_the_blocking_client_maps_them(fake: _Fake) -> None:
     pod = _pod(fake, "a-errs")
 
