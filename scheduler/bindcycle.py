@@ -30,14 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from kube_vgpu.cluster import pod_key
 from kube_vgpu.codec import allocation_text, encode_allocation
-from kube_vgpu.config import Config
 from kube_vgpu.errors import CodecError, RequestError
 from kube_vgpu.kubeapi import api_error_text, is_conflict, is_not_found, outcome_unknown
 from kube_vgpu.model import PodAllocation, PodRequest
@@ -51,20 +49,17 @@ from kube_vgpu.resources import (
     BIND_ALLOCATING,
     BIND_FAILED,
 )
-from kube_vgpu.signing import KeySource, sign_allocation
+from kube_vgpu.signing import sign_allocation
 from kube_vgpu.taints import untolerated
 from kube_vgpu.views import PodView
 
-from .bindstate import BindCache
 from .kube import KubeAPI
-from .metrics import Metrics
 
 if TYPE_CHECKING:
-    from .service import Options, SchedulerService
+    from .service import SchedulerService
 
 log = logging.getLogger("kube_vgpu.scheduler")
 
-T = TypeVar("T")
 Obj = dict[str, Any]
 
 
@@ -270,48 +265,14 @@ def bind_plain(api: KubeAPI, ns: str, name: str, uid: str, node: str) -> WriteRe
 class BindCycle:
     """The bind cycle of one :class:`~scheduler.service.SchedulerService` (which owns it and
     serves ``/bind`` with :meth:`bind`): its cache, API client, options, config, clock, keys and
-    metrics are the service's, read at each use (a config reload or a test's clock applies)."""
+    metrics are the service's (``self.svc``), read at each use (a config reload or a test's clock
+    applies)."""
 
     def __init__(self, svc: SchedulerService):
         self.svc = svc
         self.unknown_retries = 0  #: read-backs of unknown bind outcomes that could not tell yet
         self.resolvers: set[asyncio.Task[None]] = set()  #: background read-backs (:meth:`resolve`)
         self._unresolved_by: dict[str, Pending] = {}  #: pod key -> the bind its unresolved mark is for
-
-    # -- the service's parts ------------------------------------------------------------------
-    @property
-    def cache(self) -> BindCache:
-        return self.svc.cache
-
-    @property
-    def api(self) -> KubeAPI | None:
-        return self.svc.api
-
-    @property
-    def opts(self) -> Options:
-        return self.svc.opts
-
-    @property
-    def config(self) -> Config:
-        return self.svc.config
-
-    @property
-    def keys(self) -> KeySource:
-        return self.svc.keys
-
-    @property
-    def metrics(self) -> Metrics:
-        return self.svc.metrics
-
-    @property
-    def is_leader(self) -> bool:
-        return self.svc.is_leader
-
-    def clock(self) -> float:
-        return self.svc.clock()
-
-    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self.svc.run_blocking(fn, *args)
 
     # -- promises ("assume") ------------------------------------------------------------------
     def assume(self, req: PodRequest, pod: Obj, node: str) -> bool:
@@ -320,17 +281,17 @@ class BindCycle:
         with a uid that books GPUs and holds no booking; a newer promise to the same pod replaces
         the old one; /bind turns it into the booking (see docs/scheduler.md "Promises"). Returns
         True if promised."""
-        ttl = self.opts.assume_seconds
+        ttl = self.svc.opts.assume_seconds
         uid = PodView(pod).uid
-        if ttl <= 0 or not uid or not req.has_gpu or req.key in self.cache.state.bookings:
+        if ttl <= 0 or not uid or not req.has_gpu or req.key in self.svc.cache.state.bookings:
             return False
-        return self.cache.engine.assume_on(req, uid, node, self.clock() + ttl) is not None
+        return self.svc.cache.engine.assume_on(req, uid, node, self.svc.clock() + ttl) is not None
 
     def expire_promises(self) -> None:
         """End the promises whose time is up (pods that never came to bind)."""
-        n = self.cache.state.expire_assumed(self.clock())
+        n = self.svc.cache.state.expire_assumed(self.svc.clock())
         if n:
-            self.metrics.assumptions_expired.inc(n)
+            self.svc.metrics.assumptions_expired.inc(n)
 
     async def bind(self, args: Obj) -> str:
         """ExtenderBindingArgs -> error text ("" on success)."""
@@ -340,19 +301,19 @@ class BindCycle:
         node = str(args.get("Node") or "")
         key = f"{ns}/{name}"
         try:
-            if not self.is_leader:
+            if not self.svc.is_leader:
                 raise BindError("this kube-vgpu scheduler replica is not the leader; only the leader binds",
                                 "not_leader")
-            if self.api is None:
+            if self.svc.api is None:
                 raise BindError("no API server connection", "api_error")
             pod = await self.fetch(ns, name, uid)
             self.check(pod, node)
             gpus = await self.bind_pod(pod, node)
         except BindError as e:
-            self.metrics.binds.labels(outcome=e.outcome).inc()
+            self.svc.metrics.binds.labels(outcome=e.outcome).inc()
             log.warning("bind failed", extra={"pod": key, "node": node, "error": str(e), "outcome": e.outcome})
             return str(e)
-        self.metrics.binds.labels(outcome="success").inc()
+        self.svc.metrics.binds.labels(outcome="success").inc()
         log.debug("bound", extra={"pod": key, "node": node, "gpu": ",".join(gpus)})
         return ""
 
@@ -362,12 +323,12 @@ class BindCycle:
         it when that is this uid, unbound and not terminating (its resourceVersion becomes the
         Binding's precondition, so a pod changed since is re-read before anything is written), else
         a GET. Checks name and uid."""
-        assert self.api is not None
-        cached = self.cache.pod_to_bind(f"{ns}/{name}", uid)
+        assert self.svc.api is not None
+        cached = self.svc.cache.pod_to_bind(f"{ns}/{name}", uid)
         if cached is not None:
             return cached
         try:
-            pod = await self.run_blocking(self.api.get_pod, ns, name)
+            pod = await self.svc.run_blocking(self.svc.api.get_pod, ns, name)
         except Exception as e:  # noqa: BLE001
             outcome = "not_found" if is_not_found(e) else "api_error"
             raise BindError(f"pod {ns}/{name}: {api_error_text(e)}", outcome) from e
@@ -386,7 +347,7 @@ class BindCycle:
         fitting the node's GPUs is checked when booking."""
         view = PodView(pod)
         key = view.key
-        cfg = self.config
+        cfg = self.svc.config
         if not pod_asks(pod, cfg.resource_names):
             raise BindError(f"pod {key} asks for no vGPU resource (none of {', '.join(cfg.resource_names.all())} "
                             f"in its containers' resources); kube-vgpu binds only vGPU pods", "refused")
@@ -401,7 +362,7 @@ class BindCycle:
                             f"{view.deletion_timestamp!r}", "not_found")
         if view.finished:
             raise BindError(f"pod {key} has finished: status.phase={view.phase!r}", "refused")
-        info = self.cache.nodes.get(node)
+        info = self.svc.cache.nodes.get(node)
         if info is None:
             raise BindError(f"cannot bind pod {key}: node {node!r} is not known to the kube-vgpu scheduler",
                             "unschedulable")
@@ -414,22 +375,22 @@ class BindCycle:
         """Reserve, then bind with the record (one Binding, optimistic concurrency). A definite failure releases the
         booking at once; an unknown outcome keeps it until the pod is read back (see
         :meth:`settled`). Returns the GPU uuids. Raises BindError."""
-        assert self.api is not None
-        api = self.api
+        assert self.svc.api is not None
+        api = self.svc.api
         view = PodView(pod)
         ns, name, uid, key = view.namespace, view.name, view.uid, view.key
         try:
-            req = parse_pod(pod, self.config)
+            req = parse_pod(pod, self.svc.config)
         except RequestError as e:
             raise BindError(str(e), "invalid") from e
         if not req.has_gpu:  # asks for a vGPU resource but books no GPU (e.g. only the priority)
-            res = await self.run_blocking(bind_plain, api, ns, name, uid, node)
+            res = await self.svc.run_blocking(bind_plain, api, ns, name, uid, node)
             if res.state != "bound":
                 raise BindError(res.error, res.outcome)
             return []
         booking, alloc = self.reserve(req, uid, node)
         gpus = sorted({d.uuid for c in alloc.containers for d in c.devices})
-        self.cache.inflight.add(key)
+        self.svc.cache.inflight.add(key)
         annotations: dict[str, str] = {}
         rv = view.resource_version
         writing: asyncio.Future[WriteResult] | None = None
@@ -447,13 +408,13 @@ class BindCycle:
                     self.mark(pending)
                     writing.add_done_callback(partial(self.writes_ended, pending))
                 raise
-            self.cache.release_if(key, booking, failed_uid=uid)
+            self.svc.cache.release_if(key, booking, failed_uid=uid)
             if isinstance(e, BindError) or not isinstance(e, Exception):
                 raise
             outcome = "conflict" if is_conflict(e) else "not_found" if is_not_found(e) else "api_error"
             raise BindError(f"binding {key} to {node} failed: {api_error_text(e)}", outcome) from e
         finally:
-            self.cache.inflight.discard(key)
+            self.svc.cache.inflight.discard(key)
         pending = Pending(key, uid, node, booking, req, annotations, rv)
         err = self.settled(pending, result)
         if err is not None:
@@ -468,11 +429,11 @@ class BindCycle:
         error to :func:`write_binding` in a worker thread, which goes on exactly as if it had sent
         it (re-read and retry, or settle by reading the pod back)."""
         if api.aio is None:
-            return await self.run_blocking(write_binding, api, ns, name, uid, rv, annotations, node)
+            return await self.svc.run_blocking(write_binding, api, ns, name, uid, rv, annotations, node)
         try:
             await api.create_binding_async(ns, name, uid, node, rv, annotations)
         except Exception as e:  # noqa: BLE001 - every error is judged by write_binding
-            return await self.run_blocking(partial(write_binding, api, ns, name, uid, rv, annotations, node,
+            return await self.svc.run_blocking(partial(write_binding, api, ns, name, uid, rv, annotations, node,
                                                    first_error=e))
         return WriteResult("bound", binding_posted=True)
 
@@ -480,7 +441,7 @@ class BindCycle:
         """Choose ``req``'s GPUs on ``node`` and book them (synchronous: no other bind interleaves;
         a promise of the pod becomes this booking). Raises BindError (``unschedulable``) when
         nothing could be booked."""
-        r = self.cache.reserve(req, uid, node)
+        r = self.svc.cache.reserve(req, uid, node)
         if isinstance(r, str):
             raise BindError(f"cannot place {req.key} on {node}: {r}", "unschedulable")
         return r
@@ -493,11 +454,11 @@ class BindCycle:
         background until the outcome is known. Returns the BindError to report (None: bound)."""
         self.unmark(p)
         if result.state == "bound":
-            self.cache.record_bound(p.key, p.uid, p.booking, p.request, result.resource_version, p.fence_rv)
-            self.cache.remember_written(p.key, p.uid, p.node, p.annotations, p.booking.allocation)
+            self.svc.cache.record_bound(p.key, p.uid, p.booking, p.request, result.resource_version, p.fence_rv)
+            self.svc.cache.remember_written(p.key, p.uid, p.node, p.annotations, p.booking.allocation)
             return None
         if result.state == "unknown":
-            if self.cache.state.bookings.get(p.key) is not p.booking:
+            if self.svc.cache.state.bookings.get(p.key) is not p.booking:
                 return BindError(result.error, "unknown")  # released meanwhile (deleted): nothing to keep
             self.mark(p)
             log.warning("bind outcome unknown; keeping the booking until the pod is read back",
@@ -507,16 +468,16 @@ class BindCycle:
             task.add_done_callback(self.resolvers.discard)
             return BindError(f"{result.error}; the outcome is unknown, so the GPUs stay booked until the pod "
                              "has been read back", "unknown")
-        self.cache.release_if(p.key, p.booking, failed_uid=p.uid if result.state == "failed" else None)
+        self.svc.cache.release_if(p.key, p.booking, failed_uid=p.uid if result.state == "failed" else None)
         if result.state == "lost" and result.pod is not None:
-            self.cache.on_pod("MODIFIED", result.pod)  # book what the pod's own record says
+            self.svc.cache.on_pod("MODIFIED", result.pod)  # book what the pod's own record says
         return BindError(result.error, result.outcome or "api_error")
 
     def writes_ended(self, p: Pending, fut: asyncio.Future[WriteResult]) -> None:
         """Done-callback of writes whose bind call was cancelled: settle their result."""
         if fut.cancelled() or fut.exception() is not None:
             self.unmark(p)
-            self.cache.release_if(p.key, p.booking, failed_uid=p.uid)
+            self.svc.cache.release_if(p.key, p.booking, failed_uid=p.uid)
             return
         err = self.settled(p, fut.result())
         if err is not None:
@@ -528,23 +489,23 @@ class BindCycle:
         until :func:`settle` knows; then apply it. Stops early when the watch settled it (the
         booking is no longer this bind's: deleted, re-booked from the pod's record, or a newer
         bind; or the watch shows the pod bound to our node) or the service stops."""
-        assert self.api is not None
-        delay, cap = self.opts.unknown_retry
+        assert self.svc.api is not None
+        delay, cap = self.svc.opts.unknown_retry
         ns, name = p.key.split("/", 1)
         while not self.svc.stop_event.is_set():
-            if self.cache.state.bookings.get(p.key) is not p.booking:
+            if self.svc.cache.state.bookings.get(p.key) is not p.booking:
                 self.unmark(p)
                 log.info("bind outcome settled by the watch", extra={"pod": p.key, "node": p.node})
                 return
-            info = self.cache.pods.get(p.key)
+            info = self.svc.cache.pods.get(p.key)
             if info is not None and info.uid == p.uid and info.bound and info.node == p.node:
                 self.unmark(p)  # booked from the pod's own record from here on
                 log.info("bind outcome settled by the watch: bound", extra={"pod": p.key, "node": p.node})
                 return
-            result = await self.run_blocking(settle, self.api, ns, name, p.uid, p.node, p.annotations,
+            result = await self.svc.run_blocking(settle, self.svc.api, ns, name, p.uid, p.node, p.annotations,
                                              p.fence_rv, "the outcome of the bind was unknown", "api_error", posted)
             if result.state != "unknown":
-                if self.cache.state.bookings.get(p.key) is not p.booking:
+                if self.svc.cache.state.bookings.get(p.key) is not p.booking:
                     continue  # the watch settled it while we read (the top of the loop says so)
                 err = self.settled(p, result)
                 log.info("bind outcome read back", extra={
@@ -558,7 +519,7 @@ class BindCycle:
 
     def mark(self, p: Pending) -> None:
         """Mark ``p``'s pod unresolved in the cache (relists keep its booking)."""
-        self.cache.unresolved[p.key] = p.uid
+        self.svc.cache.unresolved[p.key] = p.uid
         self._unresolved_by[p.key] = p
 
     def unmark(self, p: Pending) -> None:
@@ -566,14 +527,14 @@ class BindCycle:
         may have marked it since)."""
         if self._unresolved_by.get(p.key) is p:
             del self._unresolved_by[p.key]
-            self.cache.unresolved.pop(p.key, None)
+            self.svc.cache.unresolved.pop(p.key, None)
 
     def bind_annotations(self, uid: str, node: str, alloc: PodAllocation) -> dict[str, str]:
         """The annotations a bind writes: the allocation record, bind-phase ``allocating``, the
         bind time (whole unix seconds) and the allocation signature over uid, node, bind time and
         the record's exact text (active key)."""
         text = encode_allocation(alloc)
-        bind_time = str(int(self.clock()))
+        bind_time = str(int(self.svc.clock()))
         return {ANN_ALLOCATION: text, ANN_BIND_PHASE: BIND_ALLOCATING, ANN_BIND_TIME: bind_time,
-                ANN_ALLOCATION_SIGNATURE: sign_allocation(self.keys.current(), uid, node, bind_time, text)}
+                ANN_ALLOCATION_SIGNATURE: sign_allocation(self.svc.keys.current(), uid, node, bind_time, text)}
 
