@@ -11,6 +11,12 @@ from pathlib import Path
 from tests.fakes import build as fakebuild
 
 PROGS = Path(__file__).resolve().parent / "progs"
+_GPU_CHECK = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
+if str(_GPU_CHECK) not in sys.path:  # the GPU check's parser of the probes' key=value lines
+    sys.path.insert(0, str(_GPU_CHECK))
+
+from gpu_check import parse as parse  # noqa: E402  (re-exported: the tests import it from here)
+
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 
@@ -38,17 +44,6 @@ def make_toolchain(out: Path, asan: bool = False) -> Toolchain:
     built = fakebuild.build_all(out, asan=asan)
     prog = fakebuild.build_prog(PROGS / "vgpu_test.c", out / "vgpu_test", out, asan=asan)
     return Toolchain(built=built, prog=prog, tmp=out)
-
-
-def parse(text: str) -> dict[str, str]:
-    """Collect every ``key=value`` token of the output (later keys win)."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        for tok in line.split():
-            if "=" in tok:
-                k, v = tok.split("=", 1)
-                out[k] = v
-    return out
 
 
 def rc_usage(value: str) -> tuple[int, int]:
