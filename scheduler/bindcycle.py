@@ -388,6 +388,12 @@ class BindCycle:
             if res.state != "bound":
                 raise BindError(res.error, res.outcome)
             return []
+        cache = self.svc.cache
+        if key in cache.inflight or (uid and cache.unresolved.get(key) == uid):
+            # a Binding of this pod may still land: booking again would drop its booking, and the
+            # pod would run on GPUs nothing books (a replayed /bind, or kube-scheduler's retry)
+            raise BindError(f"pod {key}: a bind of this pod is in progress (its Binding may still land); "
+                            "try again once it has ended", "conflict")
         booking, alloc = self.reserve(req, uid, node)
         gpus = sorted({d.uuid for c in alloc.containers for d in c.devices})
         self.svc.cache.inflight.add(key)
