@@ -361,7 +361,8 @@ class JSONClient:
         """The request through the generated client's urllib3 pool (proxy configurations)."""
         try:
             resp = self.pool.request(method, self.base + path, body=data, headers=headers,
-                                     timeout=self._u3_timeout, preload_content=True)
+                                     timeout=self._u3_timeout, preload_content=True,
+                                     redirect=False)  # followed, a 307 would send a write twice
         except urllib3.exceptions.SSLError as e:  # as the generated client reports it
             raise ApiException(status=0, reason=f"{type(e).__name__}: {e}") from e
         raw = resp.data

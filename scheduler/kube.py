@@ -62,6 +62,15 @@ def _binding(namespace: str, name: str, uid: str, node: str, resource_version: s
             "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
 
 
+def _applied(answer: Obj) -> None:
+    """Check the answer to a Binding that was not an HTTP error: the API server answers one it
+    applied with a Status of status ``Success``. Anything else (a redirect's empty body, a page of
+    something in between) tells nothing of whether it was applied: raises ValueError, as for an
+    answer that is not JSON (:func:`~kube_vgpu.kubeapi.outcome_unknown`: the bind reads the pod back)."""
+    if not isinstance(answer, dict) or answer.get("status") != "Success":
+        raise ValueError(f"the answer to the Binding is not the API server's Success Status: {str(answer)[:200]!r}")
+
+
 class KubeAPI:
     """The API calls the extender makes (blocking). ``timeout``: per-request seconds.
     ``generated_client``: send the bind's calls through the generated ``CoreV1Api`` instead of
@@ -125,7 +134,7 @@ class KubeAPI:
         is unknown)."""
         body: Any = _binding(namespace, name, uid, node, resource_version, annotations)
         if self.http is not None:
-            self.http.request("POST", _pod_path(namespace, name, "/binding"), body)
+            _applied(self.http.request("POST", _pod_path(namespace, name, "/binding"), body))
             return
         resp: Any = self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
                                                             _request_timeout=self.timeout)
@@ -139,8 +148,8 @@ class KubeAPI:
         """:meth:`create_binding` sent from the event loop (:attr:`aio`; the caller checks it is
         there): the same request, answers and errors."""
         assert self.aio is not None
-        await self.aio.post(_pod_path(namespace, name, "/binding"),
-                            _binding(namespace, name, uid, node, resource_version, annotations))
+        _applied(await self.aio.post(_pod_path(namespace, name, "/binding"),
+                                     _binding(namespace, name, uid, node, resource_version, annotations)))
 
     async def aclose(self) -> None:
         """Close the event loop's connections (:attr:`aio`), on that loop."""

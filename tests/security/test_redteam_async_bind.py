@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 from typing import Any
 
-from bind_support import bind, check_books, create_nodes, create_pod, extender, pod_obj
+import pytest
+from aiohttp import web
+from bind_support import bind, bind_args, check_books, create_nodes, create_pod, extender, pod_obj
 from vgpu_sched_util import wait_until
 
+from kube_vgpu.kubeapi import AsyncJSONClient
 from kube_vgpu.resources import ANN_ALLOCATION
 from tests.fakeapi import FakeKubeAPI
 
 GPU_MIB = 24576
+PROXIED_HOST = "http://kube.invalid"  #: the API server's address when the fake is reached as a proxy
 WAIT = 30.0  #: the longest a test waits for an event before failing (a bound, not a sleep)
 
 
@@ -100,3 +105,310 @@ def test_second_bind_of_a_pod_while_its_binding_is_in_flight_is_refused(fake: Fa
     asyncio.run(go())
     got = fake.get_object("pods", "a", "default")
     assert got is not None and got["spec"]["nodeName"] == "node-0" and ANN_ALLOCATION in got["metadata"]["annotations"]
+
+
+def test_bind_cancelled_while_its_applied_binding_loses_its_answer_keeps_the_booking(fake: FakeKubeAPI) -> None:
+    """Attack: the bind call is cancelled (the service stopping it, a caller gone) while its
+    Binding is in the server; the server applies it and drops the connection. The writes go on
+    (shielded): the lost answer is settled by reading the pod back (bound: booking kept), a replayed
+    /bind meanwhile is refused, the Binding is sent once, and the books match the cluster."""
+    create_nodes(fake, 1)
+    a, b = pod(fake, "a"), pod(fake, "b")
+    gates = Gates(fake, "a", count=1)
+
+    async def go() -> None:
+        async with extender(fake) as ext:
+            svc = ext.svc
+            await wait_until(lambda: svc.cache.pod_to_bind("default/a", a["metadata"]["uid"]) is not None)
+            call = asyncio.create_task(svc.binds.bind(bind_args(a, "node-0")))
+            await gates.wait(1)
+            fake.fail_after_commit("create", "pods/binding", "reset", name="a")
+            call.cancel()
+            try:
+                await call
+            except asyncio.CancelledError:
+                pass
+            else:
+                raise AssertionError("the bind call was not cancelled")
+            assert svc.cache.unresolved.get("default/a") == a["metadata"]["uid"]  # its writes go on
+            replay = await bind(ext, a)
+            assert "in progress" in replay, replay
+            gates.open(1)
+            await wait_until(lambda: not svc.cache.unresolved)
+            assert "default/a" in svc.cache.state.bookings  # applied: kept
+            assert await bind(ext, b) != ""  # the GPU is taken
+            assert bindings(fake, "a") == 1
+            await wait_until(lambda: (svc.cache.pods.get("default/a") is not None
+                                      and svc.cache.pods["default/a"].bound))
+            check_books(fake, svc)
+
+    asyncio.run(go())
+    got = fake.get_object("pods", "a", "default")
+    assert got is not None and got["spec"]["nodeName"] == "node-0"
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_conflict_on_the_loop_then_5xx_on_the_retry(fake: FakeKubeAPI, committed: bool) -> None:
+    """The event loop's Binding gets 409 (the pod changed: a label written meanwhile), the worker
+    thread's retry at the new resourceVersion gets 500, applied (``committed``) or not. Applied: the
+    read-back finds the pod bound with the record, the booking is kept. Not applied: the pod is
+    fenced at that resourceVersion and the booking released. Each attempt's Binding is sent once
+    (two in all), and the books match the cluster."""
+    create_nodes(fake, 1)
+    a = pod(fake, "a")
+
+    async def go() -> str:
+        async with extender(fake, timeout=2.0) as ext:
+            svc = ext.svc
+            await wait_until(lambda: svc.cache.pod_to_bind("default/a", a["metadata"]["uid"]) is not None)
+            fake.fail_next("create", "pods/binding", status=409, name="a")
+            if committed:
+                fake.fail_after_commit("create", "pods/binding", 500, name="a")
+            else:
+                fake.fail_next("create", "pods/binding", status=500, name="a")
+            err = await bind(ext, a)
+            await wait_until(lambda: not svc.cache.unresolved)
+            if committed:
+                await wait_until(lambda: (svc.cache.pods.get("default/a") is not None
+                                          and svc.cache.pods["default/a"].bound))
+            check_books(fake, svc)
+            return err
+
+    err = asyncio.run(go())
+    got = fake.get_object("pods", "a", "default")
+    assert got is not None
+    assert bindings(fake, "a") == 2
+    if committed:
+        assert err == "" and got["spec"]["nodeName"] == "node-0"
+    else:
+        assert "500" in err and not got["spec"].get("nodeName")
+        assert ANN_ALLOCATION not in (got["metadata"].get("annotations") or {})
+
+
+class OddFake(FakeKubeAPI):
+    """The fake API server answering the next Binding oddly: ``odd = (applied, status, body,
+    headers)``: the Binding is applied first (``applied``) or not at all, then answered with that
+    status, body and headers (garbage, a non-JSON 200, a redirect, a huge body)."""
+
+    def __init__(self) -> None:
+        super().__init__(bookmark_interval=0.5)
+        #: (applied, status, body, headers); status 0: the connection is dropped instead of answered
+        self.odd: tuple[bool, int, bytes, dict[str, str]] | None = None
+        self.odd_hits = 0
+        self.as_proxy = False  #: clients reach it as their HTTP proxy, for an API server "kube.invalid"
+
+    def configuration(self) -> Any:
+        cfg = super().configuration()
+        if self.as_proxy:
+            cfg.proxy, cfg.host = self.base_url, PROXIED_HOST
+        return cfg
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        odd = self.odd
+        if odd is None or request.method != "POST" or not request.path.endswith("/binding"):
+            return await super()._handle(request)
+        self.odd = None
+        self.odd_hits += 1
+        applied, status, body, headers = odd
+        if applied:
+            resp = await super()._handle(request)
+            assert resp.status < 300, resp.status
+        if status == 0:
+            assert request.transport is not None
+            request.transport.abort()
+        return web.Response(status=status or 500, body=body, headers=headers)
+
+
+@pytest.fixture
+def odd() -> Iterator[OddFake]:
+    api = OddFake()
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+@pytest.mark.parametrize("case", ["html-200", "truncated-json-201", "huge-garbage-200", "redirect-after-apply"])
+def test_applied_binding_answered_with_garbage_keeps_its_booking(odd: OddFake, case: str) -> None:
+    """Attack on the answer: the Binding is applied, then answered with something that is not a
+    Status (HTML, cut-off JSON, 4 MiB of garbage, a redirect). The bind never takes that as a
+    refusal: it reads the pod back (or takes the 2xx/3xx as sent), keeps the booking of the
+    applied Binding, sends it once, and the books match the cluster."""
+    answers = {"html-200": (200, b"<html><body>proxy says hi</body></html>", {"Content-Type": "text/html"}),
+               "truncated-json-201": (201, b'{"kind":"Status","status":"Succ', {"Content-Type": "application/json"}),
+               "huge-garbage-200": (200, b"\xff" * (4 << 20), {"Content-Type": "application/json"}),
+               "redirect-after-apply": (307, b"", {"Location": "/elsewhere"})}
+    create_nodes(odd, 1)
+    a, b = pod(odd, "a"), pod(odd, "b")
+
+    async def go() -> str:
+        async with extender(odd, timeout=2.0) as ext:
+            svc = ext.svc
+            await wait_until(lambda: svc.cache.pod_to_bind("default/a", a["metadata"]["uid"]) is not None)
+            odd.odd = (True, *answers[case])
+            err = await bind(ext, a)
+            await wait_until(lambda: not svc.cache.unresolved)
+            assert "default/a" in svc.cache.state.bookings
+            assert await bind(ext, b) != ""  # the GPU is taken
+            await wait_until(lambda: (svc.cache.pods.get("default/a") is not None
+                                      and svc.cache.pods["default/a"].bound))
+            check_books(odd, svc)
+            return err
+
+    err = asyncio.run(go())
+    assert err == "", err
+    assert odd.odd_hits == 1 and bindings(odd, "a") == 1
+    got = odd.get_object("pods", "a", "default")
+    assert got is not None and got["spec"]["nodeName"] == "node-0"
+
+
+@pytest.mark.parametrize("status", [307, 302, 304])
+def test_binding_answered_with_a_redirect_and_not_applied_is_not_taken_as_bound(odd: OddFake, status: int) -> None:
+    """Attack on the answer: something between the extender and the API server answers the
+    Binding with a redirect and never forwards it. The client follows no redirect (it would send
+    the write twice); the bind must not take the 3xx for success either: the pod is not bound, so
+    the books must not hold it as bound (``check_books``)."""
+    create_nodes(odd, 1)
+    a = pod(odd, "a")
+
+    async def go() -> str:
+        async with extender(odd, timeout=2.0) as ext:
+            svc = ext.svc
+            await wait_until(lambda: svc.cache.pod_to_bind("default/a", a["metadata"]["uid"]) is not None)
+            odd.odd = (False, status, b"", {"Location": f"{odd.base_url}/api/v1/namespaces/default/pods/a/binding"})
+            err = await bind(ext, a)
+            await wait_until(lambda: not svc.cache.unresolved)
+            check_books(odd, svc)
+            return err
+
+    err = asyncio.run(go())
+    assert err != ""
+    assert odd.odd_hits == 1 and bindings(odd, "a") == 0  # never followed, never resent
+    got = odd.get_object("pods", "a", "default")
+    assert got is not None and not got["spec"].get("nodeName")
+
+
+@pytest.mark.parametrize("proxy", [False, True])
+def test_binding_redirected_is_never_followed_nor_taken_as_bound(odd: OddFake, proxy: bool) -> None:
+    """Attack on the answer, through the whole bind: the Binding is answered 307 to the same URL
+    and not applied, the extender reaching the API server directly (the Binding from the event
+    loop) or through a proxy configuration (from a worker thread, urllib3). Before the fix urllib3
+    followed the 307 and sent the Binding a second time, and a 3xx that was not followed was
+    taken as bound. Now it is an unknown outcome: the pod is read back, found unbound and fenced,
+    the booking released; the Binding went out once."""
+    create_nodes(odd, 1)
+    a = pod(odd, "a")
+    odd.as_proxy = proxy
+
+    async def go() -> str:
+        async with extender(odd, timeout=2.0) as ext:
+            svc = ext.svc
+            assert (svc.api.aio is None) == proxy
+            await wait_until(lambda: svc.cache.pod_to_bind("default/a", a["metadata"]["uid"]) is not None)
+            base = PROXIED_HOST if proxy else odd.base_url
+            odd.odd = (False, 307, b"", {"Location": f"{base}/api/v1/namespaces/default/pods/a/binding"})
+            err = await bind(ext, a)
+            await wait_until(lambda: not svc.cache.unresolved)
+            check_books(odd, svc)
+            return err
+
+    err = asyncio.run(go())
+    assert "not the API server's Success Status" in err, err
+    assert odd.odd_hits == 1 and bindings(odd, "a") == 0  # sent once, never followed
+    got = odd.get_object("pods", "a", "default")
+    assert got is not None and not got["spec"].get("nodeName")
+    assert ANN_ALLOCATION not in (got["metadata"].get("annotations") or {})
+
+
+@pytest.mark.parametrize("applied", [False, True])
+def test_kept_alive_connection_dropped_under_a_binding_is_never_resent(odd: OddFake, applied: bool) -> None:
+    """Attack on the connection: the event loop's Binding goes out on a kept-alive connection
+    (a first bind opened it) and the server drops that connection on receiving it, applied or not.
+    aiohttp resends a request whose reused connection broke only for idempotent methods: the
+    Binding (POST) goes out once, the outcome is unknown and read back: bound with the record (booking
+    kept) or unbound and fenced (released)."""
+    create_nodes(odd, 1)
+    w, a = pod(odd, "w", mib=4000), pod(odd, "a", mib=4000)
+
+    async def go() -> str:
+        async with extender(odd, timeout=2.0) as ext:
+            svc = ext.svc
+            await wait_until(lambda: all(svc.cache.pod_to_bind(f"default/{p['metadata']['name']}",
+                                                               p["metadata"]["uid"]) is not None for p in (w, a)))
+            assert await bind(ext, w) == ""  # its connection stays open for the next Binding
+            odd.odd = (applied, 0, b"", {})
+            err = await bind(ext, a)
+            await wait_until(lambda: not svc.cache.unresolved)
+            await wait_until(lambda: all(svc.cache.pods.get(k) is not None and svc.cache.pods[k].bound
+                                         for k in (["default/w", "default/a"] if applied else ["default/w"])))
+            check_books(odd, svc)
+            return err
+
+    err = asyncio.run(go())
+    assert odd.odd_hits == 1 and bindings(odd, "a") == (1 if applied else 0)  # the odd one, once
+    got = odd.get_object("pods", "a", "default")
+    assert got is not None
+    if applied:
+        assert err == "" and got["spec"]["nodeName"] == "node-0"
+    else:
+        assert err != "" and not got["spec"].get("nodeName")
+
+
+def test_bind_flood_beyond_the_connection_limit(fake: FakeKubeAPI) -> None:
+    """Attack: more binds at once than the event loop's client has connections (limit 2 here),
+    with the server holding every Binding it gets. The two sent time out unanswered, the four
+    others time out waiting for a connection (sent nothing): all six are unknown outcomes, read
+    back and fenced, their bookings released. When the server then goes on with the two held
+    Bindings, the fence has moved the pods' resourceVersion: both are refused (409), no pod is
+    bound, no Binding went out twice, and the books match the cluster (nothing booked)."""
+    create_nodes(fake, 1)
+    pods = [pod(fake, f"f{i}", mib=4000) for i in range(6)]
+    held = {"n": 0}
+    arrived, release = threading.Event(), threading.Event()
+
+    async def hook(info: Any) -> None:
+        if info.verb != "create" or info.resource != "pods/binding":
+            return
+        held["n"] += 1
+        if held["n"] == 2:
+            arrived.set()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, WAIT)
+    fake.add_hook(hook)
+
+    async def go() -> list[str]:
+        async with extender(fake, timeout=1.0) as ext:
+            svc = ext.svc
+            own = svc.api.aio
+            assert own is not None and svc.api.http is not None
+            svc.api.aio = AsyncJSONClient(svc.api.http, max_connections=2)  # the Bindings' client here
+            try:
+                return await flood(ext)
+            finally:
+                await svc.api.aio.close()
+                svc.api.aio = own
+
+    async def flood(ext: Any) -> list[str]:
+        svc = ext.svc
+        await wait_until(lambda: all(svc.cache.pod_to_bind(f"default/{p['metadata']['name']}",
+                                                           p["metadata"]["uid"]) is not None for p in pods))
+        calls = [asyncio.create_task(bind(ext, p)) for p in pods]
+        assert await asyncio.to_thread(arrived.wait, WAIT)
+        errs = list(await asyncio.gather(*calls))  # all end on their own: timeouts, read back, fenced
+        assert held["n"] == 2, held  # the limit: the other four never reached the server
+        await wait_until(lambda: not svc.cache.unresolved)
+        release.set()
+        await wait_until(lambda: all(r.status is not None for r in fake.request_log
+                                     if r.method == "POST" and r.path.endswith("/binding")))
+        assert sorted(r.status for r in fake.request_log
+                      if r.method == "POST" and r.path.endswith("/binding")) == [409, 409]
+        check_books(fake, svc)
+        return errs
+
+    errs = asyncio.run(go())
+    assert all(e != "" for e in errs), errs
+    for p in pods:
+        name = p["metadata"]["name"]
+        got = fake.get_object("pods", name, "default")
+        assert got is not None and not got["spec"].get("nodeName"), name
+        assert bindings(fake, name) <= 1, name
