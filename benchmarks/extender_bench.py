@@ -236,7 +236,7 @@ def _server(port: int, nodes: int, gpus: int, ready: Any, diverse: bool = False,
             svc.api = _StubAPI(svc, cold)  # type: ignore[assignment]
             return
         # the real client against the fake API server
-        from kube_vgpu.kubeapi import Reflector
+        from kube_vgpu.kubeapi import AsyncReflector, Reflector
         from scheduler.kube import KubeAPI, load_api_client
         kube = KubeAPI(load_api_client(kubeconfig), generated_client=api == "generated")
         get_pod = kube.get_pod
@@ -249,8 +249,8 @@ def _server(port: int, nodes: int, gpus: int, ready: Any, diverse: bool = False,
         svc.api = kube
         if not pod_watch:  # no watch: every bind reads its pod with a GET
             return
-        # The extender's pod watch (the Reflector and event handler `kube-vgpu scheduler` runs, same
-        # field selector), in its thread in this process, so its CPU is counted. Node events are not
+        # The extender's pod watch (the reflector and event handler `kube-vgpu scheduler` runs, same
+        # field selector), in this process, so its CPU is counted. Node events are not
         # watched (the nodes are in the cache only). The pre-booked GPUs of diverse nodes have no pods
         # in the fake API, so a list is applied pod by pod instead of as a replace (which would
         # release them); a list happens once at the start (the fake API starts empty) and then only
@@ -267,8 +267,14 @@ def _server(port: int, nodes: int, gpus: int, ready: Any, diverse: bool = False,
                 loop.call_soon_threadsafe(fn, *args)
             return call
 
-        watch = Reflector(kube, "pods", marshal(listed), marshal(svc._on_pod_event), on_synced=marshal(synced.set),
-                          field_selector=f"spec.schedulerName={cfg.scheduler_name}", resync_seconds=1e9)
+        selector = f"spec.schedulerName={cfg.scheduler_name}"
+        watch: Reflector
+        if kube.aio is not None:  # as `kube-vgpu scheduler`: the watch streams on the event loop
+            watch = AsyncReflector(kube, "pods", listed, svc._on_pod_event, on_synced=synced.set,
+                                   field_selector=selector, resync_seconds=1e9)
+        else:  # the generated client: a watch thread, its events marshalled onto the loop
+            watch = Reflector(kube, "pods", marshal(listed), marshal(svc._on_pod_event), on_synced=marshal(synced.set),
+                              field_selector=selector, resync_seconds=1e9)
         watch.start()
         await asyncio.wait_for(synced.wait(), 60)
 

@@ -23,6 +23,7 @@ Objects are plain API JSON dicts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import logging
@@ -32,11 +33,12 @@ import select
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
+import aiohttp.http_exceptions
 import orjson
 import urllib3
 from kubernetes import client, config
@@ -374,6 +376,16 @@ class JSONClient:
         return orjson.loads(raw) if raw else {}
 
 
+class EventTooLong(urllib3.exceptions.ProtocolError):
+    """A watch event longer than :meth:`AsyncJSONClient.lines` reads: the watch cannot go past it
+    (a reflector relists: a list has no line limit)."""
+
+
+#: the longest watch event line :meth:`AsyncJSONClient.lines` reads (objects are at most about 1.5 MiB
+#: in etcd; their JSON, with a watch event around it, stays well below this)
+WATCH_MAX_LINE = 8 << 20
+
+
 class AsyncJSONClient:
     """:class:`JSONClient`'s requests sent from an event loop (aiohttp's client on its own
     kept-alive connections), for a call on a hot path that would otherwise cost a hop to a worker
@@ -424,6 +436,32 @@ class AsyncJSONClient:
             self._tls = (now + self.context_ttl, ctx)
         return ctx
 
+    @contextlib.asynccontextmanager
+    async def _errors(self, url: str) -> AsyncIterator[None]:
+        """Raise aiohttp's errors (from the request or from reading its answer) as
+        :class:`JSONClient` raises them (see the class)."""
+        try:
+            yield
+        except aiohttp.ClientSSLError as e:  # as the generated client reports a TLS failure
+            raise ApiException(status=0, reason=f"{type(e).__name__}: {e}") from e
+        except aiohttp.ClientConnectorError as e:  # nothing sent: no connection
+            raise urllib3.exceptions.MaxRetryError(None, url, urllib3.exceptions.NewConnectionError(  # type: ignore[arg-type]
+                None, f"Failed to establish a new connection: {e}")) from e  # type: ignore[arg-type]
+        except TimeoutError as e:  # aiohttp's ServerTimeoutError and asyncio's timeout
+            raise urllib3.exceptions.ReadTimeoutError(
+                None, url, f"Read timed out. (read timeout={self.sync.timeout})") from e  # type: ignore[arg-type]
+        except (aiohttp.ClientError, OSError) as e:
+            raise urllib3.exceptions.ProtocolError("Connection aborted.", e) from e
+
+    def _refused(self, status: int, reason: str | None, raw: bytes, headers: Any) -> ApiException:
+        """The ApiException of an HTTP error answer (a 401 makes the next request read the token)."""
+        if status == 401:
+            self.sync._auth = (0.0, "")  # the token may have been rotated: read it again next time
+        err = ApiException(status=status, reason=reason)
+        err.body = raw.decode("utf-8", "replace") if raw else ""
+        err.headers = headers
+        return err
+
     async def post(self, path: str, body: Any) -> Obj:
         """POST ``body`` (a JSON value) to ``path`` (absolute API path). Returns the decoded
         answer ({} when empty). Raises as described in the class."""
@@ -432,31 +470,39 @@ class AsyncJSONClient:
         headers = sync._headers("application/json")
         url = sync.base + path
         ctx = self._context()
-        try:
-            async with self._session_here().post(
-                    url, data=data, headers=headers, ssl=ctx if ctx is not None else False,
-                    server_hostname=self._server_hostname if ctx is not None else None,
-                    allow_redirects=False) as resp:
-                raw = await resp.read()
-                status, reason, resp_headers = resp.status, resp.reason, resp.headers
-        except aiohttp.ClientSSLError as e:  # as the generated client reports a TLS failure
-            raise ApiException(status=0, reason=f"{type(e).__name__}: {e}") from e
-        except aiohttp.ClientConnectorError as e:  # nothing sent: no connection
-            raise urllib3.exceptions.MaxRetryError(None, url, urllib3.exceptions.NewConnectionError(  # type: ignore[arg-type]
-                None, f"Failed to establish a new connection: {e}")) from e  # type: ignore[arg-type]
-        except TimeoutError as e:  # aiohttp's ServerTimeoutError and asyncio's timeout
-            raise urllib3.exceptions.ReadTimeoutError(
-                None, url, f"Read timed out. (read timeout={sync.timeout})") from e  # type: ignore[arg-type]
-        except (aiohttp.ClientError, OSError) as e:
-            raise urllib3.exceptions.ProtocolError("Connection aborted.", e) from e
-        if status >= 400:
-            if status == 401:
-                sync._auth = (0.0, "")  # the token may have been rotated: read it again next time
-            err = ApiException(status=status, reason=reason)
-            err.body = raw.decode("utf-8", "replace") if raw else ""
-            err.headers = resp_headers
-            raise err
+        async with self._errors(url), self._session_here().post(
+                url, data=data, headers=headers, ssl=ctx if ctx is not None else False,
+                server_hostname=self._server_hostname if ctx is not None else None,
+                allow_redirects=False) as resp:
+            raw = await resp.read()
+        if resp.status >= 400:
+            raise self._refused(resp.status, resp.reason, raw, resp.headers)
         return orjson.loads(raw) if raw else {}
+
+    async def lines(self, path: str, read_timeout: float, max_line: int = WATCH_MAX_LINE
+                    ) -> AsyncGenerator[bytes, None]:
+        """GET ``path`` (a watch) and yield its answer line by line as it streams (each line one
+        JSON event, its newline kept), until the server ends it. ``read_timeout``: seconds the
+        stream may stay silent (the server ends a watch after its ``timeoutSeconds`` and sends a
+        bookmark about once a minute); ``max_line``: the longest line read (an object up to the
+        API server's size limit fits). Raises as described in the class (a line longer than
+        ``max_line``: :class:`EventTooLong`, a ``ProtocolError``). Close it (``contextlib.aclosing``) when leaving early."""
+        sync = self.sync
+        url = sync.base + path
+        ctx = self._context()
+        timeout = aiohttp.ClientTimeout(total=None, connect=sync.timeout, sock_connect=sync.timeout,
+                                        sock_read=read_timeout)
+        async with self._errors(url), self._session_here().get(
+                url, headers=sync._headers(None), ssl=ctx if ctx is not None else False,
+                server_hostname=self._server_hostname if ctx is not None else None, allow_redirects=False,
+                timeout=timeout, read_bufsize=max_line // 2) as resp:
+            if resp.status >= 400:
+                raise self._refused(resp.status, resp.reason, await resp.read(), resp.headers)
+            try:
+                async for line in resp.content:
+                    yield line
+            except aiohttp.http_exceptions.LineTooLong as e:  # longer than max_line
+                raise EventTooLong("watch event too long", e) from e
 
     async def close(self) -> None:
         """Close the session and its connections (on its own event loop; idempotent)."""
@@ -570,6 +616,10 @@ class Reflector:
         self._stop = threading.Event()
         self._resp: Any = None
         self._thread: threading.Thread | None = None
+        self._delay = backoff[0]  #: the wait after the next error
+        self._need_list = True  #: relist before the next watch (first, after 410)
+        self._first = True  #: no list has completed yet
+        self._next_resync = 0.0  #: monotonic time of the next full relist
 
     def start(self) -> None:
         """Start the thread (idempotent)."""
@@ -594,21 +644,76 @@ class Reflector:
         if self._thread is not None:
             self._thread.join(join)
 
+    # -- shared by the thread (:meth:`_run`) and the event loop (:class:`AsyncReflector`) ------
+    def _list_due(self) -> bool:
+        return self._need_list or time.monotonic() >= self._next_resync
+
+    def _replace(self, items: list[Obj], rv: str) -> None:
+        self.resource_version = rv
+        self.relists += 1
+        self.on_replace(items, rv)
+
+    def _listed(self) -> None:
+        """After a (re)list: watch from it until the next resync; the first one syncs."""
+        self._need_list = False
+        self._next_resync = time.monotonic() + self.resync_seconds
+        if self._first and self.on_synced is not None:
+            self.on_synced()
+        self._first = False
+
+    def _watch_timeout(self, deadline: float) -> int:
+        """The watch's ``timeoutSeconds``: up to the deadline (the next resync), at most
+        ``watch_timeout``, jittered so that many reflectors do not reconnect at once."""
+        timeout = max(1, min(self.watch_timeout, int(deadline - time.monotonic()) + 1))
+        return max(1, int(timeout * random.uniform(0.9, 1.0)))
+
+    def _line(self, line: bytes | str) -> None:
+        """One line of a watch: an event to ``on_event``; a bookmark moves the resourceVersion
+        only. Raises Gone (410) or ApiException for an ERROR event."""
+        ev = orjson.loads(line)
+        typ = ev.get("type")
+        obj = ev.get("object") or {}
+        if typ == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone(obj.get("message") or "resourceVersion too old")
+            raise ApiException(status=obj.get("code") or 500, reason=obj.get("message") or "watch error")
+        rv = ObjectView(obj).resource_version
+        if rv:
+            self.resource_version = str(rv)
+        if typ in ("ADDED", "MODIFIED", "DELETED") and not self._stop.is_set():
+            self.on_event(typ, obj)
+
+    def _failed(self, e: Exception) -> float:
+        """After a list or watch error: seconds to wait before the next attempt (0 after Gone:
+        relist at once; otherwise the backoff, doubling up to its most). Counts and logs it."""
+        if isinstance(e, Gone):
+            log.info("watch expired, relisting", extra={"reason": f"{self.kind}: {e}"})
+            self._need_list = True
+            return 0.0
+        self.errors += 1
+        if isinstance(e, EventTooLong):  # the watch cannot get past that event; a list can
+            self._need_list = True
+        if isinstance(e, ApiException):
+            self._need_list = self._need_list or e.status == 410
+            log.warning("list/watch failed", extra={"error": api_error_text(e), "reason": self.kind})
+        else:  # connection errors
+            log.warning("list/watch failed", extra={"error": f"{type(e).__name__}: {e}", "reason": self.kind})
+        delay = self._delay
+        self._delay = min(self.backoff[1], delay * 2)
+        return delay
+
+    # -- the thread ---------------------------------------------------------------------------
     def _relist(self) -> None:
         if self.on_list_start is not None:
             self.on_list_start()
         items, rv = self.api.list_objects(self.kind, self.label_selector, self.field_selector)
         if self._stop.is_set():
             return
-        self.resource_version = rv
-        self.relists += 1
-        self.on_replace(items, rv)
+        self._replace(items, rv)
 
     def _watch_once(self, deadline: float) -> None:
-        timeout = max(1, min(self.watch_timeout, int(deadline - time.monotonic()) + 1))
-        timeout = max(1, int(timeout * random.uniform(0.9, 1.0)))
-        resp = self.api.watch_objects(self.kind, self.resource_version, timeout, self.label_selector,
-                                     self.field_selector)
+        resp = self.api.watch_objects(self.kind, self.resource_version, self._watch_timeout(deadline),
+                                     self.label_selector, self.field_selector)
         self._resp = resp
         if self._stop.is_set():  # stop() ran before _resp was set: it woke nothing
             wake_reader(resp)
@@ -616,22 +721,8 @@ class Reflector:
             for line in iter_resp_lines(resp):
                 if self._stop.is_set():
                     return
-                if not line:
-                    continue
-                ev = orjson.loads(line)
-                typ = ev.get("type")
-                obj = ev.get("object") or {}
-                if typ == "ERROR":
-                    if obj.get("code") == 410:
-                        raise Gone(obj.get("message") or "resourceVersion too old")
-                    raise ApiException(status=obj.get("code") or 500, reason=obj.get("message") or "watch error")
-                rv = ObjectView(obj).resource_version
-                if rv:
-                    self.resource_version = str(rv)
-                if typ == "BOOKMARK":
-                    continue
-                if typ in ("ADDED", "MODIFIED", "DELETED") and not self._stop.is_set():
-                    self.on_event(typ, obj)
+                if line:
+                    self._line(line)
                 if time.monotonic() >= deadline:
                     return
         finally:
@@ -644,40 +735,91 @@ class Reflector:
                 pass
 
     def _run(self) -> None:
-        delay = self.backoff[0]
-        need_list = True
-        first = True
-        next_resync = 0.0
         while not self._stop.is_set():
             try:
-                if need_list or time.monotonic() >= next_resync:
+                if self._list_due():
                     self._relist()
-                    need_list = False
-                    next_resync = time.monotonic() + self.resync_seconds
                     if self._stop.is_set():
                         return
-                    if first and self.on_synced is not None:
-                        self.on_synced()
-                    first = False
-                self._watch_once(next_resync)
-                delay = self.backoff[0]
-            except Gone as e:
+                    self._listed()
+                self._watch_once(self._next_resync)
+                self._delay = self.backoff[0]
+            except Exception as e:  # noqa: BLE001 - API and connection errors: back off, keep going
                 if self._stop.is_set():
                     return
-                log.info("watch expired, relisting", extra={"reason": f"{self.kind}: {e}"})
-                need_list = True
-            except ApiException as e:
-                if self._stop.is_set():
-                    return
-                self.errors += 1
-                need_list = need_list or e.status == 410
-                log.warning("list/watch failed", extra={"error": api_error_text(e), "reason": self.kind})
-                self._stop.wait(delay)
-                delay = min(self.backoff[1], delay * 2)
-            except Exception as e:  # noqa: BLE001 - connection errors: back off, keep going
-                if self._stop.is_set():
-                    return
-                self.errors += 1
-                log.warning("list/watch failed", extra={"error": f"{type(e).__name__}: {e}", "reason": self.kind})
-                self._stop.wait(delay)
-                delay = min(self.backoff[1], delay * 2)
+                self._stop.wait(self._failed(e))
+
+
+class AsyncListWatch(Protocol):
+    """What an :class:`AsyncReflector` needs from a component's API client: the blocking list (run
+    in a worker thread) and a watch streamed on the event loop."""
+
+    def list_objects(self, kind: str, label_selector: str | None = None,
+                     field_selector: str | None = None) -> tuple[list[Obj], str]:
+        """(items, the list's resourceVersion) of ``kind`` (all namespaces)."""
+        ...
+
+    def watch_lines(self, kind: str, resource_version: str, timeout_seconds: int,
+                    label_selector: str | None = None, field_selector: str | None = None
+                    ) -> AsyncGenerator[bytes, None]:
+        """A watch from ``resource_version``, line by line (:meth:`AsyncJSONClient.lines`)."""
+        ...
+
+
+class AsyncReflector(Reflector):
+    """:class:`Reflector` on an event loop: the same list, watch, bookmarks, 410 relist, backoff
+    and resync, and the same callbacks and counters, but the watch streams on the loop
+    (:meth:`AsyncListWatch.watch_lines`) and the callbacks run there, with no thread between the
+    stream and the cache (a thread's events each cost a wake-up of the loop and a hand-over of the
+    GIL). Only the list runs in a worker thread (lists are rare and large). :meth:`start` runs it
+    as a task of the running loop; :meth:`astop` cancels it."""
+
+    def __init__(self, api: AsyncListWatch, kind: str, on_replace: Callable[[list[Obj], str], None],
+                 on_event: Callable[[str, Obj], None], on_synced: Callable[[], None] | None = None,
+                 label_selector: str | None = None, resync_seconds: float = 300.0,
+                 field_selector: str | None = None, watch_timeout: int = 300,
+                 backoff: tuple[float, float] = (0.2, 10.0), on_list_start: Callable[[], None] | None = None):
+        super().__init__(api, kind, on_replace, on_event, on_synced, label_selector, resync_seconds,  # type: ignore[arg-type]
+                         field_selector, watch_timeout, backoff, on_list_start)
+        self.aapi = api
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the task on the running loop (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name=self.thread_name)
+
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def astop(self) -> None:
+        """Cancel the task and wait for it (an open watch is closed; a list in flight in its
+        worker thread ends on its own, its answer dropped)."""
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            try:
+                if self._list_due():
+                    if self.on_list_start is not None:
+                        self.on_list_start()
+                    self._replace(*await loop.run_in_executor(None, self.aapi.list_objects, self.kind,
+                                                              self.label_selector, self.field_selector))
+                    self._listed()
+                deadline = self._next_resync
+                async with contextlib.aclosing(self.aapi.watch_lines(
+                        self.kind, self.resource_version, self._watch_timeout(deadline), self.label_selector,
+                        self.field_selector)) as lines:
+                    async for line in lines:
+                        if line.strip():
+                            self._line(line)
+                        if time.monotonic() >= deadline:
+                            break
+                self._delay = self.backoff[0]
+            except Exception as e:  # noqa: BLE001 - API and connection errors: back off, keep going
+                await asyncio.sleep(self._failed(e))

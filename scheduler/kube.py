@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -46,6 +46,10 @@ def _pod_path(namespace: str, name: str, sub: str = "") -> str:
     """``/api/v1/namespaces/NS/pods/NAME[/sub]`` with both names percent-encoded (they may come from
     an unauthenticated /bind body: a ``/`` or ``..`` in them never changes the path)."""
     return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}{sub}"
+
+
+#: the API path of each kind the extender lists and watches (all namespaces)
+_COLLECTIONS = {"nodes": "/api/v1/nodes", "pods": "/api/v1/pods", "resourcequotas": "/api/v1/resourcequotas"}
 
 
 def _binding(namespace: str, name: str, uid: str, node: str, resource_version: str,
@@ -180,6 +184,20 @@ class KubeAPI:
         if field_selector:
             kw["field_selector"] = field_selector
         return self._lister(kind)(**kw)
+
+    def watch_lines(self, kind: str, resource_version: str, timeout_seconds: int,
+                    label_selector: str | None = None, field_selector: str | None = None
+                    ) -> AsyncGenerator[bytes, None]:
+        """:meth:`watch_objects` streamed on the event loop (:attr:`aio`; the caller checks it is
+        there): the same request, its answer line by line (one JSON event each)."""
+        assert self.aio is not None
+        query: dict[str, str] = {"watch": "true", "allowWatchBookmarks": "true",
+                                 "resourceVersion": resource_version, "timeoutSeconds": str(timeout_seconds)}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        return self.aio.lines(f"{_COLLECTIONS[kind]}?{urlencode(query)}", read_timeout=timeout_seconds + 30)
 
     def _lister(self, kind: str) -> Callable[..., Any]:
         if kind == "nodes":

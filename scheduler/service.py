@@ -50,7 +50,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kube_vgpu.cluster import Record, pod_key
 from kube_vgpu.config import Config, load_config_text
 from kube_vgpu.errors import ConfigError, RequestError
-from kube_vgpu.kubeapi import Reflector, api_error_text
+from kube_vgpu.kubeapi import AsyncReflector, Reflector, api_error_text
 from kube_vgpu.model import PodAllocation
 from kube_vgpu.placement.fastpath import names_key, normalise_array
 from kube_vgpu.placement.liveshapes import shapes_from_state
@@ -286,18 +286,23 @@ class SchedulerService:
                     loop.call_soon_threadsafe(fn, *a)
                 return call
 
+            def reflector(kind: str, on_replace: Callable[[list[Obj], str], None],
+                          on_event: Callable[[str, Obj], None], **kw: Any) -> Reflector:
+                """On the event loop when the client streams there (callbacks called directly),
+                else in a thread (callbacks marshalled onto the loop; on_list_start is not)."""
+                synced = partial(self.mark_synced, kind)
+                if api.aio is not None:
+                    return AsyncReflector(api, kind, on_replace, on_event, synced,
+                                          resync_seconds=self.opts.resync_seconds, **kw)
+                return Reflector(api, kind, marshal(on_replace), marshal(on_event), marshal(synced),
+                                 resync_seconds=self.opts.resync_seconds, **kw)
+
             self._reflectors = [
-                Reflector(api, "nodes", marshal(lambda items, _rv: self.cache.replace_nodes(items)),
-                          marshal(self.cache.on_node),
-                          marshal(partial(self.mark_synced, "nodes")), resync_seconds=self.opts.resync_seconds),
-                Reflector(api, "pods", marshal(self.cache.replace_pods), marshal(self._on_pod_event),
-                          marshal(partial(self.mark_synced, "pods")),
+                reflector("nodes", lambda items, _rv: self.cache.replace_nodes(items), self.cache.on_node),
+                reflector("pods", self.cache.replace_pods, self._on_pod_event,
                           field_selector=self.opts.pod_field_selector
-                          or f"spec.schedulerName={self.config.scheduler_name}",
-                          resync_seconds=self.opts.resync_seconds, on_list_start=self.cache.listing),
-                Reflector(api, "resourcequotas", marshal(self.cache.replace_quotas), marshal(self.cache.on_quota),
-                          marshal(partial(self.mark_synced, "resourcequotas")),
-                          resync_seconds=self.opts.resync_seconds),
+                          or f"spec.schedulerName={self.config.scheduler_name}", on_list_start=self.cache.listing),
+                reflector("resourcequotas", self.cache.replace_quotas, self.cache.on_quota),
             ]
             if self.dra is not None:
                 dra, lw = self.dra, DraListWatch(api.api_client, api.timeout)
@@ -345,7 +350,10 @@ class SchedulerService:
         self._tasks.clear()
         loop = asyncio.get_running_loop()
         for r in self._reflectors:
-            await loop.run_in_executor(None, r.stop)
+            if isinstance(r, AsyncReflector):
+                await r.astop()
+            else:
+                await loop.run_in_executor(None, r.stop)
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self.api is not None:
             await self.api.aclose()
