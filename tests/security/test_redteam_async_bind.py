@@ -412,3 +412,62 @@ def test_bind_flood_beyond_the_connection_limit(fake: FakeKubeAPI) -> None:
         got = fake.get_object("pods", name, "default")
         assert got is not None and not got["spec"].get("nodeName"), name
         assert bindings(fake, name) <= 1, name
+
+
+def test_ca_rotated_to_one_the_server_does_not_match_keeps_the_booking_until_read_back(tmp_path: Any) -> None:
+    """Attack on TLS: the CA file the extender trusts is replaced by another CA (a rotation gone
+    wrong, or a man in the middle the new CA would accept), and the kept-alive connections are
+    gone. The event loop's next Binding fails its TLS handshake (nothing sent) and the
+    read-back fails too: the outcome is unknown, so the booking is kept, the pod marked unresolved.
+    Once the right CA is back, the pod is read back, found unbound and fenced, the booking
+    released; no Binding reached the server, and the books match the cluster."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
+    from test_jsonclient_pool import _Fake
+
+    ca = tmp_path / "ca.crt"
+
+    class CAFake(_Fake):
+        def configuration(self) -> Any:
+            cfg = super().configuration()
+            cfg.ssl_ca_cert = str(ca)
+            return cfg
+
+    other = FakeKubeAPI(tls=True)
+    other._make_tls()  # another CA, which did not sign the server's certificate
+    assert other.ca_cert_path is not None
+    with CAFake() as fake:
+        assert fake.ca_cert_path is not None
+        shutil.copyfile(fake.ca_cert_path, ca)
+        create_nodes(fake, 1)
+        w, a = pod(fake, "w", mib=4000), pod(fake, "a", mib=4000)
+
+        async def go() -> str:
+            async with extender(fake, timeout=2.0) as ext:
+                svc = ext.svc
+                assert svc.api.aio is not None
+                # the CA file is looked at for every new connection (not once a second), from now on
+                svc.api.aio.context_ttl, svc.api.aio._tls = 0.0, (0.0, None)
+                await wait_until(lambda: all(svc.cache.pod_to_bind(f"default/{p['metadata']['name']}",
+                                                                   p["metadata"]["uid"]) is not None for p in (w, a)))
+                assert await bind(ext, w) == ""
+                shutil.copyfile(other.ca_cert_path, str(ca))
+                await svc.api.aio.close()  # its kept-alive connections keep their TLS: start anew
+                err = await bind(ext, a)
+                assert "unknown" in err, err
+                assert svc.cache.unresolved.get("default/a") == a["metadata"]["uid"]
+                assert "default/a" in svc.cache.state.bookings  # kept until read back
+                shutil.copyfile(fake.ca_cert_path, str(ca))
+                await wait_until(lambda: not svc.cache.unresolved, timeout=10)
+                await wait_until(lambda: (svc.cache.pods.get("default/w") is not None
+                                          and svc.cache.pods["default/w"].bound))
+                check_books(fake, svc)
+                return err
+
+        asyncio.run(go())
+        assert bindings(fake, "a") == 0
+        got = fake.get_object("pods", "a", "default")
+        assert got is not None and not got["spec"].get("nodeName")
