@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +19,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from test_jsonclient_pool import TOKEN, _binding, _count, _Fake, _kubeconfig, _path, _pod
+from test_jsonclient_pool import fake as fake  # noqa: F401 - its module-scoped fake API server fixture
 
 from kube_vgpu.kubeapi import (
     AsyncJSONClient,
@@ -32,16 +33,6 @@ from scheduler.kube import KubeAPI
 from tests.fakeapi import FakeKubeAPI
 
 T = TypeVar("T")
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[_Fake]:
-    api = _Fake(token=TOKEN)
-    api.start()
-    try:
-        yield api
-    finally:
-        api.stop()
 
 
 def _run(make: Callable[[AsyncJSONClient], Coroutine[Any, Any, T]], ac: AsyncJSONClient) -> T:
