@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 import pytest
 from aiohttp import web
 from bind_support import bind, bind_args, check_books, create_nodes, create_pod, extender, pod_obj
 from vgpu_sched_util import wait_until
 
+from kube_vgpu.eventloop import new_event_loop
 from kube_vgpu.kubeapi import AsyncJSONClient
 from kube_vgpu.resources import ANN_ALLOCATION
 from tests.fakeapi import FakeKubeAPI
@@ -26,6 +27,22 @@ from tests.fakeapi import FakeKubeAPI
 GPU_MIB = 24576
 PROXIED_HOST = "http://kube.invalid"  #: the API server's address when the fake is reached as a proxy
 WAIT = 30.0  #: the longest a test waits for an event before failing (a bound, not a sleep)
+T = TypeVar("T")
+
+
+def run_on(loop: str, main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on a new event loop of kind ``loop``: ``asyncio``, or ``uvloop``, the loop
+    ``kube-vgpu scheduler`` serves on (:mod:`kube_vgpu.eventloop`)."""
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+        factory = new_event_loop
+    else:
+        factory = asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
+
+
+LOOPS = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 
 
 def pod(fake: FakeKubeAPI, name: str, mib: int = 16000) -> dict[str, Any]:
@@ -68,7 +85,8 @@ class Gates:
             e.set()
 
 
-def test_second_bind_of_a_pod_while_its_binding_is_in_flight_is_refused(fake: FakeKubeAPI) -> None:
+@LOOPS
+def test_second_bind_of_a_pod_while_its_binding_is_in_flight_is_refused(fake: FakeKubeAPI, loop: str) -> None:
     """Attack: while the extender's Binding of pod ``a`` is in flight, POST /bind for ``a`` again
     (a replayed or forged request). Before the fix the second bind dropped the first one's booking
     and booked again; the first Binding then landed, the second got 409 and released its booking,
@@ -102,12 +120,13 @@ def test_second_bind_of_a_pod_while_its_binding_is_in_flight_is_refused(fake: Fa
                                       and svc.cache.pods["default/a"].bound))
             check_books(fake, svc)
 
-    asyncio.run(go())
+    run_on(loop, go())
     got = fake.get_object("pods", "a", "default")
     assert got is not None and got["spec"]["nodeName"] == "node-0" and ANN_ALLOCATION in got["metadata"]["annotations"]
 
 
-def test_bind_cancelled_while_its_applied_binding_loses_its_answer_keeps_the_booking(fake: FakeKubeAPI) -> None:
+@LOOPS
+def test_bind_cancelled_while_its_applied_binding_loses_its_answer_keeps_the_booking(fake: FakeKubeAPI, loop: str) -> None:
     """Attack: the bind call is cancelled (the service stopping it, a caller gone) while its
     Binding is in the server; the server applies it and drops the connection. The writes go on
     (shielded): the lost answer is settled by reading the pod back (bound: booking kept), a replayed
@@ -142,7 +161,7 @@ def test_bind_cancelled_while_its_applied_binding_loses_its_answer_keeps_the_boo
                                       and svc.cache.pods["default/a"].bound))
             check_books(fake, svc)
 
-    asyncio.run(go())
+    run_on(loop, go())
     got = fake.get_object("pods", "a", "default")
     assert got is not None and got["spec"]["nodeName"] == "node-0"
 
@@ -321,8 +340,9 @@ def test_binding_redirected_is_never_followed_nor_taken_as_bound(odd: OddFake, p
     assert ANN_ALLOCATION not in (got["metadata"].get("annotations") or {})
 
 
+@LOOPS
 @pytest.mark.parametrize("applied", [False, True])
-def test_kept_alive_connection_dropped_under_a_binding_is_never_resent(odd: OddFake, applied: bool) -> None:
+def test_kept_alive_connection_dropped_under_a_binding_is_never_resent(odd: OddFake, applied: bool, loop: str) -> None:
     """Attack on the connection: the event loop's Binding goes out on a kept-alive connection
     (a first bind opened it) and the server drops that connection on receiving it, applied or not.
     aiohttp resends a request whose reused connection broke only for idempotent methods: the
@@ -345,7 +365,7 @@ def test_kept_alive_connection_dropped_under_a_binding_is_never_resent(odd: OddF
             check_books(odd, svc)
             return err
 
-    err = asyncio.run(go())
+    err = run_on(loop, go())
     assert odd.odd_hits == 1 and bindings(odd, "a") == (1 if applied else 0)  # the odd one, once
     got = odd.get_object("pods", "a", "default")
     assert got is not None
@@ -471,3 +491,4 @@ def test_ca_rotated_to_one_the_server_does_not_match_keeps_the_booking_until_rea
         assert bindings(fake, "a") == 0
         got = fake.get_object("pods", "a", "default")
         assert got is not None and not got["spec"].get("nodeName")
+
