@@ -402,7 +402,7 @@ class AsyncJSONClient:
     The session belongs to the event loop of the first request (made there, closed by
     :meth:`close`); a request from another loop starts a new one. At most ``max_connections``
     requests are in flight; more wait for a connection, within the connect timeout (then: no
-    answer, as above). The TLS context is the
+    answer, as above). Watch streams (:meth:`lines`) have a session of their own. The TLS context is the
     synchronous client's, looked up at most once a second (a rotated CA is used from then on)."""
 
     def __init__(self, sync: JSONClient, context_ttl: float = 1.0, max_connections: int = 64):
@@ -411,7 +411,7 @@ class AsyncJSONClient:
         self.sync = sync
         self.context_ttl = context_ttl
         self._tls: tuple[float, ssl.SSLContext | None] = (0.0, None)
-        self._session: aiohttp.ClientSession | None = None
+        self._sessions: dict[str, aiohttp.ClientSession] = {}  #: requests / watches (:meth:`_session_here`)
         self._loop: asyncio.AbstractEventLoop | None = None
         # connect: waiting for a free connection (at most max_connections in use) and dialling it
         self._timeout = aiohttp.ClientTimeout(total=None, connect=sync.timeout, sock_connect=sync.timeout,
@@ -419,14 +419,21 @@ class AsyncJSONClient:
         self.max_connections = max_connections
         self._server_hostname = sync.server_name if sync.server_name != sync.host else None
 
-    def _session_here(self) -> aiohttp.ClientSession:
+    def _session_here(self, watches: bool = False) -> aiohttp.ClientSession:
+        """The running loop's session for requests (at most ``max_connections`` in flight) or, with
+        ``watches``, for watch streams (each holds its connection while it streams; their own
+        session, so that requests filling theirs never hold back a watch's reconnection)."""
         loop = asyncio.get_running_loop()
-        if self._session is None or self._session.closed or self._loop is not loop:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections, ssl=False),
-                timeout=self._timeout, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True)
+        if self._loop is not loop:
+            self._sessions = {}
             self._loop = loop
-        return self._session
+        key = "watches" if watches else "requests"
+        session = self._sessions.get(key)
+        if session is None or session.closed:
+            session = self._sessions[key] = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0 if watches else self.max_connections, ssl=False),
+                timeout=self._timeout, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True)
+        return session
 
     def _context(self) -> ssl.SSLContext | None:
         now = time.monotonic()
@@ -492,7 +499,7 @@ class AsyncJSONClient:
         ctx = self._context()
         timeout = aiohttp.ClientTimeout(total=None, connect=sync.timeout, sock_connect=sync.timeout,
                                         sock_read=read_timeout)
-        async with self._errors(url), self._session_here().get(
+        async with self._errors(url), self._session_here(watches=True).get(
                 url, headers=sync._headers(None), ssl=ctx if ctx is not None else False,
                 server_hostname=self._server_hostname if ctx is not None else None, allow_redirects=False,
                 timeout=timeout, read_bufsize=max_line // 2) as resp:
@@ -505,10 +512,12 @@ class AsyncJSONClient:
                 raise EventTooLong("watch event too long", e) from e
 
     async def close(self) -> None:
-        """Close the session and its connections (on its own event loop; idempotent)."""
-        session, self._session = self._session, None
-        if session is not None and not session.closed and self._loop is asyncio.get_running_loop():
-            await session.close()
+        """Close the sessions and their connections (on their own event loop; idempotent)."""
+        sessions, self._sessions = self._sessions, {}
+        if self._loop is asyncio.get_running_loop():
+            for session in sessions.values():
+                if not session.closed:
+                    await session.close()
 
 
 def read_json(resp: Any) -> Obj:
