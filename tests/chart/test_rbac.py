@@ -164,6 +164,24 @@ def _drain(resp: Any) -> None:
     resp.release_conn()
 
 
+async def _drain_lines(k: Any, f: FakeKubeAPI) -> None:
+    try:
+        for kind, selector in (("nodes", None), ("pods", LABEL_NODE), ("resourcequotas", None)):
+            async for _ in k.watch_lines(kind, f.resource_version, 1, selector):
+                pass
+    finally:
+        await k.aclose()
+
+
+async def _bind_async(k: Any, f: FakeKubeAPI) -> None:
+    pod = f.create_object("pods", _pod("p-loop"), namespace="team-a")
+    try:
+        await k.create_binding_async("team-a", "p-loop", pod["metadata"]["uid"], "n1",
+                                     pod["metadata"]["resourceVersion"])
+    finally:
+        await k.aclose()
+
+
 #: how to run each public method of scheduler.kube.KubeAPI once (a new method must be added here,
 #: and so gets checked against the chart)
 EXTENDER_METHODS: dict[str, Callable[[Any, FakeKubeAPI], None]] = {
@@ -174,6 +192,9 @@ EXTENDER_METHODS: dict[str, Callable[[Any, FakeKubeAPI], None]] = {
                                                     "n1", f.get_object("pods", "p", "team-a")["metadata"]["resourceVersion"]),
     "list_objects": lambda k, f: (k.list_objects("nodes"), k.list_objects("pods", LABEL_NODE),
                                   k.list_objects("resourcequotas")),
+    "create_binding_async": lambda k, f: asyncio.run(_bind_async(k, f)),
+    "watch_lines": lambda k, f: asyncio.run(_drain_lines(k, f)),
+    "aclose": lambda k, f: asyncio.run(k.aclose()),
     "watch_objects": lambda k, f: (_drain(k.watch_objects("nodes", f.resource_version, 1)),
                                    _drain(k.watch_objects("pods", f.resource_version, 1, LABEL_NODE)),
                                    _drain(k.watch_objects("resourcequotas", f.resource_version, 1))),
