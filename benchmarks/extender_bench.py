@@ -143,6 +143,9 @@ class _StubAPI:
     def create_binding(self, *a: Any) -> None:
         return None
 
+    async def aclose(self) -> None:  # what the service calls when it stops
+        return None
+
     def create_event(self, *a: Any) -> None:
         return None
 
