@@ -240,12 +240,8 @@ class OddFake(FakeKubeAPI):
 
 @pytest.fixture
 def odd() -> Iterator[OddFake]:
-    api = OddFake()
-    api.start()
-    try:
+    with OddFake() as api:
         yield api
-    finally:
-        api.stop()
 
 
 @pytest.mark.parametrize("case", ["html-200", "truncated-json-201", "huge-garbage-200", "redirect-after-apply"])
