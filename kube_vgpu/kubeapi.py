@@ -381,8 +381,8 @@ class EventTooLong(urllib3.exceptions.ProtocolError):
     (a reflector relists: a list has no line limit)."""
 
 
-#: the longest watch event line :meth:`AsyncJSONClient.lines` reads (objects are at most about 1.5 MiB
-#: in etcd; their JSON, with a watch event around it, stays well below this)
+#: the longest watch event line :meth:`AsyncJSONClient.lines` reads, in bytes (8 MiB; objects are
+#: at most about 1.5 MiB in etcd, and their JSON in a watch event stays well below this)
 WATCH_MAX_LINE = 8 << 20
 
 
@@ -491,7 +491,7 @@ class AsyncJSONClient:
         """GET ``path`` (a watch) and yield its answer line by line as it streams (each line one
         JSON event, its newline kept), until the server ends it. ``read_timeout``: seconds the
         stream may stay silent (the server ends a watch after its ``timeoutSeconds`` and sends a
-        bookmark about once a minute); ``max_line``: the longest line read (an object up to the
+        bookmark about once a minute); ``max_line``: the longest line read, in bytes (an object up to the
         API server's size limit fits). Raises as described in the class (a line longer than
         ``max_line``: :class:`EventTooLong`, a ``ProtocolError``). Close it (``contextlib.aclosing``) when leaving early."""
         sync = self.sync
