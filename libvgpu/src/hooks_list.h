@@ -85,6 +85,8 @@ HOOK(cuGraphLaunch_ptsz, CUresult, (CUgraphExec exec, CUstream s), (exec, s))
 
 /* called, never intercepted */
 REAL(cuCtxGetCurrent, CUresult, (CUcontext *pctx))
+REAL(cuCtxPushCurrent_v2, CUresult, (CUcontext ctx))
+REAL(cuCtxPopCurrent_v2, CUresult, (CUcontext *pctx))
 REAL(cuCtxGetDevice, CUresult, (CUdevice *dev))
 REAL(cuDeviceGetAttribute, CUresult, (int *pi, int attrib, CUdevice dev))
 REAL(cuDeviceGetCount, CUresult, (int *count))

@@ -362,7 +362,7 @@ static void ctx_gone(int dev, CUcontext ctx)
 
 static CUresult ctx_after(CUresult rc, CUcontext *pctx, CUdevice dev, int64_t before)
 {
-    hostpid_after_ctx(rc == CUDA_SUCCESS);
+    hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL);
     if (rc == CUDA_SUCCESS && vgpu_cfg->enabled && pctx) {
         track_put(TK_CTX, (uint64_t)(uintptr_t)*pctx, 0, dev, *pctx);
         ctx_created(dev, before);
@@ -447,7 +447,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
             before = ctx_before(dev);
     }
     CUresult rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
-    hostpid_after_ctx(rc == CUDA_SUCCESS);
+    hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL);
     if (rc == CUDA_SUCCESS && track && pctx) {
         pthread_mutex_lock(&g_cmu);
         int first = g_primary_refs[dev]++ == 0;

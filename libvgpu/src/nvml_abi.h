@@ -19,6 +19,7 @@ typedef struct nvmlEventSet_st *nvmlEventSet_t;
 #define NVML_ERROR_TIMEOUT 10
 #define NVML_ERROR_GPU_IS_LOST 15
 #define NVML_ERROR_FUNCTION_NOT_FOUND 13
+#define NVML_VALUE_NOT_AVAILABLE_ULL 0xffffffffffffffffull /* usedGpuMemory the driver cannot tell */
 #define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 #define NVML_ERROR_UNKNOWN 999
 

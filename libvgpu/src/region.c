@@ -935,16 +935,18 @@ void region_after_fork_child(void)
  * creation are serialised across the container's processes with an open-file-description lock on one
  * byte of the shared file (HP_LOCK, beyond the slot locks; waited for at most 5 s), and pids that other
  * slots of the container already own are excluded. Several new pids (another container created a
- * context at the same moment) teach nothing; then, and without NVML, NSpid[0] is used when
- * /proc/self/status shows more than one level (the /proc is an ancestor namespace's), else the
- * process's own pid. The result goes into the process's slot (reserved[1]), from where the SM limiter
- * matches NVML's per-process utilisation. */
+ * context at the same moment: containers starting together on one GPU, each context taking the real
+ * driver a fraction of a second) are told apart by a probe the driver reports per process (hp_probe).
+ * If that fails too, and without NVML, NSpid[0] is used when /proc/self/status shows more than one
+ * level (the /proc is an ancestor namespace's), else the process's own pid. The result goes into the
+ * process's slot (reserved[1]), from where the SM limiter matches NVML's per-process utilisation. */
 #define HP_LOCK (SLOT_LOCK_BASE + VGPU_REGION_SLOTS)
 #define HP_MAX 512
 static pthread_mutex_t g_hp_mu = PTHREAD_MUTEX_INITIALIZER;
 static __thread int t_hp_active;
 static unsigned g_hp_n, g_hp_before[HP_MAX];
 static nvmlDevice_t g_hp_dev;
+static int g_hp_cdev; /* the container GPU of g_hp_dev */
 static int g_hp_locked;
 
 int vgpu_host_pid(void)
@@ -955,16 +957,73 @@ int vgpu_host_pid(void)
     return vgpu_self_pid();
 }
 
-static int hp_list(unsigned *pids, unsigned *n)
+/* The running compute processes on g_hp_dev: their pids and, when used is not NULL, the device memory
+ * NVML says each uses (UINT64_MAX where it cannot tell). */
+static int hp_list(unsigned *pids, uint64_t *used, unsigned *n)
 {
     static __thread nvmlProcessInfo_t buf[HP_MAX];
     unsigned cnt = HP_MAX;
     if (vnvml_running_processes(g_hp_dev, &cnt, buf) != NVML_SUCCESS)
         return -1;
-    for (unsigned i = 0; i < cnt && i < HP_MAX; i++)
+    for (unsigned i = 0; i < cnt && i < HP_MAX; i++) {
         pids[i] = buf[i].pid;
+        if (used)
+            used[i] = buf[i].usedGpuMemory;
+    }
     *n = cnt < HP_MAX ? cnt : HP_MAX;
     return 0;
+}
+
+/* The device memory NVML reports for pid in a listing, 0 if it is not listed, UINT64_MAX if unknown. */
+static uint64_t hp_used_of(unsigned pid, const unsigned *pids, const uint64_t *used, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (pids[i] == pid)
+            return used[i] == NVML_VALUE_NOT_AVAILABLE_ULL ? UINT64_MAX : used[i];
+    return 0;
+}
+
+/* Several new pids around the context creation: which is this process's? It allocates P bytes in its new
+ * context (charged to its own memory limit for the moment), lists the running processes with the memory
+ * each uses, and frees them: its own pid's memory rose by P, up to the driver's 2 MiB rounding. Each round
+ * draws P anew (2 to 32 MiB), so another process matches only by allocating as much at the same moment;
+ * a candidate must match every round. Returns the pid, or 0 when no single candidate is left. */
+#define HP_ROUNDS 4
+#define HP_PAGE (2ull << 20)
+static unsigned hp_probe(int cdev, CUcontext ctx, unsigned *cand, unsigned nc)
+{
+    static unsigned pb[HP_MAX], pa[HP_MAX]; /* pids listed before and after the allocation */
+    static uint64_t ub[HP_MAX], ua[HP_MAX]; /* and the memory each used */
+    if (!ctx || !real_cuCtxPushCurrent_v2 || !real_cuCtxPopCurrent_v2 || !real_cuMemAlloc_v2 || !real_cuMemFree_v2)
+        return 0;
+    if (real_cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+        return 0;
+    uint64_t seed = now_ns() ^ ((uint64_t)(unsigned)vgpu_self_pid() << 32) ^ (uint64_t)(uintptr_t)ctx;
+    for (int round = 0; round < HP_ROUNDS && nc > 1; round++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t p = HP_PAGE * (1 + (seed >> 33) % 16);
+        unsigned nb = 0, na = 0, keep = 0;
+        CUdeviceptr ptr = 0;
+        if (hp_list(pb, ub, &nb) != 0 || region_reserve(cdev, p, 0, NULL, NULL) != 0)
+            break; /* no listing, or no room under this process's limit for the probe */
+        int ok = real_cuMemAlloc_v2(&ptr, p) == CUDA_SUCCESS;
+        if (ok) {
+            ok = hp_list(pa, ua, &na) == 0;
+            real_cuMemFree_v2(ptr);
+        }
+        region_release(cdev, p);
+        if (!ok)
+            break;
+        for (unsigned i = 0; i < nc; i++) {
+            uint64_t b = hp_used_of(cand[i], pb, ub, nb), a = hp_used_of(cand[i], pa, ua, na);
+            if (a != UINT64_MAX && b != UINT64_MAX && a >= b + p && a - b <= p + HP_PAGE)
+                cand[keep++] = cand[i];
+        }
+        nc = keep;
+    }
+    CUcontext popped;
+    real_cuCtxPopCurrent_v2(&popped);
+    return nc == 1 ? cand[0] : 0;
 }
 
 static int hp_lock(int type)
@@ -1001,8 +1060,9 @@ void hostpid_before_ctx(int cdev)
         pthread_mutex_unlock(&g_hp_mu);
         return;
     }
+    g_hp_cdev = cdev;
     g_hp_locked = hp_lock(F_WRLCK) == 0;
-    if (!g_hp_locked || hp_list(g_hp_before, &g_hp_n) != 0) {
+    if (!g_hp_locked || hp_list(g_hp_before, NULL, &g_hp_n) != 0) {
         if (g_hp_locked)
             hp_lock(F_UNLCK);
         pthread_mutex_unlock(&g_hp_mu);
@@ -1012,14 +1072,14 @@ void hostpid_before_ctx(int cdev)
     t_hp_active = 1; /* g_hp_mu stays held until hostpid_after_ctx in this thread */
 }
 
-void hostpid_after_ctx(int created)
+void hostpid_after_ctx(int created, CUcontext ctx)
 {
     if (!t_hp_active)
         return;
     t_hp_active = 0;
-    static unsigned after[HP_MAX];
+    static unsigned after[HP_MAX], cand[HP_MAX];
     unsigned n = 0, found = 0, count = 0;
-    if (created && hp_list(after, &n) == 0) {
+    if (created && hp_list(after, NULL, &n) == 0) {
         struct vgpu_region *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);
         for (unsigned i = 0; i < n; i++) {
             int seen = 0;
@@ -1030,8 +1090,17 @@ void hostpid_after_ctx(int created)
                 seen = k != g_slot && __atomic_load_n(&r->slots[k].reserved[1], __ATOMIC_RELAXED) == after[i];
             if (!seen) {
                 found = after[i];
-                count++;
+                cand[count++] = after[i];
             }
+        }
+    }
+    if (count > 1) {
+        unsigned probed = hp_probe(g_hp_cdev, ctx, cand, count);
+        LOG_INFO("%u new pids around this process's context creation; a memory probe %s", count,
+                 probed ? "told its own apart" : "could not tell them apart");
+        if (probed) {
+            found = probed;
+            count = 1;
         }
     }
     if (g_hp_locked)

@@ -11,6 +11,11 @@
  * per launch makes the cost per block depend on the kernel's shape, as on a real GPU).  Work on one device runs serially, across
  * all processes that share FAKE_GPU_STATE.  A launch blocks while the device has more than
  * FAKE_CUDA_MAX_QUEUE_US of queued work (default 5000), like a full hardware queue.
+ *
+ * Context creation: FAKE_CUDA_CTX_RENDEZVOUS=N makes a new context wait, once it shows in NVML's process
+ * list, until N processes are listed on its device (at most 10 s): processes started together each see
+ * the others' contexts appear during their own creation, as with the real driver, where creating a
+ * context takes a fraction of a second.
  * Busy intervals go to the shared state so the fake NVML reports utilisation.
  *
  * Errors follow the driver: calls before cuInit -> CUDA_ERROR_NOT_INITIALIZED, no current
@@ -325,6 +330,22 @@ static CUresult free_alloc(uint64_t key, int kind)
     return CUDA_SUCCESS;
 }
 
+/* FAKE_CUDA_CTX_RENDEZVOUS (see the top of this file) */
+static void rendezvous(int dev)
+{
+    uint64_t want = env_u64("FAKE_CUDA_CTX_RENDEZVOUS", 0), deadline = fg_now_ns() + 10000000000ull;
+    while (want > 1 && fg_now_ns() < deadline) {
+        uint64_t n = 0;
+        fg_lock(g_st);
+        for (int k = 0; k < FG_MAX_PROC; k++)
+            n += g_st->procs[k].pid && g_st->procs[k].dev == dev;
+        fg_unlock(g_st);
+        if (n >= want)
+            return;
+        fg_sleep_until(fg_now_ns() + 1000000);
+    }
+}
+
 static struct fctx *ctx_new(int dev, int primary)
 {
     pthread_mutex_lock(&g_mu);
@@ -342,6 +363,7 @@ static struct fctx *ctx_new(int dev, int primary)
         c->used = 0;
         return NULL;
     }
+    rendezvous(dev);
     return c;
 }
 

@@ -120,16 +120,19 @@ IN_CONTAINER = ("mkdir -p \"$FAKE_HOST_PROC\" && mount --bind /proc \"$FAKE_HOST
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                     reason="needs root and unshare (PID and mount namespaces)")
 def test_shape_change_next_to_a_neighbour_in_pid_namespaces(tc: Toolchain, tmp_path: Path) -> None:
-    # two containers without hostPID on one GPU: a 30 % tenant switches from 1-block to 1024-block
-    # kernels while a 60 % tenant runs steadily; neither drops below half its limit for over 200 ms
-    # (four 50 ms periods: the switcher re-learns its cost per block within two, which a clean-clone
-    # CI run on a noisy VM showed as 100 ms at 0 %)
+    # two containers without hostPID on one GPU, started together (their contexts are created at the
+    # same moment, so at least one sees both appear and must tell its own pid apart: before it could,
+    # it fell back to device-wide utilisation, and CI runs saw the switcher at 0 % for 100-280 ms):
+    # a 30 % tenant switches from 1-block to 1024-block kernels while a 60 % tenant runs steadily;
+    # neither drops below half its limit for over 200 ms (four 50 ms periods: the switcher re-learns
+    # its cost per block within two)
     state = tmp_path / "gpu.state"
     procs = []
     for name, lim, args in (("a", "30", ["shape", "2", "2", "1", "1024", "0.02"]),
                             ("b", "60", ["shape", "2", "2", "1024", "1024", "0.02"])):
         env = tc.env(LIBVGPU_SM_PERIOD_MS="50", FAKE_CUDA_NS_PER_BLOCK="1000", FAKE_CUDA_NS_PER_LAUNCH="100000",
-                     CUDA_DEVICE_SM_LIMIT=lim, FAKE_GPU_STATE=str(state),
+                     CUDA_DEVICE_SM_LIMIT=lim, FAKE_GPU_STATE=str(state), FAKE_CUDA_CTX_RENDEZVOUS="2",
+                     LIBVGPU_LOG_LEVEL="3",
                      CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / f"{name}.cache"),
                      FAKE_HOST_PROC=str(tmp_path / f"{name}-proc"))
         cmd = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--",
@@ -137,7 +140,9 @@ def test_shape_change_next_to_a_neighbour_in_pid_namespaces(tc: Toolchain, tmp_p
         procs.append((int(lim), subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                    text=True)))
     for limit, p in procs:
-        out = _out(p)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert "NVML reports this process as pid" in err, err  # per-process utilisation, not the device's
         bins = [float(v) for v in re.findall(r"bin t=\d+ util=([0-9.]+)", out)]
         after = float(re.search(r"after util=([0-9.]+)", out).group(1))  # type: ignore[union-attr]
         # never below half its limit over 200 ms (10 bins of 20 ms): the switcher while it
