@@ -987,8 +987,9 @@ static uint64_t hp_used_of(unsigned pid, const unsigned *pids, const uint64_t *u
  * context (charged to its own memory limit for the moment), lists the running processes with the memory
  * each uses, and frees them: its own pid's memory rose by P, up to the driver's 2 MiB rounding. Each round
  * draws P anew (2 to 32 MiB), so another process matches only by allocating as much at the same moment;
- * a candidate must match every round. Returns the pid, or 0 when no single candidate is left. */
-#define HP_ROUNDS 4
+ * a candidate must match every round, and the last one left must match once more. A round that no
+ * candidate matches (its own pid did not show the probe) ends it. Returns the pid, or 0. */
+#define HP_ROUNDS 5
 #define HP_PAGE (2ull << 20)
 static unsigned hp_probe(int cdev, CUcontext ctx, unsigned *cand, unsigned nc)
 {
@@ -999,7 +1000,8 @@ static unsigned hp_probe(int cdev, CUcontext ctx, unsigned *cand, unsigned nc)
     if (real_cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
         return 0;
     uint64_t seed = now_ns() ^ ((uint64_t)(unsigned)vgpu_self_pid() << 32) ^ (uint64_t)(uintptr_t)ctx;
-    for (int round = 0; round < HP_ROUNDS && nc > 1; round++) {
+    int confirmed = 0;
+    for (int round = 0; round < HP_ROUNDS && nc > 0 && !confirmed; round++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
         uint64_t p = HP_PAGE * (1 + (seed >> 33) % 16);
         unsigned nb = 0, na = 0, keep = 0;
@@ -1019,11 +1021,12 @@ static unsigned hp_probe(int cdev, CUcontext ctx, unsigned *cand, unsigned nc)
             if (a != UINT64_MAX && b != UINT64_MAX && a >= b + p && a - b <= p + HP_PAGE)
                 cand[keep++] = cand[i];
         }
+        confirmed = nc == 1 && keep == 1;
         nc = keep;
     }
     CUcontext popped;
     real_cuCtxPopCurrent_v2(&popped);
-    return nc == 1 ? cand[0] : 0;
+    return confirmed ? cand[0] : 0;
 }
 
 static int hp_lock(int type)
@@ -1069,6 +1072,7 @@ void hostpid_before_ctx(int cdev)
         hp_fallback();
         return;
     }
+    LOG_DEBUG("NVML lists %u processes on the device before this process's first context", g_hp_n);
     t_hp_active = 1; /* g_hp_mu stays held until hostpid_after_ctx in this thread */
 }
 

@@ -33,6 +33,7 @@
  * ACTIVITY: with FAKE_GPU_STATE set (see fakegpu.h) utilisation, per-process utilisation, used
  * memory and the running-process list come from what the fake libcuda simulates.
  * FAKE_NVML_UTIL_WINDOW_MS (default 1000) is the window nvmlDeviceGetUtilizationRates averages.
+ * PROCESS LISTS come in no documented order; FAKE_NVML_PROCS_REVERSED=1 lists the newest first.
  *
  * Build: gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1.  To use it from pynvml in-process,
  * load it first: ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL); pynvml's CDLL("libnvidia-ml.so.1")
@@ -617,6 +618,12 @@ static nvmlReturn_t running_procs(nvmlDevice_t d, unsigned int *count, void *out
         if (g_st->procs[k].pid && g_st->procs[k].dev == i)
             found[n++] = g_st->procs[k];
     fg_unlock(g_st);
+    const char *rev = getenv("FAKE_NVML_PROCS_REVERSED");
+    for (unsigned k = 0; rev && *rev == '1' && k < n / 2; k++) {
+        struct fg_proc t = found[k];
+        found[k] = found[n - 1 - k];
+        found[n - 1 - k] = t;
+    }
     if (n == 0) {
         *count = 0;
         return NVML_SUCCESS;

@@ -29,10 +29,10 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is 
 
 
 def _tenant(tc: Toolchain, tmp: Path, name: str, limit: int, state: Path, **extra: str) -> subprocess.Popen[str]:
-    env = tc.env(FAKE_CUDA_NS_PER_BLOCK=NS_PER_BLOCK, LIBVGPU_SM_PERIOD_MS="50", LIBVGPU_LOG_LEVEL="3",
-                 CUDA_DEVICE_SM_LIMIT=str(limit), FAKE_GPU_STATE=str(state),
-                 CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"{name}.cache"), FAKE_HOST_PROC=str(tmp / f"{name}-proc"),
-                 **extra)
+    env = tc.env(**{"FAKE_CUDA_NS_PER_BLOCK": NS_PER_BLOCK, "LIBVGPU_SM_PERIOD_MS": "50", "LIBVGPU_LOG_LEVEL": "3",
+                    "CUDA_DEVICE_SM_LIMIT": str(limit), "FAKE_GPU_STATE": str(state),
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / f"{name}.cache"),
+                    "FAKE_HOST_PROC": str(tmp / f"{name}-proc"), **extra})
     cmd = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--",
            "sh", "-c", IN_CONTAINER, "sh", str(tc.prog), "direct", "sm", "3.1", "100", "1.0"]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -127,3 +127,48 @@ def test_the_probe_stays_within_the_tenants_memory_limit(tc: Toolchain, tmp_path
     for e in probed:
         assert "a memory probe could not tell them apart" in e, e
         assert "could not learn this process's NVML pid" in e, e
+
+
+def _host_pid_of(p: subprocess.Popen[str]) -> int:
+    """The host pid of the program a tenant runs: unshare's forked child, which execs the shell and then
+    the program (so the pid stays)."""
+    return int(Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()[0])
+
+
+def test_a_neighbour_churning_memory_is_never_taken_for_the_process(tc: Toolchain, tmp_path: Path) -> None:
+    # a hostile (or just busy) neighbour allocates and frees 1-64 MiB on 4 threads while the tenant
+    # probes: only a pid that shows each drawn size, round after round, and once more, is taken. The
+    # neighbour starts once the tenant has listed NVML's processes, so its context is new to the
+    # tenant, which must probe; the neighbour learns its own pid at once and starts churning. NVML
+    # lists the neighbour first (its order is arbitrary), so a probe that took the first pid whose
+    # memory moved would take the neighbour's.
+    state = tmp_path / "gpu.state"
+    tenant = _tenant(tc, tmp_path, "tenant", 30, state, FAKE_CUDA_CTX_RENDEZVOUS="2", LIBVGPU_LOG_LEVEL="4",
+                     FAKE_NVML_PROCS_REVERSED="1")
+    assert tenant.stderr is not None
+    head = []
+    for line in tenant.stderr:
+        head.append(line)
+        if "processes on the device before this process's first context" in line:
+            break
+    env = tc.env(FAKE_GPU_STATE=str(state), LIBVGPU_LOG_LEVEL="3", FAKE_CUDA_CTX_RENDEZVOUS="2",
+                 CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "churn.cache"),
+                 FAKE_HOST_PROC=str(tmp_path / "churn-proc"))
+    cmd = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--",
+           "sh", "-c", IN_CONTAINER, "sh", str(tc.prog), "direct", "stress", "4", "20000", str(8 << 30)]
+    churn = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in tenant.stderr:
+        head.append(line)
+        if "NVML reports this process as pid" in line or "could not learn" in line:
+            break
+    truth = {"tenant": _host_pid_of(tenant), "churn": _host_pid_of(churn)}
+    out, err = tenant.communicate(timeout=120)
+    c_out, c_err = churn.communicate(timeout=120)
+    assert tenant.returncode == 0 and churn.returncode == 0, (err, c_err)
+    assert "a memory probe told its own apart" in "".join(head) + err, "".join(head) + err
+    for name, log in (("tenant", "".join(head) + err), ("churn", c_err)):
+        m = re.search(r"NVML reports this process as pid (\d+)", log)
+        if name == "tenant":
+            assert m, log
+        if m:  # never a neighbour's pid
+            assert int(m.group(1)) == truth[name], (name, truth, log)
