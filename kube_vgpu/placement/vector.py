@@ -101,15 +101,15 @@ class _Failures:
         if not len(rows):
             return out
         rec = self.rec[rows]
-        # equal records -> one id: each column's values numbered and combined with the id so far
-        # (renumbered after each column, so ids stay below len(rows) and never overflow)
-        key = np.zeros(len(rows), dtype=np.int64)
-        for col in range(rec.shape[1]):
-            vals, inv = np.unique(rec[:, col], return_inverse=True)
-            if len(vals) > 1:
-                key = key * len(vals) + inv.reshape(-1)
-                key = np.unique(key, return_inverse=True)[1].reshape(-1)  # renumber: stays small
-        first, inv = np.unique(key, return_index=True, return_inverse=True)[1:]
+        # equal records -> one id: one sort of the records, a new id where a record differs from
+        # the one before it
+        order = np.lexsort(rec.T[::-1])
+        ranked = rec[order]
+        new = np.ones(len(ranked), dtype=bool)
+        np.any(ranked[1:] != ranked[:-1], axis=1, out=new[1:])
+        inv = np.empty(len(ranked), dtype=np.int64)
+        inv[order] = np.cumsum(new) - 1
+        first = order[new]
         conts = pod.containers
         objs = np.empty(len(first), dtype=object)
         for j, (k, code, need, have, gpu) in enumerate(rec[first].tolist()):
@@ -119,7 +119,7 @@ class _Failures:
                 r = conts[k]
                 objs[j] = FitFailure(_CODES[code], r.name, r.init, r.count, r.memory_mib, r.memory_percent,
                                      r.cores, need, have, gpu)
-        out[rows] = objs[inv.reshape(-1)]
+        out[rows] = objs[inv]
         return out
 
 
