@@ -360,13 +360,15 @@ static void ctx_gone(int dev, CUcontext ctx)
         region_release(vgpu_dev_of_cuda(dev), charge);
 }
 
+/* The context's cost is charged before the host-pid probe runs in it, so that the probe has to fit
+ * under the limit next to the context (it used to be made first: context + probe past the limit). */
 static CUresult ctx_after(CUresult rc, CUcontext *pctx, CUdevice dev, int64_t before)
 {
-    hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL);
     if (rc == CUDA_SUCCESS && vgpu_cfg->enabled && pctx) {
         track_put(TK_CTX, (uint64_t)(uintptr_t)*pctx, 0, dev, *pctx);
         ctx_created(dev, before);
     }
+    hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL);
     return rc;
 }
 
@@ -447,7 +449,6 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
             before = ctx_before(dev);
     }
     CUresult rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
-    hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL);
     if (rc == CUDA_SUCCESS && track && pctx) {
         pthread_mutex_lock(&g_cmu);
         int first = g_primary_refs[dev]++ == 0;
@@ -456,6 +457,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         if (first)
             ctx_created(dev, before);
     }
+    hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL); /* after the charge */
     return rc;
 }
 

@@ -914,9 +914,12 @@ void region_release_self(void)
     pthread_mutex_unlock(&g_pmu);
 }
 
+static void hostpid_after_fork_child(void);
+
 void region_after_fork_child(void)
 {
     pthread_mutex_init(&g_pmu, NULL);
+    hostpid_after_fork_child();
     memset(g_own, 0, sizeof g_own);
     g_slot = -1;
     g_need_slot = 1;
@@ -939,15 +942,30 @@ void region_after_fork_child(void)
  * driver a fraction of a second) are told apart by a probe the driver reports per process (hp_probe).
  * If that fails too, and without NVML, NSpid[0] is used when /proc/self/status shows more than one
  * level (the /proc is an ancestor namespace's), else the process's own pid. The result goes into the
- * process's slot (reserved[1]), from where the SM limiter matches NVML's per-process utilisation. */
+ * process's slot (reserved[1]), from where the SM limiter matches NVML's per-process utilisation.
+ * Learning is retried at the next context creation when it failed; once the process has created (or
+ * tried to create) a context on a GPU, NVML may list it there already, so a new pid on that GPU is
+ * not its own: every listed pid is then a candidate and only the probe decides (g_hp_ctx_seen). */
 #define HP_LOCK (SLOT_LOCK_BASE + VGPU_REGION_SLOTS)
 #define HP_MAX 512
 static pthread_mutex_t g_hp_mu = PTHREAD_MUTEX_INITIALIZER;
 static __thread int t_hp_active;
 static unsigned g_hp_n, g_hp_before[HP_MAX];
-static nvmlDevice_t g_hp_dev;
-static int g_hp_cdev; /* the container GPU of g_hp_dev */
+static nvmlDevice_t g_hp_dev; /* written only with g_hp_mu held */
+static int g_hp_cdev;         /* the container GPU of g_hp_dev */
 static int g_hp_locked;
+static int g_hp_all; /* this learning cannot use the listing before: every listed pid is a candidate */
+static unsigned char g_hp_ctx_seen[VGPU_REGION_DEVS]; /* a context creation was attempted on the GPU */
+
+/* In a forked child: the lock may have been held by a thread the child does not have; the child is a
+ * new process with no context, and learns anew. */
+static void hostpid_after_fork_child(void)
+{
+    pthread_mutex_init(&g_hp_mu, NULL);
+    memset(g_hp_ctx_seen, 0, sizeof g_hp_ctx_seen);
+    g_hp_locked = 0;
+    g_hp_all = 0;
+}
 
 int vgpu_host_pid(void)
 {
@@ -1054,7 +1072,10 @@ void hostpid_before_ctx(int cdev)
 {
     if (__atomic_load_n(&g_host_pid, __ATOMIC_RELAXED) || t_hp_active)
         return;
-    if (!vgpu_nvml_load() || !vnvml_lists_processes() || vgpu_nvml_of_dev(cdev, &g_hp_dev) != 0) {
+    /* from here a context may exist on cdev (even if this creation fails, or learning is not tried) */
+    int seen = cdev < 0 || cdev >= VGPU_REGION_DEVS || __atomic_exchange_n(&g_hp_ctx_seen[cdev], 1, __ATOMIC_ACQ_REL);
+    nvmlDevice_t h; /* not g_hp_dev: another thread may be learning with it */
+    if (!vgpu_nvml_load() || !vnvml_lists_processes() || vgpu_nvml_of_dev(cdev, &h) != 0) {
         hp_fallback();
         return;
     }
@@ -1064,6 +1085,7 @@ void hostpid_before_ctx(int cdev)
         return;
     }
     g_hp_cdev = cdev;
+    g_hp_all = seen;
     g_hp_locked = hp_lock(F_WRLCK) == 0;
     if (!g_hp_locked || hp_list(g_hp_before, NULL, &g_hp_n) != 0) {
         if (g_hp_locked)
@@ -1087,7 +1109,7 @@ void hostpid_after_ctx(int created, CUcontext ctx)
         struct vgpu_region *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);
         for (unsigned i = 0; i < n; i++) {
             int seen = 0;
-            for (unsigned j = 0; j < g_hp_n && !seen; j++)
+            for (unsigned j = 0; j < g_hp_n && !seen && !g_hp_all; j++)
                 seen = g_hp_before[j] == after[i];
             /* pids other processes of the container already learned (their context on another GPU) */
             for (int k = 0; r && k < VGPU_REGION_SLOTS && !seen; k++)
@@ -1098,22 +1120,21 @@ void hostpid_after_ctx(int created, CUcontext ctx)
             }
         }
     }
-    if (count > 1) {
-        unsigned probed = hp_probe(g_hp_cdev, ctx, cand, count);
-        LOG_INFO("%u new pids around this process's context creation; a memory probe %s", count,
-                 probed ? "told its own apart" : "could not tell them apart");
-        if (probed) {
-            found = probed;
-            count = 1;
-        }
+    int sure = count == 1 && !g_hp_all; /* the one new pid is this process's */
+    if (count > 1 || (g_hp_all && count > 0)) {
+        found = hp_probe(g_hp_cdev, ctx, cand, count);
+        sure = found != 0;
+        LOG_INFO("%u %s pids around this process's context creation; a memory probe %s", count,
+                 g_hp_all ? "listed (this process may be one already)" : "new",
+                 sure ? "told its own apart" : "could not tell them apart");
     }
     if (g_hp_locked)
         hp_lock(F_UNLCK);
-    if (count == 1 && found > 0 && found < (1u << 31)) {
+    if (sure && found > 0 && found < (1u << 31)) {
         __atomic_store_n(&g_host_pid, (int)found, __ATOMIC_RELAXED);
         LOG_INFO("NVML reports this process as pid %u (pid %d here)", found, vgpu_self_pid());
     } else if (created) {
-        LOG_INFO("could not learn this process's NVML pid (%u new pids around its context creation)", count);
+        LOG_INFO("could not learn this process's NVML pid (%u candidate pids around its context creation)", count);
     }
     pthread_mutex_unlock(&g_hp_mu);
     hp_fallback();

@@ -16,6 +16,8 @@
  * list, until N processes are listed on its device (at most 10 s): processes started together each see
  * the others' contexts appear during their own creation, as with the real driver, where creating a
  * context takes a fraction of a second.
+ * fake_cuda_debug_peak_bytes(dev) (exported, test hook) returns the most device memory this process held
+ * at once on a device, as NVML's per-process usage showed it.
  * Busy intervals go to the shared state so the fake NVML reports utilisation.
  *
  * Errors follow the driver: calls before cuInit -> CUDA_ERROR_NOT_INITIALIZED, no current
@@ -260,6 +262,9 @@ static uint64_t dev_total(int dev)
     return g_cfg.gpu[dev].memory_mib * MIB;
 }
 
+/* The most device memory this process ever held on each device (fake_cuda_debug_peak_bytes). */
+static uint64_t g_peak[FG_MAX_DEV];
+
 static CUresult charge(int dev, uint64_t size)
 {
     CUresult rc = CUDA_SUCCESS;
@@ -269,10 +274,26 @@ static CUresult charge(int dev, uint64_t size)
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         g_st->dev[dev].used += size;
-        fg_proc_add_locked(g_st, fg_host_pid(), dev, (int64_t)size);
+        int me = fg_host_pid();
+        fg_proc_add_locked(g_st, me, dev, (int64_t)size);
+        for (int k = 0; k < FG_MAX_PROC; k++)
+            if (g_st->procs[k].pid == me && g_st->procs[k].dev == dev && g_st->procs[k].used > g_peak[dev])
+                g_peak[dev] = g_st->procs[k].used;
     }
     fg_unlock(g_st);
     return rc;
+}
+
+/* Test hook: the most device memory (bytes) this process held at once on device index dev since it
+ * loaded the fake, as NVML's per-process usage showed it; 0 for an unknown device. */
+EXPORT unsigned long long fake_cuda_debug_peak_bytes(int dev)
+{
+    if (dev < 0 || dev >= FG_MAX_DEV || !g_st)
+        return 0;
+    fg_lock(g_st);
+    unsigned long long v = g_peak[dev];
+    fg_unlock(g_st);
+    return v;
 }
 
 static void uncharge(int dev, uint64_t size)

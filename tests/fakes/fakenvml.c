@@ -34,6 +34,10 @@
  * memory and the running-process list come from what the fake libcuda simulates.
  * FAKE_NVML_UTIL_WINDOW_MS (default 1000) is the window nvmlDeviceGetUtilizationRates averages.
  * PROCESS LISTS come in no documented order; FAKE_NVML_PROCS_REVERSED=1 lists the newest first.
+ * FAKE_NVML_USED_NA=1 reports each process's usedGpuMemory as not available (NVML_VALUE_NOT_AVAILABLE,
+ * as drivers do under some virtualisation modes). FAKE_NVML_TWIN=1 plays a perfect mimic: every other
+ * process's usedGpuMemory includes the calling process's, so whatever the caller allocates shows on
+ * every neighbour at the same moment. The knobs are read at each call.
  *
  * Build: gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1.  To use it from pynvml in-process,
  * load it first: ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL); pynvml's CDLL("libnvidia-ml.so.1")
@@ -632,8 +636,22 @@ static nvmlReturn_t running_procs(nvmlDevice_t d, unsigned int *count, void *out
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
+    const char *twin = getenv("FAKE_NVML_TWIN");
+    if (twin && *twin == '1') {
+        int me = fg_host_pid();
+        uint64_t mine = 0;
+        for (unsigned k = 0; k < n; k++)
+            if (found[k].pid == me)
+                mine = found[k].used;
+        for (unsigned k = 0; k < n; k++)
+            if (found[k].pid != me)
+                found[k].used += mine;
+    }
+    const char *na = getenv("FAKE_NVML_USED_NA");
     for (unsigned k = 0; k < n; k++) {
         char *p = (char *)out + k * stride;
+        if (na && *na == '1')
+            found[k].used = 0xffffffffffffffffull; /* NVML_VALUE_NOT_AVAILABLE */
         if (v1) {
             nvmlProcessInfo_v1_t *e = (nvmlProcessInfo_v1_t *)p;
             e->pid = (unsigned)found[k].pid;
