@@ -37,7 +37,9 @@
  * FAKE_NVML_USED_NA=1 reports each process's usedGpuMemory as not available (NVML_VALUE_NOT_AVAILABLE,
  * as drivers do under some virtualisation modes). FAKE_NVML_TWIN=1 plays a perfect mimic: every other
  * process's usedGpuMemory includes the calling process's, so whatever the caller allocates shows on
- * every neighbour at the same moment. The knobs are read at each call.
+ * every neighbour at the same moment. FAKE_NVML_STALL_ABOVE_MIB=M: a listing made while the caller
+ * holds more than M MiB on the device writes "fake nvml: listing stalled" to stderr and never returns
+ * (a process to kill at that point). The knobs are read at each call.
  *
  * Build: gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1.  To use it from pynvml in-process,
  * load it first: ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL); pynvml's CDLL("libnvidia-ml.so.1")
@@ -635,6 +637,16 @@ static nvmlReturn_t running_procs(nvmlDevice_t d, unsigned int *count, void *out
     if (!out || *count < n) {
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    const char *stall = getenv("FAKE_NVML_STALL_ABOVE_MIB");
+    for (unsigned k = 0; stall && *stall && k < n; k++) {
+        if (found[k].pid == fg_host_pid() && found[k].used > strtoull(stall, NULL, 10) * (1ull << 20)) {
+            static const char msg[] = "fake nvml: listing stalled\n";
+            if (write(2, msg, sizeof msg - 1) < 0)
+                break;
+            for (;;)
+                pause();
+        }
     }
     const char *twin = getenv("FAKE_NVML_TWIN");
     if (twin && *twin == '1') {

@@ -137,6 +137,7 @@ class Node:
         self.procs: list[Proc] = []
 
     def start(self, name: str, *argv: str, **env: str) -> Proc:
+        """``name`` names the container (its accounting file): processes of one container share it."""
         e = self.tc.env(FAKE_GPU_STATE=str(self.state), FAKE_NVML_CONFIG=str(self.config), LIBVGPU_LOG_LEVEL="4",
                         CUDA_DEVICE_MEMORY_SHARED_CACHE=str(self.tmp / f"{name}.cache"), **env)
         p = Proc([str(self.prog), *argv], e)
@@ -162,8 +163,9 @@ class Node:
 
 
 @pytest.fixture
-def node(built: tuple[Toolchain, Path], tmp_path: Path) -> Iterator[Node]:
-    n = Node(built, tmp_path)
+def node(any_build: tuple[Toolchain, Path], tmp_path: Path) -> Iterator[Node]:
+    """A one-GPU node, with the plain and with the sanitised build."""
+    n = Node(any_build, tmp_path)
     yield n
     n.stop()
 
@@ -227,13 +229,13 @@ def test_the_probe_leaves_the_threads_current_context_alone(any_build: tuple[Too
         node.stop()
 
 
-def test_a_tenants_threads_on_two_gpus_do_not_mix_up_the_listing(built: tuple[Toolchain, Path],
+def test_a_tenants_threads_on_two_gpus_do_not_mix_up_the_listing(any_build: tuple[Toolchain, Path],
                                                                   tmp_path: Path) -> None:
     # One thread creates the tenant's first context on GPU 0 (it comes up together with a neighbour's);
     # meanwhile a second thread starts a context on GPU 1, where another neighbour runs. The second
     # thread wrote the device to list into the shared state before waiting for the first thread: the
     # first then listed GPU 1's processes after its creation and took the neighbour there as its own.
-    node = Node(built, tmp_path, gpus=2)
+    node = Node(any_build, tmp_path, gpus=2)
     try:
         on_gpu1 = node.neighbour("n-gpu1", dev=1)
         t = node.start("tenant", "steps")
@@ -335,3 +337,25 @@ def test_a_perfect_mimic_makes_learning_fail_never_take_its_pid(node: Node) -> N
     t.close()
     assert "2 new pids around this process's context creation; a memory probe could not tell them apart" in t.log()
     assert learned(t) == [], (n1.pid, t.log())
+
+
+def test_killed_mid_probe_leaves_no_charge_behind(node: Node) -> None:
+    # The tenant is SIGKILLed while its probe is allocated and charged (the fake NVML stalls the listing
+    # the probe makes). The container's next process is charged its own context alone: the dead
+    # process's context and probe are reclaimed with its slot, and the driver freed the memory.
+    limit, ctx = 256, 60
+    env = {"CUDA_DEVICE_MEMORY_LIMIT": f"{limit}m", "LIBVGPU_CONTEXT_COST": f"{ctx}m", "FAKE_CUDA_CTX_MIB": str(ctx)}
+    t = node.start("tenant", "steps", **env)
+    t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
+    t.cmd(f"env FAKE_NVML_STALL_ABOVE_MIB {ctx}")  # a listing while more than the context is held
+    t.send("ctx 0")
+    t.wait_err(BEFORE, 1)
+    node.neighbour("n1")
+    t.wait_err("fake nvml: listing stalled")  # inside the probe: allocated and charged
+    assert "new pids around this process's context creation" not in t.log()  # the probe has not ended
+    t.p.kill()
+    t.p.wait(timeout=WAIT_S)
+    nxt = node.start("tenant", "steps", **env)  # the same container
+    assert nxt.cmd("ctx 0") == "ok ctx rc=0 current_is_new=1", nxt.log()
+    assert nxt.cmd("meminfo") == f"ok meminfo rc=0 used={ctx * MIB} total={limit * MIB}", nxt.log()
+    nxt.close()
