@@ -359,3 +359,22 @@ def test_killed_mid_probe_leaves_no_charge_behind(node: Node) -> None:
     assert nxt.cmd("ctx 0") == "ok ctx rc=0 current_is_new=1", nxt.log()
     assert nxt.cmd("meminfo") == f"ok meminfo rc=0 used={ctx * MIB} total={limit * MIB}", nxt.log()
     nxt.close()
+
+
+@pytest.mark.xfail(strict=True, reason="open: the measured context cost is the device's NVML used-memory delta across "
+                   "the creation (libvgpu/src/memory.c ctx_created), so a neighbour's context created at the same "
+                   "moment (up to 2 GiB) is charged to the tenant for its lifetime; measuring the tenant's own "
+                   "pid's usage once learned would not be")
+def test_a_neighbour_starting_together_is_not_charged_to_the_tenants_context(node: Node) -> None:
+    # containers started together on one GPU (or a neighbour that allocates while it sees a new pid
+    # appear): the tenant's measured context cost includes the neighbour's context
+    ctx = 300
+    t = node.start("tenant", "steps", CUDA_DEVICE_MEMORY_LIMIT="4g", FAKE_CUDA_CTX_MIB=str(ctx))
+    t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
+    t.send("ctx 0")
+    t.wait_err(BEFORE, 1)
+    node.neighbour("n1", FAKE_CUDA_CTX_MIB=str(ctx))
+    assert t.reply() == "ok ctx rc=0 current_is_new=1"
+    info = t.cmd("meminfo")
+    t.close()
+    assert info == f"ok meminfo rc=0 used={ctx * MIB} total={4096 * MIB}", (info, t.log())
