@@ -945,7 +945,8 @@ void region_after_fork_child(void)
  * process's slot (reserved[1]), from where the SM limiter matches NVML's per-process utilisation.
  * Learning is retried at the next context creation when it failed; once the process has created (or
  * tried to create) a context on a GPU, NVML may list it there already, so a new pid on that GPU is
- * not its own: every listed pid is then a candidate and only the probe decides (g_hp_ctx_seen). */
+ * not its own: every listed pid is then a candidate and only the probe decides. The same holds while
+ * another thread creates a context there (g_hp_tries). */
 #define HP_LOCK (SLOT_LOCK_BASE + VGPU_REGION_SLOTS)
 #define HP_MAX 512
 static pthread_mutex_t g_hp_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -955,14 +956,14 @@ static nvmlDevice_t g_hp_dev; /* written only with g_hp_mu held */
 static int g_hp_cdev;         /* the container GPU of g_hp_dev */
 static int g_hp_locked;
 static int g_hp_all; /* this learning cannot use the listing before: every listed pid is a candidate */
-static unsigned char g_hp_ctx_seen[VGPU_REGION_DEVS]; /* a context creation was attempted on the GPU */
+static unsigned g_hp_tries[VGPU_REGION_DEVS]; /* context creations begun on each GPU while learning */
 
 /* In a forked child: the lock may have been held by a thread the child does not have; the child is a
  * new process with no context, and learns anew. */
 static void hostpid_after_fork_child(void)
 {
     pthread_mutex_init(&g_hp_mu, NULL);
-    memset(g_hp_ctx_seen, 0, sizeof g_hp_ctx_seen);
+    memset(g_hp_tries, 0, sizeof g_hp_tries);
     g_hp_locked = 0;
     g_hp_all = 0;
 }
@@ -1073,7 +1074,9 @@ void hostpid_before_ctx(int cdev)
     if (__atomic_load_n(&g_host_pid, __ATOMIC_RELAXED) || t_hp_active)
         return;
     /* from here a context may exist on cdev (even if this creation fails, or learning is not tried) */
-    int seen = cdev < 0 || cdev >= VGPU_REGION_DEVS || __atomic_exchange_n(&g_hp_ctx_seen[cdev], 1, __ATOMIC_ACQ_REL);
+    int known = cdev >= 0 && cdev < VGPU_REGION_DEVS;
+    if (known)
+        __atomic_add_fetch(&g_hp_tries[cdev], 1, __ATOMIC_ACQ_REL);
     nvmlDevice_t h; /* not g_hp_dev: another thread may be learning with it */
     if (!vgpu_nvml_load() || !vnvml_lists_processes() || vgpu_nvml_of_dev(cdev, &h) != 0) {
         hp_fallback();
@@ -1085,7 +1088,8 @@ void hostpid_before_ctx(int cdev)
         return;
     }
     g_hp_cdev = cdev;
-    g_hp_all = seen;
+    /* only this creation, and the first on cdev: no context of this process can be listed there yet */
+    g_hp_all = !known || __atomic_load_n(&g_hp_tries[cdev], __ATOMIC_ACQUIRE) != 1;
     g_hp_locked = hp_lock(F_WRLCK) == 0;
     if (!g_hp_locked || hp_list(g_hp_before, NULL, &g_hp_n) != 0) {
         if (g_hp_locked)
