@@ -12,6 +12,8 @@
  *                                one line on stdout ("ok CMD ..." or "fail CMD ..."):
  *       env K V        setenv (the fakes read their knobs at each call)
  *       ctx DEV        cuCtxCreate_v2 on DEV; says whether the new context is then current
+ *       pop            cuCtxPopCurrent_v2; says whether it popped the last "ctx" context and the one
+ *                      current before that is current again
  *       primary DEV    cuDevicePrimaryCtxRetain on DEV; says whether the current context is unchanged
  *       bgctx DEV      cuCtxCreate_v2 on DEV in a new thread (joined by "join")
  *       blockedctx DEV cuCtxCreate_v2 on DEV in a second new thread; answers once that thread waits
@@ -45,6 +47,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 CUresult cuCtxGetCurrent(CUcontext *);
 CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxPopCurrent_v2(CUcontext *);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
@@ -177,6 +180,7 @@ static int steps(void)
     char line[256];
     struct job jobs[MAXT];
     int nj = 0;
+    CUcontext last = NULL, prev = NULL; /* the last "ctx" context, and the one current before it */
     memset(jobs, 0, sizeof jobs);
     while (fgets(line, sizeof line, stdin)) {
         char cmd[32] = {0}, a[128] = {0}, b[128] = {0};
@@ -189,9 +193,17 @@ static int steps(void)
             printf("ok env %s=%s\n", a, b);
         } else if (!strcmp(cmd, "ctx")) {
             CUcontext c = NULL, cur = NULL;
+            cuCtxGetCurrent(&prev);
             CUresult rc = cuCtxCreate_v2(&c, 0, atoi(a));
+            last = c;
             cuCtxGetCurrent(&cur);
             printf("%s ctx rc=%d current_is_new=%d\n", rc ? "fail" : "ok", rc, rc == 0 && cur == c);
+        } else if (!strcmp(cmd, "pop")) {
+            CUcontext popped = NULL, cur = NULL;
+            CUresult rc = cuCtxPopCurrent_v2(&popped);
+            cuCtxGetCurrent(&cur);
+            printf("%s pop rc=%d popped_last=%d prev_current=%d\n", rc ? "fail" : "ok", rc, popped == last,
+                   cur == prev);
         } else if (!strcmp(cmd, "primary")) {
             CUcontext c = NULL, before = NULL, after = NULL;
             cuCtxGetCurrent(&before);

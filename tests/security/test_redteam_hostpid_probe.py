@@ -128,12 +128,12 @@ class Proc:
 class Node:
     """One simulated GPU node: its state file, and the processes started on it (each its own container)."""
 
-    def __init__(self, build: tuple[Toolchain, Path], tmp: Path, gpus: int = 1) -> None:
+    def __init__(self, build: tuple[Toolchain, Path], tmp: Path, gpus: int = 1, memory_mib: int = 143771) -> None:
         self.tc, self.prog = build
         self.tmp = tmp
         self.state = tmp / "gpu.state"
         self.config = tmp / "gpus.conf"
-        self.config.write_text("".join(f"gpu index={i}\n" for i in range(gpus)))
+        self.config.write_text("".join(f"gpu index={i} memory_mib={memory_mib}\n" for i in range(gpus)))
         self.procs: list[Proc] = []
 
     def start(self, name: str, *argv: str, **env: str) -> Proc:
@@ -222,6 +222,8 @@ def test_the_probe_leaves_the_threads_current_context_alone(any_build: tuple[Too
         node.neighbour("n2")
         want = "ok ctx rc=0 current_is_new=1" if how == "ctx" else "ok primary rc=0 current_unchanged=1"
         assert t.reply() == want, t.log()
+        if how == "ctx":  # the context stack is as the driver left it: one pop returns to the first context
+            assert t.cmd("pop") == "ok pop rc=0 popped_last=1 prev_current=1", t.log()
         t.close()
         assert "a memory probe told its own apart" in t.log(), t.log()
         assert learned(t) == [t.pid], (t.pid, t.log())
@@ -378,3 +380,28 @@ def test_a_neighbour_starting_together_is_not_charged_to_the_tenants_context(nod
     info = t.cmd("meminfo")
     t.close()
     assert info == f"ok meminfo rc=0 used={ctx * MIB} total={4096 * MIB}", (info, t.log())
+
+
+def test_a_probe_the_driver_refuses_leaves_nothing_charged(any_build: tuple[Toolchain, Path], tmp_path: Path) -> None:
+    # the GPU is full (two contexts and 1 MiB left): the probe's allocation fails, its charge is given
+    # back, and the tenant learns nothing rather than guessing
+    ctx = 300
+    node = Node(any_build, tmp_path, memory_mib=2 * ctx + 1)
+    try:
+        t = node.start("tenant", "steps", CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST=f"{ctx}m",
+                       FAKE_CUDA_CTX_MIB=str(ctx))
+        t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
+        t.send("ctx 0")
+        t.wait_err(BEFORE, 1)
+        n1 = node.neighbour("n1", FAKE_CUDA_CTX_MIB=str(ctx))
+        assert t.reply() == "ok ctx rc=0 current_is_new=1"
+        assert t.cmd("peak 0") == f"ok peak bytes={ctx * MIB}"  # the driver never gave it the probe
+        n1.close()  # then what the GPU has free no longer hides the tenant's charge
+        node.start("reaper", "steps").close()  # the fake reclaims an exited process's memory when one starts
+        assert t.cmd("meminfo") == f"ok meminfo rc=0 used={ctx * MIB} total={(2 * ctx + 1) * MIB}", t.log()
+        t.close()
+        assert "2 new pids around this process's context creation; a memory probe could not tell them apart" \
+            in t.log(), t.log()
+        assert learned(t) == [], t.log()
+    finally:
+        node.stop()
