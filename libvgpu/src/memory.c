@@ -301,6 +301,38 @@ static int64_t nvml_used(int cdev)
     return (int64_t)m.used;
 }
 
+/* A measured context cost is the memory NVML shows this process using once its first context on a GPU
+ * exists: per process, so that a neighbour's context created at the same moment (containers started
+ * together) is not charged to this one. Until this process's pid is known (it is learned right after,
+ * see region.c "host pid"), the smallest rise among the processes listed is charged (so that the
+ * learning's probe fits under the limit next to it), then this process's own rise (ctx_settle), or
+ * the largest if the pid stays unknown; without per-process figures, the device's used-memory rise. */
+#define CM_MAX 256
+struct procmem {
+    int valid; /* listed */
+    unsigned n;
+    unsigned pid[CM_MAX];
+    uint64_t used[CM_MAX]; /* before the creation; after it, the rise (UINT64_MAX: unknown) */
+};
+static struct procmem g_cm[VGPU_MAX_DEV]; /* under g_cmu */
+
+static int list_procmem(int cdev, struct procmem *out)
+{
+    static __thread nvmlProcessInfo_t buf[CM_MAX];
+    nvmlDevice_t h;
+    unsigned n = CM_MAX;
+    if (!vgpu_nvml_load() || !vnvml_lists_processes() || vgpu_nvml_of_dev(cdev, &h) != 0 ||
+        vnvml_running_processes(h, &n, buf) != NVML_SUCCESS)
+        return -1;
+    out->valid = 1;
+    out->n = n < CM_MAX ? n : CM_MAX;
+    for (unsigned i = 0; i < out->n; i++) {
+        out->pid[i] = buf[i].pid;
+        out->used[i] = buf[i].usedGpuMemory == NVML_VALUE_NOT_AVAILABLE_ULL ? UINT64_MAX : buf[i].usedGpuMemory;
+    }
+    return 0;
+}
+
 /* Called before a context is created on dev; returns a token for ctx_created(). */
 static int64_t ctx_before(int dev)
 {
@@ -312,7 +344,37 @@ static int64_t ctx_before(int dev)
     pthread_mutex_unlock(&g_cmu);
     if (!first || vgpu_cfg->context_cost >= 0)
         return -1;
+    struct procmem snap;
+    int listed = list_procmem(vgpu_dev_of_cuda(dev), &snap) == 0;
+    pthread_mutex_lock(&g_cmu);
+    if (listed)
+        g_cm[dev] = snap;
+    else
+        g_cm[dev].valid = 0;
+    pthread_mutex_unlock(&g_cmu);
     return nvml_used(vgpu_dev_of_cuda(dev));
+}
+
+/* The smallest rise of a listed process across the creation (the rises go into g_cm[dev] for
+ * ctx_settle); UINT64_MAX when NVML gives no per-process figures. Caller holds g_cmu. */
+static uint64_t least_rise_locked(int dev, const struct procmem *after)
+{
+    struct procmem *cm = &g_cm[dev];
+    uint64_t least = UINT64_MAX;
+    struct procmem rises = {.valid = 1, .n = 0};
+    for (unsigned i = 0; i < after->n; i++) {
+        uint64_t b = 0, a = after->used[i];
+        for (unsigned j = 0; j < cm->n; j++)
+            if (cm->pid[j] == after->pid[i])
+                b = cm->used[j];
+        uint64_t rise = a == UINT64_MAX || b == UINT64_MAX ? UINT64_MAX : a > b ? a - b : 0;
+        rises.pid[rises.n] = after->pid[i];
+        rises.used[rises.n++] = rise;
+        if (rise && rise < least)
+            least = rise;
+    }
+    *cm = rises;
+    return least;
 }
 
 static void ctx_created(int dev, int64_t before)
@@ -329,9 +391,22 @@ static void ctx_created(int dev, int64_t before)
     if (vgpu_cfg->context_cost >= 0) {
         cost = (uint64_t)vgpu_cfg->context_cost;
     } else if (before >= 0) {
-        int64_t after = nvml_used(cdev);
-        if (after > before)
-            cost = (uint64_t)(after - before);
+        struct procmem after;
+        uint64_t least = UINT64_MAX;
+        int listed = list_procmem(cdev, &after) == 0;
+        pthread_mutex_lock(&g_cmu);
+        if (listed && g_cm[dev].valid)
+            least = least_rise_locked(dev, &after);
+        else
+            g_cm[dev].valid = 0;
+        pthread_mutex_unlock(&g_cmu);
+        if (least != UINT64_MAX) {
+            cost = least;
+        } else {
+            int64_t used = nvml_used(cdev);
+            if (used > before)
+                cost = (uint64_t)(used - before);
+        }
         if (cost > (2ull << 30)) /* other tenants moved: do not trust the delta */
             cost = 0;
     }
@@ -342,6 +417,43 @@ static void ctx_created(int dev, int64_t before)
         pthread_mutex_unlock(&g_cmu);
         LOG_DEBUG("device %d: context costs %llu bytes", dev, (unsigned long long)cost);
     }
+}
+
+/* After the host pid is learned: the measured context cost becomes this process's own rise. If it could
+ * not be learned, the largest rise among the processes listed (never less than its own). */
+static void ctx_settle(int dev)
+{
+    if (dev < 0 || dev >= VGPU_MAX_DEV)
+        return;
+    unsigned pid = (unsigned)hostpid_learned();
+    uint64_t own = 0, most = 0, old = 0;
+    pthread_mutex_lock(&g_cmu);
+    struct procmem *cm = &g_cm[dev];
+    int valid = cm->valid;
+    for (unsigned i = 0; valid && i < cm->n; i++) {
+        if (cm->used[i] == UINT64_MAX)
+            continue;
+        if (cm->pid[i] == pid)
+            own = cm->used[i];
+        if (cm->used[i] > most)
+            most = cm->used[i];
+    }
+    cm->valid = 0; /* settled once */
+    uint64_t rise = pid ? own : most;
+    old = g_ctx_charge[dev];
+    int settle = valid && g_ctx_count[dev] > 0 && old && rise && rise <= (2ull << 30) && rise != old;
+    if (settle)
+        g_ctx_charge[dev] = rise;
+    pthread_mutex_unlock(&g_cmu);
+    if (!settle)
+        return;
+    int cdev = vgpu_dev_of_cuda(dev);
+    if (rise > old)
+        region_reserve(cdev, rise - old, 1, NULL, NULL);
+    else
+        region_release(cdev, old - rise);
+    LOG_DEBUG("device %d: context costs %llu bytes (%s)", dev, (unsigned long long)rise,
+              pid ? "this process's own" : "the largest rise: this process's pid is not known");
 }
 
 static void ctx_gone(int dev, CUcontext ctx)
@@ -369,6 +481,8 @@ static CUresult ctx_after(CUresult rc, CUcontext *pctx, CUdevice dev, int64_t be
         ctx_created(dev, before);
     }
     hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL);
+    if (rc == CUDA_SUCCESS)
+        ctx_settle(dev);
     return rc;
 }
 
@@ -458,6 +572,8 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
             ctx_created(dev, before);
     }
     hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL); /* after the charge */
+    if (rc == CUDA_SUCCESS && track)
+        ctx_settle(dev);
     return rc;
 }
 

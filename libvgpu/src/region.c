@@ -71,6 +71,7 @@ static int g_rebuild_on_lock;
 static int g_self_pid;
 static int g_nspid_levels; /* entries on the NSpid line of /proc/self/status */
 static int g_host_pid;     /* the pid NVML reports for this process; 0 = not known yet */
+static int g_hp_learned;  /* g_host_pid was learned from NVML's listing (not a fallback) */
 static uint64_t g_proc_dev;
 static int g_lock_fd = -1;
 
@@ -924,6 +925,7 @@ void region_after_fork_child(void)
     g_slot = -1;
     g_need_slot = 1;
     g_host_pid = 0;
+    g_hp_learned = 0;
     ident_init();
     if (g_lock_fd >= 0) { /* the inherited description is the parent's lock holder: get our own */
         close(g_lock_fd);
@@ -966,6 +968,11 @@ static void hostpid_after_fork_child(void)
     memset(g_hp_tries, 0, sizeof g_hp_tries);
     g_hp_locked = 0;
     g_hp_all = 0;
+}
+
+int hostpid_learned(void)
+{
+    return __atomic_load_n(&g_hp_learned, __ATOMIC_ACQUIRE) ? __atomic_load_n(&g_host_pid, __ATOMIC_RELAXED) : 0;
 }
 
 int vgpu_host_pid(void)
@@ -1136,6 +1143,7 @@ void hostpid_after_ctx(int created, CUcontext ctx)
         hp_lock(F_UNLCK);
     if (sure && found > 0 && found < (1u << 31)) {
         __atomic_store_n(&g_host_pid, (int)found, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_hp_learned, 1, __ATOMIC_RELEASE);
         LOG_INFO("NVML reports this process as pid %u (pid %d here)", found, vgpu_self_pid());
     } else if (created) {
         LOG_INFO("could not learn this process's NVML pid (%u candidate pids around its context creation)", count);

@@ -114,6 +114,7 @@ int vgpu_self_pid(void); /* this process's pid as the container's /proc shows it
 int vgpu_host_pid(void); /* the pid NVML reports for this process (learned, see region.c), else vgpu_self_pid() */
 void hostpid_before_ctx(int cdev); /* around this process's first context creation (region.c) */
 void hostpid_after_ctx(int created, CUcontext ctx); /* ctx: the new context, for the probe */
+int hostpid_learned(void); /* the pid NVML reports for this process if learned from its listing, else 0 */
 
 /* ------------------------------------------------------------------ memory / contexts (memory.c) */
 int current_device(CUdevice *dev, CUcontext *ctx);

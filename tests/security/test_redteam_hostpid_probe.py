@@ -363,13 +363,10 @@ def test_killed_mid_probe_leaves_no_charge_behind(node: Node) -> None:
     nxt.close()
 
 
-@pytest.mark.xfail(strict=True, reason="open: the measured context cost is the device's NVML used-memory delta across "
-                   "the creation (libvgpu/src/memory.c ctx_created), so a neighbour's context created at the same "
-                   "moment (up to 2 GiB) is charged to the tenant for its lifetime; measuring the tenant's own "
-                   "pid's usage once learned would not be")
 def test_a_neighbour_starting_together_is_not_charged_to_the_tenants_context(node: Node) -> None:
     # containers started together on one GPU (or a neighbour that allocates while it sees a new pid
-    # appear): the tenant's measured context cost includes the neighbour's context
+    # appear): the tenant's measured context cost included the neighbour's context (600 MiB for its
+    # own 300); it is now what NVML shows the tenant's own pid using
     ctx = 300
     t = node.start("tenant", "steps", CUDA_DEVICE_MEMORY_LIMIT="4g", FAKE_CUDA_CTX_MIB=str(ctx))
     t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
@@ -405,3 +402,19 @@ def test_a_probe_the_driver_refuses_leaves_nothing_charged(any_build: tuple[Tool
         assert learned(t) == [], t.log()
     finally:
         node.stop()
+
+
+def test_a_smaller_neighbour_starting_together_does_not_lower_the_tenants_context_cost(node: Node) -> None:
+    # the tenant's 500 MiB context comes up with a neighbour's 300 MiB one: the smallest rise (300) is
+    # charged while the tenant learns its pid, then its own 500, so a neighbour cannot make a context
+    # cheaper than it is
+    t = node.start("tenant", "steps", CUDA_DEVICE_MEMORY_LIMIT="4g", FAKE_CUDA_CTX_MIB="500")
+    t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
+    t.send("ctx 0")
+    t.wait_err(BEFORE, 1)
+    node.neighbour("n1", FAKE_CUDA_CTX_MIB="300")
+    assert t.reply() == "ok ctx rc=0 current_is_new=1"
+    info = t.cmd("meminfo")
+    t.close()
+    assert info == f"ok meminfo rc=0 used={500 * MIB} total={4096 * MIB}", (info, t.log())
+    assert "context costs 524288000 bytes (this process's own)" in t.log(), t.log()
