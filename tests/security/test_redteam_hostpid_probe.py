@@ -418,3 +418,20 @@ def test_a_smaller_neighbour_starting_together_does_not_lower_the_tenants_contex
     t.close()
     assert info == f"ok meminfo rc=0 used={500 * MIB} total={4096 * MIB}", (info, t.log())
     assert "context costs 524288000 bytes (this process's own)" in t.log(), t.log()
+
+
+def test_a_context_whose_pid_stays_unknown_is_charged_the_largest_rise(node: Node) -> None:
+    # a perfect mimic keeps the tenant from learning its pid; its context (300 MiB) is then charged
+    # the largest rise in NVML's list (the mimic shows the tenant's 300 on top of its own 300), never
+    # the smallest, which could be a neighbour's smaller context
+    t = node.start("tenant", "steps", CUDA_DEVICE_MEMORY_LIMIT="4g", FAKE_NVML_TWIN="1")
+    t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
+    t.send("ctx 0")
+    t.wait_err(BEFORE, 1)
+    node.neighbour("n1")
+    assert t.reply() == "ok ctx rc=0 current_is_new=1"
+    info = t.cmd("meminfo")
+    t.close()
+    assert learned(t) == [], t.log()
+    assert info == f"ok meminfo rc=0 used={600 * MIB} total={4096 * MIB}", (info, t.log())
+    assert "(the largest rise: this process's pid is not known)" in t.log(), t.log()
