@@ -174,6 +174,20 @@ def learned(p: Proc) -> list[int]:
     return [int(m) for m in LEARNED.findall(p.log())]
 
 
+def together(node: Node, tenant_env: dict[str, str], neighbour_env: dict[str, str] | None = None
+             ) -> tuple[Proc, Proc]:
+    """A tenant and a neighbour container whose first contexts come up together (the fake holds the
+    tenant's until both are listed, and the neighbour starts after the tenant listed NVML's processes,
+    so the tenant sees both pids appear); returned once the tenant's context exists."""
+    t = node.start("tenant", "steps", **tenant_env)
+    t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
+    t.send("ctx 0")
+    t.wait_err(BEFORE, 1)
+    n1 = node.neighbour("n1", 0, "hold", **(neighbour_env or {}))
+    assert t.reply() == "ok ctx rc=0 current_is_new=1"
+    return t, n1
+
+
 def test_a_neighbour_appearing_when_learning_is_retried_is_not_taken(node: Node) -> None:
     # The tenant's first context comes up together with a neighbour's and the probe cannot tell them
     # apart (this driver reports no per-process memory). Its next context is created while another
@@ -274,12 +288,7 @@ def test_the_probe_fits_under_the_limit_with_the_contexts_cost(node: Node) -> No
     # took most of its limit held context + probe (up to 32 MiB more than its limit) during the probe.
     limit, ctx = 64, 60
     env = {"CUDA_DEVICE_MEMORY_LIMIT": f"{limit}m", "LIBVGPU_CONTEXT_COST": f"{ctx}m", "FAKE_CUDA_CTX_MIB": str(ctx)}
-    t = node.start("tenant", "steps", **env)
-    t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
-    t.send("ctx 0")
-    t.wait_err(BEFORE, 1)
-    node.neighbour("n1", FAKE_CUDA_CTX_MIB=str(ctx))
-    assert t.reply() == "ok ctx rc=0 current_is_new=1"
+    t, _ = together(node, env, {"FAKE_CUDA_CTX_MIB": str(ctx)})
     peak = t.cmd("peak 0")
     # the probe's memory and its charge are both gone: the tenant is charged its context alone
     assert t.cmd("meminfo") == f"ok meminfo rc=0 used={ctx * MIB} total={limit * MIB}", t.log()
@@ -330,12 +339,7 @@ def test_a_perfect_mimic_makes_learning_fail_never_take_its_pid(node: Node) -> N
     # the same moment (FAKE_NVML_TWIN), as one that allocated each drawn size in step would. Both pids
     # match every round, so no single one is left: the tenant learns nothing (and falls back, as
     # documented) rather than the neighbour's pid.
-    t = node.start("tenant", "steps", FAKE_NVML_TWIN="1")
-    t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
-    t.send("ctx 0")
-    t.wait_err(BEFORE, 1)
-    n1 = node.neighbour("n1")
-    assert t.reply() == "ok ctx rc=0 current_is_new=1"
+    t, n1 = together(node, {"FAKE_NVML_TWIN": "1"})
     t.close()
     assert "2 new pids around this process's context creation; a memory probe could not tell them apart" in t.log()
     assert learned(t) == [], (n1.pid, t.log())
@@ -368,12 +372,8 @@ def test_a_neighbour_starting_together_is_not_charged_to_the_tenants_context(nod
     # appear): the tenant's measured context cost included the neighbour's context (600 MiB for its
     # own 300); it is now what NVML shows the tenant's own pid using
     ctx = 300
-    t = node.start("tenant", "steps", CUDA_DEVICE_MEMORY_LIMIT="4g", FAKE_CUDA_CTX_MIB=str(ctx))
-    t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
-    t.send("ctx 0")
-    t.wait_err(BEFORE, 1)
-    node.neighbour("n1", FAKE_CUDA_CTX_MIB=str(ctx))
-    assert t.reply() == "ok ctx rc=0 current_is_new=1"
+    t, _ = together(node, {"CUDA_DEVICE_MEMORY_LIMIT": "4g", "FAKE_CUDA_CTX_MIB": str(ctx)},
+                    {"FAKE_CUDA_CTX_MIB": str(ctx)})
     info = t.cmd("meminfo")
     t.close()
     assert info == f"ok meminfo rc=0 used={ctx * MIB} total={4096 * MIB}", (info, t.log())
@@ -408,12 +408,8 @@ def test_a_smaller_neighbour_starting_together_does_not_lower_the_tenants_contex
     # the tenant's 500 MiB context comes up with a neighbour's 300 MiB one: the smallest rise (300) is
     # charged while the tenant learns its pid, then its own 500, so a neighbour cannot make a context
     # cheaper than it is
-    t = node.start("tenant", "steps", CUDA_DEVICE_MEMORY_LIMIT="4g", FAKE_CUDA_CTX_MIB="500")
-    t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
-    t.send("ctx 0")
-    t.wait_err(BEFORE, 1)
-    node.neighbour("n1", FAKE_CUDA_CTX_MIB="300")
-    assert t.reply() == "ok ctx rc=0 current_is_new=1"
+    t, _ = together(node, {"CUDA_DEVICE_MEMORY_LIMIT": "4g", "FAKE_CUDA_CTX_MIB": "500"},
+                    {"FAKE_CUDA_CTX_MIB": "300"})
     info = t.cmd("meminfo")
     t.close()
     assert info == f"ok meminfo rc=0 used={500 * MIB} total={4096 * MIB}", (info, t.log())
@@ -424,12 +420,7 @@ def test_a_context_whose_pid_stays_unknown_is_charged_the_largest_rise(node: Nod
     # a perfect mimic keeps the tenant from learning its pid; its context (300 MiB) is then charged
     # the largest rise in NVML's list (the mimic shows the tenant's 300 on top of its own 300), never
     # the smallest, which could be a neighbour's smaller context
-    t = node.start("tenant", "steps", CUDA_DEVICE_MEMORY_LIMIT="4g", FAKE_NVML_TWIN="1")
-    t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
-    t.send("ctx 0")
-    t.wait_err(BEFORE, 1)
-    node.neighbour("n1")
-    assert t.reply() == "ok ctx rc=0 current_is_new=1"
+    t, _ = together(node, {"CUDA_DEVICE_MEMORY_LIMIT": "4g", "FAKE_NVML_TWIN": "1"})
     info = t.cmd("meminfo")
     t.close()
     assert learned(t) == [], t.log()
