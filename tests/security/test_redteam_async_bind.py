@@ -50,6 +50,12 @@ def pod(fake: FakeKubeAPI, name: str, mib: int = 16000) -> dict[str, Any]:
     return create_pod(fake, pod_obj(name, limits={"nvidia.com/gpumem": mib}))
 
 
+async def watched(svc: Any, p: dict[str, Any]) -> None:
+    """Until the extender's pod watch has delivered pod ``p`` (a bind then takes it from the cache)."""
+    key = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+    await wait_until(lambda: svc.cache.pod_to_bind(key, p["metadata"]["uid"]) is not None)
+
+
 def bindings(fake: FakeKubeAPI, name: str) -> int:
     """How many Bindings of pod ``name`` the fake received."""
     return sum(1 for r in fake.request_log if r.method == "POST" and r.path.endswith(f"/pods/{name}/binding"))
@@ -100,7 +106,7 @@ def test_second_bind_of_a_pod_while_its_binding_is_in_flight_is_refused(fake: Fa
     async def go() -> None:
         async with extender(fake) as ext:
             svc = ext.svc
-            await wait_until(lambda: svc.cache.pod_to_bind("default/a", a["metadata"]["uid"]) is not None)
+            await watched(svc, a)
             first = asyncio.create_task(bind(ext, a))
             await gates.wait(1)
             replay = asyncio.create_task(bind(ext, a))  # while the first Binding is held in the server
@@ -138,7 +144,7 @@ def test_bind_cancelled_while_its_applied_binding_loses_its_answer_keeps_the_boo
     async def go() -> None:
         async with extender(fake) as ext:
             svc = ext.svc
-            await wait_until(lambda: svc.cache.pod_to_bind("default/a", a["metadata"]["uid"]) is not None)
+            await watched(svc, a)
             call = asyncio.create_task(svc.binds.bind(bind_args(a, "node-0")))
             await gates.wait(1)
             fake.fail_after_commit("create", "pods/binding", "reset", name="a")
@@ -179,7 +185,7 @@ def test_conflict_on_the_loop_then_5xx_on_the_retry(fake: FakeKubeAPI, committed
     async def go() -> str:
         async with extender(fake, timeout=2.0) as ext:
             svc = ext.svc
-            await wait_until(lambda: svc.cache.pod_to_bind("default/a", a["metadata"]["uid"]) is not None)
+            await watched(svc, a)
             fake.fail_next("create", "pods/binding", status=409, name="a")
             if committed:
                 fake.fail_after_commit("create", "pods/binding", 500, name="a")
@@ -260,7 +266,7 @@ def test_applied_binding_answered_with_garbage_keeps_its_booking(odd: OddFake, c
     async def go() -> str:
         async with extender(odd, timeout=2.0) as ext:
             svc = ext.svc
-            await wait_until(lambda: svc.cache.pod_to_bind("default/a", a["metadata"]["uid"]) is not None)
+            await watched(svc, a)
             odd.odd = (True, *answers[case])
             err = await bind(ext, a)
             await wait_until(lambda: not svc.cache.unresolved)
@@ -290,7 +296,7 @@ def test_binding_answered_with_a_redirect_and_not_applied_is_not_taken_as_bound(
     async def go() -> str:
         async with extender(odd, timeout=2.0) as ext:
             svc = ext.svc
-            await wait_until(lambda: svc.cache.pod_to_bind("default/a", a["metadata"]["uid"]) is not None)
+            await watched(svc, a)
             odd.odd = (False, status, b"", {"Location": f"{odd.base_url}/api/v1/namespaces/default/pods/a/binding"})
             err = await bind(ext, a)
             await wait_until(lambda: not svc.cache.unresolved)
@@ -320,7 +326,7 @@ def test_binding_redirected_is_never_followed_nor_taken_as_bound(odd: OddFake, p
         async with extender(odd, timeout=2.0) as ext:
             svc = ext.svc
             assert (svc.api.aio is None) == proxy
-            await wait_until(lambda: svc.cache.pod_to_bind("default/a", a["metadata"]["uid"]) is not None)
+            await watched(svc, a)
             base = PROXIED_HOST if proxy else odd.base_url
             odd.odd = (False, 307, b"", {"Location": f"{base}/api/v1/namespaces/default/pods/a/binding"})
             err = await bind(ext, a)
