@@ -318,18 +318,11 @@ static struct procmem g_cm[VGPU_MAX_DEV]; /* under g_cmu */
 
 static int list_procmem(int cdev, struct procmem *out)
 {
-    static __thread nvmlProcessInfo_t buf[CM_MAX];
     nvmlDevice_t h;
-    unsigned n = CM_MAX;
     if (!vgpu_nvml_load() || !vnvml_lists_processes() || vgpu_nvml_of_dev(cdev, &h) != 0 ||
-        vnvml_running_processes(h, &n, buf) != NVML_SUCCESS)
+        vnvml_process_memory(h, out->pid, out->used, CM_MAX, &out->n) != 0)
         return -1;
     out->valid = 1;
-    out->n = n < CM_MAX ? n : CM_MAX;
-    for (unsigned i = 0; i < out->n; i++) {
-        out->pid[i] = buf[i].pid;
-        out->used[i] = buf[i].usedGpuMemory == NVML_VALUE_NOT_AVAILABLE_ULL ? UINT64_MAX : buf[i].usedGpuMemory;
-    }
     return 0;
 }
 

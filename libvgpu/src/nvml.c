@@ -120,3 +120,18 @@ int vnvml_lists_processes(void)
 {
     return g_nvml.running != NULL;
 }
+
+int vnvml_process_memory(nvmlDevice_t d, unsigned *pids, uint64_t *used, unsigned max, unsigned *n)
+{
+    static __thread nvmlProcessInfo_t buf[VNVML_MAX_PROCS];
+    unsigned cap = max < VNVML_MAX_PROCS ? max : VNVML_MAX_PROCS, cnt = cap;
+    if (vnvml_running_processes(d, &cnt, buf) != NVML_SUCCESS)
+        return -1;
+    *n = cnt < cap ? cnt : cap;
+    for (unsigned i = 0; i < *n; i++) {
+        pids[i] = buf[i].pid;
+        if (used)
+            used[i] = buf[i].usedGpuMemory == NVML_VALUE_NOT_AVAILABLE_ULL ? UINT64_MAX : buf[i].usedGpuMemory;
+    }
+    return 0;
+}

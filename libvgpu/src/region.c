@@ -950,7 +950,7 @@ void region_after_fork_child(void)
  * not its own: every listed pid is then a candidate and only the probe decides. The same holds while
  * another thread creates a context there (g_hp_tries). */
 #define HP_LOCK (SLOT_LOCK_BASE + VGPU_REGION_SLOTS)
-#define HP_MAX 512
+#define HP_MAX VNVML_MAX_PROCS
 static pthread_mutex_t g_hp_mu = PTHREAD_MUTEX_INITIALIZER;
 static __thread int t_hp_active;
 static unsigned g_hp_n, g_hp_before[HP_MAX];
@@ -983,21 +983,10 @@ int vgpu_host_pid(void)
     return vgpu_self_pid();
 }
 
-/* The running compute processes on g_hp_dev: their pids and, when used is not NULL, the device memory
- * NVML says each uses (UINT64_MAX where it cannot tell). */
+/* The running compute processes on g_hp_dev (see vnvml_process_memory). */
 static int hp_list(unsigned *pids, uint64_t *used, unsigned *n)
 {
-    static __thread nvmlProcessInfo_t buf[HP_MAX];
-    unsigned cnt = HP_MAX;
-    if (vnvml_running_processes(g_hp_dev, &cnt, buf) != NVML_SUCCESS)
-        return -1;
-    for (unsigned i = 0; i < cnt && i < HP_MAX; i++) {
-        pids[i] = buf[i].pid;
-        if (used)
-            used[i] = buf[i].usedGpuMemory;
-    }
-    *n = cnt < HP_MAX ? cnt : HP_MAX;
-    return 0;
+    return vnvml_process_memory(g_hp_dev, pids, used, HP_MAX, n);
 }
 
 /* The device memory NVML reports for pid in a listing, 0 if it is not listed, UINT64_MAX if unknown. */
@@ -1005,7 +994,7 @@ static uint64_t hp_used_of(unsigned pid, const unsigned *pids, const uint64_t *u
 {
     for (unsigned i = 0; i < n; i++)
         if (pids[i] == pid)
-            return used[i] == NVML_VALUE_NOT_AVAILABLE_ULL ? UINT64_MAX : used[i];
+            return used[i];
     return 0;
 }
 

@@ -41,6 +41,11 @@ nvmlReturn_t vnvml_process_utilization(nvmlDevice_t d, nvmlProcessUtilizationSam
                                        unsigned long long since_us);
 nvmlReturn_t vnvml_running_processes(nvmlDevice_t d, unsigned *n, nvmlProcessInfo_t *buf);
 int vnvml_lists_processes(void); /* 1: vnvml_running_processes has a real entry point */
+#define VNVML_MAX_PROCS 512
+/* The running compute processes on d (at most max, at most VNVML_MAX_PROCS): pids and, unless used is
+ * NULL, the device memory in bytes NVML says each uses (UINT64_MAX where the driver cannot tell).
+ * Returns 0, or -1 when NVML gives no list. */
+int vnvml_process_memory(nvmlDevice_t d, unsigned *pids, uint64_t *used, unsigned max, unsigned *n);
 
 /* ------------------------------------------------------------------ configuration (read once) */
 struct vgpu_config {
