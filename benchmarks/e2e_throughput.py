@@ -214,7 +214,7 @@ def main() -> int:
     if not os.environ.get("KUBE_BIN_DIR"):
         print("e2e_throughput: skipped (set KUBE_BIN_DIR to kube-apiserver, kube-scheduler and etcd binaries)")
         return 0
-    from dp_helpers import FakeGPUs, FakeKubelet, build_fake_nvml
+    from dp_helpers import FakeKubelet
     from kubernetes import client, config
 
     from tests.e2e.cluster import (
@@ -245,14 +245,7 @@ def main() -> int:
         create_gpu_nodes(core, names, GPUS, GPU_MEM, SPLIT, uuid_of)
         for ns in ("bench-plain", "bench-vgpu", "bench-dra"):
             create_namespace(core, ns)
-        lib = build_fake_nvml(work / "fakenvml")
-        gpus = FakeGPUs(work)
-        gpus.set([{"uuid": uuid_of(0, i), "name": "NVIDIA H200", "memory_mib": GPU_MEM, "numa": 0}
-                  for i in range(GPUS)])
-        fk = FakeKubelet(sockdir)
-        fk.start()
-        comps.start_device_plugin(names[0], lib.parent, gpus.config, sockdir, fk.podresources_socket)
-        fk.wait(lambda k: k.updates > 0, timeout=60, what="device plugin registration")
+        _, fk = comps.start_gpu_node(names[0], sockdir, [uuid_of(0, i) for i in range(GPUS)], GPU_MEM)
         comps.start_webhook()
         adm.create_mutating_webhook_configuration(comps.webhook_configuration("bench-vgpu"))
         comps.start_extender(*(["--filter-best-node=false"] if args.all_feasible_nodes else []))

@@ -417,6 +417,30 @@ class Components:
             "--heartbeat-seconds", "5", "--signing-keys-dir", str(self.signing_keys),
             "--pod-resources-socket", pod_resources_socket), self.dir, env=env)
 
+    def start_gpu_node(self, node: str, sockdir: str, uuids: list[str], memory_mib: int) -> tuple[Any, Any]:
+        """The device plugin of ``node`` (:meth:`start_device_plugin`) against a fake NVML holding one
+        NVIDIA H200 of ``memory_mib`` MiB per uuid of ``uuids``, registered with a fake kubelet in
+        ``sockdir``; returns ``(FakeGPUs, FakeKubelet)`` of tests/deviceplugin/dp_helpers once the
+        plugin has registered (the caller stops the kubelet after :meth:`stop`; when this raises it
+        has stopped it)."""
+        dp_tests = str(ROOT / "tests" / "deviceplugin")
+        if dp_tests not in sys.path:
+            sys.path.insert(0, dp_tests)
+        from dp_helpers import FakeGPUs, FakeKubelet, build_fake_nvml
+
+        lib = build_fake_nvml(self.dir / "fakenvml")
+        gpus = FakeGPUs(self.dir)
+        gpus.set([{"uuid": u, "name": "NVIDIA H200", "memory_mib": memory_mib, "numa": 0} for u in uuids])
+        fk = FakeKubelet(sockdir)
+        fk.start()
+        try:
+            self.start_device_plugin(node, lib.parent, gpus.config, sockdir, fk.podresources_socket)
+            fk.wait(lambda k: k.updates > 0, timeout=60, what="device plugin registration")
+        except BaseException:
+            fk.stop()
+            raise
+        return gpus, fk
+
     def stop(self) -> None:
         for p in reversed(list(self.procs.values())):
             p.stop()

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -56,14 +54,11 @@ def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         write_policy,
     )
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deviceplugin"))
-    from dp_helpers import FakeGPUs, FakeKubelet, build_fake_nvml  # noqa: E402
-
     work = tmp_path_factory.mktemp("e2e")
     cp = ControlPlane(work)
     comps = Components(cp, work)
     sockdir = tempfile.mkdtemp(prefix="kve2e", dir="/tmp")
-    fk: FakeKubelet | None = None
+    fk: Any = None  # the fake kubelet (tests/deviceplugin/dp_helpers.FakeKubelet)
     loop: KubeletLoop | None = None
     api: Any = None
     ns = f"e2e-{uuid.uuid4().hex[:6]}"
@@ -82,14 +77,7 @@ def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         create_gpu_nodes(core, NODES, GPUS_PER_NODE, GPU_MEM, SPLIT, gpu_uuid)
 
         # device plugin for gpu-node-0 against the fake NVML (same UUIDs as the inventory above)
-        lib = build_fake_nvml(work / "fakenvml")
-        gpus = FakeGPUs(work)
-        gpus.set([{"uuid": gpu_uuid(0, i), "name": "NVIDIA H200", "memory_mib": GPU_MEM, "numa": 0}
-                  for i in range(GPUS_PER_NODE)])
-        fk = FakeKubelet(sockdir)
-        fk.start()
-        comps.start_device_plugin(DP_NODE, lib.parent, gpus.config, sockdir, fk.podresources_socket)
-        fk.wait(lambda k: k.updates > 0, timeout=60, what="device plugin registration")
+        gpus, fk = comps.start_gpu_node(DP_NODE, sockdir, [gpu_uuid(0, i) for i in range(GPUS_PER_NODE)], GPU_MEM)
 
         comps.start_webhook()
         adm.create_mutating_webhook_configuration(comps.webhook_configuration(ns))
