@@ -45,9 +45,9 @@ from kube_vgpu import envcontract
 from .podmatch import PendingContainer, slot_uuid
 
 #: default host path of libvgpu.so (``--shim-host-path``; the chart installs it there)
-SHIM_HOST_PATH = "/usr/local/vgpu/libvgpu.so"
+SHIM_HOST_PATH = envcontract.SHIM_HOST_PATH
 #: default host directory of the per-container cache directories (``--cache-host-dir``)
-CACHE_HOST_DIR = "/var/lib/kube-vgpu/containers"
+CACHE_HOST_DIR = envcontract.CACHE_HOST_DIR
 #: file name of the shared accounting file inside the per-container cache dir
 CACHE_FILE = "vgpu.cache"
 #: file name of the preload file on the host, in the shim's directory

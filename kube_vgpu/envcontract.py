@@ -42,6 +42,14 @@ CACHE_CONTAINER_PATH = f"{CACHE_CONTAINER_DIR}/vgpu.cache"
 LIMITS_CONTAINER_DIR = "/usr/local/vgpu/limits"
 LIMITS_FILE_NAME = "vgpu.limits"
 LIMITS_CONTAINER_PATH = f"{LIMITS_CONTAINER_DIR}/{LIMITS_FILE_NAME}"
+#: the device plugin's default host directories (``--shim-host-path``, ``--cache-host-dir``; the
+#: chart's ``devicePlugin.shimHostDir`` and ``cacheHostDir``): where the shim is installed on a node,
+#: and where the per-container accounting directories live. The webhook keeps vGPU pods' hostPath
+#: volumes away from them.
+SHIM_HOST_DIR = "/usr/local/vgpu"
+SHIM_HOST_PATH = f"{SHIM_HOST_DIR}/libvgpu.so"
+CACHE_HOST_ROOT = "/var/lib/kube-vgpu"
+CACHE_HOST_DIR = f"{CACHE_HOST_ROOT}/containers"
 #: format version of the limits file (the shim refuses any other version and fails closed)
 LIMITS_FILE_VERSION = 1
 #: SM-limit policies: ``default`` enforces the booked cores, ``disable`` turns the SM limit off

@@ -106,7 +106,8 @@ PROTECTED_HOST_PATHS = (
     "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/local/nvidia",
     # the same driver directories through the symlinks of merged-/usr hosts (/lib -> usr/lib, ...)
     "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/lib64", "/lib32", "/usr/lib32",
-    "/run/nvidia*", "/var/run/nvidia*", "/var/lib/kubelet", "/usr/local/vgpu", "/var/lib/kube-vgpu",
+    "/run/nvidia*", "/var/run/nvidia*", "/var/lib/kubelet",
+    envcontract.SHIM_HOST_DIR, envcontract.CACHE_HOST_ROOT,
     # container runtimes: their sockets and state start any container, privileged included
     "/run/containerd", "/var/run/containerd", "/var/lib/containerd", "/run/crio", "/var/run/crio",
     "/var/lib/containers", "/run/docker.sock", "/var/run/docker.sock", "/var/lib/docker",

@@ -3,6 +3,7 @@ device plugin's host mounts, and that the policy ConfigMap is exactly the domain
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 from typing import Any
@@ -488,6 +489,25 @@ def test_shim_host_dir_root_never_renders_a_root_mount(renderer: Renderer) -> No
 def test_dedicated_host_dirs_are_accepted(renderer: Renderer, values: dict[str, Any]) -> None:
     r = renderer.template(values)
     assert r.returncode == 0, r.stderr
+
+
+def test_host_dir_defaults_are_the_device_plugins_and_the_webhook_protects_them() -> None:
+    """The chart's default shim and cache host directories are the device plugin's own defaults
+    (kube_vgpu.envcontract), and the webhook's built-in protected host paths cover them even when
+    the chart's --protected-host-path flags are missing."""
+    from deviceplugin import startup
+    from kube_vgpu import envcontract
+    from webhook.isolation import PROTECTED_HOST_PATHS, path_overlaps
+
+    dp = yaml.safe_load((CHART / "values.yaml").read_text())["devicePlugin"]
+    assert dp["shimHostDir"] + "/libvgpu.so" == envcontract.SHIM_HOST_PATH
+    assert dp["cacheHostDir"] == envcontract.CACHE_HOST_DIR
+    p = argparse.ArgumentParser()
+    startup.add_shim_flags(p, cache_help="")
+    args = p.parse_args([])
+    assert (args.shim_host_path, args.cache_host_dir) == (envcontract.SHIM_HOST_PATH, envcontract.CACHE_HOST_DIR)
+    for path in (dp["shimHostDir"], envcontract.SHIM_HOST_PATH, dp["cacheHostDir"]):
+        assert any(path_overlaps(path, p) for p in PROTECTED_HOST_PATHS), path
 
 
 def test_scheduler_name_default_scheduler_is_rejected(renderer: Renderer) -> None:
