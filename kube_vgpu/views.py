@@ -133,6 +133,8 @@ class ObjectView:
 
     # -- metadata ---------------------------------------------------------------------------------
 
+    # name, uid and resourceVersion are read for every watch event and request, so their getters
+    # inline _meta_str's two lines (a call less on the hot path); the others call it.
     def _meta_str(self, key: str) -> str:
         v = self.meta.get(key)
         return v if type(v) is str else str_field(v, f"metadata.{key}")
