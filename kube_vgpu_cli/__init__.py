@@ -17,7 +17,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("replay.main:main", "alias of replay"),
     "scheduler": ("scheduler.server:main", "run the kube-scheduler HTTP extender (filter/prioritize/bind)"),
     "webhook": ("webhook.server:main", "run the mutating admission webhook (HTTPS)"),
-    "certs": ("certs.main:main", "create/renew the webhook CA and serving certificate"),
+    "certs": ("certs.main:main", "create/renew the webhook CA and serving certificate; 'certs signing-keys "
+              "ensure': create and rotate the allocation signing keys"),
     "device-plugin": ("deviceplugin.main:main", "run the kubelet device plugin on a GPU node"),
     "dra-plugin": ("deviceplugin.dra.main:main", "run the kubelet DRA plugin on a GPU node (ResourceSlices, "
                    "NodePrepareResources, CDI)"),

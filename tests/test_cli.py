@@ -39,6 +39,17 @@ def test_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert cap.out == ""
 
 
+def test_usage_names_the_signing_key_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """install.md and rbac.md run `kube-vgpu certs signing-keys ensure`: the top-level usage says
+    where it is, and it is reached through `certs`."""
+    assert main(["--help"]) == 0
+    assert "certs signing-keys ensure" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["certs", "signing-keys", "ensure", "--help"])
+    assert exit_.value.code == 0
+    assert "--rotate-after-days" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flag", ["--version", "version"])
 def test_version(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([flag]) == 0
