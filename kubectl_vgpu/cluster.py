@@ -25,6 +25,8 @@ from kube_vgpu.errors import CodecError, ShapeError, json_type
 from kube_vgpu.resources import ANN_NODE_INVENTORY
 from kube_vgpu.views import NodeView
 
+from .text import yaml_problem
+
 Obj = dict[str, Any]
 
 
@@ -129,8 +131,10 @@ def load_snapshot(path: str | Path) -> Cluster:
         raise ClusterError(f"cannot read snapshot {p}: {e.strerror or e}") from e
     try:
         raw = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
+    except json.JSONDecodeError as e:
         raise ClusterError(f"snapshot {p} is not JSON/YAML: {e}") from e
+    except yaml.YAMLError as e:
+        raise ClusterError(f"snapshot {p} is not JSON/YAML: {yaml_problem(e)}") from e
     if not isinstance(raw, dict) or "nodes" not in raw or "pods" not in raw:
         raise ClusterError(f'snapshot {p} must be an object {{"nodes": NodeList, "pods": PodList}}')
     nodes = _items(raw["nodes"], "nodes")
@@ -142,8 +146,10 @@ def load_snapshot(path: str | Path) -> Cluster:
                    quotas=[q for q in quotas if isinstance(q, dict)])
 
 
-def core_api(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    """A CoreV1Api from the kubeconfig (else in-cluster). Raises ClusterError when none loads."""
+def core_api(kubeconfig: str | None = None, context: str | None = None,
+             hint: str = "pass --kubeconfig or --snapshot") -> Any:
+    """A CoreV1Api from the kubeconfig (else in-cluster). Raises ClusterError when none loads,
+    naming the kubeconfig, why it did not load, and ``hint`` (what the user may pass instead)."""
     from kubernetes import client
 
     from kube_vgpu.kubeapi import load_api_client
@@ -151,8 +157,37 @@ def core_api(kubeconfig: str | None = None, context: str | None = None) -> Any:
     try:
         api = load_api_client(kubeconfig, context=context, in_cluster_first=False)
     except Exception as e:  # noqa: BLE001 - no kubeconfig, bad file, not in a cluster
-        raise ClusterError(f"cannot load a kubeconfig ({e}); pass --kubeconfig or --snapshot") from e
+        if kubeconfig or context:
+            raise ClusterError(f"cannot load kubeconfig {kubeconfig or _default_kubeconfig()}"
+                               f"{f' (context {context})' if context else ''}: {_why(e)}; "
+                               f"{hint}") from e
+        # load_api_client tries the in-cluster account only after the file failed with a
+        # ConfigException (missing, incomplete); its error (e) then hides why the file did not load.
+        from kubernetes.config import ConfigException
+
+        path = _default_kubeconfig()
+        try:
+            load_api_client(path, in_cluster_first=False)
+            file_err: Exception = e
+        except Exception as fe:  # noqa: BLE001 - missing or invalid file
+            file_err = fe
+        cluster = f"; not in a cluster either ({e})" if isinstance(file_err, ConfigException) else ""
+        raise ClusterError(f"cannot load kubeconfig {path}: {_why(file_err)}{cluster}; "
+                           f"{hint}") from e
     return client.CoreV1Api(api)
+
+
+def _why(err: Exception) -> str:
+    """An error's text on one line (a kubeconfig that is not YAML: where and what)."""
+    return f"not valid YAML: {yaml_problem(err)}" if isinstance(err, yaml.YAMLError) else str(err)
+
+
+def _default_kubeconfig() -> str:
+    """The kubeconfig kubectl reads: $KUBECONFIG (a list separated by ':' is merged), else
+    ~/.kube/config."""
+    import os
+
+    return os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
 
 
 def load_live(kubeconfig: str | None = None, context: str | None = None) -> Cluster:

@@ -21,7 +21,7 @@ def set_cordon(node: str, gpu: str, cordon: bool, kubeconfig: str | None = None,
                context: str | None = None) -> str:
     """Cordon (or uncordon) ``gpu`` on ``node``. Returns a one-line result. Raises ClusterError
     naming the node and GPU when the node or the GPU is unknown or the API refuses."""
-    core = core_api(kubeconfig, context)
+    core = core_api(kubeconfig, context, hint="pass --kubeconfig or --context")
     try:
         resp: Any = core.read_node(node, _preload_content=False)
         obj = json.loads(resp.data)

@@ -27,7 +27,7 @@ from kube_vgpu.config import NODE_POLICIES, Config, load_config
 from kube_vgpu.errors import ConfigError, RequestError
 
 from .cluster import Cluster, ClusterError, load_live, load_snapshot
-from .text import safe
+from .text import safe, yaml_problem
 
 
 def _err(message: str) -> None:
@@ -93,7 +93,10 @@ def _read_pod(name: str) -> dict[str, Any]:
     docs = [d for d in yaml.safe_load_all(text) if d]
     pods = [d for d in docs if isinstance(d, dict) and d.get("kind", "Pod") == "Pod"]
     if len(pods) != 1:
-        raise ValueError(f"{name}: expected exactly one Pod manifest, found {len(pods)}")
+        others = sorted({str(d.get("kind")) if isinstance(d, dict) else type(d).__name__
+                         for d in docs if not (isinstance(d, dict) and d.get("kind", "Pod") == "Pod")})
+        found = f"found {len(pods)} Pods" + (f" and {', '.join(others)}" if others else "")
+        raise ValueError(f"{name}: expected exactly one Pod manifest (kind: Pod), {found}")
     return pods[0]
 
 
@@ -133,8 +136,11 @@ def _simulate(args: argparse.Namespace) -> int:
     cfg = _config(args)
     try:
         manifest = _read_pod(args.filename)
-    except (OSError, yaml.YAMLError) as e:
-        _err(f"cannot read {args.filename}: {e}")
+    except OSError as e:
+        _err(f"cannot read {args.filename}: {e.strerror or e}")
+        return 1
+    except yaml.YAMLError as e:
+        _err(f"cannot read {args.filename}: not valid YAML: {yaml_problem(e)}")
         return 1
     pod = parse_pod(manifest, cfg)
     if not pod.has_gpu:

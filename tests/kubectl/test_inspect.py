@@ -152,7 +152,7 @@ def test_live_mode_without_kubeconfig_fails_cleanly(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     rc, _, err = run(capsys, "inspect")
-    assert rc == 1 and "cannot load a kubeconfig" in err
+    assert rc == 1 and f"cannot load kubeconfig {tmp_path / 'none'}" in err
 
 
 def test_usage(capsys: pytest.CaptureFixture[str]) -> None:
