@@ -390,7 +390,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             pods = synthetic_pods(nodes)
             workload = "synthetic"
             n_seeds = args.seeds or 2
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        # the trace folder holds the artifact's CSVs by their file names (--nodes, --pods)
+        print(f"{PROG}: --trace {args.trace}: cannot read {Path(e.filename or '').name or e.filename}: "
+              f"{e.strerror or e}; the folder must hold {args.nodes}.csv and {args.pods}.csv "
+              "(--nodes, --pods name them)", file=sys.stderr)
+        return 2
+    except ValueError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     if not pods:

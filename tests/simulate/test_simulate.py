@@ -194,3 +194,14 @@ def test_against_reads_the_artifacts_per_seed_file_and_a_summary_alike(tmp_path:
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(KeyError, match="analysis_allo_discrete.csv"):
         sim.load_expected(bad, "openb_pod_list_default")
+
+
+def test_missing_trace_file_names_the_folder_and_the_files_it_needs(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert sim.main(["--trace", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"--trace {tmp_path}: cannot read openb_node_list_gpu_node.csv: No such file or directory" in err, err
+    assert "must hold openb_node_list_gpu_node.csv and openb_pod_list_default.csv" in err
+    (tmp_path / "n.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nnode-a,32000,65536,2,T4\n")
+    assert sim.main(["--trace", str(tmp_path), "--nodes", "n", "--pods", "p", "--no-progress"]) == 2
+    assert "cannot read p.csv" in capsys.readouterr().err
