@@ -114,7 +114,7 @@ def _allowed_text(k):
     if rng: parts.append(rng)
     if r.allowed: parts.append(r.allowed)
     if r.items is not None and r.items.allowed: parts.append("each " + r.items.allowed)
-    if r.check_doc: parts.append(f"also: {r.check_doc} (checked by the loader only)")
+    if r.check_doc: parts.append(f"also: {r.check_doc} (not in the schema: checked by the loader and the chart's templates)")
     if r.chart_doc: parts.append(f"the chart also refuses {r.chart_doc}")
     return "; ".join(parts) or "any"
 

@@ -151,6 +151,7 @@ seccompProfile:
 {{- if eq (toString .Values.config.schedulerName) "default-scheduler" -}}
 {{- fail "config.schedulerName=default-scheduler: the chart runs a second kube-scheduler, which would race the control plane's default-scheduler for every pod; use a name of its own (default kube-vgpu-scheduler)" -}}
 {{- end -}}
+{{- include "kube-vgpu.validateConfig" .Values.config -}}
 {{- if and .Values.scheduler.enabled .Values.devicePlugin.enabled -}}
 {{- $stale := float64 .Values.config.scheduling.inventoryStaleSeconds -}}
 {{- $hb := float64 .Values.devicePlugin.heartbeatSeconds -}}
@@ -160,6 +161,46 @@ seccompProfile:
 {{- end -}}
 {{- end -}}
 
+
+{{/* The config loader's checks that JSON Schema cannot state ("not in the schema" in
+     docs/configuration.md): the chart refuses these values too, or helm would install a policy file
+     every component refuses to start with. Call with .Values.config. */}}
+{{- define "kube-vgpu.validateConfig" -}}
+{{- $names := list -}}
+{{- range $k := list "gpu" "gpumem" "gpumemPercentage" "gpucores" "priority" -}}
+{{- $v := toString (dig "resourceNames" $k "" $) -}}
+{{- if has $v $names -}}
+{{- fail (printf "config.resourceNames.%s=%q is also another resourceNames entry: the five names must be distinct (each request kind needs its own extended resource)" $k $v) -}}
+{{- end -}}
+{{- $names = append $names $v -}}
+{{- end -}}
+{{- $shm := toString (dig "webhook" "shmSizeLimit" "" $) -}}
+{{- if $shm -}}
+{{- $exp := regexFind `[eE][-+]?[0-9]+$` $shm -}}
+{{- $e := atoi (regexReplaceAll `^[eE]\+?` $exp "") -}}
+{{- if regexMatch `^\+?(0+(\.0*)?|\.0+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][-+]?[0-9]+)?$` $shm -}}
+{{- fail (printf "config.webhook.shmSizeLimit=%q is not allowed: a /dev/shm of size 0 is unusable; allowed: a quantity > 0 (e.g. 64Mi, 8Gi), or \"\" for no limit" $shm) -}}
+{{- else if or (gt $e 30) (lt $e -30) -}}
+{{- fail (printf "config.webhook.shmSizeLimit=%q is not allowed: exponent out of range; allowed: a quantity > 0 (e.g. 64Mi, 8Gi) with an exponent of at most 30, or \"\" for no limit" $shm) -}}
+{{- end -}}
+{{- end -}}
+{{- $t := toString (dig "scheduling" "adoptUnsignedBefore" "" $) -}}
+{{- if $t -}}
+{{- /* as the loader reads it (Python's datetime.fromisoformat): a real date and time (checked here in
+     UTC), and a zone offset of less than 24 hours */ -}}
+{{- $u := upper $t -}}
+{{- $local := regexReplaceAll `(Z|[+-][0-9]{2}:[0-9]{2})$` $u "Z" -}}
+{{- $off := regexFind `[+-][0-9]{2}:[0-9]{2}$` $u -}}
+{{- $offMinutes := 0 -}}
+{{- if $off -}}
+{{- $offMinutes = add (mul (atoi (substr 1 3 $off)) 60) (atoi (substr 4 6 $off)) -}}
+{{- end -}}
+{{- $zero := and (toDate "2006-01-02T15:04:05Z07:00" $local).IsZero (not (regexMatch `^0001-01-01T00:00:00(\.0+)?Z$` $local)) -}}
+{{- if or $zero (ge (int $offMinutes) 1440) -}}
+{{- fail (printf "config.scheduling.adoptUnsignedBefore=%q is not a real date and time; allowed: an RFC 3339 time with a zone (e.g. 2026-03-01T00:00:00Z), or \"\" (off)" $t) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 
 {{/* ServiceAccount names, one per component. */}}
 {{- define "kube-vgpu.schedulerSA" -}}

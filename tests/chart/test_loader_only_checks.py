@@ -1,0 +1,78 @@
+"""The config loader's checks that JSON Schema cannot state ("not in the schema" in
+docs/configuration.md) are made by the chart too: a value the loader refuses must not install, or
+every component refuses to start with the rendered policy file (the webhook crash-loops, the
+scheduler keeps its last good config only until it restarts). The chart's verdict equals the
+loader's on every probe, and its message names the key, the value and what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kube_vgpu.config import all_keys, config_from_dict
+from kube_vgpu.errors import ConfigError
+
+#: per loader-only check: values its schema pattern lets through, for the loader and helm to judge
+PROBES: dict[str, list[str]] = {
+    "scheduling.adoptUnsignedBefore": [
+        "2026-12-01T09:00:00Z", "2026-12-01t09:00:00z", "2026-12-01T09:00:00.123456789+05:30",
+        "2024-02-29T00:00:00Z", "2023-02-29T00:00:00Z", "2026-02-30T00:00:00Z", "2026-13-01T00:00:00Z",
+        "2026-00-10T00:00:00Z", "2026-12-00T00:00:00Z", "2026-12-01T24:00:00Z", "2026-12-01T09:60:00Z",
+        "2026-12-01T09:00:60Z", "2026-12-01T09:00:00+23:59", "2026-12-01T09:00:00-23:59",
+        "2026-12-01T09:00:00+24:00", "2026-12-01T09:00:00+23:60", "2026-12-01T09:00:00+01:60",
+        "0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z",
+    ],
+    "webhook.shmSizeLimit": [
+        "64Mi", "8Gi", "1", "1.", ".5", "+1", "1n", "1E3", "1e30", "1e-30", "0", "+0", ".0", "0.", "00.000",
+        "0Mi", "0n", "0e5", "0E-3", "1e31", "1e-31",
+    ],
+}
+
+
+def _doc(path: str, value: Any) -> dict[str, Any]:
+    section, name = path.split(".")
+    return {section: {name: value}}
+
+
+def _loader_refuses(doc: dict[str, Any]) -> ConfigError | None:
+    try:
+        config_from_dict(doc)
+    except ConfigError as e:
+        return e
+    return None
+
+
+def test_every_loader_only_check_is_probed() -> None:
+    """A new check in kube_vgpu/config.py needs its probes here (and its rule in the chart's
+    kube-vgpu.validateConfig)."""
+    assert {k.path for k in all_keys() if k.rule.check is not None} == set(PROBES)
+
+
+@pytest.mark.parametrize(("path", "value"), [(p, v) for p, vs in PROBES.items() for v in vs])
+def test_chart_and_loader_agree(renderer: Any, path: str, value: str) -> None:
+    doc = _doc(path, value)
+    loader_err = _loader_refuses(doc)
+    # --set-string: a values file written by PyYAML would leave 1e30 unquoted, a number to helm
+    r = renderer.template(extra=["--set-string", f"config.{path}={value}"])
+    assert "values don't meet the specifications of the schema" not in r.stderr, r.stderr  # a probe the schema passes
+    if loader_err is None:
+        assert r.returncode == 0, f"the loader accepts {path}={value!r}, the chart refuses it:\n{r.stderr}"
+    else:
+        assert r.returncode != 0, f"the loader refuses {path}={value!r} ({loader_err}), the chart renders it"
+        assert f'config.{path}="{value}"' in r.stderr and "allowed:" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("names", "ok"), [
+    ({"gpumem": "nvidia.com/gpu"}, False),
+    ({"priority": "nvidia.com/gpucores"}, False),
+    ({"gpu": "example.com/vgpu", "gpumem": "example.com/vgpu-mem"}, True),
+])
+def test_resource_names_must_be_distinct(renderer: Any, names: dict[str, str], ok: bool) -> None:
+    doc = {"resourceNames": names}
+    assert (_loader_refuses(doc) is None) == ok
+    r = renderer.template({"config": doc})
+    assert (r.returncode == 0) == ok, r.stderr
+    if not ok:
+        key, value = next(iter(names.items()))
+        assert f'config.resourceNames.{key}="{value}"' in r.stderr and "must be distinct" in r.stderr, r.stderr
