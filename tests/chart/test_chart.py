@@ -466,14 +466,24 @@ def test_bad_values_fail_with_schema_message(renderer: Renderer, values: dict[st
     assert message in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("key", ["shimHostDir", "cacheHostDir", "pluginDir"])
-@pytest.mark.parametrize("path", ["/", "//", "/usr/local/vgpu/", "relative", "/opt//", "/..", "/usr/..", "/etc",
-                                  "/usr/local", "/var/lib"])
-def test_host_dirs_must_be_dedicated_directories(renderer: Renderer, key: str, path: str) -> None:
-    r = renderer.template({"devicePlugin": {key: path}})
+@pytest.mark.parametrize("key", ["devicePlugin.shimHostDir", "devicePlugin.cacheHostDir", "devicePlugin.pluginDir",
+                                 "devicePlugin.podResourcesDir", "dra.pluginsDir", "dra.registryDir", "dra.cdiDir"])
+@pytest.mark.parametrize(("path", "why"), [
+    # the shape, judged by the schema
+    ("/", "schema"), ("//", "schema"), ("/usr/local/vgpu/", "schema"), ("relative", "schema"), ("/opt//", "schema"),
+    # judged by the templates, which name the value and what is allowed (the schema's "not" did not)
+    ("/..", ". or .. component"), ("/usr/..", ". or .. component"), ("/opt/./x", ". or .. component"),
+    ("/etc", "is a system directory"), ("/usr/local", "is a system directory"), ("/var/lib", "is a system directory"),
+])
+def test_host_dirs_must_be_dedicated_directories(renderer: Renderer, key: str, path: str, why: str) -> None:
+    section, name = key.split(".")
+    r = renderer.template({section: {name: path}})
     assert r.returncode != 0, f"{key}={path!r} rendered"
-    assert "values don't meet the specifications of the schema" in r.stderr
-    assert f"devicePlugin.{key}" in r.stderr, r.stderr
+    if why == "schema":
+        assert "values don't meet the specifications of the schema" in r.stderr
+        assert key in r.stderr, r.stderr
+    else:
+        assert f'{key}="{path}"' in r.stderr and why in r.stderr and "allowed:" in r.stderr, r.stderr
 
 
 def test_shim_host_dir_root_never_renders_a_root_mount(renderer: Renderer) -> None:

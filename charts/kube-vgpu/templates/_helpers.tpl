@@ -152,6 +152,12 @@ seccompProfile:
 {{- fail "config.schedulerName=default-scheduler: the chart runs a second kube-scheduler, which would race the control plane's default-scheduler for every pod; use a name of its own (default kube-vgpu-scheduler)" -}}
 {{- end -}}
 {{- include "kube-vgpu.validateConfig" .Values.config -}}
+{{- range $key := list "pluginDir" "podResourcesDir" "shimHostDir" "cacheHostDir" -}}
+{{- include "kube-vgpu.validateHostDir" (list (printf "devicePlugin.%s" $key) (index $.Values.devicePlugin $key)) -}}
+{{- end -}}
+{{- range $key := list "pluginsDir" "registryDir" "cdiDir" -}}
+{{- include "kube-vgpu.validateHostDir" (list (printf "dra.%s" $key) (index $.Values.dra $key)) -}}
+{{- end -}}
 {{- if and .Values.scheduler.enabled .Values.devicePlugin.enabled -}}
 {{- $stale := float64 .Values.config.scheduling.inventoryStaleSeconds -}}
 {{- $hb := float64 .Values.devicePlugin.heartbeatSeconds -}}
@@ -199,6 +205,20 @@ seccompProfile:
 {{- if or $zero (ge (int $offMinutes) 1440) -}}
 {{- fail (printf "config.scheduling.adoptUnsignedBefore=%q is not a real date and time; allowed: an RFC 3339 time with a zone (e.g. 2026-03-01T00:00:00Z), or \"\" (off)" $t) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A host directory the chart mounts (most read-write, files replaced in them) must be a dedicated
+     directory: no "." or ".." component, and not a system directory itself. The schema checks the
+     shape (absolute, no trailing slash). Call with (list "<key>" <value>). */}}
+{{- define "kube-vgpu.validateHostDir" -}}
+{{- $key := index . 0 -}}
+{{- $dir := toString (index . 1) -}}
+{{- $system := list "/bin" "/boot" "/dev" "/etc" "/home" "/lib" "/lib32" "/lib64" "/opt" "/proc" "/root" "/run" "/sbin" "/srv" "/sys" "/tmp" "/usr" "/usr/bin" "/usr/lib" "/usr/lib64" "/usr/local" "/usr/local/bin" "/usr/local/lib" "/usr/sbin" "/var" "/var/lib" "/var/lib/kubelet" "/var/run" -}}
+{{- if regexMatch `(^|/)\.{1,2}(/|$)` $dir -}}
+{{- fail (printf "%s=%q has a . or .. component; allowed: an absolute path of a dedicated directory, written without . or .." $key $dir) -}}
+{{- else if has $dir $system -}}
+{{- fail (printf "%s=%q is a system directory, not one of its own: the chart mounts it into a pod from the host (most of these read-write); allowed: a dedicated directory of its own, e.g. %s/kube-vgpu" $key $dir $dir) -}}
 {{- end -}}
 {{- end -}}
 
