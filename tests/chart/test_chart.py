@@ -579,6 +579,27 @@ def test_replicas_without_leader_election_fail_clearly(renderer: Renderer) -> No
     assert "scheduler.leaderElection.enabled=false with scheduler.replicas=2" in r.stderr
 
 
+@pytest.mark.parametrize(("timings", "ok"), [
+    ({}, True),
+    ({"leaseDuration": "1m30s", "renewDeadline": "1m", "retryPeriod": "10s"}, True),
+    ({"leaseDuration": "10.5s", "renewDeadline": "10s", "retryPeriod": "8s"}, True),
+    ({"renewDeadline": "20s"}, False),     # longer than the 15s lease
+    ({"renewDeadline": "15s"}, False),     # equal to it
+    ({"retryPeriod": "9s"}, False),        # renewDeadline 10s <= 1.2 x 9s (client-go's jitter)
+    ({"retryPeriod": "0s"}, False),
+    ({"renewDeadline": "500ms"}, False),
+])
+def test_lease_timings_kube_scheduler_refuses_are_refused(renderer: Renderer, timings: dict[str, str], ok: bool) -> None:
+    """kube-scheduler exits at start unless leaseDuration > renewDeadline > 1.2 x retryPeriod > 0;
+    the chart rendered such timings, and values.yaml only said so in a comment."""
+    r = renderer.template({"scheduler": {"replicas": 2, "leaderElection": timings}})
+    assert (r.returncode == 0) == ok, r.stderr
+    if not ok:
+        assert "scheduler.leaderElection: leaseDuration=" in r.stderr and "allowed: leaseDuration > renewDeadline" in r.stderr
+    # with one replica there is no election, and kube-scheduler does not validate the timings
+    assert renderer.template({"scheduler": {"replicas": 1, "leaderElection": timings}}).returncode == 0
+
+
 def test_servicemonitors(renderer: Renderer) -> None:
     docs = renderer.render(option_values("monitoring"))
     sms = {s["metadata"]["name"]: s for s in find_all(docs, "ServiceMonitor")}

@@ -152,6 +152,17 @@ seccompProfile:
 {{- fail "config.schedulerName=default-scheduler: the chart runs a second kube-scheduler, which would race the control plane's default-scheduler for every pod; use a name of its own (default kube-vgpu-scheduler)" -}}
 {{- end -}}
 {{- include "kube-vgpu.validateConfig" .Values.config -}}
+{{- if and .Values.scheduler.enabled (eq (include "kube-vgpu.leaderElect" .) "true") -}}
+{{- $le := .Values.scheduler.leaderElection -}}
+{{- $lease := float64 (include "kube-vgpu.durationSeconds" $le.leaseDuration) -}}
+{{- $renew := float64 (include "kube-vgpu.durationSeconds" $le.renewDeadline) -}}
+{{- $retry := float64 (include "kube-vgpu.durationSeconds" $le.retryPeriod) -}}
+{{- /* kube-scheduler refuses to start otherwise: its config validation wants leaseDuration >
+     renewDeadline and every period > 0, client-go's elector renewDeadline > 1.2 x retryPeriod */ -}}
+{{- if not (and (gt $lease $renew) (gt $retry 0.0) (gt $renew (mulf 1.2 $retry))) -}}
+{{- fail (printf "scheduler.leaderElection: leaseDuration=%s, renewDeadline=%s, retryPeriod=%s would stop kube-scheduler at start; allowed: leaseDuration > renewDeadline > 1.2 x retryPeriod > 0 (default 15s, 10s, 2s)" (toString $le.leaseDuration) (toString $le.renewDeadline) (toString $le.retryPeriod)) -}}
+{{- end -}}
+{{- end -}}
 {{- range $key := list "pluginDir" "podResourcesDir" "shimHostDir" "cacheHostDir" -}}
 {{- include "kube-vgpu.validateHostDir" (list (printf "devicePlugin.%s" $key) (index $.Values.devicePlugin $key)) -}}
 {{- end -}}
@@ -220,6 +231,17 @@ seccompProfile:
 {{- else if has $dir $system -}}
 {{- fail (printf "%s=%q is a system directory, not one of its own: the chart mounts it into a pod from the host (most of these read-write); allowed: a dedicated directory of its own, e.g. %s/kube-vgpu" $key $dir $dir) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Seconds (a float) of a Go duration such as 1m30s or 500ms; the schema checks its form. */}}
+{{- define "kube-vgpu.durationSeconds" -}}
+{{- $units := dict "ns" 0.000000001 "us" 0.000001 "µs" 0.000001 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total := 0.0 -}}
+{{- range $part := regexFindAll `[0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h)` (toString .) -1 -}}
+{{- $num := regexFind `^[0-9]+(\.[0-9]+)?` $part -}}
+{{- $total = addf $total (mulf (float64 $num) (get $units (trimPrefix $num $part))) -}}
+{{- end -}}
+{{- $total -}}
 {{- end -}}
 
 {{/* ServiceAccount names, one per component. */}}
