@@ -239,17 +239,26 @@ def load_expected(path: str | Path, workload: str) -> dict[str, dict[int, float]
     ``workload,sc_policy,tune,seed,total_gpus,0..130``; averaged over its seeds here) or a summary
     of it with ``workload,sc_policy,arrived_pct,alloc_pct_mean`` columns.
 
-    Raises OSError (unreadable), KeyError (neither layout), ValueError (a number that is not one)."""
+    Raises OSError (unreadable), KeyError (neither layout), ValueError (a number that is not one,
+    naming the line, the column and the value)."""
     inv = {v: k for k, v in ARTIFACT_NAMES.items()}
     sums: dict[str, dict[int, list[float]]] = {}
+
+    def number(row: dict[str, str], column: str, line: int) -> float:
+        try:
+            return float(row[column])
+        except (TypeError, ValueError):
+            raise ValueError(f"{path} line {line}: column {column} is {row[column]!r}, not a number") from None
+
     with Path(path).open(newline="") as f:
         reader = csv.DictReader(f)
         fields = reader.fieldnames or []
         per_seed = "seed" in fields and "100" in fields
-        if not per_seed and not {"arrived_pct", "alloc_pct_mean"} <= set(fields):
-            raise KeyError(f"{path}: columns {fields[:6]}...: expected the FGD artifact's analysis_allo_discrete.csv "
-                           "(workload,sc_policy,tune,seed,total_gpus,0..130) or workload,sc_policy,arrived_pct,"
-                           "alloc_pct_mean")
+        if not {"workload", "sc_policy"} <= set(fields) or (
+                not per_seed and not {"arrived_pct", "alloc_pct_mean"} <= set(fields)):
+            raise KeyError(f"{path}: columns {', '.join(fields[:6])}{', ...' if len(fields) > 6 else ''}: expected "
+                           "the FGD artifact's analysis_allo_discrete.csv (workload,sc_policy,tune,seed,total_gpus,"
+                           "0..130) or workload,sc_policy,arrived_pct,alloc_pct_mean")
         for row in reader:
             if row["workload"] != workload or row["sc_policy"] not in inv:
                 continue
@@ -257,9 +266,13 @@ def load_expected(path: str | Path, workload: str) -> dict[str, dict[int, float]
             if per_seed:
                 for x in REPORT_POINTS:
                     if row.get(str(x)):
-                        pol.setdefault(x, []).append(float(row[str(x)]))
+                        pol.setdefault(x, []).append(number(row, str(x), reader.line_num))
             else:
-                pol.setdefault(int(row["arrived_pct"]), []).append(float(row["alloc_pct_mean"]))
+                arrived = number(row, "arrived_pct", reader.line_num)
+                if arrived != int(arrived):
+                    raise ValueError(f"{path} line {reader.line_num}: column arrived_pct is "
+                                     f"{row['arrived_pct']!r}, not a whole percent")
+                pol.setdefault(int(arrived), []).append(number(row, "alloc_pct_mean", reader.line_num))
     return {p: {x: sum(v) / len(v) for x, v in pts.items()} for p, pts in sums.items()}
 
 
@@ -407,19 +420,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     policies = args.policy or list(DEFAULT_POLICIES)
     seeds = list(range(42, 42 + n_seeds))
+    # --against is read before the replays, which take minutes on the real trace
+    against = None
+    if args.against:
+        try:
+            against = load_expected(args.against, workload)
+        except OSError as e:
+            print(f"{PROG}: cannot read --against {args.against}: {e.strerror or e}", file=sys.stderr)
+            return 2
+        except (KeyError, ValueError) as e:
+            print(f"{PROG}: cannot read --against {args.against}: {e.args[0] if e.args else e}", file=sys.stderr)
+            return 2
+        if not against:
+            print(f"{PROG}: note: --against {args.against} has no published values for workload {workload} "
+                  f"and policies {', '.join(ARTIFACT_NAMES.values())}", file=sys.stderr)
     gpus = sum(len(n.devices) for n in nodes)
     print(f"workload {workload}: {len(nodes)} nodes, {gpus} GPUs, {len(pods)} pods; "
           f"policies {', '.join(policies)}; seeds {seeds[0]}..{seeds[-1]}; inflate {args.inflate}")
     t0 = time.perf_counter()
     results = run_all(nodes, pods, policies, seeds, args.inflate, jobs=max(1, args.jobs),
                       progress=not args.no_progress, nodes_to_score=args.nodes_to_score)
-    against = None
-    if args.against:
-        try:
-            against = load_expected(args.against, workload)
-        except (OSError, KeyError, ValueError) as e:
-            print(f"{PROG}: cannot read --against {args.against}: {e}", file=sys.stderr)
-            return 2
     print("\nGPU allocation (% of capacity) at arrived GPU request (% of capacity), mean over seeds")
     print(format_table(results, against))
     failed = {p: sum(r.failed for r in results if r.policy == p) / n_seeds for p in policies}

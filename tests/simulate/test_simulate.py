@@ -205,3 +205,32 @@ def test_missing_trace_file_names_the_folder_and_the_files_it_needs(tmp_path: Pa
     (tmp_path / "n.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nnode-a,32000,65536,2,T4\n")
     assert sim.main(["--trace", str(tmp_path), "--nodes", "n", "--pods", "p", "--no-progress"]) == 2
     assert "cannot read p.csv" in capsys.readouterr().err
+
+
+def test_a_bad_against_file_is_refused_before_the_replays(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """--against was read after every replay ran (minutes on the real trace) and a number that was
+    none failed without its place in the file."""
+    ran: list[object] = []
+    monkeypatch.setattr(sim, "run_all", lambda *a, **k: ran.append(a) or [])
+    cases = {
+        "missing.csv": None,
+        "columns.csv": "a,b\n1,2\n",
+        "number.csv": "workload,sc_policy,arrived_pct,alloc_pct_mean\nsynthetic,06-FGD,100,abc\n",
+        "percent.csv": "workload,sc_policy,arrived_pct,alloc_pct_mean\nsynthetic,06-FGD,99.5,90\n",
+    }
+    want = {"missing.csv": "No such file or directory", "columns.csv": "columns a, b: expected",
+            "number.csv": "line 2: column alloc_pct_mean is 'abc', not a number",
+            "percent.csv": "line 2: column arrived_pct is '99.5', not a whole percent"}
+    for name, text in cases.items():
+        f = tmp_path / name
+        if text is not None:
+            f.write_text(text)
+        assert sim.main(["--no-progress", "--seeds", "1", "--policy", "fgd", "--against", str(f)]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot read --against {f}" in err and want[name] in err, err
+    assert ran == []
+    other = tmp_path / "other.csv"
+    other.write_text("workload,sc_policy,arrived_pct,alloc_pct_mean\nopenb_pod_list_default,06-FGD,100,95.2\n")
+    assert sim.main(["--no-progress", "--seeds", "1", "--policy", "fgd", "--against", str(other)]) == 0
+    assert "has no published values for workload synthetic" in capsys.readouterr().err and len(ran) == 1
