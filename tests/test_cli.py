@@ -107,3 +107,36 @@ def test_the_domain_imports_no_component() -> None:
         # dispatch by import string counts too
         found += [f"{path.relative_to(ROOT)}: {c}" for c in COMPONENTS if f'"{c}.' in path.read_text()]
     assert not found, found
+
+
+def test_check_config_loads_each_file_as_the_components_do(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("apiVersion: kube-vgpu.io/v1\nscheduling: {nodePolicy: fgd-bestfit}\n")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("apiVersion: kube-vgpu.io/v1\nscheduling: {nodePolicyy: fgd}\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("webhook: {allowDisableControlNamespaces: [Team_A]}\n")
+    assert main(["check-config", str(good)]) == 0
+    assert capsys.readouterr().out == f"{good}: ok\n"
+    assert main(["check-config", str(good), str(typo), str(bad), str(tmp_path / "none.yaml")]) == 1
+    cap = capsys.readouterr()
+    assert cap.out == f"{good}: ok\n"
+    assert f"{typo}: config key 'scheduling.nodePolicyy': unknown key; allowed:" in cap.err
+    assert f"{bad}: config key 'webhook.allowDisableControlNamespaces': 'Team_A' is not allowed; allowed:" in cap.err
+    assert f"{tmp_path / 'none.yaml'}: cannot read: No such file or directory" in cap.err
+    with pytest.raises(SystemExit) as exit_:
+        main(["check-config"])
+    assert exit_.value.code == 2
+
+
+def test_check_config_reads_the_charts_configmap(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kubectl get configmap <release>-kube-vgpu-config -o yaml | kube-vgpu check-config -` checks the
+    file the chart rendered (data.config.yaml), not the ConfigMap's own keys."""
+    cm = tmp_path / "cm.yaml"
+    cm.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: kv-kube-vgpu-config}\ndata:\n"
+                  "  config.yaml: |\n    apiVersion: kube-vgpu.io/v1\n    devices: {splitCount: 0}\n")
+    assert main(["check-config", str(cm)]) == 1
+    assert "config key 'devices.splitCount'" in capsys.readouterr().err
+    cm.write_text(cm.read_text().replace("splitCount: 0", "splitCount: 4"))
+    assert main(["check-config", str(cm)]) == 0

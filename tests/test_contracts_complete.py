@@ -23,6 +23,7 @@ ROWS = {
     "kube-vgpu certs signing-keys ensure": ("certs.signing_keys", "build_parser"),
     "kube-vgpu replay": ("replay.main", "_parser"),
     "kubectl-vgpu": ("kubectl_vgpu.main", "_parser"),
+    "kube-vgpu check-config": ("kube_vgpu_cli", "check_config_parser"),
 }
 #: named once for every service in the text above the table
 COMMON = {"-h", "--help", "--log-level"}
