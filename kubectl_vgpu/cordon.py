@@ -1,7 +1,8 @@
 """``kubectl vgpu cordon|uncordon NODE GPU``: mark one GPU of a node unschedulable (or not) by
 editing the node's ``kube-vgpu.io/gpu-cordon`` annotation (kube_vgpu/cordon.py). Running pods
-stay; new pods avoid the GPU. GPU: its uuid or its NVML index, as ``kubectl vgpu inspect`` shows
-them; it must be in the node's inventory."""
+stay; new pods avoid the GPU. GPU: its NVML index, its uuid, or the start of its uuid that
+``kubectl vgpu inspect`` shows (at least 8 characters, one GPU's only); it must be in the node's
+inventory."""
 
 from __future__ import annotations
 
@@ -34,9 +35,15 @@ def set_cordon(node: str, gpu: str, cordon: bool, kubeconfig: str | None = None,
     except CodecError as e:
         raise ClusterError(f"node {node}: inventory annotation invalid ({e})") from e
     match = [d for d in devices if gpu in (d.uuid, str(d.index))]
+    if not match and len(gpu) >= len("GPU-") + 4:
+        # the uuid as the inspect table shows it: its first characters
+        match = [d for d in devices if d.uuid.startswith(gpu)]
+    known = ", ".join(f"{d.index}={d.uuid}" for d in devices) or "none (no kube-vgpu inventory)"
     if not match:
-        known = ", ".join(f"{d.index}={d.uuid}" for d in devices) or "none (no kube-vgpu inventory)"
         raise ClusterError(f"node {node} has no GPU {gpu!r}; its GPUs: {known}")
+    if len(match) > 1:
+        raise ClusterError(f"node {node}: GPU {gpu!r} starts {len(match)} GPUs' uuids; allowed: an index or "
+                           f"a longer uuid; its GPUs: {known}")
     uuid = match[0].uuid
     cur = ann.get(ANN_GPU_CORDON)
     new = cur

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
                        ("uncordon", "make a cordoned GPU schedulable again")):
         cp = sub.add_parser(verb, help=what)
         cp.add_argument("node", metavar="NODE")
-        cp.add_argument("gpu", metavar="GPU", help="the GPU's uuid or NVML index (as kubectl vgpu inspect shows)")
+        cp.add_argument("gpu", metavar="GPU", help="the GPU's NVML index or uuid, or the start of its uuid as kubectl vgpu inspect shows it")
         cp.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
         cp.add_argument("--context", help="kubeconfig context")
 

@@ -77,3 +77,29 @@ def test_uncordon_says_when_hami_still_cordons(kubeconfig: tuple[FakeKubeAPI, st
     assert "! cordoned: not offered to new pods" in capsys.readouterr().out
     assert main(["uncordon", "n1", "0", "--kubeconfig", kc]) == 1
     assert ANN_HAMI_DEVICE_CORDON in capsys.readouterr().err
+
+
+def test_cordon_by_the_uuid_inspect_shows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The inspect table shows a uuid's first 12 characters (GPU-aaaaaaaa); cordon took only the full
+    uuid, so the one a user copied from the table was refused. A start shared by two GPUs is refused."""
+    twins = ["GPU-abcd1111-0000-4000-8000-000000000000", "GPU-abcd2222-0000-4000-8000-000000000001"]
+    api = FakeKubeAPI()
+    api.start()
+    try:
+        inv = NodeInventory(tuple(GPUDevice(u, i, "NVIDIA A10", 24576) for i, u in enumerate(twins)), heartbeat=1.0)
+        api.create_object("nodes", {"metadata": {"name": "n1",
+                                                 "annotations": {ANN_NODE_INVENTORY: encode_inventory(inv)}}})
+        kc = api.kubeconfig(tmp_path / "kubeconfig")
+        assert main(["cordon", "n1", "GPU-abcd2222", "--kubeconfig", kc]) == 0
+        assert f"node n1 GPU 1 ({twins[1]}) cordoned" in capsys.readouterr().out
+        node = api.get_object("nodes", "n1")
+        assert node is not None and node["metadata"]["annotations"][ANN_GPU_CORDON] == twins[1]
+        assert main(["cordon", "n1", "GPU-abcd", "--kubeconfig", kc]) == 1
+        assert "GPU 'GPU-abcd' starts 2 GPUs' uuids; allowed: an index or a longer uuid" in capsys.readouterr().err
+        assert main(["cordon", "n1", "GPU-", "--kubeconfig", kc]) == 1  # too short to be a uuid's start
+        assert "node n1 has no GPU 'GPU-'" in capsys.readouterr().err
+        assert main(["uncordon", "n1", "GPU-abcd2222", "--kubeconfig", kc]) == 0
+        node = api.get_object("nodes", "n1")
+        assert node is not None and ANN_GPU_CORDON not in (node["metadata"].get("annotations") or {})
+    finally:
+        api.stop()
