@@ -17,6 +17,7 @@
 static uint64_t pool_freed_locked(int ix, uint64_t bytes);
 static void pools_sync_all(void);
 static void pools_after_fork_child(void);
+static void ctx_after_fork_child(void);
 
 /* give back to the shared region what was freed, per device (called without the track lock) */
 static void release_freed(const uint64_t freed[VGPU_MAX_DEV])
@@ -62,6 +63,7 @@ void memory_after_fork_child(void)
 {
     /* the child owns none of the parent's device memory */
     track_after_fork_child();
+    ctx_after_fork_child();
     pools_after_fork_child();
     region_after_fork_child();
 }
@@ -284,12 +286,34 @@ static void release_tracked(int kind, uint64_t key, CUresult rc, uint64_t size, 
             return CUDA_ERROR_NOT_INITIALIZED; \
     } while (0)
 
-/* ------------------------------------------------------------------ contexts */
+/* ------------------------------------------------------------------ contexts
+ * Every context this process holds on a device is charged the cost of one context there (the unit):
+ * measured at its first context on the device (see below), or LIBVGPU_CONTEXT_COST. The charge is
+ * count x unit, adjusted under g_cmu whenever a context comes or goes, so nothing is charged twice or
+ * given back twice, and the unit is kept once measured: a context created while the last other one is
+ * destroyed is charged like any other. Context creations on a device are serialised (g_cnew), so that a
+ * measurement sees this process's one new context and nothing else of its own. */
 static int g_primary_refs[VGPU_MAX_DEV];
 static CUcontext g_primary_ctx[VGPU_MAX_DEV];
-static int g_ctx_count[VGPU_MAX_DEV];
-static uint64_t g_ctx_charge[VGPU_MAX_DEV];
+static int g_ctx_count[VGPU_MAX_DEV];       /* contexts held: created ones + the primary while retained */
+static uint64_t g_ctx_unit[VGPU_MAX_DEV];   /* bytes one context costs; 0 until measured */
+static uint64_t g_ctx_charged[VGPU_MAX_DEV]; /* bytes charged for them: g_ctx_count x g_ctx_unit */
 static pthread_mutex_t g_cmu = PTHREAD_MUTEX_INITIALIZER;
+/* held across a context creation on a device */
+static pthread_mutex_t g_cnew[VGPU_MAX_DEV] = {[0 ... VGPU_MAX_DEV - 1] = PTHREAD_MUTEX_INITIALIZER};
+
+/* Charges (or gives back) the difference between what dev's contexts cost and what is charged for
+ * them. Caller holds g_cmu (the region's own lock nests inside it; nothing takes them the other way). */
+static void ctx_recharge_locked(int dev)
+{
+    uint64_t want = (uint64_t)g_ctx_count[dev] * g_ctx_unit[dev], have = g_ctx_charged[dev];
+    int cdev = vgpu_dev_of_cuda(dev);
+    if (want > have)
+        region_reserve(cdev, want - have, 1, NULL, NULL); /* never fails: a context always succeeds */
+    else if (want < have)
+        region_release(cdev, have - want);
+    g_ctx_charged[dev] = want;
+}
 
 /* NVML used memory of container GPU cdev. */
 static int64_t nvml_used(int cdev)
@@ -301,24 +325,28 @@ static int64_t nvml_used(int cdev)
     return (int64_t)m.used;
 }
 
-/* A measured context cost is the memory NVML shows this process using once its first context on a GPU
+/* The unit is measured as the memory NVML shows this process using once its first context on a GPU
  * exists: per process, so that a neighbour's context created at the same moment (containers started
  * together) is not charged to this one. Until this process's pid is known (it is learned right after,
  * see region.c "host pid"), the smallest rise among the processes listed is charged (so that the
  * learning's probe fits under the limit next to it), then this process's own rise (ctx_settle), or
- * the largest if the pid stays unknown; without per-process figures, the device's used-memory rise. */
-#define CM_MAX 256
+ * the largest if the pid stays unknown; without per-process figures, the device's used-memory rise.
+ * The listing holds as many processes as NVML's helper does (VNVML_MAX_PROCS): with more on the GPU,
+ * NVML refuses it and the device-wide rise is used. */
+#define CM_MAX VNVML_MAX_PROCS
+#define CTX_DEVICE_RISE_MAX (2ull << 30) /* a rise others can move: past this, another tenant moved */
 struct procmem {
     int valid; /* listed */
     unsigned n;
     unsigned pid[CM_MAX];
     uint64_t used[CM_MAX]; /* before the creation; after it, the rise (UINT64_MAX: unknown) */
 };
-static struct procmem g_cm[VGPU_MAX_DEV]; /* under g_cmu */
+static struct procmem g_cm[VGPU_MAX_DEV], g_cm_after[VGPU_MAX_DEV]; /* under g_cnew[dev] */
 
 static int list_procmem(int cdev, struct procmem *out)
 {
     nvmlDevice_t h;
+    out->valid = 0;
     if (!vgpu_nvml_load() || !vnvml_lists_processes() || vgpu_nvml_of_dev(cdev, &h) != 0 ||
         vnvml_process_memory(h, out->pid, out->used, CM_MAX, &out->n) != 0)
         return -1;
@@ -326,127 +354,127 @@ static int list_procmem(int cdev, struct procmem *out)
     return 0;
 }
 
-/* Called before a context is created on dev; returns a token for ctx_created(). */
-static int64_t ctx_before(int dev)
+/* What a context creation on a device carries from before the driver's call to after it. */
+struct ctx_token {
+    int held;       /* g_cnew[dev] is held */
+    int measure;    /* this creation measures the unit */
+    int created;    /* the context exists and was counted (ctx_created) */
+    int64_t before; /* NVML used memory of the device before it (-1: unknown) */
+};
+
+/* Called before a context may be created on dev. */
+static struct ctx_token ctx_before(int dev)
 {
+    struct ctx_token t = {0, 0, 0, -1};
     if (!vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
-        return -1;
-    hostpid_before_ctx(vgpu_dev_of_cuda(dev));
+        return t;
+    int cdev = vgpu_dev_of_cuda(dev);
+    hostpid_before_ctx(cdev); /* may hold the learning's lock until hostpid_after_ctx: taken first */
+    pthread_mutex_lock(&g_cnew[dev]);
+    t.held = 1;
     pthread_mutex_lock(&g_cmu);
-    int first = g_ctx_count[dev] == 0;
+    if (!g_ctx_unit[dev] && vgpu_cfg->context_cost >= 0)
+        g_ctx_unit[dev] = (uint64_t)vgpu_cfg->context_cost;
+    t.measure = !g_ctx_unit[dev] && vgpu_cfg->context_cost < 0;
     pthread_mutex_unlock(&g_cmu);
-    if (!first || vgpu_cfg->context_cost >= 0)
-        return -1;
-    struct procmem snap;
-    int listed = list_procmem(vgpu_dev_of_cuda(dev), &snap) == 0;
-    pthread_mutex_lock(&g_cmu);
-    if (listed)
-        g_cm[dev] = snap;
-    else
-        g_cm[dev].valid = 0;
-    pthread_mutex_unlock(&g_cmu);
-    return nvml_used(vgpu_dev_of_cuda(dev));
+    if (t.measure) {
+        list_procmem(cdev, &g_cm[dev]);
+        t.before = nvml_used(cdev);
+    }
+    return t;
 }
 
-/* The smallest rise of a listed process across the creation (the rises go into g_cm[dev] for
- * ctx_settle); UINT64_MAX when NVML gives no per-process figures. Caller holds g_cmu. */
-static uint64_t least_rise_locked(int dev, const struct procmem *after)
+/* The smallest rise of a listed process across the creation, from the listing after it (whose figures
+ * become the rises, copied into g_cm[dev] for ctx_settle); UINT64_MAX when NVML gives no per-process
+ * figures. Caller holds g_cnew[dev]. */
+static uint64_t least_rise(int dev, struct procmem *after)
 {
     struct procmem *cm = &g_cm[dev];
     uint64_t least = UINT64_MAX;
-    struct procmem rises = {.valid = 1, .n = 0};
     for (unsigned i = 0; i < after->n; i++) {
         uint64_t b = 0, a = after->used[i];
         for (unsigned j = 0; j < cm->n; j++)
             if (cm->pid[j] == after->pid[i])
                 b = cm->used[j];
         uint64_t rise = a == UINT64_MAX || b == UINT64_MAX ? UINT64_MAX : a > b ? a - b : 0;
-        rises.pid[rises.n] = after->pid[i];
-        rises.used[rises.n++] = rise;
+        after->used[i] = rise;
         if (rise && rise < least)
             least = rise;
     }
-    *cm = rises;
+    *cm = *after;
     return least;
 }
 
-static void ctx_created(int dev, int64_t before)
+/* A context now exists on dev: count it, measure the unit if this creation does, charge. */
+static void ctx_created(int dev, struct ctx_token *t)
 {
     if (!vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
         return;
-    pthread_mutex_lock(&g_cmu);
-    int first = g_ctx_count[dev]++ == 0;
-    pthread_mutex_unlock(&g_cmu);
-    if (!first)
-        return;
     uint64_t cost = 0;
-    int cdev = vgpu_dev_of_cuda(dev);
-    if (vgpu_cfg->context_cost >= 0) {
-        cost = (uint64_t)vgpu_cfg->context_cost;
-    } else if (before >= 0) {
-        struct procmem after;
+    t->created = 1;
+    if (t->measure && t->held) {
+        int cdev = vgpu_dev_of_cuda(dev);
         uint64_t least = UINT64_MAX;
-        int listed = list_procmem(cdev, &after) == 0;
-        pthread_mutex_lock(&g_cmu);
-        if (listed && g_cm[dev].valid)
-            least = least_rise_locked(dev, &after);
+        struct procmem *after = &g_cm_after[dev];
+        if (g_cm[dev].valid && list_procmem(cdev, after) == 0)
+            least = least_rise(dev, after);
         else
             g_cm[dev].valid = 0;
-        pthread_mutex_unlock(&g_cmu);
         if (least != UINT64_MAX) {
-            cost = least;
-        } else {
+            cost = least; /* per process: no other tenant moves it, however large */
+        } else if (t->before >= 0) {
             int64_t used = nvml_used(cdev);
-            if (used > before)
-                cost = (uint64_t)(used - before);
+            if (used > t->before)
+                cost = (uint64_t)(used - t->before);
+            if (cost > CTX_DEVICE_RISE_MAX) /* other tenants moved: do not trust the delta */
+                cost = 0;
         }
-        if (cost > (2ull << 30)) /* other tenants moved: do not trust the delta */
-            cost = 0;
     }
-    if (cost) {
-        region_reserve(cdev, cost, 1, NULL, NULL); /* never fails: a context always succeeds */
-        pthread_mutex_lock(&g_cmu);
-        g_ctx_charge[dev] = cost;
-        pthread_mutex_unlock(&g_cmu);
+    pthread_mutex_lock(&g_cmu);
+    g_ctx_count[dev]++;
+    if (cost && !g_ctx_unit[dev])
+        g_ctx_unit[dev] = cost;
+    ctx_recharge_locked(dev);
+    pthread_mutex_unlock(&g_cmu);
+    if (cost)
         LOG_DEBUG("device %d: context costs %llu bytes", dev, (unsigned long long)cost);
-    }
 }
 
-/* After the host pid is learned: the measured context cost becomes this process's own rise. If it could
- * not be learned, the largest rise among the processes listed (never less than its own). */
-static void ctx_settle(int dev)
+/* After the host pid is learned: the measured unit becomes this process's own rise. If it could not be
+ * learned, the largest rise among the processes listed (never less than its own). Then the creation
+ * on dev is over. */
+static void ctx_settle(int dev, struct ctx_token *t)
 {
-    if (dev < 0 || dev >= VGPU_MAX_DEV)
+    if (dev < 0 || dev >= VGPU_MAX_DEV || !t->held)
         return;
-    unsigned pid = (unsigned)hostpid_learned();
-    uint64_t own = 0, most = 0, old = 0;
-    pthread_mutex_lock(&g_cmu);
     struct procmem *cm = &g_cm[dev];
-    int valid = cm->valid;
-    for (unsigned i = 0; valid && i < cm->n; i++) {
-        if (cm->used[i] == UINT64_MAX)
-            continue;
-        if (cm->pid[i] == pid)
-            own = cm->used[i];
-        if (cm->used[i] > most)
-            most = cm->used[i];
+    if (t->measure && t->created && cm->valid) {
+        unsigned pid = (unsigned)hostpid_learned();
+        uint64_t own = 0, most = 0;
+        for (unsigned i = 0; i < cm->n; i++) {
+            if (cm->used[i] == UINT64_MAX)
+                continue;
+            if (cm->pid[i] == pid)
+                own = cm->used[i];
+            if (cm->used[i] > most)
+                most = cm->used[i];
+        }
+        uint64_t rise = pid ? own : most;
+        pthread_mutex_lock(&g_cmu);
+        /* the largest rise may be a neighbour's that allocated meanwhile: past the bound, keep the least */
+        int settle = g_ctx_unit[dev] && rise && (pid || rise <= CTX_DEVICE_RISE_MAX) && rise != g_ctx_unit[dev];
+        if (settle) {
+            g_ctx_unit[dev] = rise;
+            ctx_recharge_locked(dev);
+        }
+        pthread_mutex_unlock(&g_cmu);
+        if (settle)
+            LOG_DEBUG("device %d: context costs %llu bytes (%s)", dev, (unsigned long long)rise,
+                      pid ? "this process's own" : "the largest rise: this process's pid is not known");
     }
     cm->valid = 0; /* settled once */
-    uint64_t rise = pid ? own : most;
-    old = g_ctx_charge[dev];
-    int settle = valid && g_ctx_count[dev] > 0 && old && rise && rise <= (2ull << 30) && rise != old;
-    if (settle)
-        g_ctx_charge[dev] = rise;
-    pthread_mutex_unlock(&g_cmu);
-    if (!settle)
-        return;
-    int cdev = vgpu_dev_of_cuda(dev);
-    if (rise > old)
-        region_reserve(cdev, rise - old, 1, NULL, NULL);
-    else
-        region_release(cdev, old - rise);
-    LOG_DEBUG("device %d: context costs %llu bytes (%s)", dev, (unsigned long long)rise,
-              pid ? "this process's own" : "the largest rise: this process's pid is not known");
+    t->held = 0;
+    pthread_mutex_unlock(&g_cnew[dev]);
 }
 
 static void ctx_gone(int dev, CUcontext ctx)
@@ -454,28 +482,39 @@ static void ctx_gone(int dev, CUcontext ctx)
     drop_context_entries(ctx);
     if (dev < 0 || dev >= VGPU_MAX_DEV)
         return;
-    uint64_t charge = 0;
     pthread_mutex_lock(&g_cmu);
-    if (g_ctx_count[dev] > 0 && --g_ctx_count[dev] == 0) {
-        charge = g_ctx_charge[dev];
-        g_ctx_charge[dev] = 0;
-    }
+    if (g_ctx_count[dev] > 0)
+        g_ctx_count[dev]--;
+    ctx_recharge_locked(dev);
     pthread_mutex_unlock(&g_cmu);
-    if (charge)
-        region_release(vgpu_dev_of_cuda(dev), charge);
+}
+
+/* In a fork()ed child: it holds none of the parent's contexts (the driver gives it none) and measures
+ * anew; a lock another thread held at the fork is free in the child. */
+static void ctx_after_fork_child(void)
+{
+    pthread_mutex_init(&g_cmu, NULL);
+    for (int d = 0; d < VGPU_MAX_DEV; d++)
+        pthread_mutex_init(&g_cnew[d], NULL);
+    memset(g_primary_refs, 0, sizeof g_primary_refs);
+    memset(g_primary_ctx, 0, sizeof g_primary_ctx);
+    memset(g_ctx_count, 0, sizeof g_ctx_count);
+    memset(g_ctx_unit, 0, sizeof g_ctx_unit);
+    memset(g_ctx_charged, 0, sizeof g_ctx_charged);
+    for (int d = 0; d < VGPU_MAX_DEV; d++)
+        g_cm[d].valid = 0;
 }
 
 /* The context's cost is charged before the host-pid probe runs in it, so that the probe has to fit
  * under the limit next to the context (it used to be made first: context + probe past the limit). */
-static CUresult ctx_after(CUresult rc, CUcontext *pctx, CUdevice dev, int64_t before)
+static CUresult ctx_after(CUresult rc, CUcontext *pctx, CUdevice dev, struct ctx_token t)
 {
     if (rc == CUDA_SUCCESS && vgpu_cfg->enabled && pctx) {
         track_put(TK_CTX, (uint64_t)(uintptr_t)*pctx, 0, dev, *pctx);
-        ctx_created(dev, before);
+        ctx_created(dev, &t);
     }
     hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL);
-    if (rc == CUDA_SUCCESS)
-        ctx_settle(dev);
+    ctx_settle(dev, &t);
     return rc;
 }
 
@@ -485,7 +524,7 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev
 {
     ensure_cuda();
     REAL_OR_FAIL(cuCtxCreate_v2);
-    int64_t before = ctx_before(dev);
+    struct ctx_token before = ctx_before(dev);
     return ctx_after(real_cuCtxCreate_v2(pctx, flags, dev), pctx, dev, before);
 }
 
@@ -493,7 +532,7 @@ EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuCtxCreate);
-    int64_t before = ctx_before(dev);
+    struct ctx_token before = ctx_before(dev);
     return ctx_after(real_cuCtxCreate(pctx, flags, dev), pctx, dev, before);
 }
 
@@ -502,7 +541,7 @@ EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int
 {
     ensure_cuda();
     REAL_OR_FAIL(cuCtxCreate_v3);
-    int64_t before = ctx_before(dev);
+    struct ctx_token before = ctx_before(dev);
     return ctx_after(real_cuCtxCreate_v3(pctx, params, nparams, flags, dev), pctx, dev, before);
 }
 
@@ -510,7 +549,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
 {
     ensure_cuda();
     REAL_OR_FAIL(cuCtxCreate_v4);
-    int64_t before = ctx_before(dev);
+    struct ctx_token before = ctx_before(dev);
     return ctx_after(real_cuCtxCreate_v4(pctx, params, flags, dev), pctx, dev, before);
 }
 
@@ -546,14 +585,14 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuDevicePrimaryCtxRetain);
-    int64_t before = -1;
+    struct ctx_token t = {0, 0, 0, -1};
     int track = vgpu_cfg->enabled && dev >= 0 && dev < VGPU_MAX_DEV;
     if (track) {
         pthread_mutex_lock(&g_cmu);
         int first = g_primary_refs[dev] == 0;
         pthread_mutex_unlock(&g_cmu);
         if (first)
-            before = ctx_before(dev);
+            t = ctx_before(dev);
     }
     CUresult rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
     if (rc == CUDA_SUCCESS && track && pctx) {
@@ -562,11 +601,11 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         g_primary_ctx[dev] = *pctx;
         pthread_mutex_unlock(&g_cmu);
         if (first)
-            ctx_created(dev, before);
+            ctx_created(dev, &t);
     }
     hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL); /* after the charge */
-    if (rc == CUDA_SUCCESS && track)
-        ctx_settle(dev);
+    if (track)
+        ctx_settle(dev, &t);
     return rc;
 }
 

@@ -15,7 +15,8 @@
  * Context creation: FAKE_CUDA_CTX_RENDEZVOUS=N makes a new context wait, once it shows in NVML's process
  * list, until N processes are listed on its device (at most 10 s): processes started together each see
  * the others' contexts appear during their own creation, as with the real driver, where creating a
- * context takes a fraction of a second.
+ * context takes a fraction of a second. FAKE_CUDA_CTX_GATE=PATH makes a new context say so on stderr and
+ * wait (at most 60 s) until PATH exists.
  * fake_cuda_debug_peak_bytes(dev) (exported, test hook) returns the most device memory this process held
  * at once on a device, as NVML's per-process usage showed it.
  * Busy intervals go to the shared state so the fake NVML reports utilisation.
@@ -351,6 +352,20 @@ static CUresult free_alloc(uint64_t key, int kind)
     return CUDA_SUCCESS;
 }
 
+/* FAKE_CUDA_CTX_GATE=PATH: a new context (its memory taken) says so on stderr and waits, at most 60 s,
+ * until PATH exists: a test plays what other threads do while a context creation is in the driver. */
+static void gate(void)
+{
+    const char *path = getenv("FAKE_CUDA_CTX_GATE");
+    if (!path || !*path)
+        return;
+    static const char msg[] = "fake cuda: context creation waits at the gate\n";
+    if (write(2, msg, sizeof msg - 1) < 0)
+        return;
+    for (uint64_t deadline = fg_now_ns() + 60000000000ull; access(path, F_OK) != 0 && fg_now_ns() < deadline;)
+        fg_sleep_until(fg_now_ns() + 1000000);
+}
+
 /* FAKE_CUDA_CTX_RENDEZVOUS (see the top of this file) */
 static void rendezvous(int dev)
 {
@@ -385,6 +400,7 @@ static struct fctx *ctx_new(int dev, int primary)
         return NULL;
     }
     rendezvous(dev);
+    gate();
     return c;
 }
 

@@ -34,6 +34,8 @@
  * memory and the running-process list come from what the fake libcuda simulates.
  * FAKE_NVML_UTIL_WINDOW_MS (default 1000) is the window nvmlDeviceGetUtilizationRates averages.
  * PROCESS LISTS come in no documented order; FAKE_NVML_PROCS_REVERSED=1 lists the newest first.
+ * FAKE_NVML_EXTRA_PROCS=N lists N more processes (pids 4000001 and up, 64 MiB each: other containers' the
+ * caller cannot see) after the node's own.
  * FAKE_NVML_USED_NA=1 reports each process's usedGpuMemory as not available (NVML_VALUE_NOT_AVAILABLE,
  * as drivers do under some virtualisation modes). FAKE_NVML_TWIN=1 plays a perfect mimic: every other
  * process's usedGpuMemory includes the calling process's, so whatever the caller allocates shows on
@@ -630,12 +632,16 @@ static nvmlReturn_t running_procs(nvmlDevice_t d, unsigned int *count, void *out
         found[k] = found[n - 1 - k];
         found[n - 1 - k] = t;
     }
-    if (n == 0) {
+    const char *extra_s = getenv("FAKE_NVML_EXTRA_PROCS");
+    unsigned extra = extra_s ? (unsigned)strtoul(extra_s, NULL, 10) : 0;
+    if (extra > 100000)
+        extra = 100000;
+    if (n + extra == 0) {
         *count = 0;
         return NVML_SUCCESS;
     }
-    if (!out || *count < n) {
-        *count = n;
+    if (!out || *count < n + extra) {
+        *count = n + extra;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     const char *stall = getenv("FAKE_NVML_STALL_ABOVE_MIB");
@@ -676,7 +682,23 @@ static nvmlReturn_t running_procs(nvmlDevice_t d, unsigned int *count, void *out
             e->computeInstanceId = 0xffffffffu;
         }
     }
-    *count = n;
+    for (unsigned k = 0; k < extra; k++) { /* other containers' processes, listed after this node's */
+        char *p = (char *)out + (n + k) * stride;
+        unsigned pid = 4000001u + k;
+        uint64_t used = na && *na == '1' ? 0xffffffffffffffffull : 64ull << 20;
+        if (v1) {
+            nvmlProcessInfo_v1_t *e = (nvmlProcessInfo_v1_t *)p;
+            e->pid = pid;
+            e->usedGpuMemory = used;
+        } else {
+            nvmlProcessInfo_t *e = (nvmlProcessInfo_t *)p;
+            e->pid = pid;
+            e->usedGpuMemory = used;
+            e->gpuInstanceId = 0xffffffffu;
+            e->computeInstanceId = 0xffffffffu;
+        }
+    }
+    *count = n + extra;
     return NVML_SUCCESS;
 }
 

@@ -1,0 +1,213 @@
+"""Red team: the context cost the shim charges (docs/shim.md "Context cost").
+
+A CUDA context takes device memory the program never allocates itself (on the fake driver
+FAKE_CUDA_CTX_MIB, 300 MiB by default). The shim charges it against the container's memory limit:
+measured once per process and device (the rise of the process's own pid in NVML's process list), then
+the same for every context the process holds there. These tests play a tenant that wants more memory
+than its limit by making its contexts look cheaper than they are (several contexts on one device,
+every cuCtxCreate version and the primary context together, a context destroyed while another is
+being created, a fork after the first context, a GPU with more processes than one listing holds), and
+check that every charge is given back once the contexts are gone, on the fake driver and NVML
+(tests/fakes), with the plain and the sanitised builds. Each tenant is its own container (its own
+accounting file).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kube_vgpu.shimregion import read_region
+from tests.fakes import build as fakebuild
+from tests.libvgpu.shim_helpers import GIB, MIB, Toolchain, make_toolchain
+from tests.security.test_redteam_hostpid_probe import BEFORE, Node, Proc, learned
+
+SRC = Path(__file__).resolve().parent / "ctxcost_redteam.c"
+CTX = 300  # MiB a context takes on the fake driver (FAKE_CUDA_CTX_MIB's default)
+GATE = "fake cuda: context creation waits at the gate"
+
+
+def _build(out: Path, asan: bool) -> tuple[Toolchain, Path]:
+    tc = make_toolchain(out, asan=asan)
+    prog = fakebuild.build_prog(SRC, out / "ctxcost_redteam", tc.built.libdir, asan=asan)
+    return tc, prog
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Toolchain, Path]:
+    """Fakes, shim and the red-team program, optimised build."""
+    return _build(tmp_path_factory.mktemp("ctxcost"), asan=False)
+
+
+@pytest.fixture(scope="module")
+def built_asan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Toolchain, Path]:
+    """The same with AddressSanitizer and UndefinedBehaviorSanitizer (any finding fails the process)."""
+    try:
+        fakebuild.asan_runtime()
+        return _build(tmp_path_factory.mktemp("ctxcost-asan"), asan=True)
+    except fakebuild.BuildError as exc:  # pragma: no cover - toolchains without libasan
+        pytest.skip(f"AddressSanitizer unavailable: {exc}")
+
+
+@pytest.fixture(params=["plain", "asan"])
+def any_build(request: pytest.FixtureRequest) -> tuple[Toolchain, Path]:
+    return request.getfixturevalue("built" if request.param == "plain" else "built_asan")
+
+
+@pytest.fixture
+def node(any_build: tuple[Toolchain, Path], tmp_path: Path) -> Iterator[Node]:
+    """A one-GPU node, with the plain and with the sanitised build."""
+    n = Node(any_build, tmp_path)
+    yield n
+    n.stop()
+
+
+def tenant(node: Node, limit: str = "1g", **env: str) -> Proc:
+    return node.start("tenant", "steps", CUDA_DEVICE_MEMORY_LIMIT=limit, **env)
+
+
+def used(p: Proc) -> int:
+    """What the shim charges the tenant's container (cuMemGetInfo in the current context), bytes."""
+    m = re.fullmatch(r"ok meminfo rc=0 used=(\d+) total=\d+", p.cmd("meminfo"))
+    assert m, p.log()
+    return int(m.group(1))
+
+
+def own(p: Proc, dev: int = 0) -> int:
+    """What NVML shows the tenant's process using on ``dev``, bytes."""
+    m = re.fullmatch(r"ok own bytes=(\d+)", p.cmd(f"own {dev}"))
+    assert m, p.log()
+    return int(m.group(1))
+
+
+def charged(node: Node, name: str = "tenant", dev: int = 0) -> int:
+    """The container's charge on ``dev`` as its accounting file holds it, bytes."""
+    return read_region(node.tmp / f"{name}.cache").used[dev]
+
+
+@pytest.mark.parametrize("versions", [("v2", "v2", "v2"), ("v1", "v3", "v4"), ("primary", "v2", "v4")])
+def test_every_context_on_a_device_is_charged(node: Node, versions: tuple[str, ...]) -> None:
+    # Only the process's first context on a device was charged: three contexts (any cuCtxCreate version,
+    # and the primary context next to them) took 900 MiB of the GPU under a 1 GiB limit charged 300,
+    # and the tenant could then allocate 700 MiB more (1.6 GiB in all).
+    t = tenant(node)
+    for v in versions:
+        reply = t.cmd("primary 0") if v == "primary" else t.cmd(f"ctx 0 {v}")
+        assert reply.startswith("ok"), (reply, t.log())
+    assert own(t) == 3 * CTX * MIB
+    assert used(t) == 3 * CTX * MIB, t.log()
+    assert t.cmd(f"alloc {200 * MIB}") == "fail alloc rc=2", t.log()  # 900 + 200 > 1024
+    assert t.cmd(f"alloc {100 * MIB}") == "ok alloc rc=0"
+    assert own(t) <= GIB
+    t.close()
+
+
+def test_a_context_larger_than_2_gib_is_charged(node: Node) -> None:
+    # A rise of more than 2 GiB was taken for other tenants moving and charged nothing, also when it was
+    # the process's own rise in NVML's process list, which no other tenant moves: a tenant whose context
+    # takes 2.5 GiB (eager module loading of a large program) held it, and every further context on the
+    # device, for free.
+    big = 2560
+    t = tenant(node, "8g", FAKE_CUDA_CTX_MIB=str(big))
+    assert t.cmd("ctx 0") == "ok ctx rc=0 i=0"
+    assert t.cmd("ctx 0") == "ok ctx rc=0 i=1"
+    assert own(t) == 2 * big * MIB
+    assert used(t) == 2 * big * MIB, t.log()
+    assert t.cmd(f"alloc {3 * GIB + 1}") == "fail alloc rc=2", t.log()
+    t.close()
+
+
+def test_a_context_destroyed_while_another_is_created_leaves_the_new_one_charged(node: Node) -> None:
+    # The tenant's second context is in the driver (the fake holds it at a gate) when another thread
+    # destroys the first, the only one the shim counted. The shim had decided "not the first context:
+    # nothing to measure" before the creation, and "the first context" after it, with nothing measured:
+    # the new context was charged 0 and the tenant got 300 MiB of the GPU for free.
+    gate = node.tmp / "gate"
+    t = tenant(node)
+    assert t.cmd("ctx 0") == "ok ctx rc=0 i=0"
+    assert used(t) == CTX * MIB
+    t.cmd(f"env FAKE_CUDA_CTX_GATE {gate}")
+    assert t.cmd("bgctx 0") == "ok bgctx"
+    t.wait_err(GATE)
+    assert t.cmd("destroy 0") == "ok destroy rc=0"
+    gate.touch()
+    assert t.cmd("join") == "ok join rc=0 i=1"
+    assert t.cmd("cur 1") == "ok cur rc=0"
+    assert own(t) == CTX * MIB
+    assert used(t) == CTX * MIB, t.log()
+    t.close()
+
+
+def test_first_contexts_created_at_once_by_two_threads_are_both_charged(node: Node) -> None:
+    # Two threads create the process's first contexts on a device at the same moment: the second listed
+    # NVML's processes (the measurement's "before") while the first's context was in the driver, over
+    # the first's listing, so the first measured against a listing that already held its own context.
+    # Creations on a device are serialised: each is measured or charged alone.
+    gate = node.tmp / "gate"
+    t = tenant(node, "4g")
+    t.cmd(f"env FAKE_CUDA_CTX_GATE {gate}")
+    assert t.cmd("bgctx 0") == "ok bgctx"
+    t.wait_err(GATE)
+    t.send("ctx 0")  # waits for the first creation to end
+    gate.touch()
+    assert t.reply() == "ok ctx rc=0 i=0", t.log()
+    assert t.cmd("join") == "ok join rc=0 i=1"
+    assert own(t) == 2 * CTX * MIB
+    assert used(t) == 2 * CTX * MIB, t.log()
+    assert t.log().count("context costs") == 1, t.log()  # measured once
+    t.close()
+
+
+def test_a_forked_child_is_charged_its_own_context(node: Node) -> None:
+    # fork() after the first context: the child inherited the parent's count of contexts, so its own
+    # first context (a new process: the driver gives it new memory) was never charged. Each forked child
+    # held 300 MiB of the GPU for free.
+    t = tenant(node)
+    assert t.cmd("ctx 0") == "ok ctx rc=0 i=0"
+    t.send("fork 0")
+    child = t.reply()
+    assert t.reply() == "ok fork exited=1 status=0", t.log()
+    # the container's file is shared: the child sees the parent's context and its own
+    assert child == f"child used={2 * CTX * MIB} total={GIB}", (child, t.log())
+    assert used(t) == CTX * MIB  # the child's charge went with it
+    t.close()
+
+
+def test_a_gpu_with_more_processes_than_one_listing_holds_does_not_make_the_cost_device_wide(node: Node) -> None:
+    # 300 processes of other containers on the GPU (FAKE_NVML_EXTRA_PROCS) overflowed the shim's
+    # 256-entry listing: NVML refused it, and the context cost fell back to the rise of the device's
+    # used memory, which counts a neighbour's context created at the same moment (600 MiB for 300).
+    t = tenant(node, "4g", FAKE_NVML_EXTRA_PROCS="300")
+    t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
+    t.send("ctx 0")
+    t.wait_err(BEFORE, 1)
+    n1 = node.neighbour("n1", 0, "hold")
+    assert t.reply() == "ok ctx rc=0 i=0"
+    assert used(t) == CTX * MIB, t.log()
+    t.close()
+    assert n1.pid not in learned(t) and learned(t) == [t.pid], t.log()
+
+
+def test_no_context_charge_is_left_once_every_context_is_gone(node: Node) -> None:
+    # Every way a context goes (destroy, primary release and reset, several references, a context
+    # re-created after the last one went, a forked child's) gives back exactly what it was charged:
+    # the container is charged 0 once the tenant holds no context, never less than its contexts.
+    t = tenant(node, "4g")
+    steps = [
+        ("ctx 0", 1), ("primary 0", 2), ("primary 0", 2), ("ctx 0 v3", 3), ("release 0", 3), ("destroy 0", 2),
+        ("release 0", 1), ("destroy 1", 0), ("primary 0", 1), ("ctx 0 v4", 2), ("reset 0", 1), ("destroy 2", 0),
+        ("ctx 0", 1),
+    ]
+    for step, contexts in steps:
+        assert t.cmd(step).startswith("ok"), (step, t.log())
+        assert own(t) == contexts * CTX * MIB, step
+        assert charged(node) == contexts * CTX * MIB, (step, t.log())
+    t.send("fork 0")
+    assert t.reply() == f"child used={2 * CTX * MIB} total={4 * GIB}"
+    assert t.reply() == "ok fork exited=1 status=0"
+    assert t.cmd("destroy 3") == "ok destroy rc=0"
+    assert charged(node) == 0, t.log()
+    t.close()
