@@ -85,7 +85,18 @@ def _cluster(args: argparse.Namespace) -> Cluster:
 
 
 def _config(args: argparse.Namespace) -> Config:
-    return load_config(args.config) if args.config else Config()
+    """The policy file of --config (else the defaults). Raises ValueError naming the file and,
+    for an invalid file, the key or the YAML error's line and column."""
+    if not args.config:
+        return Config()
+    try:
+        return load_config(args.config)
+    except OSError as e:
+        raise ValueError(f"--config {args.config}: cannot read: {e.strerror or e}") from e
+    except ConfigError as e:
+        if isinstance(e.__cause__, yaml.YAMLError):
+            raise ValueError(f"--config {args.config}: not valid YAML: {yaml_problem(e.__cause__)}") from e
+        raise ValueError(f"--config {args.config}: {e}") from e
 
 
 def _read_pod(name: str) -> dict[str, Any]:

@@ -92,3 +92,17 @@ def test_kubeconfig_that_is_not_yaml_names_line_and_problem(tmp_path: Path, monk
     assert main(["quota"]) == 1
     err = _err(capsys)
     assert f"cannot load kubeconfig {kc}: not valid YAML" in err and "in a cluster" not in err, err
+
+
+def test_config_file_errors_name_the_flag_and_where(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--config errors were Python's '[Errno 2] ...' without the flag, or PyYAML's multi-line text."""
+    missing = tmp_path / "none.yaml"
+    assert main(["inspect", "--snapshot", SNAP, "--config", str(missing)]) == 2
+    assert _err(capsys).endswith(f"--config {missing}: cannot read: No such file or directory\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("scheduling: [1\n")
+    assert main(["quota", "--snapshot", SNAP, "--config", str(bad)]) == 2
+    assert f"--config {bad}: not valid YAML: line 2, column 1: expected ',' or ']'" in _err(capsys)
+    bad.write_text("scheduling: {nodePolicyy: fgd}\n")
+    assert main(["what-if", "-f", str(DATA / "pod-3000mib-30pct.yaml"), "--snapshot", SNAP, "--config", str(bad)]) == 2
+    assert f"--config {bad}: config key 'scheduling.nodePolicyy': unknown key; allowed:" in _err(capsys)
