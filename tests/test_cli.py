@@ -125,6 +125,9 @@ def test_check_config_loads_each_file_as_the_components_do(tmp_path: Path,
     assert f"{typo}: config key 'scheduling.nodePolicyy': unknown key; allowed:" in cap.err
     assert f"{bad}: config key 'webhook.allowDisableControlNamespaces': 'Team_A' is not allowed; allowed:" in cap.err
     assert f"{tmp_path / 'none.yaml'}: cannot read: No such file or directory" in cap.err
+    typo.write_text("scheduling: [1\n")
+    assert main(["check-config", str(typo)]) == 1
+    assert capsys.readouterr().err == f"{typo}: not valid YAML: line 2, column 1: expected ',' or ']', but got '<stream end>'\n"
     with pytest.raises(SystemExit) as exit_:
         main(["check-config"])
     assert exit_.value.code == 2
