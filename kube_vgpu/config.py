@@ -48,7 +48,7 @@ from typing import Any
 import yaml
 
 from .envcontract import CORE_POLICIES, CORE_SHARING
-from .errors import ConfigError, QuantityError
+from .errors import ConfigError, QuantityError, yaml_problem
 from .mig import MIG_STRATEGIES
 from .policyregistry import GPU_POLICIES, GPU_POLICY_SPECS, NODE_POLICIES, NODE_POLICY_SPECS
 from .quantity import parse_quantity
@@ -62,7 +62,9 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 #: a Kubernetes extended-resource name (optional DNS-subdomain prefix, then a name)
 RESOURCE_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                  r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-RFC3339 = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+#: an RFC 3339 time with a zone; the offset's hours 00-23 and minutes 00-59 (RFC 3339's time-numoffset)
+RFC3339 = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
+           r"([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$")
 #: a non-negative Kubernetes quantity (kube_vgpu.quantity's grammar without a sign)
 QUANTITY = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][-+]?[0-9]+)?$"
 #: a MIG profile name (``1g.10gb``, ``3g.71gb``, ``1g.10gb+me``)
@@ -341,8 +343,9 @@ class Config:
         pattern=DNS_SUBDOMAIN, min_length=1, max_length=253,
         allowed="a DNS subdomain (lowercase letters, digits, '-' and '.', at most 253)",
         # The chart runs a second kube-scheduler under this name: default-scheduler would race
-        # the control plane's for every pod (the templates refuse it too).
-        chart={"not": {"const": "default-scheduler"}}, chart_doc="default-scheduler"))
+        # the control plane's for every pod. The templates refuse it, saying why (a schema "not"
+        # would stop helm first with only "Must not validate the schema (not)").
+        chart_doc="default-scheduler"))
     resource_names: ResourceNames = _section(
         "resourceNames", "extended-resource names (HAMi's by default; non-empty and distinct)", ResourceNames)
     defaults: Defaults = _section("defaults", "defaults for what a container leaves out", Defaults)
@@ -633,7 +636,7 @@ def load_config_text(text: str) -> Config:
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
-        raise ConfigError("(yaml)", f"not valid YAML: {e}") from e
+        raise ConfigError("(yaml)", f"not valid YAML: {yaml_problem(e)}") from e
     return config_from_dict(raw)
 
 

@@ -41,11 +41,22 @@ class CodecError(VGPUError):
 
 
 class ConfigError(VGPUError):
-    """The config file is invalid. ``key`` is the dotted path of the offending key."""
+    """The config file is invalid. ``key`` is the dotted path of the offending key, or ``(yaml)``
+    when the file is not YAML (then the text is the message alone: where and what, on one line)."""
 
     def __init__(self, key: str, message: str):
         self.key = key
-        super().__init__(f"config key {key!r}: {message}")
+        self.message = message
+        super().__init__(message if key == "(yaml)" else f"config key {key!r}: {message}")
+
+
+def yaml_problem(err: Exception) -> str:
+    """A YAML parse error on one line: ``line L, column C: <problem>`` (PyYAML's own text spans
+    several lines and quotes the input around the mark)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or next(iter(str(err).splitlines()), "") or type(err).__name__
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}"
 
 
 def json_type(value: object) -> str:

@@ -81,13 +81,8 @@ def check_config(argv: list[str]) -> int:
         except OSError as e:
             print(f"{name}: cannot read: {e.strerror or e}", file=sys.stderr)
             failed += 1
-        except ConfigError as e:
-            cause, mark = e.__cause__, getattr(e.__cause__, "problem_mark", None)
-            if mark is not None:  # PyYAML's own text spans lines and quotes the input
-                print(f"{name}: not valid YAML: line {mark.line + 1}, column {mark.column + 1}: "
-                      f"{getattr(cause, 'problem', None) or cause}", file=sys.stderr)
-            else:
-                print(f"{name}: {e}", file=sys.stderr)
+        except ConfigError as e:  # a YAML error included: one line, where and what
+            print(f"{name}: {e}", file=sys.stderr)
             failed += 1
         else:
             print(f"{name}: ok")

@@ -21,11 +21,9 @@ import yaml
 
 from kube_vgpu import podshape
 from kube_vgpu.codec import decode_inventory
-from kube_vgpu.errors import CodecError, ShapeError, json_type
+from kube_vgpu.errors import CodecError, ShapeError, json_type, yaml_problem
 from kube_vgpu.resources import ANN_NODE_INVENTORY
 from kube_vgpu.views import NodeView
-
-from .text import yaml_problem
 
 Obj = dict[str, Any]
 

@@ -24,10 +24,10 @@ from typing import Any
 import yaml
 
 from kube_vgpu.config import NODE_POLICIES, Config, load_config
-from kube_vgpu.errors import ConfigError, RequestError
+from kube_vgpu.errors import ConfigError, RequestError, yaml_problem
 
 from .cluster import Cluster, ClusterError, load_live, load_snapshot
-from .text import safe, yaml_problem
+from .text import safe
 
 
 def _err(message: str) -> None:
@@ -93,9 +93,7 @@ def _config(args: argparse.Namespace) -> Config:
         return load_config(args.config)
     except OSError as e:
         raise ValueError(f"--config {args.config}: cannot read: {e.strerror or e}") from e
-    except ConfigError as e:
-        if isinstance(e.__cause__, yaml.YAMLError):
-            raise ValueError(f"--config {args.config}: not valid YAML: {yaml_problem(e.__cause__)}") from e
+    except ConfigError as e:  # a YAML error included: one line, where and what
         raise ValueError(f"--config {args.config}: {e}") from e
 
 

@@ -31,10 +31,3 @@ def safe(text: object) -> str:
     return "".join(_escape(ch) if unicodedata.category(ch) in _UNSAFE else ch for ch in s)
 
 
-def yaml_problem(err: Exception) -> str:
-    """A YAML parse error on one line: ``line L, column C: <problem>`` (PyYAML's own text spans
-    several lines and quotes the input around the mark)."""
-    mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None) or next(iter(str(err).splitlines()), "") or type(err).__name__
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return f"{where}{problem}"
