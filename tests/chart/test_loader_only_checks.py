@@ -20,7 +20,6 @@ PROBES: dict[str, list[str]] = {
         "2024-02-29T00:00:00Z", "2023-02-29T00:00:00Z", "2026-02-30T00:00:00Z", "2026-13-01T00:00:00Z",
         "2026-00-10T00:00:00Z", "2026-12-00T00:00:00Z", "2026-12-01T24:00:00Z", "2026-12-01T09:60:00Z",
         "2026-12-01T09:00:60Z", "2026-12-01T09:00:00+23:59", "2026-12-01T09:00:00-23:59",
-        "2026-12-01T09:00:00+24:00", "2026-12-01T09:00:00+23:60", "2026-12-01T09:00:00+01:60",
         "0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z",
     ],
     "webhook.shmSizeLimit": [
@@ -28,6 +27,11 @@ PROBES: dict[str, list[str]] = {
         "0Mi", "0n", "0e5", "0E-3", "1e31", "1e-31",
     ],
 }
+
+
+#: zone offsets RFC 3339 does not allow (hours 00-23, minutes 00-59): the schema's pattern refuses them
+BAD_OFFSETS = ["2026-12-01T09:00:00+24:00", "2026-12-01T09:00:00+23:60", "2026-12-01T09:00:00+01:60",
+               "2026-12-01T09:00:00+01:99", "2026-12-01T09:00:00-99:00"]
 
 
 def _doc(path: str, value: Any) -> dict[str, Any]:
@@ -61,6 +65,15 @@ def test_chart_and_loader_agree(renderer: Any, path: str, value: str) -> None:
     else:
         assert r.returncode != 0, f"the loader refuses {path}={value!r} ({loader_err}), the chart renders it"
         assert f'config.{path}="{value}"' in r.stderr and "allowed:" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("value", BAD_OFFSETS)
+def test_offsets_rfc3339_does_not_allow_are_refused_by_both(renderer: Any, value: str) -> None:
+    err = _loader_refuses(_doc("scheduling.adoptUnsignedBefore", value))
+    assert err is not None and err.key == "scheduling.adoptUnsignedBefore", err
+    r = renderer.template(extra=["--set-string", f"config.scheduling.adoptUnsignedBefore={value}"])
+    assert r.returncode != 0 and "values don't meet the specifications of the schema" in r.stderr, r.stderr
+    assert "config.scheduling.adoptUnsignedBefore" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize(("names", "ok"), [
