@@ -46,8 +46,10 @@ def _setup_logging(level: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kube-vgpu certs",
-                                description="create/renew the webhook CA and serving certificate")
+    p = argparse.ArgumentParser(
+        prog="kube-vgpu certs", description="create/renew the webhook CA and serving certificate",
+        epilog="kube-vgpu certs signing-keys ensure --help: create and rotate the allocation signing keys (a Secret "
+               "of HMAC keys the extender and device plugin mount)")
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "kube-system",
                    help="namespace of the Service and the Secret (default: env POD_NAMESPACE or kube-system)")
     p.add_argument("--service", required=True, help="webhook Service name (SANs are derived from it)")

@@ -48,6 +48,10 @@ def test_usage_names_the_signing_key_command(capsys: pytest.CaptureFixture[str])
         main(["certs", "signing-keys", "ensure", "--help"])
     assert exit_.value.code == 0
     assert "--rotate-after-days" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["certs", "--help"])
+    assert exit_.value.code == 0
+    assert "certs signing-keys ensure --help" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize("flag", ["--version", "version"])
