@@ -360,12 +360,13 @@ struct ctx_token {
     int measure;    /* this creation measures the unit */
     int created;    /* the context exists and was counted (ctx_created) */
     int64_t before; /* NVML used memory of the device before it (-1: unknown) */
+    uint64_t own;   /* what this process had charged on the device before it */
 };
 
 /* Called before a context may be created on dev. */
 static struct ctx_token ctx_before(int dev)
 {
-    struct ctx_token t = {0, 0, 0, -1};
+    struct ctx_token t = {0, 0, 0, -1, 0};
     if (!vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
         return t;
     int cdev = vgpu_dev_of_cuda(dev);
@@ -378,6 +379,7 @@ static struct ctx_token ctx_before(int dev)
     t.measure = !g_ctx_unit[dev] && vgpu_cfg->context_cost < 0;
     pthread_mutex_unlock(&g_cmu);
     if (t.measure) {
+        t.own = region_own(cdev);
         list_procmem(cdev, &g_cm[dev]);
         t.before = nvml_used(cdev);
     }
@@ -386,16 +388,22 @@ static struct ctx_token ctx_before(int dev)
 
 /* The smallest rise of a listed process across the creation, from the listing after it (whose figures
  * become the rises, copied into g_cm[dev] for ctx_settle); UINT64_MAX when NVML gives no per-process
- * figures. Caller holds g_cnew[dev]. */
-static uint64_t least_rise(int dev, struct procmem *after)
+ * figures. back: what this process gave back on the device meanwhile (its charge fell by as much: its
+ * memory freed while the context came up), added to its own figure after the creation (to every
+ * figure while its pid is not known), so that freeing memory during the measurement does not make
+ * the context look cheaper. Caller holds g_cnew[dev]. */
+static uint64_t least_rise(int dev, struct procmem *after, uint64_t back)
 {
     struct procmem *cm = &g_cm[dev];
+    unsigned pid = (unsigned)hostpid_learned();
     uint64_t least = UINT64_MAX;
     for (unsigned i = 0; i < after->n; i++) {
         uint64_t b = 0, a = after->used[i];
         for (unsigned j = 0; j < cm->n; j++)
             if (cm->pid[j] == after->pid[i])
                 b = cm->used[j];
+        if (a != UINT64_MAX && (!pid || after->pid[i] == pid))
+            a = a + back < a || a + back == UINT64_MAX ? UINT64_MAX - 1 : a + back;
         uint64_t rise = a == UINT64_MAX || b == UINT64_MAX ? UINT64_MAX : a > b ? a - b : 0;
         after->used[i] = rise;
         if (rise && rise < least)
@@ -416,16 +424,20 @@ static void ctx_created(int dev, struct ctx_token *t)
         int cdev = vgpu_dev_of_cuda(dev);
         uint64_t least = UINT64_MAX;
         struct procmem *after = &g_cm_after[dev];
-        if (g_cm[dev].valid && list_procmem(cdev, after) == 0)
-            least = least_rise(dev, after);
+        int listed = g_cm[dev].valid && list_procmem(cdev, after) == 0;
+        int64_t used = nvml_used(cdev);
+        /* read after NVML: a free the driver has done is then given back here too (never the reverse) */
+        uint64_t own = region_own(cdev), back = t->own > own ? t->own - own : 0;
+        if (listed)
+            least = least_rise(dev, after, back);
         else
             g_cm[dev].valid = 0;
         if (least != UINT64_MAX) {
             cost = least; /* per process: no other tenant moves it, however large */
-        } else if (t->before >= 0) {
-            int64_t used = nvml_used(cdev);
-            if (used > t->before)
-                cost = (uint64_t)(used - t->before);
+        } else if (t->before >= 0 && used >= 0) {
+            uint64_t u = (uint64_t)used + back < back ? UINT64_MAX : (uint64_t)used + back;
+            if (u > (uint64_t)t->before)
+                cost = u - (uint64_t)t->before;
             if (cost > CTX_DEVICE_RISE_MAX) /* other tenants moved: do not trust the delta */
                 cost = 0;
         }
@@ -585,7 +597,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuDevicePrimaryCtxRetain);
-    struct ctx_token t = {0, 0, 0, -1};
+    struct ctx_token t = {0, 0, 0, -1, 0};
     int track = vgpu_cfg->enabled && dev >= 0 && dev < VGPU_MAX_DEV;
     if (track) {
         pthread_mutex_lock(&g_cmu);

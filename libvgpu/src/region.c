@@ -869,6 +869,17 @@ uint64_t region_used(int dev)
     return u;
 }
 
+/* Bytes this process has charged on dev (its allocations, pools' reserves and contexts). */
+uint64_t region_own(int dev)
+{
+    if (dev < 0 || dev >= VGPU_REGION_DEVS)
+        return 0;
+    pthread_mutex_lock(&g_pmu);
+    uint64_t b = g_own[dev];
+    pthread_mutex_unlock(&g_pmu);
+    return b;
+}
+
 /* Lock-free (sampler thread): the NVML (host) pid and the task priority (0, 1, -1 unset) of every process
  * of the container. A damaged shared header yields only this process. prio may be NULL. */
 void region_procs(int *pids, int *prio, int *n, int max)

@@ -112,6 +112,7 @@ int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint6
 void region_release(int dev, uint64_t bytes);
 void region_count_refusal(void); /* one more refusal past the limit, for the node's metrics */
 uint64_t region_used(int dev);
+uint64_t region_own(int dev); /* bytes this process has charged on dev */
 void region_procs(int *pids, int *prio, int *n, int max); /* NVML pid, priority of the container's processes */
 void region_release_self(void);
 void region_after_fork_child(void);

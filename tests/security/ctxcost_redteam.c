@@ -17,6 +17,8 @@
  *                      context gets the next index)
  *       join           join the thread; says its result
  *       alloc BYTES    cuMemAlloc_v2 in the current context (kept: freed with its context)
+ *       vmm DEV BYTES  cuMemCreate of BYTES located on DEV (from the current context, whatever its device)
+ *       vmmrelease     cuMemRelease of the last "vmm" handle (never mapped: its memory goes at once)
  *       fork DEV       fork; the child creates a context on DEV, answers "child used=U total=T" from
  *                      cuMemGetInfo_v2 and exits (exit(3)); the parent answers with the child's exit status
  *       meminfo        cuMemGetInfo_v2 in the current context (the shim answers from its accounting)
@@ -48,11 +50,14 @@ CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
 
 #define MAXC 256
 
 static CUcontext g_ctx[MAXC];
 static int g_nctx;
+static CUmemGenericAllocationHandle g_vmm;
 
 struct job {
     pthread_t th;
@@ -174,6 +179,17 @@ static int steps(void)
             CUdeviceptr p = 0;
             CUresult rc = cuMemAlloc_v2(&p, strtoull(a, NULL, 10));
             printf("%s alloc rc=%d\n", rc ? "fail" : "ok", rc);
+        } else if (!strcmp(cmd, "vmm")) {
+            CUmemAllocationProp prop;
+            memset(&prop, 0, sizeof prop);
+            prop.type = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+            prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            prop.location.id = atoi(a);
+            CUresult rc = cuMemCreate(&g_vmm, strtoull(b, NULL, 10), &prop, 0);
+            printf("%s vmm rc=%d\n", rc ? "fail" : "ok", rc);
+        } else if (!strcmp(cmd, "vmmrelease")) {
+            CUresult rc = cuMemRelease(g_vmm);
+            printf("%s vmmrelease rc=%d\n", rc ? "fail" : "ok", rc);
         } else if (!strcmp(cmd, "fork")) {
             fflush(stdout);
             pid_t child = fork();

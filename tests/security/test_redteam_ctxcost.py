@@ -161,6 +161,32 @@ def test_first_contexts_created_at_once_by_two_threads_are_both_charged(node: No
     t.close()
 
 
+def test_memory_freed_on_the_gpu_during_the_measurement_does_not_lower_the_cost(
+        any_build: tuple[Toolchain, Path], tmp_path: Path) -> None:
+    # The tenant holds 290 MiB located on GPU 1 (cuMemCreate from its context on GPU 0) and releases it
+    # while its first context on GPU 1 is in the driver: its own pid's memory there rose by 10 MiB
+    # across the creation, and every context on GPU 1 was charged 10 MiB for its 300. What the process
+    # itself gave back meanwhile (its own charge on the GPU fell by as much) is added back.
+    node = Node(any_build, tmp_path, gpus=2)
+    try:
+        gate = node.tmp / "gate"
+        t = tenant(node, "4g")
+        assert t.cmd("ctx 0") == "ok ctx rc=0 i=0"
+        assert t.cmd(f"vmm 1 {290 * MIB}") == "ok vmm rc=0"
+        t.cmd(f"env FAKE_CUDA_CTX_GATE {gate}")
+        assert t.cmd("bgctx 1") == "ok bgctx"
+        t.wait_err(GATE)
+        assert t.cmd("vmmrelease") == "ok vmmrelease rc=0"
+        gate.touch()
+        assert t.cmd("join") == "ok join rc=0 i=1"
+        assert t.cmd("ctx 1") == "ok ctx rc=0 i=2"
+        assert own(t, 1) == 2 * CTX * MIB
+        assert charged(node, dev=1) == 2 * CTX * MIB, t.log()
+        t.close()
+    finally:
+        node.stop()
+
+
 def test_a_forked_child_is_charged_its_own_context(node: Node) -> None:
     # fork() after the first context: the child inherited the parent's count of contexts, so its own
     # first context (a new process: the driver gives it new memory) was never charged. Each forked child
