@@ -1012,7 +1012,7 @@ static uint64_t hp_used_of(unsigned pid, const unsigned *pids, const uint64_t *u
 /* Several new pids around the context creation: which is this process's? It allocates P bytes in its new
  * context (charged to its own memory limit for the moment), lists the running processes with the memory
  * each uses, and frees them: its own pid's memory rose by P, up to the driver's 2 MiB rounding. Each round
- * draws P anew (2 to 32 MiB), so another process matches only by allocating as much at the same moment;
+ * draws P anew (2 to 32 MiB, or up to what is left under the limit when that is less), so another process matches only by allocating as much at the same moment;
  * a candidate must match every round, and the last one left must match once more. A round that no
  * candidate matches (its own pid did not show the probe) ends it. Returns the pid, or 0. */
 #define HP_ROUNDS 5
@@ -1029,11 +1029,19 @@ static unsigned hp_probe(int cdev, CUcontext ctx, unsigned *cand, unsigned nc)
     int confirmed = 0;
     for (int round = 0; round < HP_ROUNDS && nc > 0 && !confirmed; round++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        uint64_t p = HP_PAGE * (1 + (seed >> 33) % 16);
+        uint64_t p = HP_PAGE * (1 + (seed >> 33) % 16), used = 0, lim = 0;
         unsigned nb = 0, na = 0, keep = 0;
         CUdeviceptr ptr = 0;
-        if (hp_list(pb, ub, &nb) != 0 || region_reserve(cdev, p, 0, NULL, NULL) != 0)
-            break; /* no listing, or no room under this process's limit for the probe */
+        if (hp_list(pb, ub, &nb) != 0)
+            break;
+        if (region_reserve(cdev, p, 0, &used, &lim) != 0) {
+            /* less room under this process's limit: a size drawn from what fits (a neighbour still has
+             * to match every round, and its own pid always does, so a smaller choice only costs rounds) */
+            uint64_t pages = lim > used ? (lim - used) / HP_PAGE : 0;
+            p = HP_PAGE * (1 + (pages ? (seed >> 33) % pages : 0));
+            if (!pages || region_reserve(cdev, p, 0, NULL, NULL) != 0)
+                break; /* no room for the probe */
+        }
         int ok = real_cuMemAlloc_v2(&ptr, p) == CUDA_SUCCESS;
         if (ok) {
             ok = hp_list(pa, ua, &na) == 0;

@@ -4,6 +4,7 @@
  *
  *   ctxcost_redteam hold DEV     a neighbour: creates a context on DEV, prints "ready", holds it until
  *                                stdin closes.
+ *   ctxcost_redteam hold DEV BYTES  the same, and allocates BYTES in its context before "ready".
  *   ctxcost_redteam steps        a tenant driven by commands on stdin, one a line, each answered by one
  *                                line on stdout ("ok CMD ..." or "fail CMD ..."):
  *       env K V        setenv (the fakes read their knobs at each call)
@@ -80,10 +81,13 @@ static void wait_stdin_closed(void)
         ;
 }
 
-static int hold(int dev)
+static int hold(int dev, unsigned long long bytes)
 {
     CUcontext c;
+    CUdeviceptr p;
     CUresult rc = cuCtxCreate_v2(&c, 0, dev);
+    if (rc == CUDA_SUCCESS && bytes)
+        rc = cuMemAlloc_v2(&p, bytes);
     printf("ready rc=%d pid=%d\n", rc, (int)getpid());
     wait_stdin_closed();
     return rc == CUDA_SUCCESS ? 0 : 1;
@@ -228,9 +232,9 @@ int main(int argc, char **argv)
         return 2;
     }
     if (argc >= 3 && !strcmp(argv[1], "hold"))
-        return hold(atoi(argv[2]));
+        return hold(atoi(argv[2]), argc >= 4 ? strtoull(argv[3], NULL, 10) : 0);
     if (argc >= 2 && !strcmp(argv[1], "steps"))
         return steps();
-    fprintf(stderr, "usage: %s hold DEV | steps\n", argv[0]);
+    fprintf(stderr, "usage: %s hold DEV [BYTES] | steps\n", argv[0]);
     return 2;
 }

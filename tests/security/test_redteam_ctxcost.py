@@ -120,6 +120,26 @@ def test_a_context_larger_than_2_gib_is_charged(node: Node) -> None:
     t.close()
 
 
+def test_a_tenant_near_its_limit_still_learns_its_pid_next_to_a_greedy_neighbour(node: Node) -> None:
+    # The tenant's container is 3 MiB below its limit once the new context is charged, and a neighbour
+    # starts at the same moment and allocates 1 GiB at once. The probe that tells the two new pids apart
+    # was drawn from 2 to 32 MiB and given up when it did not fit: the pid stayed unknown, and the context
+    # was charged the largest rise, the neighbour's 1.3 GiB, which starved the whole container. The probe
+    # now takes a size that fits the room left (2 MiB here).
+    gate = node.tmp / "gate"
+    t = tenant(node, f"{CTX + 3}m")
+    t.cmd(f"env FAKE_CUDA_CTX_GATE {gate}")
+    t.send("ctx 0")
+    t.wait_err(GATE)
+    greedy = node.start("greedy", "hold", "0", str(GIB))
+    assert greedy.reply().startswith("ready rc=0"), greedy.log()
+    gate.touch()
+    assert t.reply() == "ok ctx rc=0 i=0", t.log()
+    assert charged(node) == CTX * MIB, t.log()
+    t.close()
+    assert learned(t) == [t.pid], t.log()
+
+
 def test_a_context_destroyed_while_another_is_created_leaves_the_new_one_charged(node: Node) -> None:
     # The tenant's second context is in the driver (the fake holds it at a gate) when another thread
     # destroys the first, the only one the shim counted. The shim had decided "not the first context:
