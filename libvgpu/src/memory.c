@@ -356,28 +356,39 @@ static int list_procmem(int cdev, struct procmem *out)
 
 /* What a context creation on a device carries from before the driver's call to after it. */
 struct ctx_token {
-    int held;       /* g_cnew[dev] is held */
+    int locked;     /* g_cnew[dev] is held */
     int measure;    /* this creation measures the unit */
     int created;    /* the context exists and was counted (ctx_created) */
     int64_t before; /* NVML used memory of the device before it (-1: unknown) */
     uint64_t own;   /* what this process had charged on the device before it */
+    uint64_t reserved; /* bytes reserved for it before the driver's call (its cost, when known) */
+    int refused;    /* no room under the limit for it: CUDA_ERROR_OUT_OF_MEMORY, the driver not called */
 };
 
-/* Called before a context may be created on dev. */
-static struct ctx_token ctx_before(int dev)
+/* Called before a context may be created on dev (api: the caller's name, for a refusal's log line). */
+static struct ctx_token ctx_before(int dev, const char *api)
 {
-    struct ctx_token t = {0, 0, 0, -1, 0};
+    struct ctx_token t = {0, 0, 0, -1, 0, 0, 0};
     if (!vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
         return t;
     int cdev = vgpu_dev_of_cuda(dev);
     hostpid_before_ctx(cdev); /* may hold the learning's lock until hostpid_after_ctx: taken first */
     pthread_mutex_lock(&g_cnew[dev]);
-    t.held = 1;
+    t.locked = 1;
     pthread_mutex_lock(&g_cmu);
     if (!g_ctx_unit[dev] && vgpu_cfg->context_cost >= 0)
         g_ctx_unit[dev] = (uint64_t)vgpu_cfg->context_cost;
     t.measure = !g_ctx_unit[dev] && vgpu_cfg->context_cost < 0;
+    uint64_t unit = g_ctx_unit[dev];
     pthread_mutex_unlock(&g_cmu);
+    /* a cost known before the creation (the process's later contexts there) must fit under the limit:
+     * reserved now, refused like an allocation. The first is charged after it exists, whatever it costs. */
+    if (unit) {
+        if (reserve(cdev, unit, api) != CUDA_SUCCESS)
+            t.refused = 1;
+        else
+            t.reserved = unit;
+    }
     if (t.measure) {
         t.own = region_own(cdev);
         list_procmem(cdev, &g_cm[dev]);
@@ -420,7 +431,7 @@ static void ctx_created(int dev, struct ctx_token *t)
         return;
     uint64_t cost = 0;
     t->created = 1;
-    if (t->measure && t->held) {
+    if (t->measure && t->locked) {
         int cdev = vgpu_dev_of_cuda(dev);
         uint64_t least = UINT64_MAX;
         struct procmem *after = &g_cm_after[dev];
@@ -444,6 +455,8 @@ static void ctx_created(int dev, struct ctx_token *t)
     }
     pthread_mutex_lock(&g_cmu);
     g_ctx_count[dev]++;
+    g_ctx_charged[dev] += t->reserved; /* what was reserved for it is part of the charge now */
+    t->reserved = 0;
     if (cost && !g_ctx_unit[dev])
         g_ctx_unit[dev] = cost;
     ctx_recharge_locked(dev);
@@ -457,7 +470,7 @@ static void ctx_created(int dev, struct ctx_token *t)
  * on dev is over. */
 static void ctx_settle(int dev, struct ctx_token *t)
 {
-    if (dev < 0 || dev >= VGPU_MAX_DEV || !t->held)
+    if (dev < 0 || dev >= VGPU_MAX_DEV || !t->locked)
         return;
     struct procmem *cm = &g_cm[dev];
     if (t->measure && t->created && cm->valid) {
@@ -485,7 +498,10 @@ static void ctx_settle(int dev, struct ctx_token *t)
                       pid ? "this process's own" : "the largest rise: this process's pid is not known");
     }
     cm->valid = 0; /* settled once */
-    t->held = 0;
+    if (t->reserved) /* reserved for a context that was not created */
+        region_release(vgpu_dev_of_cuda(dev), t->reserved);
+    t->reserved = 0;
+    t->locked = 0;
     pthread_mutex_unlock(&g_cnew[dev]);
 }
 
@@ -530,13 +546,24 @@ static CUresult ctx_after(CUresult rc, CUcontext *pctx, CUdevice dev, struct ctx
     return rc;
 }
 
+/* A creation refused before the driver's call (no room for its cost): the learning ctx_before may have
+ * begun ends, and so does the creation. */
+static CUresult ctx_refused(int dev, struct ctx_token *t)
+{
+    hostpid_after_ctx(0, NULL);
+    ctx_settle(dev, t);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
 /* Every versioned cuCtxCreate has its own hook with its own ABI (cuGetProcAddress hands out the one
  * the driver's table names for the requested version). */
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuCtxCreate_v2);
-    struct ctx_token before = ctx_before(dev);
+    struct ctx_token before = ctx_before(dev, "cuCtxCreate");
+    if (before.refused)
+        return ctx_refused(dev, &before);
     return ctx_after(real_cuCtxCreate_v2(pctx, flags, dev), pctx, dev, before);
 }
 
@@ -544,7 +571,9 @@ EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuCtxCreate);
-    struct ctx_token before = ctx_before(dev);
+    struct ctx_token before = ctx_before(dev, "cuCtxCreate");
+    if (before.refused)
+        return ctx_refused(dev, &before);
     return ctx_after(real_cuCtxCreate(pctx, flags, dev), pctx, dev, before);
 }
 
@@ -553,7 +582,9 @@ EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int
 {
     ensure_cuda();
     REAL_OR_FAIL(cuCtxCreate_v3);
-    struct ctx_token before = ctx_before(dev);
+    struct ctx_token before = ctx_before(dev, "cuCtxCreate");
+    if (before.refused)
+        return ctx_refused(dev, &before);
     return ctx_after(real_cuCtxCreate_v3(pctx, params, nparams, flags, dev), pctx, dev, before);
 }
 
@@ -561,7 +592,9 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
 {
     ensure_cuda();
     REAL_OR_FAIL(cuCtxCreate_v4);
-    struct ctx_token before = ctx_before(dev);
+    struct ctx_token before = ctx_before(dev, "cuCtxCreate");
+    if (before.refused)
+        return ctx_refused(dev, &before);
     return ctx_after(real_cuCtxCreate_v4(pctx, params, flags, dev), pctx, dev, before);
 }
 
@@ -597,14 +630,16 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuDevicePrimaryCtxRetain);
-    struct ctx_token t = {0, 0, 0, -1, 0};
+    struct ctx_token t = {0, 0, 0, -1, 0, 0, 0};
     int track = vgpu_cfg->enabled && dev >= 0 && dev < VGPU_MAX_DEV;
     if (track) {
         pthread_mutex_lock(&g_cmu);
         int first = g_primary_refs[dev] == 0;
         pthread_mutex_unlock(&g_cmu);
         if (first)
-            t = ctx_before(dev);
+            t = ctx_before(dev, "cuDevicePrimaryCtxRetain");
+        if (t.refused)
+            return ctx_refused(dev, &t);
     }
     CUresult rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
     if (rc == CUDA_SUCCESS && track && pctx) {

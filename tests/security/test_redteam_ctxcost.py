@@ -23,7 +23,7 @@ import pytest
 from kube_vgpu.shimregion import read_region
 from tests.fakes import build as fakebuild
 from tests.libvgpu.shim_helpers import GIB, MIB, Toolchain, make_toolchain
-from tests.security.test_redteam_hostpid_probe import BEFORE, Node, Proc, learned
+from tests.security.test_redteam_hostpid_probe import BEFORE, WAIT_S, Node, Proc, learned
 
 SRC = Path(__file__).resolve().parent / "ctxcost_redteam.c"
 CTX = 300  # MiB a context takes on the fake driver (FAKE_CUDA_CTX_MIB's default)
@@ -83,6 +83,13 @@ def own(p: Proc, dev: int = 0) -> int:
     return int(m.group(1))
 
 
+def whole_log(p: Proc) -> str:
+    """The shim's log of an exited process, once all of it has been read."""
+    with p.cond:
+        assert p.cond.wait_for(lambda: "<eof>" in p.err, timeout=WAIT_S), p.log()
+    return p.log()
+
+
 def charged(node: Node, name: str = "tenant", dev: int = 0) -> int:
     """The container's charge on ``dev`` as its accounting file holds it, bytes."""
     return read_region(node.tmp / f"{name}.cache").used[dev]
@@ -103,6 +110,28 @@ def test_every_context_on_a_device_is_charged(node: Node, versions: tuple[str, .
     assert t.cmd(f"alloc {100 * MIB}") == "ok alloc rc=0"
     assert own(t) <= GIB
     t.close()
+
+
+@pytest.mark.parametrize("how", ["ctx 0", "ctx 0 v4", "primary 0"])
+def test_a_further_context_past_the_limit_is_refused(node: Node, how: str) -> None:
+    # A context never failed because of its cost: a tenant that filled its limit with allocations then
+    # created more contexts, each 300 MiB of the GPU past its limit (charged, but held). A context past
+    # the limit whose cost is known (every one after the process's first on the device) is refused as
+    # the driver refuses one on a full GPU; one that fits still succeeds.
+    t = tenant(node)
+    assert t.cmd("ctx 0") == "ok ctx rc=0 i=0"
+    assert t.cmd(f"alloc {700 * MIB}") == "ok alloc rc=0"
+    reply = t.cmd(how)
+    assert reply.startswith("fail") and " rc=2" in reply, (reply, t.log())
+    assert own(t) == (CTX + 700) * MIB, t.log()
+    assert charged(node) == (CTX + 700) * MIB
+    t.wait_err(f"out of memory on device 0: request {CTX * MIB} bytes")
+    t.close()
+    t2 = tenant(node)  # the same container, now with room: a second context fits
+    assert t2.cmd("ctx 0") == "ok ctx rc=0 i=0"
+    assert t2.cmd(how).startswith("ok"), t2.log()
+    assert charged(node) == 2 * CTX * MIB
+    t2.close()
 
 
 def test_a_context_larger_than_2_gib_is_charged(node: Node) -> None:
@@ -137,6 +166,7 @@ def test_a_tenant_near_its_limit_still_learns_its_pid_next_to_a_greedy_neighbour
     assert t.reply() == "ok ctx rc=0 i=0", t.log()
     assert charged(node) == CTX * MIB, t.log()
     t.close()
+    whole_log(t)
     assert learned(t) == [t.pid], t.log()
 
 
@@ -177,8 +207,8 @@ def test_first_contexts_created_at_once_by_two_threads_are_both_charged(node: No
     assert t.cmd("join") == "ok join rc=0 i=1"
     assert own(t) == 2 * CTX * MIB
     assert used(t) == 2 * CTX * MIB, t.log()
-    assert t.log().count("context costs") == 1, t.log()  # measured once
     t.close()
+    assert whole_log(t).count("context costs") == 1, t.log()  # measured once
 
 
 def test_memory_freed_on_the_gpu_during_the_measurement_does_not_lower_the_cost(
@@ -234,6 +264,7 @@ def test_a_gpu_with_more_processes_than_one_listing_holds_does_not_make_the_cost
     assert t.reply() == "ok ctx rc=0 i=0"
     assert used(t) == CTX * MIB, t.log()
     t.close()
+    whole_log(t)
     assert n1.pid not in learned(t) and learned(t) == [t.pid], t.log()
 
 
