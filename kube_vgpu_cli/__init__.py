@@ -30,6 +30,21 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: every command line and the argparse parser factory ("module", "function") that declares its flags:
+#: the docs are checked against these parsers (tests/test_docs_links.py, tests/test_contracts_complete.py)
+PARSERS: dict[str, tuple[str, str]] = {
+    "kube-vgpu scheduler": ("scheduler.server", "build_parser"),
+    "kube-vgpu webhook": ("webhook.server", "build_parser"),
+    "kube-vgpu device-plugin": ("deviceplugin.main", "parser"),
+    "kube-vgpu dra-plugin": ("deviceplugin.dra.main", "parser"),
+    "kube-vgpu certs": ("certs.main", "build_parser"),
+    "kube-vgpu certs signing-keys ensure": ("certs.signing_keys", "build_parser"),
+    "kube-vgpu replay": ("replay.main", "_parser"),
+    "kube-vgpu check-config": ("kube_vgpu_cli", "check_config_parser"),
+    "kubectl vgpu": ("kubectl_vgpu.main", "_parser"),
+}
+
+
 def shim_path(argv: list[str]) -> int:
     """``kube-vgpu shim-path``: print the built shim's path; 1 if it was not built."""
     from libvgpu.__main__ import main as print_path

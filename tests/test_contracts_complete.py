@@ -4,39 +4,21 @@ the other direction (every flag the docs name exists)."""
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import re
 from pathlib import Path
 
 import pytest
 
+from kube_vgpu_cli import PARSERS
+from tests.cli_parsers import command_options
+
 CONTRACTS = (Path(__file__).resolve().parents[1] / "docs" / "CONTRACTS.md").read_text()
 
-#: the row's command (first cell) -> (module, parser factory)
-ROWS = {
-    "kube-vgpu scheduler": ("scheduler.server", "build_parser"),
-    "kube-vgpu webhook": ("webhook.server", "build_parser"),
-    "kube-vgpu device-plugin": ("deviceplugin.main", "parser"),
-    "kube-vgpu dra-plugin": ("deviceplugin.dra.main", "parser"),
-    "kube-vgpu certs": ("certs.main", "build_parser"),
-    "kube-vgpu certs signing-keys ensure": ("certs.signing_keys", "build_parser"),
-    "kube-vgpu replay": ("replay.main", "_parser"),
-    "kubectl-vgpu": ("kubectl_vgpu.main", "_parser"),
-    "kube-vgpu check-config": ("kube_vgpu_cli", "check_config_parser"),
-}
+#: the row's command (first cell): every command of kube_vgpu_cli.PARSERS (the plugin's row is named
+#: by its executable, kubectl-vgpu)
+ROWS = {("kubectl-vgpu" if c == "kubectl vgpu" else c): c for c in PARSERS}
 #: named once for every service in the text above the table
 COMMON = {"-h", "--help", "--log-level"}
-
-
-def _options(parser: argparse.ArgumentParser) -> set[str]:
-    out: set[str] = set()
-    for a in parser._actions:
-        out.update(a.option_strings)
-        if isinstance(a, argparse._SubParsersAction):
-            for sub in a.choices.values():
-                out |= _options(sub)
-    return out
 
 
 def _row(command: str) -> str:
@@ -49,8 +31,7 @@ def _row(command: str) -> str:
 
 @pytest.mark.parametrize("command", sorted(ROWS))
 def test_every_option_is_in_its_row(command: str) -> None:
-    module, factory = ROWS[command]
-    options = _options(getattr(importlib.import_module(module), factory)()) - COMMON
+    options = command_options(ROWS[command]) - COMMON
     row = _row(command)
     missing = sorted(o for o in options if not re.search(r"(?<![\w-])" + re.escape(o) + r"(?![\w-])", row))
     assert not missing, f"CONTRACTS.md's {command} row lacks {', '.join(missing)}"

@@ -4,42 +4,22 @@ exists in that command's parser; every port in observability.md's table is the c
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kube_vgpu_cli import PARSERS
+from tests.cli_parsers import command_options
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 
-#: command -> (module, parser factory)
-PARSERS = {
-    "kube-vgpu scheduler": ("scheduler.server", "build_parser"),
-    "kube-vgpu webhook": ("webhook.server", "build_parser"),
-    "kube-vgpu device-plugin": ("deviceplugin.main", "parser"),
-    "kube-vgpu dra-plugin": ("deviceplugin.dra.main", "parser"),
-    "kube-vgpu certs": ("certs.main", "build_parser"),
-    "kube-vgpu replay": ("replay.main", "_parser"),
-    "kube-vgpu simulate": ("replay.main", "_parser"),
-    "kubectl vgpu": ("kubectl_vgpu.main", "_parser"),
-}
-
-
-def _options(parser: argparse.ArgumentParser) -> set[str]:
-    out: set[str] = set()
-    for a in parser._actions:
-        out.update(a.option_strings)
-        if isinstance(a, argparse._SubParsersAction):
-            for sub in a.choices.values():
-                out |= _options(sub)
-    return out
-
-
-OPTIONS = {cmd: _options(getattr(importlib.import_module(m), f)()) for cmd, (m, f) in PARSERS.items()}
-OPTIONS["kube-vgpu certs"] |= _options(importlib.import_module("certs.signing_keys").build_parser())
+#: command -> its options (``kube-vgpu certs`` also takes ``signing-keys ensure``'s)
+COMMANDS = [c for c in PARSERS if c != "kube-vgpu certs signing-keys ensure"] + ["kube-vgpu simulate"]
+OPTIONS = {cmd: command_options(cmd) for cmd in COMMANDS}
+OPTIONS["kube-vgpu certs"] |= command_options("kube-vgpu certs signing-keys ensure")
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
