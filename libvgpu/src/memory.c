@@ -220,14 +220,31 @@ int current_device(CUdevice *dev, CUcontext *ctx)
     return *dev >= 0 && *dev <= VGPU_FOREIGN ? 0 : -1;
 }
 
+/* Per container GPU: while a new context's measured cost is charged as the smallest rise (until this
+ * process's pid is learned, see ctx_created), how much more the largest rise is. An allocation must fit
+ * next to it, so that none fits only until the context's own cost is charged. */
+static uint64_t g_ctx_pending[VGPU_MAX_DEV];
+
+/* Reserves bytes, and for the check only, what is pending on dev. */
+static int reserve_with_pending(int dev, uint64_t bytes, uint64_t *used, uint64_t *limit)
+{
+    uint64_t pend = dev >= 0 && dev < VGPU_MAX_DEV ? __atomic_load_n(&g_ctx_pending[dev], __ATOMIC_ACQUIRE) : 0;
+    if (LIKELY(!pend))
+        return region_reserve(dev, bytes, 0, used, limit);
+    if (bytes + pend < bytes || region_reserve(dev, bytes + pend, 0, used, limit) != 0)
+        return -1;
+    region_release(dev, pend);
+    return 0;
+}
+
 static CUresult reserve(int dev, uint64_t bytes, const char *api)
 {
     uint64_t used = 0, limit = 0;
-    if (region_reserve(dev, bytes, 0, &used, &limit) == 0)
+    if (reserve_with_pending(dev, bytes, &used, &limit) == 0)
         return CUDA_SUCCESS;
     if (__atomic_load_n(&g_npools, __ATOMIC_RELAXED)) { /* pools may have released reserve since */
         pools_sync_all();
-        if (region_reserve(dev, bytes, 0, &used, &limit) == 0)
+        if (reserve_with_pending(dev, bytes, &used, &limit) == 0)
             return CUDA_SUCCESS;
     }
     region_count_refusal();
@@ -443,6 +460,12 @@ static void ctx_created(int dev, struct ctx_token *t)
             least = least_rise(dev, after, back);
         else
             g_cm[dev].valid = 0;
+        uint64_t most = 0;
+        for (unsigned i = 0; listed && least != UINT64_MAX && i < g_cm[dev].n; i++)
+            if (g_cm[dev].used[i] != UINT64_MAX && g_cm[dev].used[i] > most)
+                most = g_cm[dev].used[i];
+        if (most > least && cdev >= 0 && cdev < VGPU_MAX_DEV) /* until ctx_settle */
+            __atomic_store_n(&g_ctx_pending[cdev], most - least, __ATOMIC_RELEASE);
         if (least != UINT64_MAX) {
             cost = least; /* per process: no other tenant moves it, however large */
         } else if (t->before >= 0 && used >= 0) {
@@ -498,8 +521,11 @@ static void ctx_settle(int dev, struct ctx_token *t)
                       pid ? "this process's own" : "the largest rise: this process's pid is not known");
     }
     cm->valid = 0; /* settled once */
+    int cdev = vgpu_dev_of_cuda(dev);
+    if (t->measure && cdev >= 0 && cdev < VGPU_MAX_DEV)
+        __atomic_store_n(&g_ctx_pending[cdev], 0, __ATOMIC_RELEASE);
     if (t->reserved) /* reserved for a context that was not created */
-        region_release(vgpu_dev_of_cuda(dev), t->reserved);
+        region_release(cdev, t->reserved);
     t->reserved = 0;
     t->locked = 0;
     pthread_mutex_unlock(&g_cnew[dev]);

@@ -36,6 +36,8 @@
  * PROCESS LISTS come in no documented order; FAKE_NVML_PROCS_REVERSED=1 lists the newest first.
  * FAKE_NVML_EXTRA_PROCS=N lists N more processes (pids 4000001 and up, 64 MiB each: other containers' the
  * caller cannot see) after the node's own.
+ * FAKE_NVML_LIST_GATE=PATH: each process listing says so on stderr and waits (at most 60 s) until PATH
+ * exists, then removes it (one listing per file a test creates).
  * FAKE_NVML_USED_NA=1 reports each process's usedGpuMemory as not available (NVML_VALUE_NOT_AVAILABLE,
  * as drivers do under some virtualisation modes). FAKE_NVML_TWIN=1 plays a perfect mimic: every other
  * process's usedGpuMemory includes the calling process's, so whatever the caller allocates shows on
@@ -643,6 +645,13 @@ static nvmlReturn_t running_procs(nvmlDevice_t d, unsigned int *count, void *out
     if (!out || *count < n + extra) {
         *count = n + extra;
         return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    const char *gate = getenv("FAKE_NVML_LIST_GATE");
+    if (gate && *gate) { /* one listing per appearance of the file: say so, wait for it, take it */
+        static const char msg[] = "fake nvml: listing waits at the gate\n";
+        if (write(2, msg, sizeof msg - 1) >= 0)
+            for (uint64_t end = fg_now_ns() + 60000000000ull; fg_now_ns() < end && unlink(gate) != 0;)
+                fg_sleep_until(fg_now_ns() + 1000000);
     }
     const char *stall = getenv("FAKE_NVML_STALL_ABOVE_MIB");
     for (unsigned k = 0; stall && *stall && k < n; k++) {

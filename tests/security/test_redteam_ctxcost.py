@@ -28,6 +28,7 @@ from tests.security.test_redteam_hostpid_probe import BEFORE, WAIT_S, Node, Proc
 SRC = Path(__file__).resolve().parent / "ctxcost_redteam.c"
 CTX = 300  # MiB a context takes on the fake driver (FAKE_CUDA_CTX_MIB's default)
 GATE = "fake cuda: context creation waits at the gate"
+LIST_GATE = "fake nvml: listing waits at the gate"
 
 
 def _build(out: Path, asan: bool) -> tuple[Toolchain, Path]:
@@ -132,6 +133,52 @@ def test_a_further_context_past_the_limit_is_refused(node: Node, how: str) -> No
     assert t2.cmd(how).startswith("ok"), t2.log()
     assert charged(node) == 2 * CTX * MIB
     t2.close()
+
+
+def test_allocations_while_the_cost_is_settled_fit_next_to_the_largest_rise(any_build: tuple[Toolchain, Path],
+                                                                            tmp_path: Path) -> None:
+    # Until a process knows its NVML pid, its new context is charged the smallest rise in NVML's list
+    # (so that the probe fits), then its own once the pid is learned. Another process of the tenant
+    # allocates 2 MiB while the context comes up (the smallest rise, 2 MiB) and a thread allocates
+    # 900 MiB on that GPU before the pid is learned: both fitted under 1 GiB next to the 2 MiB charged,
+    # and the context's 300 MiB, charged after, put the tenant 200 MiB past its limit for good. Until the
+    # cost is settled, other allocations must fit next to the largest rise.
+    node = Node(any_build, tmp_path, gpus=2)
+    try:
+        gate, lgate = node.tmp / "gate", node.tmp / "lgate"
+        colluder = node.start("colluder", "steps")
+        assert colluder.cmd("ctx 0") == "ok ctx rc=0 i=0"
+        t = tenant(node)
+        # its context on GPU 1 comes up with a perfect mimic's: the pid stays unknown
+        t.cmd("env FAKE_NVML_TWIN 1")
+        t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 2")
+        t.send("ctx 1")
+        t.wait_err(BEFORE, 1)
+        node.neighbour("n1", 1, "hold")
+        assert t.reply() == "ok ctx rc=0 i=0"
+        t.wait_err("could not learn this process's NVML pid")
+        t.cmd("env FAKE_NVML_TWIN 0")
+        t.cmd("env FAKE_CUDA_CTX_RENDEZVOUS 0")
+        # its first context on GPU 0, held in the driver; the colluder's 2 MiB meanwhile
+        t.cmd(f"env FAKE_CUDA_CTX_GATE {gate}")
+        assert t.cmd("bgctx 0") == "ok bgctx"
+        t.wait_err(GATE)
+        assert colluder.cmd(f"alloc {2 * MIB}") == "ok alloc rc=0"
+        t.cmd(f"env FAKE_NVML_LIST_GATE {lgate}")
+        gate.touch()
+        t.wait_err(LIST_GATE, 1)  # the listing that measures the context
+        lgate.touch()
+        t.wait_err(LIST_GATE, 2)  # the learning's listing: the context is charged the smallest rise now
+        reply = t.cmd(f"vmm 0 {900 * MIB}")  # from its context on GPU 1, located on GPU 0
+        lgate.touch()
+        assert t.cmd("join") == "ok join rc=0 i=1"
+        assert reply == "fail vmm rc=2", (reply, t.log())
+        assert charged(node, dev=0) == CTX * MIB, t.log()
+        t.close()
+        whole_log(t)
+        assert learned(t) == [t.pid], t.log()
+    finally:
+        node.stop()
 
 
 def test_a_context_larger_than_2_gib_is_charged(node: Node) -> None:
