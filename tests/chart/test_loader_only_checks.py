@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from kube_vgpu.config import all_keys, config_from_dict
-from kube_vgpu.errors import ConfigError
+from kube_vgpu.config import all_keys
+
+from .test_config_agreement import _loader_error
 
 #: per loader-only check: values its schema pattern lets through, for the loader and helm to judge
 PROBES: dict[str, list[str]] = {
@@ -39,14 +40,6 @@ def _doc(path: str, value: Any) -> dict[str, Any]:
     return {section: {name: value}}
 
 
-def _loader_refuses(doc: dict[str, Any]) -> ConfigError | None:
-    try:
-        config_from_dict(doc)
-    except ConfigError as e:
-        return e
-    return None
-
-
 def test_every_loader_only_check_is_probed() -> None:
     """A new check in kube_vgpu/config.py needs its probes here (and its rule in the chart's
     kube-vgpu.validateConfig)."""
@@ -56,7 +49,7 @@ def test_every_loader_only_check_is_probed() -> None:
 @pytest.mark.parametrize(("path", "value"), [(p, v) for p, vs in PROBES.items() for v in vs])
 def test_chart_and_loader_agree(renderer: Any, path: str, value: str) -> None:
     doc = _doc(path, value)
-    loader_err = _loader_refuses(doc)
+    loader_err = _loader_error(doc)
     # --set-string: a values file written by PyYAML would leave 1e30 unquoted, a number to helm
     r = renderer.template(extra=["--set-string", f"config.{path}={value}"])
     assert "values don't meet the specifications of the schema" not in r.stderr, r.stderr  # a probe the schema passes
@@ -69,7 +62,7 @@ def test_chart_and_loader_agree(renderer: Any, path: str, value: str) -> None:
 
 @pytest.mark.parametrize("value", BAD_OFFSETS)
 def test_offsets_rfc3339_does_not_allow_are_refused_by_both(renderer: Any, value: str) -> None:
-    err = _loader_refuses(_doc("scheduling.adoptUnsignedBefore", value))
+    err = _loader_error(_doc("scheduling.adoptUnsignedBefore", value))
     assert err is not None and err.key == "scheduling.adoptUnsignedBefore", err
     r = renderer.template(extra=["--set-string", f"config.scheduling.adoptUnsignedBefore={value}"])
     assert r.returncode != 0 and "values don't meet the specifications of the schema" in r.stderr, r.stderr
@@ -83,7 +76,7 @@ def test_offsets_rfc3339_does_not_allow_are_refused_by_both(renderer: Any, value
 ])
 def test_resource_names_must_be_distinct(renderer: Any, names: dict[str, str], ok: bool) -> None:
     doc = {"resourceNames": names}
-    assert (_loader_refuses(doc) is None) == ok
+    assert (_loader_error(doc) is None) == ok
     r = renderer.template({"config": doc})
     assert (r.returncode == 0) == ok, r.stderr
     if not ok:
