@@ -7,6 +7,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.fakes import build as fakebuild
 
@@ -92,3 +95,33 @@ def preload_ns_command(tc: Toolchain, work: Path, argv: list[str]) -> list[str]:
         '|| exit 90; exec "$@"'
     )
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", *argv]
+
+
+def program_fixtures(src: Path, stem: str) -> tuple[Any, Any, Any]:
+    """The fixtures ``built``, ``built_asan`` and ``any_build`` of a test module driving the C
+    program ``src`` over the fakes and the shim: each a (toolchain, program) pair, optimised, with
+    AddressSanitizer and UndefinedBehaviorSanitizer (skipped where the toolchain has no libasan; any
+    finding fails the process), and both in turn. ``stem`` names the build directories. Assign them
+    to module names of the same name: ``built, built_asan, any_build = program_fixtures(SRC, "x")``."""
+
+    def build(out: Path, asan: bool) -> tuple[Toolchain, Path]:
+        tc = make_toolchain(out, asan=asan)
+        return tc, fakebuild.build_prog(src, out / src.stem, tc.built.libdir, asan=asan)
+
+    @pytest.fixture(scope="module")
+    def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Toolchain, Path]:
+        return build(tmp_path_factory.mktemp(stem), asan=False)
+
+    @pytest.fixture(scope="module")
+    def built_asan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Toolchain, Path]:
+        try:
+            fakebuild.asan_runtime()
+            return build(tmp_path_factory.mktemp(f"{stem}-asan"), asan=True)
+        except fakebuild.BuildError as exc:  # pragma: no cover - toolchains without libasan
+            pytest.skip(f"AddressSanitizer unavailable: {exc}")
+
+    @pytest.fixture(params=["plain", "asan"])
+    def any_build(request: pytest.FixtureRequest) -> tuple[Toolchain, Path]:
+        return request.getfixturevalue("built" if request.param == "plain" else "built_asan")
+
+    return built, built_asan, any_build

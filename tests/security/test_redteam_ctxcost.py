@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 from kube_vgpu.shimregion import read_region
-from tests.fakes import build as fakebuild
-from tests.libvgpu.shim_helpers import GIB, MIB, Toolchain, make_toolchain
+from tests.libvgpu.shim_helpers import GIB, MIB, Toolchain, program_fixtures
 from tests.security.test_redteam_hostpid_probe import BEFORE, WAIT_S, Node, Proc, learned
 
 SRC = Path(__file__).resolve().parent / "ctxcost_redteam.c"
@@ -31,31 +30,7 @@ GATE = "fake cuda: context creation waits at the gate"
 LIST_GATE = "fake nvml: listing waits at the gate"
 
 
-def _build(out: Path, asan: bool) -> tuple[Toolchain, Path]:
-    tc = make_toolchain(out, asan=asan)
-    prog = fakebuild.build_prog(SRC, out / "ctxcost_redteam", tc.built.libdir, asan=asan)
-    return tc, prog
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Toolchain, Path]:
-    """Fakes, shim and the red-team program, optimised build."""
-    return _build(tmp_path_factory.mktemp("ctxcost"), asan=False)
-
-
-@pytest.fixture(scope="module")
-def built_asan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Toolchain, Path]:
-    """The same with AddressSanitizer and UndefinedBehaviorSanitizer (any finding fails the process)."""
-    try:
-        fakebuild.asan_runtime()
-        return _build(tmp_path_factory.mktemp("ctxcost-asan"), asan=True)
-    except fakebuild.BuildError as exc:  # pragma: no cover - toolchains without libasan
-        pytest.skip(f"AddressSanitizer unavailable: {exc}")
-
-
-@pytest.fixture(params=["plain", "asan"])
-def any_build(request: pytest.FixtureRequest) -> tuple[Toolchain, Path]:
-    return request.getfixturevalue("built" if request.param == "plain" else "built_asan")
+built, built_asan, any_build = program_fixtures(SRC, "ctxcost")
 
 
 @pytest.fixture

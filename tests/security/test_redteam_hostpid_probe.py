@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import build as fakebuild
-from tests.libvgpu.shim_helpers import MIB, Toolchain, make_toolchain
+from tests.libvgpu.shim_helpers import MIB, Toolchain, program_fixtures
 
 SRC = Path(__file__).resolve().parent / "hostpid_redteam.c"
 BEFORE = "processes on the device before this process's first context"
@@ -31,31 +30,7 @@ LEARNED = re.compile(r"NVML reports this process as pid (\d+)")
 WAIT_S = 60  # a bound for a hung process, never a timing assumption: every wait is for an event
 
 
-def _build(out: Path, asan: bool) -> tuple[Toolchain, Path]:
-    tc = make_toolchain(out, asan=asan)
-    prog = fakebuild.build_prog(SRC, out / "hostpid_redteam", tc.built.libdir, asan=asan)
-    return tc, prog
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Toolchain, Path]:
-    """Fakes, shim and the red-team program, optimised build."""
-    return _build(tmp_path_factory.mktemp("hp-redteam"), asan=False)
-
-
-@pytest.fixture(scope="module")
-def built_asan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Toolchain, Path]:
-    """The same with AddressSanitizer and UndefinedBehaviorSanitizer (any finding fails the process)."""
-    try:
-        fakebuild.asan_runtime()
-        return _build(tmp_path_factory.mktemp("hp-redteam-asan"), asan=True)
-    except fakebuild.BuildError as exc:  # pragma: no cover - toolchains without libasan
-        pytest.skip(f"AddressSanitizer unavailable: {exc}")
-
-
-@pytest.fixture(params=["plain", "asan"])
-def any_build(request: pytest.FixtureRequest) -> tuple[Toolchain, Path]:
-    return request.getfixturevalue("built" if request.param == "plain" else "built_asan")
+built, built_asan, any_build = program_fixtures(SRC, "hp-redteam")
 
 
 class Proc:
