@@ -38,8 +38,8 @@
 
 #include "cuda_abi.h"
 #include "nvml_abi.h"
+#include "redteam.h"
 
-CUresult cuInit(unsigned int);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
@@ -50,7 +50,6 @@ CUresult cuCtxCreate_v4(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice
 CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
 
@@ -212,9 +211,7 @@ static int steps(void)
                 ;
             printf("ok fork exited=%d status=%d\n", WIFEXITED(st), WIFEXITED(st) ? WEXITSTATUS(st) : -1);
         } else if (!strcmp(cmd, "meminfo")) {
-            size_t fr = 0, tot = 0;
-            CUresult rc = cuMemGetInfo_v2(&fr, &tot);
-            printf("%s meminfo rc=%d used=%zu total=%zu\n", rc ? "fail" : "ok", rc, tot - fr, tot);
+            rt_meminfo();
         } else if (!strcmp(cmd, "own")) {
             printf("ok own bytes=%lld\n", own_used(atoi(a)));
         } else {
@@ -226,11 +223,8 @@ static int steps(void)
 
 int main(int argc, char **argv)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    if (cuInit(0) != CUDA_SUCCESS) {
-        printf("fail cuInit\n");
+    if (rt_start() != 0)
         return 2;
-    }
     if (argc >= 3 && !strcmp(argv[1], "hold"))
         return hold(atoi(argv[2]), argc >= 4 ? strtoull(argv[3], NULL, 10) : 0);
     if (argc >= 2 && !strcmp(argv[1], "steps"))

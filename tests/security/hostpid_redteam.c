@@ -41,8 +41,8 @@
 
 #include "cuda_abi.h"
 #include "nvml_abi.h"
+#include "redteam.h"
 
-CUresult cuInit(unsigned int);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 CUresult cuCtxGetCurrent(CUcontext *);
@@ -50,7 +50,6 @@ CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxPopCurrent_v2(CUcontext *);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
 
 #define MAXT 64
 
@@ -263,9 +262,7 @@ static int steps(void)
             printf("ok fork exited=%d status=%d signal=%d\n", WIFEXITED(st), WIFEXITED(st) ? WEXITSTATUS(st) : -1,
                    WIFSIGNALED(st) ? WTERMSIG(st) : 0);
         } else if (!strcmp(cmd, "meminfo")) {
-            size_t fr = 0, tot = 0;
-            CUresult rc = cuMemGetInfo_v2(&fr, &tot);
-            printf("%s meminfo rc=%d used=%zu total=%zu\n", rc ? "fail" : "ok", rc, tot - fr, tot);
+            rt_meminfo();
         } else if (!strcmp(cmd, "peak")) {
             typedef unsigned long long (*peak_fn)(int);
             peak_fn f = (peak_fn)dlsym(RTLD_DEFAULT, "fake_cuda_debug_peak_bytes");
@@ -279,11 +276,8 @@ static int steps(void)
 
 int main(int argc, char **argv)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    if (cuInit(0) != CUDA_SUCCESS) {
-        printf("fail cuInit\n");
+    if (rt_start() != 0)
         return 2;
-    }
     if (argc >= 3 && !strcmp(argv[1], "hold"))
         return hold(atoi(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "mimic"))
