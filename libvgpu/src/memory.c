@@ -225,26 +225,27 @@ int current_device(CUdevice *dev, CUcontext *ctx)
  * next to it, so that none fits only until the context's own cost is charged. */
 static uint64_t g_ctx_pending[VGPU_MAX_DEV];
 
-/* Reserves bytes, and for the check only, what is pending on dev. */
-static int reserve_with_pending(int dev, uint64_t bytes, uint64_t *used, uint64_t *limit)
+/* Reserves bytes, and for the check only, what is pending on dev (force: see region_reserve). */
+static int reserve_with_pending(int dev, uint64_t bytes, int force, uint64_t *used, uint64_t *limit)
 {
     uint64_t pend = dev >= 0 && dev < VGPU_MAX_DEV ? __atomic_load_n(&g_ctx_pending[dev], __ATOMIC_ACQUIRE) : 0;
     if (LIKELY(!pend))
-        return region_reserve(dev, bytes, 0, used, limit);
-    if (bytes + pend < bytes || region_reserve(dev, bytes + pend, 0, used, limit) != 0)
+        return region_reserve(dev, bytes, force, used, limit);
+    if (bytes + pend < bytes || region_reserve(dev, bytes + pend, force, used, limit) != 0)
         return -1;
     region_release(dev, pend);
     return 0;
 }
 
-static CUresult reserve(int dev, uint64_t bytes, const char *api)
+/* force 2: let through also when nothing is charged on dev (a process's first context, see ctx_before) */
+static CUresult reserve_as(int dev, uint64_t bytes, const char *api, int force)
 {
     uint64_t used = 0, limit = 0;
-    if (reserve_with_pending(dev, bytes, &used, &limit) == 0)
+    if (reserve_with_pending(dev, bytes, force, &used, &limit) == 0)
         return CUDA_SUCCESS;
     if (__atomic_load_n(&g_npools, __ATOMIC_RELAXED)) { /* pools may have released reserve since */
         pools_sync_all();
-        if (reserve_with_pending(dev, bytes, &used, &limit) == 0)
+        if (reserve_with_pending(dev, bytes, force, &used, &limit) == 0)
             return CUDA_SUCCESS;
     }
     region_count_refusal();
@@ -267,6 +268,11 @@ static CUresult reserve(int dev, uint64_t bytes, const char *api)
                  "refusals not logged in the last second)", api, dev, (unsigned long long)bytes,
                  (unsigned long long)used, (unsigned long long)limit, (unsigned long long)skipped);
     return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult reserve(int dev, uint64_t bytes, const char *api)
+{
+    return reserve_as(dev, bytes, api, 0);
 }
 
 /* Common tail of every allocation: roll back on driver failure, record on success. */
@@ -398,10 +404,17 @@ static struct ctx_token ctx_before(int dev, const char *api)
     t.measure = !g_ctx_unit[dev] && vgpu_cfg->context_cost < 0;
     uint64_t unit = g_ctx_unit[dev];
     pthread_mutex_unlock(&g_cmu);
-    /* a cost known before the creation (the process's later contexts there) must fit under the limit:
-     * reserved now, refused like an allocation. The first is charged after it exists, whatever it costs. */
+    /* a cost known before the creation must fit under the limit: reserved now, refused like an
+     * allocation. For the process's later contexts there, its own cost; for its first, the cost another
+     * process of the container measured (region_ctx_cost), let through when nothing is charged on the
+     * GPU (a limit below one context). Else the first is charged after it exists, whatever it costs. */
+    int force = 0;
+    if (!unit && t.measure && cdev != VGPU_FOREIGN) {
+        unit = region_ctx_cost();
+        force = 2;
+    }
     if (unit) {
-        if (reserve(cdev, unit, api) != CUDA_SUCCESS)
+        if (reserve_as(cdev, unit, api, force) != CUDA_SUCCESS)
             t.refused = 1;
         else
             t.reserved = unit;
@@ -479,6 +492,8 @@ static void ctx_created(int dev, struct ctx_token *t)
     pthread_mutex_lock(&g_cmu);
     g_ctx_count[dev]++;
     g_ctx_charged[dev] += t->reserved; /* what was reserved for it is part of the charge now */
+    if (!cost && !g_ctx_unit[dev]) /* not measured: the container's cost it was reserved at, if any */
+        cost = t->reserved;
     t->reserved = 0;
     if (cost && !g_ctx_unit[dev])
         g_ctx_unit[dev] = cost;
@@ -519,6 +534,8 @@ static void ctx_settle(int dev, struct ctx_token *t)
         if (settle)
             LOG_DEBUG("device %d: context costs %llu bytes (%s)", dev, (unsigned long long)rise,
                       pid ? "this process's own" : "the largest rise: this process's pid is not known");
+        if (pid && own) /* its own rise: what every process of the container reserves for its first */
+            region_note_ctx_cost(own);
     }
     cm->valid = 0; /* settled once */
     int cdev = vgpu_dev_of_cuda(dev);
@@ -555,6 +572,7 @@ static void ctx_after_fork_child(void)
     memset(g_ctx_count, 0, sizeof g_ctx_count);
     memset(g_ctx_unit, 0, sizeof g_ctx_unit);
     memset(g_ctx_charged, 0, sizeof g_ctx_charged);
+    memset(g_ctx_pending, 0, sizeof g_ctx_pending); /* a measurement another thread was making */
     for (int d = 0; d < VGPU_MAX_DEV; d++)
         g_cm[d].valid = 0;
 }
@@ -652,45 +670,62 @@ EXPORT CUresult cuCtxDestroy(CUcontext ctx)
     return ctx_destroy(real_cuCtxDestroy, ctx);
 }
 
+/* Whether a retain creates the primary context is decided under g_cnew[dev], which every release and
+ * reset of it on dev holds across the driver's call: a retain that finds it retained adds a reference
+ * at no cost (never refused, however full the limit), and one that finds it not retained is a context
+ * creation (ctx_before: reserved when its cost is known, refused past the limit). A retain that waited
+ * in ctx_before while another thread created the primary context finds it retained and is not refused.
+ * Lock order: the host-pid learning's lock, g_cnew[dev], g_cmu (ctx_before takes the first two, so a
+ * retain gives g_cnew[dev] up before it). */
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuDevicePrimaryCtxRetain);
+    if (!vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
+        return real_cuDevicePrimaryCtxRetain(pctx, dev);
     struct ctx_token t = {0, 0, 0, -1, 0, 0, 0};
-    int track = vgpu_cfg->enabled && dev >= 0 && dev < VGPU_MAX_DEV;
-    if (track) {
+    pthread_mutex_lock(&g_cnew[dev]);
+    pthread_mutex_lock(&g_cmu);
+    int first = g_primary_refs[dev] == 0;
+    pthread_mutex_unlock(&g_cmu);
+    if (first) {
+        pthread_mutex_unlock(&g_cnew[dev]);
+        t = ctx_before(dev, "cuDevicePrimaryCtxRetain"); /* holds g_cnew[dev] again (t.locked) */
         pthread_mutex_lock(&g_cmu);
-        int first = g_primary_refs[dev] == 0;
+        first = g_primary_refs[dev] == 0; /* another thread may have retained it meanwhile */
         pthread_mutex_unlock(&g_cmu);
-        if (first)
-            t = ctx_before(dev, "cuDevicePrimaryCtxRetain");
-        if (t.refused)
+        if (t.refused && first)
             return ctx_refused(dev, &t);
+        t.refused = 0; /* retained already: what ctx_before reserved goes back in ctx_settle */
     }
     CUresult rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
-    if (rc == CUDA_SUCCESS && track && pctx) {
+    if (rc == CUDA_SUCCESS && pctx) {
         pthread_mutex_lock(&g_cmu);
-        int first = g_primary_refs[dev]++ == 0;
+        first = g_primary_refs[dev]++ == 0;
         g_primary_ctx[dev] = *pctx;
         pthread_mutex_unlock(&g_cmu);
         if (first)
             ctx_created(dev, &t);
     }
+    if (!t.locked) { /* a reference to a retained context: no creation, no learning */
+        pthread_mutex_unlock(&g_cnew[dev]);
+        return rc;
+    }
     hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL); /* after the charge */
-    if (track)
-        ctx_settle(dev, &t);
+    ctx_settle(dev, &t);
     return rc;
 }
 
 static CUresult primary_release(cuDevicePrimaryCtxRelease_v2_fn fn, CUdevice dev, int reset)
 {
+    if (!vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
+        return fn(dev);
+    pthread_mutex_lock(&g_cnew[dev]); /* see cuDevicePrimaryCtxRetain */
     CUresult rc = fn(dev);
-    if (rc != CUDA_SUCCESS || !vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
-        return rc;
     CUcontext ctx = NULL;
     int gone = 0;
     pthread_mutex_lock(&g_cmu);
-    if (g_primary_refs[dev] > 0) {
+    if (rc == CUDA_SUCCESS && g_primary_refs[dev] > 0) {
         if (reset)
             g_primary_refs[dev] = 0;
         else
@@ -701,8 +736,9 @@ static CUresult primary_release(cuDevicePrimaryCtxRelease_v2_fn fn, CUdevice dev
             g_primary_ctx[dev] = NULL;
     }
     pthread_mutex_unlock(&g_cmu);
-    if (gone && ctx)
+    if (gone && ctx) /* before a retain can create it anew (the driver may hand out the same handle) */
         ctx_gone(dev, ctx);
+    pthread_mutex_unlock(&g_cnew[dev]);
     return rc;
 }
 

@@ -788,7 +788,7 @@ int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint6
     for (;;) {
         rlock();
         ensure_slot_locked();
-        int over = !force && limited && (g_reg->used[dev] + bytes > lim || g_reg->used[dev] + bytes < bytes);
+        int over = force != 1 && limited && (g_reg->used[dev] + bytes > lim || g_reg->used[dev] + bytes < bytes);
         if (over && g_shared) {
             /* over the limit: dead processes may still hold usage; look at most every 50 ms */
             static uint64_t last_reap;
@@ -799,6 +799,8 @@ int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint6
             }
             over = g_reg->used[dev] + bytes > lim || g_reg->used[dev] + bytes < bytes;
         }
+        if (over && force == 2 && !g_reg->used[dev]) /* nothing charged on dev: it is let through */
+            over = 0;
         if (UNLIKELY(g_shared && g_map_lost)) { /* the file shrank during this operation: heal, then redo it */
             runlock();
             heal(lost_reason());
@@ -822,6 +824,27 @@ int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint6
     runlock();
     pthread_mutex_unlock(&g_pmu);
     return 0;
+}
+
+/* Lock-free: the largest context cost a process of the container has measured (0: none yet, or the
+ * header was rewritten since); a process's first context on a GPU is reserved at it (memory.c). */
+uint64_t region_ctx_cost(void)
+{
+    struct vgpu_region *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);
+    return r ? __atomic_load_n(&r->ctx_cost, __ATOMIC_RELAXED) : 0;
+}
+
+/* Raises the container's context cost to bytes (it never falls: a process cannot lower what another
+ * measured). */
+void region_note_ctx_cost(uint64_t bytes)
+{
+    struct vgpu_region *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);
+    if (!r)
+        return;
+    uint64_t cur = __atomic_load_n(&r->ctx_cost, __ATOMIC_RELAXED);
+    while (cur < bytes && !__atomic_compare_exchange_n(&r->ctx_cost, &cur, bytes, 0, __ATOMIC_RELAXED,
+                                                       __ATOMIC_RELAXED))
+        ;
 }
 
 /* Counted without the lock: a monitor reads it as a counter (kube_vgpu.shimregion). */

@@ -42,7 +42,9 @@ struct vgpu_region {
     } lock;
     uint64_t recoveries;                 /* 408 times a dead lock owner was recovered */
     uint64_t oom_refusals;               /* 416 allocations and limits refused past the limit, all devices */
-    uint64_t reserved[6];                /* 424 */
+    uint64_t ctx_cost;                   /* 424 the largest context cost a process of the container measured
+                                            with its own pid known, any GPU (bytes, 0 = none yet) */
+    uint64_t reserved[5];                /* 432 */
     struct vgpu_slot slots[VGPU_REGION_SLOTS]; /* 472 */
 };
 

@@ -270,6 +270,9 @@ static CUresult charge(int dev, uint64_t size)
 {
     CUresult rc = CUDA_SUCCESS;
     fg_lock(g_st);
+    /* the memory of processes that have exited is free, as the driver frees it at their exit */
+    if (size <= dev_total(dev) && g_st->dev[dev].used > dev_total(dev) - size)
+        fg_reap_locked(g_st);
     /* larger than the device, or more than is free: refuse (no wrap-around of the counter) */
     if (size > dev_total(dev) || g_st->dev[dev].used > dev_total(dev) - size) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
