@@ -199,3 +199,30 @@ def test_a_process_alone_under_a_limit_below_a_context_still_gets_its_first_cont
     assert t2.cmd("ctx 0") == "ok ctx rc=0 i=0"
     assert charged(node) == CTX * MIB
     t2.close()
+
+
+def test_retains_and_releases_waiting_on_a_first_creation_neither_hang_nor_leak(node: Node) -> None:
+    # The process's first context is in the driver, holding the host-pid learning's lock and the GPU's
+    # creation lock, while one thread retains the primary context there (it waits for the learning) and
+    # another releases it (it waits for the creation lock). Once the creation ends every call returns
+    # (no lock order inversion), and what is charged is exactly the contexts left: the release either
+    # came first (nothing to release) or dropped the retained primary context.
+    t = tenant(node, limit="2g")
+    t.cmd(f"env FAKE_CUDA_CTX_GATE {node.tmp / 'gate'}")
+    assert t.cmd("bg 0 ctx 0") == "ok bg"
+    t.wait_err(GATE)
+    assert t.cmd("bg 1 primary 0") == "ok bg"
+    assert t.cmd("blocked 1") == "ok blocked"
+    assert t.cmd("bg 2 release 0") == "ok bg"
+    assert t.cmd("blocked 2") == "ok blocked"
+    (node.tmp / "gate").touch()
+    assert t.cmd("join 0") == "ok join rc=0 i=0", t.log()
+    assert t.cmd("join 1") == "ok join rc=0 i=-1", t.log()
+    released = t.cmd("join 2").startswith("ok")
+    assert charged(node) == (1 if released else 2) * CTX * MIB, t.log()
+    if not released:
+        assert t.cmd("release 0") == "ok release rc=0"
+    assert charged(node) == CTX * MIB
+    assert t.cmd("destroy 0") == "ok destroy rc=0"
+    assert charged(node) == 0
+    t.close()
