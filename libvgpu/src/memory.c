@@ -410,7 +410,7 @@ static struct ctx_token ctx_before(int dev, const char *api)
      * GPU (a limit below one context). Else the first is charged after it exists, whatever it costs. */
     int force = 0;
     if (!unit && t.measure && cdev != VGPU_FOREIGN) {
-        unit = region_ctx_cost();
+        unit = region_ctx_cost(cdev);
         force = 2;
     }
     if (unit) {
@@ -535,7 +535,7 @@ static void ctx_settle(int dev, struct ctx_token *t)
             LOG_DEBUG("device %d: context costs %llu bytes (%s)", dev, (unsigned long long)rise,
                       pid ? "this process's own" : "the largest rise: this process's pid is not known");
         if (pid && own) /* its own rise: what every process of the container reserves for its first */
-            region_note_ctx_cost(own);
+            region_note_ctx_cost(vgpu_dev_of_cuda(dev), own);
     }
     cm->valid = 0; /* settled once */
     int cdev = vgpu_dev_of_cuda(dev);

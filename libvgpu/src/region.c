@@ -181,11 +181,12 @@ static int slot_take_lock(int i)
     return fcntl(g_lock_fd, F_OFD_SETLK, &fl);
 }
 
-static int slot_dead(const struct vgpu_slot *s)
+/* Slot i of r (r need not be g_reg yet: region_open asks before it is). */
+static int slot_dead_at(const struct vgpu_region *r, int i)
 {
+    const struct vgpu_slot *s = &r->slots[i];
     if (s->pid <= 0)
         return 0;
-    int i = (int)(s - g_reg->slots);
     if (!g_proc_dev || s->reserved[0] != g_proc_dev)
         return s->reserved[0] && !slot_lock_held(i); /* pids of another /proc: only the lock tells */
     char st;
@@ -195,6 +196,11 @@ static int slot_dead(const struct vgpu_slot *s)
     if (st == 'Z' || st == 'X')
         return 1;
     return s->start_time && start != s->start_time;
+}
+
+static int slot_dead(const struct vgpu_slot *s)
+{
+    return slot_dead_at(g_reg, (int)(s - g_reg->slots));
 }
 
 /* Strict: the process exists, is not a zombie, and its start time is exactly the recorded one
@@ -302,7 +308,7 @@ static int live_slots(struct vgpu_region *r)
 {
     int n = 0;
     for (int i = 0; i < VGPU_REGION_SLOTS; i++)
-        if (r->slots[i].pid && !slot_dead(&r->slots[i]))
+        if (r->slots[i].pid && !slot_dead_at(r, i))
             n++;
     return n;
 }
@@ -688,6 +694,13 @@ int region_open(void)
             return -1;
         }
     }
+    if (!fresh && layout_ok(r) && live_slots(r) == 0) {
+        /* no process of the container is alive (a restarted container reusing the file, maybe on another
+         * driver): the context costs measured then are not this one's. Nothing is charged either, so a
+         * first context is let through and measured anew. */
+        for (int d = 0; d < VGPU_REGION_DEVS; d++)
+            __atomic_store_n(&r->ctx_cost_mib[d], 0, __ATOMIC_RELAXED);
+    }
     if (g_map_lost) { /* shrunk again while we initialised it */
         LOG_WARN("%s was truncated while being opened; accounting is per process", path);
         flock(fd, LOCK_UN);
@@ -826,24 +839,30 @@ int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint6
     return 0;
 }
 
-/* Lock-free: the largest context cost a process of the container has measured (0: none yet, or the
- * header was rewritten since); a process's first context on a GPU is reserved at it (memory.c). */
-uint64_t region_ctx_cost(void)
+/* Lock-free: the largest context cost a process of the container has measured on container GPU dev
+ * (bytes, rounded up to a MiB; 0: none yet, or the header was rewritten, or no process of the container
+ * was alive when one opened the file); a process's first context there is reserved at it (memory.c).
+ * Per GPU: GPUs of different models in one container have different context costs. */
+uint64_t region_ctx_cost(int dev)
 {
     struct vgpu_region *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);
-    return r ? __atomic_load_n(&r->ctx_cost, __ATOMIC_RELAXED) : 0;
+    if (!r || dev < 0 || dev >= VGPU_REGION_DEVS)
+        return 0;
+    return (uint64_t)__atomic_load_n(&r->ctx_cost_mib[dev], __ATOMIC_RELAXED) << 20;
 }
 
-/* Raises the container's context cost to bytes (it never falls: a process cannot lower what another
- * measured). */
-void region_note_ctx_cost(uint64_t bytes)
+/* Raises the container's context cost on dev to bytes (it never falls while a process of the container
+ * is alive: a process cannot lower what another measured). */
+void region_note_ctx_cost(int dev, uint64_t bytes)
 {
     struct vgpu_region *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);
-    if (!r)
+    if (!r || dev < 0 || dev >= VGPU_REGION_DEVS || !bytes)
         return;
-    uint64_t cur = __atomic_load_n(&r->ctx_cost, __ATOMIC_RELAXED);
-    while (cur < bytes && !__atomic_compare_exchange_n(&r->ctx_cost, &cur, bytes, 0, __ATOMIC_RELAXED,
-                                                       __ATOMIC_RELAXED))
+    uint64_t mib = (bytes >> 20) + ((bytes & ((1u << 20) - 1)) != 0);
+    uint16_t want = mib > UINT16_MAX ? UINT16_MAX : (uint16_t)mib;
+    uint16_t cur = __atomic_load_n(&r->ctx_cost_mib[dev], __ATOMIC_RELAXED);
+    while (cur < want && !__atomic_compare_exchange_n(&r->ctx_cost_mib[dev], &cur, want, 0, __ATOMIC_RELAXED,
+                                                      __ATOMIC_RELAXED))
         ;
 }
 

@@ -42,14 +42,18 @@ struct vgpu_region {
     } lock;
     uint64_t recoveries;                 /* 408 times a dead lock owner was recovered */
     uint64_t oom_refusals;               /* 416 allocations and limits refused past the limit, all devices */
-    uint64_t ctx_cost;                   /* 424 the largest context cost a process of the container measured
-                                            with its own pid known, any GPU (bytes, 0 = none yet) */
-    uint64_t reserved[5];                /* 432 */
+    uint64_t ctx_cost_any;               /* 424 not read (an earlier shim kept one cost for all GPUs here) */
+    uint16_t ctx_cost_mib[VGPU_REGION_DEVS]; /* 432 per container GPU: the largest context cost a process of
+                                            the container measured there with its own pid known (MiB, rounded
+                                            up; 0 = none yet); cleared when a process opens the file and no
+                                            process of the container is alive */
+    uint64_t reserved[1];                /* 464 */
     struct vgpu_slot slots[VGPU_REGION_SLOTS]; /* 472 */
 };
 
 _Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex fits");
 _Static_assert(__builtin_offsetof(struct vgpu_region, lock) == 344, "layout");
+_Static_assert(__builtin_offsetof(struct vgpu_region, ctx_cost_mib) == 432, "layout");
 _Static_assert(__builtin_offsetof(struct vgpu_region, slots) == 472, "layout");
 _Static_assert(sizeof(struct vgpu_slot) == 176, "layout");
 

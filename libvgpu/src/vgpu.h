@@ -109,8 +109,8 @@ int region_open(void);
 /* Reserve bytes on dev. force: never fails. Returns 0, or -1 when the limit would be exceeded
  * (then *used_out / *limit_out tell why). */
 int region_reserve(int dev, uint64_t bytes, int force, uint64_t *used_out, uint64_t *limit_out);
-uint64_t region_ctx_cost(void);
-void region_note_ctx_cost(uint64_t bytes);
+uint64_t region_ctx_cost(int dev);
+void region_note_ctx_cost(int dev, uint64_t bytes);
 void region_release(int dev, uint64_t bytes);
 void region_count_refusal(void); /* one more refusal past the limit, for the node's metrics */
 uint64_t region_used(int dev);

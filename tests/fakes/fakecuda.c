@@ -40,7 +40,7 @@ static struct fg_config g_cfg;
 static struct fg_state *g_st;
 static uint64_t g_ns_per_block = 1000;
 static uint64_t g_ns_per_launch = 0;
-static uint64_t g_ctx_bytes = 300 * MIB;
+static uint64_t g_ctx_bytes[FG_MAX_DEV]; /* per GPU (config index): FAKE_CUDA_CTX_MIB */
 static uint64_t g_max_queue_ns = 5000000;
 static uint64_t g_next_addr = 0x7f0000000000ull;
 
@@ -398,7 +398,7 @@ static struct fctx *ctx_new(int dev, int primary)
     c->primary = primary;
     c->refs = 1;
     pthread_mutex_unlock(&g_mu);
-    if (charge(dev, g_ctx_bytes) != CUDA_SUCCESS) {
+    if (charge(dev, g_ctx_bytes[dev]) != CUDA_SUCCESS) {
         c->used = 0;
         return NULL;
     }
@@ -431,7 +431,7 @@ static void ctx_free(struct fctx *c)
         if (g_stream[i].used && g_stream[i].ctx == c)
             g_stream[i].used = 0;
     pthread_mutex_unlock(&g_mu);
-    uncharge(c->dev, freed + g_ctx_bytes);
+    uncharge(c->dev, freed + g_ctx_bytes[c->dev]);
 }
 
 static struct fstream *stream_of(CUstream s)
@@ -501,7 +501,18 @@ EXPORT CUresult cuInit(unsigned int flags)
         }
         g_ns_per_block = env_u64("FAKE_CUDA_NS_PER_BLOCK", 1000);
         g_ns_per_launch = env_u64("FAKE_CUDA_NS_PER_LAUNCH", 0);
-        g_ctx_bytes = env_u64("FAKE_CUDA_CTX_MIB", 300) * MIB;
+        /* one value for every GPU, or a comma-separated list, one per GPU index (the last repeats):
+         * GPUs of different models have different context costs */
+        const char *cm = getenv("FAKE_CUDA_CTX_MIB");
+        uint64_t mib = 300;
+        for (int d = 0; d < FG_MAX_DEV; d++) {
+            if (cm && *cm) {
+                mib = strtoull(cm, NULL, 10);
+                cm = strchr(cm, ',');
+                cm = cm ? cm + 1 : NULL;
+            }
+            g_ctx_bytes[d] = mib * MIB;
+        }
         g_max_queue_ns = env_u64("FAKE_CUDA_MAX_QUEUE_US", 5000) * 1000;
         __atomic_store_n(&g_inited, 1, __ATOMIC_RELEASE);
     }
