@@ -6,7 +6,8 @@ These tests play a legitimate user with GPUs of different models in one containe
 differently) and a container restarted on the same accounting file after a driver change, who must not
 be refused a context that fits; and a neighbour container on the same GPU that tries to raise the cost
 the victim's processes reserve (it allocates while the victim's first context comes up, and an NVML
-twin hides the victim's pid), on the fake driver and NVML (tests/fakes), with the plain and the
+twin hides the victim's pid), and a program that releases the primary context in an atexit handler
+while another thread creates a context, on the fake driver and NVML (tests/fakes), with the plain and the
 sanitised builds. Each process waits for events (the fake's gate message), never for time.
 """
 
@@ -22,7 +23,7 @@ from kube_vgpu.shimregion import read_region
 from tests.libvgpu.shim_helpers import MIB, Toolchain, program_fixtures
 from tests.security.test_redteam_hostpid_probe import Node, Proc
 
-SRC = Path(__file__).resolve().parent / "ctxcost2_redteam.c"  # the second round's driver serves here too
+SRC = Path(__file__).resolve().parent / "ctxcost3_redteam.c"
 GATE = "fake cuda: context creation waits at the gate"
 CTX_COST_MIB = struct.Struct("<16H")  # the header's ctx_cost_mib, at 432 (libvgpu/src/region.h)
 CTX_COST_OFFSET = 432
@@ -162,4 +163,26 @@ def test_a_process_killed_inside_its_first_context_creation_leaves_no_reservatio
     assert charged(node) == 1000 * MIB
     later.close()
     first.close()
+    assert charged(node) == 0
+
+
+def test_a_primary_release_in_an_atexit_handler_waits_for_a_creation_and_the_process_exits(node: Node) -> None:
+    # The program exits while another thread is inside a context creation (the GPU's creation lock
+    # held, the driver at the fake's gate), and its atexit handler releases the primary context, which
+    # takes that lock: it must wait for the creation, not deadlock with it, and leave no charge behind.
+    gate = node.tmp / "gate"
+    p = node.start("tenant", "atexit", "0", str(gate), CUDA_DEVICE_MEMORY_LIMIT="1g")
+    assert p.reply() == "ready", p.log()
+    p.wait_err(GATE)
+    p.send("go")
+    assert p.reply() == "atexit release", p.log()
+    gate.touch()
+    assert p.reply() == "atexit released rc=0", p.log()
+    assert p.reply() == "atexit done rc=0", p.log()
+    assert p.p.wait() == 0, p.log()
+    later = tenant(node, "1g")  # the exited process's charge is reclaimed: a whole limit's context fits
+    assert later.cmd("ctx 0") == "ok ctx rc=0 i=0", later.log()
+    assert later.cmd(f"alloc {700 * MIB}") == "ok alloc rc=0", later.log()
+    assert charged(node) == 1000 * MIB
+    later.close()
     assert charged(node) == 0
