@@ -15,7 +15,6 @@ accounting file).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,14 +30,6 @@ LIST_GATE = "fake nvml: listing waits at the gate"
 
 
 built, built_asan, any_build = program_fixtures(SRC, "ctxcost")
-
-
-@pytest.fixture
-def node(any_build: tuple[Toolchain, Path], tmp_path: Path) -> Iterator[Node]:
-    """A one-GPU node, with the plain and with the sanitised build."""
-    n = Node(any_build, tmp_path)
-    yield n
-    n.stop()
 
 
 def tenant(node: Node, limit: str = "1g", **env: str) -> Proc:

@@ -13,7 +13,6 @@ process waits for events (the fake's gate message, a thread asleep on a lock), n
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +27,6 @@ GATE = "fake cuda: context creation waits at the gate"
 
 
 built, built_asan, any_build = program_fixtures(SRC, "ctxcost2")
-
-
-@pytest.fixture
-def node(any_build: tuple[Toolchain, Path], tmp_path: Path) -> Iterator[Node]:
-    """A one-GPU node, with the plain and with the sanitised build."""
-    n = Node(any_build, tmp_path)
-    yield n
-    n.stop()
 
 
 def tenant(node: Node, limit: str = "1g", name: str = "tenant", **env: str) -> Proc:

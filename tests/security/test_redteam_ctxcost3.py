@@ -33,14 +33,6 @@ built, built_asan, any_build = program_fixtures(SRC, "ctxcost3")
 
 
 @pytest.fixture
-def node(any_build: tuple[Toolchain, Path], tmp_path: Path) -> Iterator[Node]:
-    """A one-GPU node, with the plain and with the sanitised build."""
-    n = Node(any_build, tmp_path)
-    yield n
-    n.stop()
-
-
-@pytest.fixture
 def node2(any_build: tuple[Toolchain, Path], tmp_path: Path) -> Iterator[Node]:
     """A two-GPU node, with the plain and with the sanitised build."""
     n = Node(any_build, tmp_path, gpus=2)

@@ -17,7 +17,6 @@ import queue
 import re
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -135,14 +134,6 @@ class Node:
                 except subprocess.TimeoutExpired:  # a hung process: the test has failed already
                     p.p.kill()
                     p.p.wait()
-
-
-@pytest.fixture
-def node(any_build: tuple[Toolchain, Path], tmp_path: Path) -> Iterator[Node]:
-    """A one-GPU node, with the plain and with the sanitised build."""
-    n = Node(any_build, tmp_path)
-    yield n
-    n.stop()
 
 
 def learned(p: Proc) -> list[int]:
