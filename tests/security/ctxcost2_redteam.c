@@ -48,11 +48,8 @@ CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 
-#define MAXC 256
 #define MAXT 8
 
-static CUcontext g_ctx[MAXC];
-static int g_nctx;
 
 struct job {
     pthread_t th;
@@ -76,19 +73,6 @@ static void *job_thread(void *arg)
         j->rc = cuDevicePrimaryCtxRelease_v2(j->dev);
     __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
     return NULL;
-}
-
-/* 1 when thread tid sleeps in futex(2) (a mutex the shim holds elsewhere), read from /proc. */
-static int in_futex(pid_t tid)
-{
-    char path[64], buf[128];
-    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    int ok = fgets(buf, sizeof buf, f) != NULL;
-    fclose(f);
-    return ok && atol(buf) == SYS_futex;
 }
 
 struct churn {
@@ -124,25 +108,10 @@ static void steps(void)
         } else if (!strcmp(cmd, "ctx")) {
             CUcontext ctx = NULL;
             CUresult rc = cuCtxCreate_v2(&ctx, 0, atoi(a));
-            int i = rc == CUDA_SUCCESS && g_nctx < MAXC ? g_nctx++ : -1;
-            if (i >= 0)
-                g_ctx[i] = ctx;
+            int i = rt_keep(rc, ctx);
             printf("%s ctx rc=%d i=%d\n", rc ? "fail" : "ok", rc, i);
-        } else if (!strcmp(cmd, "destroy") || !strcmp(cmd, "cur")) {
-            int i = atoi(a);
-            CUcontext ctx = i >= 0 && i < g_nctx ? g_ctx[i] : NULL;
-            CUresult rc = !strcmp(cmd, "destroy") ? cuCtxDestroy_v2(ctx) : cuCtxSetCurrent(ctx);
-            printf("%s %s rc=%d\n", rc ? "fail" : "ok", cmd, rc);
-        } else if (!strcmp(cmd, "primary")) {
-            CUcontext ctx = NULL;
-            CUresult rc = cuDevicePrimaryCtxRetain(&ctx, atoi(a));
-            if (rc == CUDA_SUCCESS)
-                cuCtxSetCurrent(ctx);
-            printf("%s primary rc=%d\n", rc ? "fail" : "ok", rc);
-        } else if (!strcmp(cmd, "release") || !strcmp(cmd, "reset")) {
-            CUresult rc = !strcmp(cmd, "release") ? cuDevicePrimaryCtxRelease_v2(atoi(a))
-                                                  : cuDevicePrimaryCtxReset_v2(atoi(a));
-            printf("%s %s rc=%d\n", rc ? "fail" : "ok", cmd, rc);
+        } else if (rt_ctx_cmd(cmd, a)) {
+            /* replied */
         } else if (!strcmp(cmd, "bg")) {
             int k = atoi(a);
             struct job *j = &g_job[k & (MAXT - 1)];
@@ -157,7 +126,7 @@ static void steps(void)
             pid_t tid;
             while (!(tid = __atomic_load_n(&j->tid, __ATOMIC_ACQUIRE)))
                 sched_yield();
-            while (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE) && !in_futex(tid))
+            while (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE) && !rt_in_futex(tid))
                 sched_yield();
             printf("%s blocked\n", __atomic_load_n(&j->done, __ATOMIC_ACQUIRE) ? "fail" : "ok");
         } else if (!strcmp(cmd, "join")) {
@@ -166,9 +135,7 @@ static void steps(void)
                 pthread_join(j->th, NULL);
                 j->on = 0;
             }
-            int i = j->op == 1 && j->rc == CUDA_SUCCESS && g_nctx < MAXC ? g_nctx++ : -1;
-            if (i >= 0)
-                g_ctx[i] = j->ctx;
+            int i = j->op == 1 ? rt_keep(j->rc, j->ctx) : -1;
             printf("%s join rc=%d i=%d\n", j->rc ? "fail" : "ok", j->rc, i);
         } else if (!strcmp(cmd, "churn")) {
             struct churn ch[MAXT];

@@ -53,10 +53,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
 
-#define MAXC 256
 
-static CUcontext g_ctx[MAXC];
-static int g_nctx;
 static CUmemGenericAllocationHandle g_vmm;
 
 struct job {
@@ -145,25 +142,10 @@ static int steps(void)
         } else if (!strcmp(cmd, "ctx")) {
             CUcontext c = NULL;
             CUresult rc = create(b[0] ? b : "v2", atoi(a), &c);
-            int i = rc == CUDA_SUCCESS && g_nctx < MAXC ? g_nctx++ : -1;
-            if (i >= 0)
-                g_ctx[i] = c;
+            int i = rt_keep(rc, c);
             printf("%s ctx rc=%d i=%d\n", rc ? "fail" : "ok", rc, i);
-        } else if (!strcmp(cmd, "destroy") || !strcmp(cmd, "cur")) {
-            int i = atoi(a);
-            CUcontext c = i >= 0 && i < g_nctx ? g_ctx[i] : NULL;
-            CUresult rc = !strcmp(cmd, "destroy") ? cuCtxDestroy_v2(c) : cuCtxSetCurrent(c);
-            printf("%s %s rc=%d\n", rc ? "fail" : "ok", cmd, rc);
-        } else if (!strcmp(cmd, "primary")) {
-            CUcontext c = NULL;
-            CUresult rc = cuDevicePrimaryCtxRetain(&c, atoi(a));
-            if (rc == CUDA_SUCCESS)
-                cuCtxSetCurrent(c);
-            printf("%s primary rc=%d\n", rc ? "fail" : "ok", rc);
-        } else if (!strcmp(cmd, "release") || !strcmp(cmd, "reset")) {
-            CUresult rc = !strcmp(cmd, "release") ? cuDevicePrimaryCtxRelease_v2(atoi(a))
-                                                  : cuDevicePrimaryCtxReset_v2(atoi(a));
-            printf("%s %s rc=%d\n", rc ? "fail" : "ok", cmd, rc);
+        } else if (rt_ctx_cmd(cmd, a)) {
+            /* replied */
         } else if (!strcmp(cmd, "bgctx")) {
             job.dev = atoi(a);
             job.on = 1;
@@ -174,9 +156,7 @@ static int steps(void)
                 pthread_join(job.th, NULL);
                 job.on = 0;
             }
-            int i = job.rc == CUDA_SUCCESS && g_nctx < MAXC ? g_nctx++ : -1;
-            if (i >= 0)
-                g_ctx[i] = job.ctx;
+            int i = rt_keep(job.rc, job.ctx);
             printf("%s join rc=%d i=%d\n", job.rc ? "fail" : "ok", job.rc, i);
         } else if (!strcmp(cmd, "alloc")) {
             CUdeviceptr p = 0;

@@ -75,19 +75,6 @@ static void *create_thread(void *arg)
     return NULL;
 }
 
-/* Whether thread tid is blocked in futex(2): the first field of /proc/self/task/TID/syscall. */
-static int in_futex(pid_t tid)
-{
-    char path[64], buf[64] = {0};
-    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    int ok = fgets(buf, sizeof buf, f) != NULL;
-    fclose(f);
-    return ok && atol(buf) == SYS_futex;
-}
-
 static void wait_stdin_closed(void)
 {
     char line[64];
@@ -215,7 +202,7 @@ static int steps(void)
             pthread_create(&j->th, NULL, create_thread, j);
             if (!strcmp(cmd, "blockedctx")) {
                 pid_t tid;
-                while (!(tid = __atomic_load_n(&j->tid, __ATOMIC_ACQUIRE)) || !in_futex(tid))
+                while (!(tid = __atomic_load_n(&j->tid, __ATOMIC_ACQUIRE)) || !rt_in_futex(tid))
                     sched_yield();
             }
             printf("ok %s\n", cmd);
