@@ -22,15 +22,13 @@ log = logging.getLogger("kube_vgpu.deviceplugin")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kube-vgpu device-plugin",
-                                description="kubelet device plugin: vGPU slots, node inventory, Allocate")
-    startup.add_start_flags(p, node_help="this node's name (default: env NODE_NAME)",
-                    simulate_help="advertise these simulated GPUs instead of asking NVML")
+    p = startup.node_parser("kube-vgpu device-plugin", "kubelet device plugin: vGPU slots, node inventory, Allocate",
+                            node_help="this node's name (default: env NODE_NAME)",
+                            simulate_help="advertise these simulated GPUs instead of asking NVML")
     p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins",
                    help="kubelet's device plugin directory (holds kubelet.sock)")
     startup.add_shim_flags(p, cache_help="host directory for per-container shared cache directories")
-    p.add_argument("--metrics-port", type=int, default=9394)
-    p.add_argument("--metrics-bind-address", default="0.0.0.0")
+    startup.add_metrics_flags(p, port=9394)
     p.add_argument("--heartbeat-seconds", type=float, default=30.0,
                    help="node inventory write interval (seconds)")
     p.add_argument("--pending-stale-seconds", type=float, default=300.0,

@@ -38,17 +38,27 @@ class NodeStart:
     gpus: SimulatedGPUs | None
 
 
-def add_start_flags(p: argparse.ArgumentParser, *, node_help: str, simulate_help: str) -> None:
-    """Declare the flags both node components read the same way: ``--config``, ``--log-level``,
-    ``--node-name`` (env ``NODE_NAME``), ``--kubeconfig`` and ``--simulate-gpus`` (read by :func:`node_start`).
+def node_parser(prog: str, description: str, *, node_help: str, simulate_help: str) -> argparse.ArgumentParser:
+    """A node component's parser, with the flags both node components read the same way:
+    ``--config``, ``--log-level``, ``--node-name`` (env ``NODE_NAME``), ``--kubeconfig`` and
+    ``--simulate-gpus`` (read by :func:`node_start`).
 
     node_help: what the node name is also used for; simulate_help: what the simulated GPUs replace."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--config", help="config file (kube-vgpu.io/v1); defaults when omitted")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), help=node_help)
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--simulate-gpus", metavar="COUNTxMIB[:MODEL],...", default="",
                    help=f"GPU-less trial: {simulate_help} (e.g. 4x24576). NOTHING IS ISOLATED; never for workloads")
+    return p
+
+
+def add_metrics_flags(p: argparse.ArgumentParser, *, port: int) -> None:
+    """Declare where a node component serves /metrics, /livez and /readyz."""
+    p.add_argument("--metrics-port", type=int, default=port,
+                   help=f"port of /metrics, /livez and /readyz (default {port}; 0: any)")
+    p.add_argument("--metrics-bind-address", default="0.0.0.0", help="address to serve them on")
 
 
 def add_shim_flags(p: argparse.ArgumentParser, *, cache_help: str) -> None:

@@ -224,6 +224,13 @@ class DeviceDefaults:
                    allowed="a MIG profile name such as 1g.10gb, 3g.71gb or 1g.10gb+me")))
 
 
+def _override(attr: str) -> Any:
+    """A per-node override of ``devices.<key>``: that key's own rule (range, choices), with null
+    meaning the devices default."""
+    rule = next(f.metadata["rule"] for f in fields(DeviceDefaults) if f.name == attr)
+    return _key(None, replace(rule, doc=f"devices.{rule.yaml} for this node", nullable=True))
+
+
 @dataclass(frozen=True, slots=True)
 class NodeOverride:
     """Per-node device-plugin overrides (matched by node name); None = the devices default."""
@@ -231,17 +238,12 @@ class NodeOverride:
     name: str = _key(MISSING, Rule(
         "name", "the node this override applies to", min_length=1, allowed="a non-empty node name",
         required=True))
-    split_count: int | None = _key(None, Rule(
-        "splitCount", "devices.splitCount for this node", minimum=1, maximum=1024, nullable=True))
-    memory_scaling: float | None = _key(None, Rule(
-        "memoryScaling", "devices.memoryScaling for this node", nullable=True, exclusive_minimum=0, maximum=100))
-    core_scaling: float | None = _key(None, Rule(
-        "coreScaling", "devices.coreScaling for this node", nullable=True, exclusive_minimum=0, maximum=100))
+    split_count: int | None = _override("split_count")
+    memory_scaling: float | None = _override("memory_scaling")
+    core_scaling: float | None = _override("core_scaling")
     exclude_gpus: tuple[str, ...] = _key((), Rule(
         "excludeGPUs", "GPU UUIDs or indexes that are never advertised", ids=True))
-    mig_strategy: str | None = _key(None, Rule(
-        "migStrategy", "devices.migStrategy for this node", nullable=True,
-        pattern=r"^(" + "|".join(MIG_STRATEGIES) + ")$", max_length=16, allowed=", ".join(MIG_STRATEGIES)))
+    mig_strategy: str | None = _override("mig_strategy")
 
 
 _NONEMPTY = Rule("item", "", min_length=1, allowed="a non-empty string")

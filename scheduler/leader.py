@@ -36,31 +36,51 @@ def _parse_time(s: str | None) -> float:
     return dt.datetime.strptime(s, fmt).replace(tzinfo=dt.UTC).timestamp()
 
 
-async def _rounds(lease: LeaseElector | LeaseFollower, step: Callable[[], bool], failed: str,
-                  stop: asyncio.Event, extra: dict[str, Callable[[], Any]]) -> None:
-    """The loop both lease kinds run until ``stop`` is set: ``step`` (blocking) every
-    ``retry_period`` seconds (an exception is logged as ``failed`` at debug level and the next round
-    tries again); each change of ``is_leader`` is logged (with ``extra``'s fields, read then) and
-    reported to ``on_change``."""
-    while not stop.is_set():
-        try:
-            await lease.run_blocking(step)
-        except Exception as e:  # noqa: BLE001 - the next round tries again
-            log.debug(failed, extra={"error": api_error_text(e)})
-        lead = lease.is_leader
-        if lead != lease._was_leader:
-            lease._was_leader = lead
-            log.info("leadership changed", extra={"outcome": "leader" if lead else "follower",
-                                                  **{k: f() for k, f in extra.items()}})
-            if lease.on_change is not None:
-                lease.on_change(lead)
-        try:
-            await asyncio.wait_for(stop.wait(), lease.retry_period)
-        except TimeoutError:
-            pass
+class _LeaseRole:
+    """What both lease kinds share: the Lease they read (``namespace``/``name``), how they call the
+    API (``api``, ``run_blocking``: runs a blocking call off the event loop), the round period
+    (``retry_period`` seconds), the last holder read, the ``on_change`` callback and the round loop."""
+
+    def __init__(self, api: KubeAPI, namespace: str, name: str, run_blocking: Callable[..., Any],
+                 retry_period: float, clock: Callable[[], float]) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.run_blocking = run_blocking
+        self.retry_period = retry_period
+        self.clock = clock
+        self.holder: str | None = None
+        self.on_change: Callable[[bool], None] | None = None
+        self._was_leader = False
+
+    @property
+    def is_leader(self) -> bool:
+        raise NotImplementedError
+
+    async def _rounds(self, step: Callable[[], bool], failed: str, stop: asyncio.Event,
+                      extra: dict[str, Callable[[], Any]]) -> None:
+        """Loop until ``stop`` is set: ``step`` (blocking) every ``retry_period`` seconds (an
+        exception is logged as ``failed`` at debug level and the next round tries again); each change
+        of ``is_leader`` is logged (with ``extra``'s fields, read then) and reported to ``on_change``."""
+        while not stop.is_set():
+            try:
+                await self.run_blocking(step)
+            except Exception as e:  # noqa: BLE001 - the next round tries again
+                log.debug(failed, extra={"error": api_error_text(e)})
+            lead = self.is_leader
+            if lead != self._was_leader:
+                self._was_leader = lead
+                log.info("leadership changed", extra={"outcome": "leader" if lead else "follower",
+                                                      **{k: f() for k, f in extra.items()}})
+                if self.on_change is not None:
+                    self.on_change(lead)
+            try:
+                await asyncio.wait_for(stop.wait(), self.retry_period)
+            except TimeoutError:
+                pass
 
 
-class LeaseElector:
+class LeaseElector(_LeaseRole):
     """Acquire and hold one Lease. ``is_leader`` is read by the bind handler.
 
     identity: this replica (pod name + random suffix); lease_duration / renew_deadline /
@@ -71,19 +91,11 @@ class LeaseElector:
     def __init__(self, api: KubeAPI, namespace: str, name: str, identity: str,
                  run_blocking: Callable[..., Any], lease_duration: float = 15.0, renew_deadline: float = 10.0,
                  retry_period: float = 2.0, clock: Callable[[], float] = time.time):
-        self.api = api
-        self.namespace = namespace
-        self.name = name
+        super().__init__(api, namespace, name, run_blocking, retry_period, clock)
         self.identity = identity
-        self.run_blocking = run_blocking
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
-        self.retry_period = retry_period
-        self.clock = clock
         self._last_renew = 0.0
-        self.holder: str | None = None
-        self.on_change: Callable[[bool], None] | None = None
-        self._was_leader = False
 
     @property
     def is_leader(self) -> bool:
@@ -126,10 +138,10 @@ class LeaseElector:
     async def run(self, stop: asyncio.Event) -> None:
         """Loop until ``stop`` is set; steps down (and releases nothing) when stopped."""
         # conflicts and API errors: retry next round
-        await _rounds(self, self.try_acquire_or_renew, "lease round failed", stop, {})
+        await self._rounds(self.try_acquire_or_renew, "lease round failed", stop, {})
 
 
-class LeaseFollower:
+class LeaseFollower(_LeaseRole):
     """Follow kube-scheduler's own leader election instead of running a second one.
 
     The extender runs as a sidecar of kube-scheduler and kube-scheduler only calls its own sidecar,
@@ -144,17 +156,9 @@ class LeaseFollower:
 
     def __init__(self, api: KubeAPI, namespace: str, name: str, hostname: str,
                  run_blocking: Callable[..., Any], retry_period: float = 2.0, clock: Callable[[], float] = time.time):
-        self.api = api
-        self.namespace = namespace
-        self.name = name
+        super().__init__(api, namespace, name, run_blocking, retry_period, clock)
         self.hostname = hostname
-        self.run_blocking = run_blocking
-        self.retry_period = retry_period
-        self.clock = clock
-        self.holder: str | None = None
         self._valid_until = 0.0
-        self.on_change: Callable[[bool], None] | None = None
-        self._was_leader = False
 
     @property
     def is_leader(self) -> bool:
@@ -178,4 +182,4 @@ class LeaseFollower:
     async def run(self, stop: asyncio.Event) -> None:
         """Poll the Lease every ``retry_period`` seconds until ``stop`` is set."""
         # API errors: leadership lapses by itself
-        await _rounds(self, self.check, "lease read failed", stop, {"holder": lambda: self.holder})
+        await self._rounds(self.check, "lease read failed", stop, {"holder": lambda: self.holder})

@@ -58,7 +58,7 @@ STRLIST = {"type": "array", "items": {"type": "string"}}
 
 def _rule_schema(rule, base):
     d = dict(base)
-    if rule.choices is not None: d["enum"] = list(rule.choices)
+    if rule.choices is not None: d["enum"] = list(rule.choices) + ([None] if rule.nullable else [])
     for attr, kw in (("minimum", "minimum"), ("maximum", "maximum"), ("exclusive_minimum", "exclusiveMinimum"),
                      ("pattern", "pattern"), ("min_length", "minLength"), ("max_length", "maxLength")):
         v = getattr(rule, attr)

@@ -28,10 +28,9 @@ log = logging.getLogger("kube_vgpu.deviceplugin.dra")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kube-vgpu dra-plugin",
-                                description="kubelet DRA plugin: ResourceSlices, NodePrepareResources, CDI specs")
-    startup.add_start_flags(p, node_help="this node's name, also the ResourceSlice pool name (default: env NODE_NAME)",
-                    simulate_help="publish these simulated GPUs instead of asking NVML")
+    p = startup.node_parser("kube-vgpu dra-plugin", "kubelet DRA plugin: ResourceSlices, NodePrepareResources, CDI specs",
+                            node_help="this node's name, also the ResourceSlice pool name (default: env NODE_NAME)",
+                            simulate_help="publish these simulated GPUs instead of asking NVML")
     p.add_argument("--plugin-dir", default=f"/var/lib/kubelet/plugins/{DRIVER_NAME}",
                    help="directory of the plugin's service socket (dra.sock) and, by default, its checkpoint")
     p.add_argument("--registry-dir", default="/var/lib/kubelet/plugins_registry",
@@ -43,8 +42,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device-taints", choices=["auto", "true", "false"], default="auto",
                    help="unhealthy GPUs: taint them (true), leave them out of the slice (false), or taint and fall "
                         "back to leaving out when the API server drops taints (auto)")
-    p.add_argument("--metrics-port", type=int, default=9395, help="port of /metrics, /livez and /readyz (0: any)")
-    p.add_argument("--metrics-bind-address", default="0.0.0.0")
+    startup.add_metrics_flags(p, port=9395)
     return p
 
 

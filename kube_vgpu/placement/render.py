@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ..topology import link_class
 from .state import NodeState
@@ -33,61 +33,48 @@ def _mem(f: FitFailure) -> str:
     return f"{f.mem_mib} MiB" if f.mem_mib or not f.mem_percent else f"{f.mem_percent}% memory"
 
 
+#: each code's text for kube-scheduler: the code in words and the request behind it (equal
+#: failures on different nodes give equal text); every code has one (tested)
+_SUMMARY: dict[Code, Callable[[FitFailure], str]] = {
+    Code.INSUFFICIENT_MEMORY: lambda f: f"insufficient GPU memory: {_who(f)} needs {f.need} MiB {_per(f)}",
+    Code.INSUFFICIENT_CORES: lambda f: f"insufficient GPU compute: {_who(f)} needs {f.need}% cores {_per(f)}",
+    Code.NO_FREE_SLOT: lambda f: f"no free vGPU slot: {_who(f)} needs {f.count} GPU(s) with a free slot",
+    Code.TOO_FEW_GPUS: lambda f: f"too few GPUs on the node: {_who(f)} needs {f.count} GPUs ({GPU_COUNT_HINT})",
+    Code.TOO_FEW_QUALIFY: lambda f: (
+        f"not enough GPUs with room: {_who(f)} needs {f.count} GPUs with {_mem(f)} and {f.cores}% cores free"),
+    Code.EXCLUSIVE_BUSY: lambda f: f"no idle GPU: {_who(f)} needs {f.count} idle GPU(s) (exclusive request)",
+    Code.COMPUTE_FULL: lambda f: (
+        f"GPU compute fully booked: {_who(f)} reserves no compute and the GPUs with room have their compute "
+        "fully booked by an exclusive holder"),
+    Code.GPU_UNHEALTHY: lambda f: f"no usable GPU: {_who(f)}: the node's GPUs are unhealthy or cordoned",
+    Code.TYPE_EXCLUDED: lambda f: f"no usable GPU: {_who(f)}: GPU model excluded by the pod's GPU type constraints",
+    Code.UUID_EXCLUDED: lambda f: f"no usable GPU: {_who(f)}: GPUs excluded by the pod's GPU uuid constraints",
+    Code.HOST_CPU: lambda f: f"insufficient host CPU: needs {f.need}m",
+    Code.HOST_MEMORY: lambda f: f"insufficient host memory: needs {f.need} MiB",
+    Code.NO_INVENTORY: lambda f: "node has no vGPU inventory (device plugin not running or stale)",
+    Code.STALE_INVENTORY: lambda f: f"vGPU inventory heartbeat is stale (older than {f.need}s; device plugin down?)",
+    Code.BAD_INVENTORY: lambda f: "vGPU inventory annotation is invalid",
+    Code.NO_ALLOCATABLE: lambda f: (
+        f"node allocatable {f.detail} is 0 (device plugin not registered with the kubelet)"),
+    Code.INVALID_REQUEST: lambda f: f.detail,
+    Code.ALREADY_BOUND: lambda f: f"pod is already bound to {f.detail}",
+    Code.QUOTA_EXCEEDED: lambda f: f"GPU quota exceeded: {f.detail}",
+    Code.LINK_UNAVAILABLE: lambda f: (
+        f"no free GPUs linked by {link_class(f.need)}: {_who(f)} needs {f.count} GPUs linked by "
+        f"{link_class(f.need)}"),
+    Code.LINK_ABSENT: lambda f: f"no GPUs linked by {link_class(f.need)} on the node: {_who(f)} needs {f.count}",
+    Code.MIG_NO_PROFILE: lambda f: (
+        f"no allowed MIG profile holds the request: {_who(f)} needs {f.need} MiB; the largest allowed MIG "
+        f"profile of {f.detail} has {f.have} MiB"),
+    Code.MIG_NO_PLACEMENT: lambda f: (
+        f"no free MIG placement: {_who(f)} needs {f.need} MiB (MIG profile {f.detail} or a larger allowed one) "
+        "and the MIG GPUs' free memory slices cannot hold it"),
+}
+
+
 def summary(f: FitFailure) -> str:
-    """The text for kube-scheduler: the code in words and the request behind it (equal failures
-    on different nodes give equal text)."""
-    c = f.code
-    if c is Code.INSUFFICIENT_MEMORY:
-        return f"insufficient GPU memory: {_who(f)} needs {f.need} MiB {_per(f)}"
-    if c is Code.INSUFFICIENT_CORES:
-        return f"insufficient GPU compute: {_who(f)} needs {f.need}% cores {_per(f)}"
-    if c is Code.NO_FREE_SLOT:
-        return f"no free vGPU slot: {_who(f)} needs {f.count} GPU(s) with a free slot"
-    if c is Code.TOO_FEW_GPUS:
-        return f"too few GPUs on the node: {_who(f)} needs {f.count} GPUs ({GPU_COUNT_HINT})"
-    if c is Code.TOO_FEW_QUALIFY:
-        return (f"not enough GPUs with room: {_who(f)} needs {f.count} GPUs with {_mem(f)} and "
-                f"{f.cores}% cores free")
-    if c is Code.EXCLUSIVE_BUSY:
-        return f"no idle GPU: {_who(f)} needs {f.count} idle GPU(s) (exclusive request)"
-    if c is Code.COMPUTE_FULL:
-        return (f"GPU compute fully booked: {_who(f)} reserves no compute and the GPUs with room have "
-                "their compute fully booked by an exclusive holder")
-    if c is Code.GPU_UNHEALTHY:
-        return f"no usable GPU: {_who(f)}: the node's GPUs are unhealthy or cordoned"
-    if c is Code.TYPE_EXCLUDED:
-        return f"no usable GPU: {_who(f)}: GPU model excluded by the pod's GPU type constraints"
-    if c is Code.UUID_EXCLUDED:
-        return f"no usable GPU: {_who(f)}: GPUs excluded by the pod's GPU uuid constraints"
-    if c is Code.HOST_CPU:
-        return f"insufficient host CPU: needs {f.need}m"
-    if c is Code.HOST_MEMORY:
-        return f"insufficient host memory: needs {f.need} MiB"
-    if c is Code.NO_INVENTORY:
-        return "node has no vGPU inventory (device plugin not running or stale)"
-    if c is Code.STALE_INVENTORY:
-        return f"vGPU inventory heartbeat is stale (older than {f.need}s; device plugin down?)"
-    if c is Code.BAD_INVENTORY:
-        return "vGPU inventory annotation is invalid"
-    if c is Code.NO_ALLOCATABLE:
-        return f"node allocatable {f.detail} is 0 (device plugin not registered with the kubelet)"
-    if c is Code.INVALID_REQUEST:
-        return f.detail
-    if c is Code.ALREADY_BOUND:
-        return f"pod is already bound to {f.detail}"
-    if c is Code.QUOTA_EXCEEDED:
-        return f"GPU quota exceeded: {f.detail}"
-    if c is Code.LINK_UNAVAILABLE:
-        return f"no free GPUs linked by {link_class(f.need)}: {_who(f)} needs {f.count} GPUs linked by {link_class(f.need)}"
-    if c is Code.LINK_ABSENT:
-        return f"no GPUs linked by {link_class(f.need)} on the node: {_who(f)} needs {f.count}"
-    if c is Code.MIG_NO_PROFILE:
-        return (f"no allowed MIG profile holds the request: {_who(f)} needs {f.need} MiB; the largest "
-                f"allowed MIG profile of {f.detail} has {f.have} MiB")
-    if c is Code.MIG_NO_PLACEMENT:
-        return (f"no free MIG placement: {_who(f)} needs {f.need} MiB (MIG profile {f.detail} or a larger "
-                f"allowed one) and the MIG GPUs' free memory slices cannot hold it")
-    return str(c.value)  # pragma: no cover - every code is listed above
+    """The text for kube-scheduler (:data:`_SUMMARY`)."""
+    return _SUMMARY[f.code](f)
 
 
 def _gpu(f: FitFailure, node: NodeState | None) -> str:
@@ -98,38 +85,33 @@ def _gpu(f: FitFailure, node: NodeState | None) -> str:
     return f" on the node's GPU #{f.gpu}"
 
 
+#: what each code's detail adds to its summary: the numbers behind it, given the failure and the
+#: GPU they were measured on (" on GPU-..." or ""); codes without numbers add nothing
+_DETAIL: dict[Code, Callable[[FitFailure, str], str]] = {
+    Code.INSUFFICIENT_MEMORY: lambda f, on: f"; largest free is {f.have} MiB{on}",
+    Code.INSUFFICIENT_CORES: lambda f, on: f"; most free is {f.have}%{on}",
+    Code.NO_FREE_SLOT: lambda f, on: f"; all vGPU slots of the node's {f.have} usable GPU(s) are taken",
+    Code.TOO_FEW_GPUS: lambda f, on: f"; the node has {f.have}",
+    Code.TOO_FEW_QUALIFY: lambda f, on: f"; only {f.have} qualify",
+    Code.EXCLUSIVE_BUSY: lambda f, on: f"; {f.have} of the node's GPUs are in use",
+    Code.COMPUTE_FULL: lambda f, on: f"; {f.have} GPU(s)",
+    Code.GPU_UNHEALTHY: lambda f, on: f" ({f.have} of {f.need} GPUs)",
+    Code.TYPE_EXCLUDED: lambda f, on: f" ({f.have} of {f.need} GPUs)",
+    Code.UUID_EXCLUDED: lambda f, on: f" ({f.have} of {f.need} GPUs)",
+    Code.HOST_CPU: lambda f, on: f", node has {f.have}m free",
+    Code.HOST_MEMORY: lambda f, on: f", node has {f.have} MiB free",
+    Code.BAD_INVENTORY: lambda f, on: f": {f.detail}",
+    Code.LINK_UNAVAILABLE: lambda f, on: f"; the best set reaches {link_class(f.have)}",
+    Code.LINK_ABSENT: lambda f, on: f"; the best set reaches {link_class(f.have)}",
+    Code.MIG_NO_PLACEMENT: lambda f, on: f" ({f.have} MIG GPU(s) tried)",
+}
+
+
 def detail(f: FitFailure, node: NodeState | None = None) -> str:
     """The summary with the numbers behind it (largest free, how many GPUs qualify, ...) and,
     given the ``node`` the failure is about, the uuid of the GPU they were measured on."""
-    s = summary(f)
-    c = f.code
-    if c is Code.INSUFFICIENT_MEMORY:
-        return f"{s}; largest free is {f.have} MiB{_gpu(f, node)}"
-    if c is Code.INSUFFICIENT_CORES:
-        return f"{s}; most free is {f.have}%{_gpu(f, node)}"
-    if c is Code.NO_FREE_SLOT:
-        return f"{s}; all vGPU slots of the node's {f.have} usable GPU(s) are taken"
-    if c is Code.TOO_FEW_GPUS:
-        return f"{s}; the node has {f.have}"
-    if c is Code.TOO_FEW_QUALIFY:
-        return f"{s}; only {f.have} qualify"
-    if c is Code.EXCLUSIVE_BUSY:
-        return f"{s}; {f.have} of the node's GPUs are in use"
-    if c is Code.COMPUTE_FULL:
-        return f"{s}; {f.have} GPU(s)"
-    if c in (Code.GPU_UNHEALTHY, Code.TYPE_EXCLUDED, Code.UUID_EXCLUDED):
-        return f"{s} ({f.have} of {f.need} GPUs)"
-    if c is Code.HOST_CPU:
-        return f"{s}, node has {f.have}m free"
-    if c is Code.HOST_MEMORY:
-        return f"{s}, node has {f.have} MiB free"
-    if c is Code.BAD_INVENTORY:
-        return f"{s}: {f.detail}"
-    if c in (Code.LINK_UNAVAILABLE, Code.LINK_ABSENT):
-        return f"{s}; the best set reaches {link_class(f.have)}"
-    if c is Code.MIG_NO_PLACEMENT:
-        return f"{s} ({f.have} MIG GPU(s) tried)"
-    return s
+    more = _DETAIL.get(f.code)
+    return summary(f) + (more(f, _gpu(f, node)) if more is not None else "")
 
 
 def aggregate(reasons: Iterable[str], total: int, top: int = 5) -> str:

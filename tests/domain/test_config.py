@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import textwrap
 from typing import Any
@@ -344,3 +345,19 @@ def test_scheduler_name_must_be_a_dns_subdomain(name: str) -> None:
         config_from_dict({"schedulerName": name})
     assert ei.value.key == "schedulerName" and "DNS subdomain" in str(ei.value)
     assert config_from_dict({"schedulerName": "gpu.sched-1"}).scheduler_name == "gpu.sched-1"
+
+
+@pytest.mark.parametrize("attr", ["split_count", "memory_scaling", "core_scaling", "mig_strategy"])
+def test_node_override_keeps_the_devices_rule(attr: str) -> None:
+    """A per-node override allows exactly what its ``devices`` key allows (one rule), plus null."""
+    def rule(cls: type) -> Any:
+        return next(f.metadata["rule"] for f in dataclasses.fields(cls) if f.name == attr)
+    dev, node = rule(DeviceDefaults), rule(NodeOverride)
+    assert node.nullable and not dev.nullable
+    assert dataclasses.replace(node, doc=dev.doc, nullable=False) == dev
+    yaml_key = dev.yaml
+    bad = {"split_count": 0, "memory_scaling": 0, "core_scaling": 101, "mig_strategy": "sometimes"}[attr]
+    with pytest.raises(ConfigError, match=rf"nodes\[0\]\.{yaml_key}"):
+        load_config_text(f"nodes:\n- name: a\n  {yaml_key}: {bad}\n")
+    with pytest.raises(ConfigError, match=rf"devices\.{yaml_key}"):
+        load_config_text(f"devices:\n  {yaml_key}: {bad}\n")
