@@ -126,17 +126,28 @@ def allocation_uuids(device_ids: Sequence[str]) -> list[str]:
     return out
 
 
+def limits_dir(cache_host_dir: str, key: str) -> str:
+    """``<cache_host_dir>/<key>.limits``: the read-only limits directory of allocation ``key``."""
+    return os.path.join(cache_host_dir, key + LIMITS_SUFFIX)
+
+
+def alloc_dirs(cache_host_dir: str, key: str) -> tuple[str, str]:
+    """The host directories of allocation ``key``: its cache directory and its limits directory."""
+    return os.path.join(cache_host_dir, key), limits_dir(cache_host_dir, key)
+
+
 def alloc_mounts(key: str, *, shim_host_path: str, cache_host_dir: str) -> tuple[MountSpec, ...]:
     """The mounts of the allocation directory ``key`` (a name under ``cache_host_dir``): the shim and
     the preload file (read-only), ``<cache_host_dir>/<key>`` read-write at
     ``envcontract.CACHE_CONTAINER_DIR`` and ``<cache_host_dir>/<key>.limits`` read-only at
     ``envcontract.LIMITS_CONTAINER_DIR``. The device plugin's keys are :func:`alloc_key`; the DRA
     plugin's are per claim (``deviceplugin.dra``)."""
+    cache, limits = alloc_dirs(cache_host_dir, key)
     return (
         MountSpec(envcontract.SHIM_CONTAINER_PATH, shim_host_path, True),
         MountSpec(envcontract.PRELOAD_CONTAINER_PATH, preload_host_path(shim_host_path), True),
-        MountSpec(envcontract.CACHE_CONTAINER_DIR, os.path.join(cache_host_dir, key), False),
-        MountSpec(envcontract.LIMITS_CONTAINER_DIR, os.path.join(cache_host_dir, key + LIMITS_SUFFIX), True),
+        MountSpec(envcontract.CACHE_CONTAINER_DIR, cache, False),
+        MountSpec(envcontract.LIMITS_CONTAINER_DIR, limits, True),
     )
 
 
@@ -145,9 +156,9 @@ def allocate_spec(device_ids: Sequence[str], *, shim_host_path: str, cache_host_
     preload and cache mounts, and the read-only limits directory holding the fail-closed placeholder
     (its file is in ``files``). Nothing in it depends on which pod the container belongs to."""
     key = alloc_key(device_ids)
-    limits_dir = os.path.join(cache_host_dir, key + LIMITS_SUFFIX)
     mounts = alloc_mounts(key, shim_host_path=shim_host_path, cache_host_dir=cache_host_dir)
-    files = (HostFile(os.path.join(limits_dir, envcontract.LIMITS_FILE_NAME), envcontract.pending_limits_file()),)
+    files = (HostFile(os.path.join(limits_dir(cache_host_dir, key), envcontract.LIMITS_FILE_NAME),
+                      envcontract.pending_limits_file()),)
     return ContainerSpec(envs={envcontract.VISIBLE_DEVICES: ",".join(allocation_uuids(device_ids))},
                          mounts=mounts, files=files)
 
@@ -162,19 +173,19 @@ def prestart_files(pc: PendingContainer, device_ids: Sequence[str], *, cache_hos
 
     Raises ValueError (from :func:`kube_vgpu.envcontract.limits_file`, naming the field) for a booking
     that cannot be written (0 MiB, cores outside 0..100, ...)."""
-    limits_dir = os.path.join(cache_host_dir, alloc_key(device_ids) + LIMITS_SUFFIX)
+    limits = limits_dir(cache_host_dir, alloc_key(device_ids))
     text = envcontract.limits_file(pc.devices, envcontract.CACHE_CONTAINER_PATH, priority=pc.priority,
                                    core_policy=core_policy, disable_control=pc.disable_control,
                                    core_sharing=core_sharing)
-    return (HostFile(os.path.join(limits_dir, envcontract.LIMITS_FILE_NAME), text),
-            HostFile(os.path.join(limits_dir, OWNER_FILE), f"{pc.uid} {pc.container}\n"))
+    return (HostFile(os.path.join(limits, envcontract.LIMITS_FILE_NAME), text),
+            HostFile(os.path.join(limits, OWNER_FILE), f"{pc.uid} {pc.container}\n"))
 
 
 def read_owner(cache_host_dir: str, key: str) -> tuple[str, str] | None:
     """(pod uid, container) from the owner file of allocation ``key``, or None (absent, unreadable
     or malformed)."""
     try:
-        with open(os.path.join(cache_host_dir, key + LIMITS_SUFFIX, OWNER_FILE)) as f:
+        with open(os.path.join(limits_dir(cache_host_dir, key), OWNER_FILE)) as f:
             parts = f.read(512).split()
     except OSError:
         return None

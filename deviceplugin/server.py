@@ -96,9 +96,11 @@ from .response import (
     OWNER_FILE,
     SHIM_HOST_PATH,
     ContainerSpec,
+    alloc_dirs,
     alloc_key,
     allocate_spec,
     cache_dir_name,
+    limits_dir,
     preload_contents,
     preload_host_path,
     prestart_files,
@@ -492,13 +494,12 @@ class DevicePlugin:
                 continue
             if owner is None:
                 try:
-                    age = now - os.stat(os.path.join(root, key + LIMITS_SUFFIX)).st_mtime
+                    age = now - os.stat(limits_dir(root, key)).st_mtime
                 except OSError:
                     age = float("inf")  # a cache directory without its limits directory
                 if age < self.opts.alloc_dir_grace_seconds:
                     continue
-            for name in (key, key + LIMITS_SUFFIX):
-                path = os.path.join(root, name)
+            for path in alloc_dirs(root, key):
                 if not _remove_dir(path, owner[0] if owner else None):
                     continue
                 removed.append(path)

@@ -56,7 +56,7 @@ from kube_vgpu.views import ObjectView
 from .. import inventory as inv
 from ..gpuhealth import run_health_loop
 from ..nvml import NVML, GPUBackend, HealthTracker, NVMLError, PhysicalGPU
-from ..response import ContainerSpec, HostFile, alloc_mounts
+from ..response import ContainerSpec, HostFile, alloc_dirs, alloc_mounts
 from ..server import NodeOptions, _remove_dir, discover_gpus, node_readiness, write_preload_file
 from ..shimcache import write_host_files
 from ..simgpu import SimulatedGPUs
@@ -430,14 +430,14 @@ class DRAPlugin:
         if not c.bookings:  # another driver's results only: nothing of ours to inject
             return
         root = self.opts.cache_host_dir
-        cache = os.path.join(root, key)
+        cache, limits_dir = alloc_dirs(root, key)
         os.makedirs(cache, exist_ok=True)
         os.chmod(cache, 0o777)  # the container may run as any user
         mounts = alloc_mounts(key, shim_host_path=self.opts.shim_host_path, cache_host_dir=root)
         text = envcontract.limits_file(c.bookings, envcontract.CACHE_CONTAINER_PATH,
                                        core_policy=self.cfg.devices.core_policy,
                                        core_sharing=self.cfg.devices.core_sharing)
-        limits = HostFile(os.path.join(root, key + ".limits", envcontract.LIMITS_FILE_NAME), text)
+        limits = HostFile(os.path.join(limits_dir, envcontract.LIMITS_FILE_NAME), text)
         write_host_files(ContainerSpec(envs={}, mounts=(), files=(limits,)))
         envs = envcontract.container_env(c.bookings, envcontract.CACHE_CONTAINER_PATH)
         devs = [(d, [cdi.DeviceNode(p, h) for p, h in pairs]) for d, pairs in c.nodes]
@@ -455,8 +455,7 @@ class DRAPlugin:
         when something stays, ValueError for a uid unsafe in a path."""
         key = alloc_dir_name(uid)
         removed = cdi.remove_spec(self.opts.cdi_dir, uid)
-        for name in (key, key + ".limits"):
-            path = os.path.join(self.opts.cache_host_dir, name)
+        for path in alloc_dirs(self.opts.cache_host_dir, key):
             if os.path.islink(path):  # never ours: drop the link itself, never what it points to
                 os.unlink(path)
             elif os.path.lexists(path):
