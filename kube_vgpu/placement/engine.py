@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import ContainerAllocation, DeviceBooking, PodAllocation, PodRequest
+from ..policyregistry import GPU_SPREAD, NODE_POLICIES
 from .fit import Plan, topology_plan
 from .memo import BoundedMemo
 from .policies import Policy, TaskShape, make_policy
@@ -95,7 +96,7 @@ class Engine:
     always, when the policy is vectorised; a very large number: never).
     """
 
-    def __init__(self, state: ClusterState, node_policy: str = "binpack", gpu_policy: str = "spread",
+    def __init__(self, state: ClusterState, node_policy: str = NODE_POLICIES[0], gpu_policy: str = GPU_SPREAD.name,
                  shapes: list[TaskShape] | None = None, cache_entries: int = 512, memo_entries: int = 300_000,
                  vector_min: int = 24):
         self.state = state

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ..mig import TABLES, Instance, MigError, allowed_profiles, choose_profile, instance_cores, place
 from ..model import Constraints, ContainerRequest, GPUDevice, PodRequest
+from ..policyregistry import GPU_BINPACK, GPU_SPREAD
 from ..topology import best_connected, weakest
 from .state import NodeState
 from .status import Code, FitFailure
@@ -322,8 +323,10 @@ def topology_plan(node: NodeState, pod: PodRequest, plan: Plan) -> Plan:
     return Plan((tuple((i, req.memory_on(node.devices[i]), req.cores_on(node.devices[i])) for i in best),))
 
 
-#: the GPU orderings (:func:`order_kind`)
-ORDER_INDEX, ORDER_BESTFIT, ORDER_BINPACK, ORDER_SPREAD = "index", "bestfit", "binpack", "spread"
+#: the GPU orderings (:func:`order_kind`): the two GPU policies' (named by them) and two of the
+#: FGD artifact's (node index order, best fit)
+ORDER_BINPACK, ORDER_SPREAD = GPU_BINPACK.name, GPU_SPREAD.name
+ORDER_INDEX, ORDER_BESTFIT = "index", "bestfit"
 
 
 def order_kind(kind: str) -> str:

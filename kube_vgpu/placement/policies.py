@@ -22,8 +22,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..model import ContainerRequest, PodRequest
+from ..policyregistry import GPU_SPREAD
 from ..policyregistry import node_policy as policy_spec
-from .fit import ORDER_BESTFIT, GpuOrder, Plan, fit_pod, gpu_order, order_kind
+from .fit import ORDER_BESTFIT, ORDER_INDEX, GpuOrder, Plan, fit_pod, gpu_order, order_kind
 from .memo import BoundedMemo
 from .state import NodeState
 from .status import FitFailure
@@ -141,7 +142,7 @@ class Policy:
 
     name = "base"
 
-    def __init__(self, gpu_policy: str = "spread"):
+    def __init__(self, gpu_policy: str = GPU_SPREAD.name):
         self.order: GpuOrder = gpu_order(gpu_policy)
         self.order_kind = order_kind(gpu_policy)
 
@@ -172,7 +173,7 @@ class Spread(Policy):
 class _Baseline(Policy):
     """The FGD artifact's baselines: GPUs are chosen best-fit whatever ``gpu_policy`` says."""
 
-    def __init__(self, gpu_policy: str = "spread"):
+    def __init__(self, gpu_policy: str = GPU_SPREAD.name):
         self.order = gpu_order(ORDER_BESTFIT)
         self.order_kind = ORDER_BESTFIT
 
@@ -227,10 +228,10 @@ class FGD(Policy):
     breaks ties: kube-vgpu's ``fgd-bestfit`` policy).
     """
 
-    def __init__(self, shapes: list[TaskShape], gpu_policy: str = "spread", tie_break: str = "index"):
+    def __init__(self, shapes: list[TaskShape], gpu_policy: str = GPU_SPREAD.name, tie_break: str = ORDER_INDEX):
         self.model = FragModel(shapes)
         self.order = self._order
-        self.tie_break = BestFit() if tie_break == "bestfit" else None
+        self.tie_break = BestFit() if tie_break == ORDER_BESTFIT else None
 
     def _order(self, node: NodeState, cands: list[int], mem: list[int], cores: list[int],
                req: ContainerRequest) -> list[int]:
@@ -266,7 +267,7 @@ class FGD(Policy):
         return score, plan
 
 
-def make_policy(node_policy: str, gpu_policy: str = "spread", shapes: list[TaskShape] | None = None) -> Policy:
+def make_policy(node_policy: str, gpu_policy: str = GPU_SPREAD.name, shapes: list[TaskShape] | None = None) -> Policy:
     """Build the scorer of a node policy declared in :mod:`kube_vgpu.policyregistry` (its class,
     its options, its name). A policy that needs shapes gets ``shapes`` (the target workload).
 
