@@ -24,13 +24,16 @@ CREATE (:func:`review_pod`), in this order:
 2. a pod that is not ours (:func:`webhook.isolation.pod_is_ours`: no container names any of our
    resource names) -> allowed with only those removals (``stripped``, or ``skipped`` when none);
 3. isolation (:func:`webhook.isolation.check_pod`) -> denied (403) naming container, field, value
-   and what is allowed. Pod labels never opt out, and foreign schedulers are checked too;
+   and what is allowed. Pod labels never opt out, and foreign schedulers are checked too; a preset
+   ``spec.nodeName`` on a pod whose containers name gpu, gpumem, gpumem-percentage or gpucores
+   (:func:`kube_vgpu.podspec.pod_asks`), whatever its scheduler -> denied (403): kubelet would give
+   it the node's vGPU slots, which it keeps while PreStartContainer refuses it;
 4. ``spec.schedulerName`` set to another scheduler (not ours; not ``default-scheduler`` while
    ``webhook.forceOverwriteDefaultScheduler``) -> ``webhook.foreignSchedulers``: ``leave`` = allowed
    with only the removals (``foreign``); ``deny`` = denied;
 5. no container asks for a vGPU (only ``nvidia.com/priority``, a bare ``gpu`` while
    ``webhook.mutateBareGpu`` is false, ``gpu: 0``) -> allowed with only the removals (``skipped``);
-6. invalid quantities (``RequestError``, 400) and a preset ``spec.nodeName`` (403) -> denied;
+6. invalid quantities (``RequestError``, 400) -> denied;
 7. mutation (``patched``, or ``allowed`` when the pod is already in shape):
    ``schedulerName``; every GPU container's ``resources.limits`` carry its whole resolved request
    (vGPU values given only in ``requests`` are copied to ``limits``; missing ``gpu`` count, memory
@@ -62,7 +65,7 @@ from kube_vgpu.config import Config
 from kube_vgpu.envcontract import VISIBLE_DEVICES
 from kube_vgpu.errors import RequestError
 from kube_vgpu.model import ContainerRequest
-from kube_vgpu.podspec import container_asks, parse_pod, resource_value
+from kube_vgpu.podspec import container_asks, parse_pod, pod_asks, resource_value
 from kube_vgpu.resources import ResourceNames, system_owned
 from kube_vgpu.views import ObjectView, PodView
 
@@ -299,6 +302,14 @@ def _review(pod: Mapping[str, Any], spec: Mapping[str, Any], config: Config, nam
     violations = isolation.check_pod(pod, config, namespace)
     if violations:
         return _deny(403, "Forbidden", isolation.denial_message(violations))
+    node = spec.get("nodeName")
+    if node and pod_asks(pod, config.resource_names):
+        # Whatever its scheduler: kubelet hands a pod bound by name the node's vGPU slots, which it
+        # keeps while its containers are refused at PreStartContainer (no signed record).
+        return _deny(403, "Forbidden",
+                     f"spec.nodeName={node!r} is preset on a pod that names a vGPU resource; allowed: empty, "
+                     f"so that {config.scheduler_name!r} places the pod (a pod bound by name would hold the "
+                     f"node's vGPU slots without the scheduler's booking)")
     return _with(_route_and_mutate(pod, spec, config), strip_ops, strip_warnings)
 
 
@@ -371,12 +382,6 @@ def _route_and_mutate(pod: Mapping[str, Any], spec: Mapping[str, Any], config: C
     reqs = [(init, c, by_name.get((init, str(c.get("name", "?"))))) for init, c in containers]
     if all(req is None for _, _, req in reqs):  # e.g. only ``nvidia.com/gpu: 0``
         return Decision(allowed=True, outcome=SKIPPED)
-
-    node = spec.get("nodeName")
-    if node:
-        return _deny(403, "Forbidden",
-                     f"spec.nodeName={node!r} is preset; allowed: empty, so that {config.scheduler_name!r} "
-                     f"places the vGPU pod")
 
     # Build the JSONPatch directly (RFC 6902 paths into the Pod); jsonpatch checks it below.
     names = config.resource_names

@@ -1,0 +1,104 @@
+"""A hostile tenant with ordinary namespace rights, playing paths around the scheduler (round 4).
+
+Each test plays one attack against the real component (the webhook over real HTTPS with the
+API server's AdmissionReview shape) and asserts what the tenant gets.
+
+Squatting kubelet's vGPU slots: the device plugin advertises ``nvidia.com/gpu`` slots
+(``devices.splitCount`` per GPU) and kubelet hands them to any pod bound to the node. A pod the
+kube-vgpu scheduler did not place is refused at PreStartContainer (no signed record), so it never
+runs, but kubelet keeps its slots while the pod lives. The extender does not see such a pod (it
+watches only its own scheduler's pods), keeps binding pods to the node, and kubelet rejects them
+(``UnexpectedAdmissionError``): a tenant starves every other tenant of the node's GPUs without
+using them. The way in is a pod that reaches a node without the extender: a preset
+``spec.nodeName`` with another scheduler's name (``webhook.foreignSchedulers: leave``, the
+default), or a bare ``nvidia.com/gpu`` that is left alone (``webhook.mutateBareGpu: false``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from certs import pki, store
+from kube_vgpu.config import Config, WebhookConfig, replace
+from tests.webhook.wh_helpers import Client, base_pod, review_of
+from webhook.server import BackgroundServer, WebhookServer
+
+TENANT = "system:serviceaccount:team-a:default"
+NODE = "gpu-node-1"
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tls")
+    store.write_files(d, pki.create_bundle(pki.service_dns_names("kube-vgpu-webhook", "kube-vgpu"), ["127.0.0.1"]))
+    return d
+
+
+def _serve(cfg: Config, tls: Path) -> Iterator[Client]:
+    srv = WebhookServer(cfg, str(tls / "tls.crt"), str(tls / "tls.key"), host="127.0.0.1", port=0)
+    with BackgroundServer(srv) as bg:
+        c = Client(bg.port, tls / "ca.crt")
+        yield c
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def default_hook(tls: Path) -> Iterator[Client]:
+    """The webhook with the default config (foreignSchedulers: leave, mutateBareGpu: true)."""
+    yield from _serve(Config(), tls)
+
+
+@pytest.fixture(scope="module")
+def bare_left_alone(tls: Path) -> Iterator[Client]:
+    """The webhook with ``mutateBareGpu: false`` (a bare ``nvidia.com/gpu`` keeps its scheduler)."""
+    yield from _serve(replace(Config(), webhook=replace(WebhookConfig(), mutate_bare_gpu=False)), tls)
+
+
+def create(client: Client, pod: dict[str, Any]) -> dict[str, Any]:
+    pod["metadata"]["namespace"] = "team-a"
+    rev = review_of(pod)
+    rev["request"]["namespace"] = "team-a"
+    rev["request"]["userInfo"] = {"username": TENANT, "groups": ["system:serviceaccounts"]}
+    return client.review(rev)["response"]
+
+
+@pytest.mark.parametrize("limits", [
+    {"nvidia.com/gpu": "10"},                                           # every slot of one GPU
+    {"nvidia.com/gpu": "8", "nvidia.com/gpumem": "1000"},
+    {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"},
+], ids=["bare-slots", "slots-and-memory", "slots-and-cores"])
+@pytest.mark.parametrize("scheduler", ["no-such-scheduler", "volcano"])
+def test_a_preset_node_name_under_another_schedulers_name_cannot_squat_slots(
+        default_hook: Client, limits: dict[str, str], scheduler: str) -> None:
+    """The tenant names another scheduler (which passes the pod through untouched) and presets
+    ``spec.nodeName``: kubelet would hand the pod the slots at once. Denied, naming the field."""
+    pod = base_pod({"limits": dict(limits)}, schedulerName=scheduler, nodeName=NODE)
+    resp = create(default_hook, pod)
+    assert resp["allowed"] is False, resp
+    assert resp["status"]["code"] == 403
+    msg = resp["status"]["message"]
+    assert f"spec.nodeName={NODE!r} is preset" in msg and "allowed: empty" in msg, msg
+
+
+def test_a_preset_node_name_on_a_bare_gpu_pod_left_alone_cannot_squat_slots(bare_left_alone: Client) -> None:
+    """With ``mutateBareGpu: false`` a bare ``nvidia.com/gpu`` pod keeps its scheduler and spec;
+    with a preset ``spec.nodeName`` it would still take the node's slots. Denied."""
+    pod = base_pod({"limits": {"nvidia.com/gpu": "10"}}, nodeName=NODE)
+    resp = create(bare_left_alone, pod)
+    assert resp["allowed"] is False and resp["status"]["code"] == 403, resp
+    assert f"spec.nodeName={NODE!r} is preset" in resp["status"]["message"]
+
+
+def test_other_schedulers_pods_without_a_node_and_pods_asking_nothing_of_ours_are_still_allowed(
+        default_hook: Client, bare_left_alone: Client) -> None:
+    """Positive controls: the rule does not deny what it must allow."""
+    foreign = create(default_hook, base_pod({"limits": {"nvidia.com/gpu": "1"}}, schedulerName="volcano"))
+    assert foreign["allowed"] is True and "patch" not in foreign, foreign
+    bare = create(bare_left_alone, base_pod({"limits": {"nvidia.com/gpu": "1"}}))
+    assert bare["allowed"] is True and "patch" not in bare, bare
+    plain = create(default_hook, base_pod({"limits": {"cpu": "1"}}, nodeName=NODE))
+    assert plain["allowed"] is True, plain
