@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--renew-before-days", type=int, default=30,
                    help="renew when fewer than this many days are left")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    jsonlog.add_level_flag(p)
     return p
 
 

@@ -372,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-pod-check", action="store_true",
                    help="remove retired keys without listing pods (only for a --dir that no cluster uses)")
     e.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
-    e.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    jsonlog.add_level_flag(e)
     return p
 
 

@@ -7,6 +7,7 @@ field a call passes in ``extra`` (``pod`` as ``ns/name``, ``node``, ``gpu`` uuid
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -47,8 +48,17 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         return sys.stderr
 
 
+#: the levels every command's ``--log-level`` takes
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def add_level_flag(p: argparse.ArgumentParser) -> None:
+    """Declare ``--log-level`` (one of :data:`LEVELS`, default info), read by :func:`setup`."""
+    p.add_argument("--log-level", default="info", choices=LEVELS, help="log level (default info)")
+
+
 def setup(level: str = "info", quiet: Iterable[str] = ()) -> None:
-    """Route the root logger to stderr as JSON at ``level`` (debug|info|warning|error); loggers
+    """Route the root logger to stderr as JSON at ``level`` (one of :data:`LEVELS`); loggers
     named in ``quiet`` log warnings and above only (e.g. ``aiohttp.access``)."""
     h = StderrHandler()
     h.setFormatter(JSONFormatter())

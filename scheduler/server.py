@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kube-vgpu scheduler",
                                 description="kube-scheduler HTTP extender: filter, prioritize and bind vGPU pods")
     p.add_argument("--config", help="policy config file (kube-vgpu.io/v1); reloaded live when it changes")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    jsonlog.add_level_flag(p)
     p.add_argument("--bind-address", default="127.0.0.1",
                    help="address of the extender API (filter, prioritize, bind). It has no authentication: keep "
                         "it on loopback, where kube-scheduler in the same pod calls it (default 127.0.0.1)")

@@ -535,7 +535,7 @@ class BackgroundServer:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kube-vgpu webhook", description="mutating admission webhook (HTTPS)")
     p.add_argument("--config", help="kube-vgpu config file (kube-vgpu.io/v1); default: built-in defaults")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    jsonlog.add_level_flag(p)
     p.add_argument("--bind-address", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8443)
     p.add_argument("--tls-cert-file", required=True, help="PEM certificate chain (reloaded when it changes)")
