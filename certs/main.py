@@ -34,6 +34,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from kube_vgpu import jsonlog
+from kube_vgpu.cliflags import add_kubeconfig_flag, add_level_flag
 
 from . import pki, store
 from .job import run_job
@@ -61,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=3650, help="validity of new certificates, days")
     p.add_argument("--renew-before-days", type=int, default=30,
                    help="renew when fewer than this many days are left")
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
-    jsonlog.add_level_flag(p)
+    add_kubeconfig_flag(p)
+    add_level_flag(p)
     return p
 
 

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from kube_vgpu import jsonlog
+from kube_vgpu.cliflags import add_kubeconfig_flag, add_level_flag
 from kube_vgpu.resources import ANN_ALLOCATION_SIGNATURE, ANN_PROGRESS_SIGNATURE
 from kube_vgpu.signing import ACTIVE_FILE, KEY_PREFIX, KID_PATTERN, MAX_KEY_BYTES, MIN_KEY_BYTES, VERSION
 from kube_vgpu.views import ListView, ObjectView
@@ -371,8 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "when no pod's signature names it (default 30)")
     e.add_argument("--no-pod-check", action="store_true",
                    help="remove retired keys without listing pods (only for a --dir that no cluster uses)")
-    e.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
-    jsonlog.add_level_flag(e)
+    add_kubeconfig_flag(e)
+    add_level_flag(e)
     return p
 
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kube_vgpu import jsonlog
+from kube_vgpu.cliflags import add_kubeconfig_flag, add_level_flag
 from kube_vgpu.config import Config, load_config
 from kube_vgpu.errors import ConfigError
 
@@ -47,9 +47,9 @@ def node_parser(prog: str, description: str, *, node_help: str, simulate_help: s
     node_help: what the node name is also used for; simulate_help: what the simulated GPUs replace."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--config", help="config file (kube-vgpu.io/v1); defaults when omitted")
-    jsonlog.add_level_flag(p)
+    add_level_flag(p)
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), help=node_help)
-    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
+    add_kubeconfig_flag(p)
     p.add_argument("--simulate-gpus", metavar="COUNTxMIB[:MODEL],...", default="",
                    help=f"GPU-less trial: {simulate_help} (e.g. 4x24576). NOTHING IS ISOLATED; never for workloads")
     return p

@@ -7,7 +7,6 @@ field a call passes in ``extra`` (``pod`` as ``ns/name``, ``node``, ``gpu`` uuid
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -50,11 +49,6 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 #: the levels every command's ``--log-level`` takes
 LEVELS = ("debug", "info", "warning", "error")
-
-
-def add_level_flag(p: argparse.ArgumentParser) -> None:
-    """Declare ``--log-level`` (one of :data:`LEVELS`, default info), read by :func:`setup`."""
-    p.add_argument("--log-level", default="info", choices=LEVELS, help="log level (default info)")
 
 
 def setup(level: str = "info", quiet: Iterable[str] = ()) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from kube_vgpu.cliflags import add_kubeconfig_flag
 from kube_vgpu.config import NODE_POLICIES, Config, load_config
 from kube_vgpu.errors import ConfigError, RequestError, yaml_problem
 
@@ -43,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--snapshot", metavar="FILE",
                        help='recorded cluster JSON {"nodes": NodeList, "pods": PodList, "resourcequotas": '
                             'ResourceQuotaList (optional)} instead of the live API')
-        p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
+        add_kubeconfig_flag(p, in_cluster_first=False)
         p.add_argument("--context", help="kubeconfig context")
         p.add_argument("--config", metavar="FILE",
                        help="kube-vgpu policy file (config.yaml of the chart's ConfigMap; default: built-in)")
@@ -61,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         cp = sub.add_parser(verb, help=what)
         cp.add_argument("node", metavar="NODE")
         cp.add_argument("gpu", metavar="GPU", help="the GPU's NVML index or uuid, or the start of its uuid as kubectl vgpu inspect shows it")
-        cp.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
+        add_kubeconfig_flag(cp, in_cluster_first=False)
         cp.add_argument("--context", help="kubeconfig context")
 
     quo = sub.add_parser("quota", help="per namespace with a GPU quota: memory and cores booked against each "

@@ -1,5 +1,5 @@
 """The scheduler's JSON logs: the shared formatter of :mod:`kube_vgpu.jsonlog`."""
 
-from kube_vgpu.jsonlog import JSONFormatter, StderrHandler, add_level_flag, setup
+from kube_vgpu.jsonlog import JSONFormatter, StderrHandler, setup
 
-__all__ = ["JSONFormatter", "StderrHandler", "add_level_flag", "setup"]
+__all__ = ["JSONFormatter", "StderrHandler", "setup"]

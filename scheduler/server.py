@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from kube_vgpu.cliflags import add_kubeconfig_flag, add_level_flag
 from kube_vgpu.config import load_config
 from kube_vgpu.errors import ConfigError
 from kube_vgpu.eventloop import loop_name, new_event_loop
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kube-vgpu scheduler",
                                 description="kube-scheduler HTTP extender: filter, prioritize and bind vGPU pods")
     p.add_argument("--config", help="policy config file (kube-vgpu.io/v1); reloaded live when it changes")
-    jsonlog.add_level_flag(p)
+    add_level_flag(p)
     p.add_argument("--bind-address", default="127.0.0.1",
                    help="address of the extender API (filter, prioritize, bind). It has no authentication: keep "
                         "it on loopback, where kube-scheduler in the same pod calls it (default 127.0.0.1)")
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "served on --port with the extender API")
     p.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key-file", help="private key of --tls-cert-file (PEM)")
-    p.add_argument("--kubeconfig", help="default: in-cluster, then ~/.kube/config")
+    add_kubeconfig_flag(p)
     p.add_argument("--leader-elect", type=_bool_flag, nargs="?", const=True, default=True, metavar="true|false",
                    help="only the leader binds (default true; see --leader-elect-mode). A single replica may turn it "
                         "off with --leader-elect=false; two replicas that both bind can overcommit GPUs")

@@ -55,6 +55,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from kube_vgpu import jsonlog
+from kube_vgpu.cliflags import add_level_flag
 from kube_vgpu.config import Config, load_config
 from kube_vgpu.config import replace as config_replace
 from kube_vgpu.errors import ConfigError
@@ -535,7 +536,7 @@ class BackgroundServer:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kube-vgpu webhook", description="mutating admission webhook (HTTPS)")
     p.add_argument("--config", help="kube-vgpu config file (kube-vgpu.io/v1); default: built-in defaults")
-    jsonlog.add_level_flag(p)
+    add_level_flag(p)
     p.add_argument("--bind-address", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8443)
     p.add_argument("--tls-cert-file", required=True, help="PEM certificate chain (reloaded when it changes)")
