@@ -123,6 +123,14 @@ class _Failures:
         return out
 
 
+def _member(uuids: np.ndarray, listed: tuple[str, ...]) -> np.ndarray:
+    """Per GPU: is its uuid in ``listed`` (a tenant's annotation list). A set lookup per GPU:
+    ``np.isin`` on object arrays compares every GPU with every listed uuid, and a few thousand
+    uuids in one annotation held the event loop for over a second per filter on 8,000 GPUs."""
+    wanted = frozenset(listed)
+    return np.fromiter((u in wanted for u in uuids.flat), dtype=bool, count=uuids.size).reshape(uuids.shape)
+
+
 def _exclusions(t: GpuTable, rows: slice | np.ndarray, pod: PodRequest, present: np.ndarray,
                 healthy: np.ndarray) -> np.ndarray:
     """Per GPU: why the pod may not use it (code id: unhealthy, uuid or type excluded), 0 if it
@@ -139,9 +147,9 @@ def _exclusions(t: GpuTable, rows: slice | np.ndarray, pod: PodRequest, present:
             if c.use_uuids or c.nouse_uuids:
                 uuids = t.uuids[rows]
                 if c.use_uuids:
-                    uuid_bad |= ~np.isin(uuids, list(c.use_uuids))
+                    uuid_bad |= ~_member(uuids, c.use_uuids)
                 if c.nouse_uuids:
-                    uuid_bad |= np.isin(uuids, list(c.nouse_uuids))
+                    uuid_bad |= _member(uuids, c.nouse_uuids)
             no_types = not (c.use_types or c.nouse_types)
             why = np.where(uuid_bad & (no_types | type_ok), _UUID, _TYPE)
             code = np.where(type_ok & ~uuid_bad, 0, why)

@@ -12,6 +12,13 @@ watches only its own scheduler's pods), keeps binding pods to the node, and kube
 using them. The way in is a pod that reaches a node without the extender: a preset
 ``spec.nodeName`` with another scheduler's name (``webhook.foreignSchedulers: leave``, the
 default), or a bare ``nvidia.com/gpu`` that is left alone (``webhook.mutateBareGpu: false``).
+
+Holding the extender's event loop with a pod annotation: ``nvidia.com/use-gpuuuid`` and
+``nvidia.com/nouse-gpuuuid`` (HAMi's keys, the tenant's own) take a comma-separated list; an
+annotation of 256 KiB holds about 6,500 uuids. The vectorised fit compared every GPU of the
+fleet with every listed uuid (``np.isin`` on object arrays is a loop over the list): over a second
+of the extender's event loop per filter on 1,000 nodes of 8 GPUs, during which no other pod is
+filtered or bound; varying the list defeats the decision cache. Counted, not timed.
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ import pytest
 
 from certs import pki, store
 from kube_vgpu.config import Config, WebhookConfig, replace
+from kube_vgpu.model import GPUDevice
+from kube_vgpu.placement import vector
+from kube_vgpu.placement.state import ClusterState
+from kube_vgpu.podspec import parse_pod
 from tests.webhook.wh_helpers import Client, base_pod, review_of
 from webhook.server import BackgroundServer, WebhookServer
 
@@ -102,3 +113,40 @@ def test_other_schedulers_pods_without_a_node_and_pods_asking_nothing_of_ours_ar
     assert bare["allowed"] is True and "patch" not in bare, bare
     plain = create(default_hook, base_pod({"limits": {"cpu": "1"}}, nodeName=NODE))
     assert plain["allowed"] is True, plain
+
+
+class CountedUuid(str):
+    """A GPU uuid that counts how often it is compared for equality."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        CountedUuid.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+@pytest.mark.parametrize("key", ["nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid"])
+def test_a_long_uuid_list_costs_one_lookup_per_gpu(key: str) -> None:
+    """200 nodes x 8 GPUs against 3,000 listed uuids (two of them real): the fit looks each GPU
+    up once (at most a few comparisons each), and excludes exactly the GPUs the list names."""
+    cs = ClusterState()
+    for n in range(200):
+        cs.set_node(f"n{n}", tuple(GPUDevice(uuid=CountedUuid(f"GPU-n{n}-{i}"), index=i, model="NVIDIA A10",
+                                             memory_mib=24576, cores=100, split=10) for i in range(8)))
+    listed = [f"GPU-absent-{i:05d}" for i in range(2998)] + ["GPU-n7-3", "GPU-n150-0"]
+    pod = parse_pod(base_pod({"limits": {"nvidia.com/gpumem": "1000"}}) | {
+        "metadata": {"name": "p", "namespace": "team-a", "annotations": {key: ",".join(listed)}}})
+    t = cs.table
+    rows = slice(0, t.n)
+    CountedUuid.compared = 0
+    code = vector._exclusions(t, rows, pod, t.present[rows], t.healthy[rows])
+    gpus = 200 * 8
+    assert CountedUuid.compared <= 2 * gpus, f"{CountedUuid.compared} uuid comparisons for {gpus} GPUs"
+    named = {(7, 3), (150, 0)}
+    excluded = {(int(r), int(c)) for r, c in zip(*code.nonzero(), strict=True)}
+    if key == "nvidia.com/nouse-gpuuuid":
+        assert excluded == named
+    else:
+        assert excluded == {(r, c) for r in range(200) for c in range(8)} - named
