@@ -31,9 +31,25 @@ class RequestError(VGPUError):
         self.value = value
         self.allowed = allowed
         self.kind = kind
-        super().__init__(
-            f"{kind} {container!r}: {resource}={value!r} is invalid; allowed: {allowed}"
-        )
+        # a container's quantities passed the API server's validation; a pod-level value (an
+        # annotation: free text up to 256 KiB) is quoted cut (see quoted)
+        text = quoted(value) if kind in ("pod", "annotation") else repr(value)
+        super().__init__(f"{kind} {container!r}: {resource}={text} is invalid; allowed: {allowed}")
+
+
+#: the most characters of a value an error message quotes
+MAX_QUOTED = 120
+
+
+def quoted(value: object) -> str:
+    """``repr(value)``, cut to :data:`MAX_QUOTED` characters with the value's full length named.
+    A tenant's annotation can hold 256 KiB: quoted whole, one invalid value made the extender's
+    answer carry it once per node (250 MB for 1,000 nodes)."""
+    text = repr(value)
+    if len(text) <= MAX_QUOTED:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters written out"
+    return f"{text[:MAX_QUOTED]}... ({size})"
 
 
 class CodecError(VGPUError):

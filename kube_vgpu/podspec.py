@@ -190,15 +190,25 @@ def _split(value: Any) -> tuple[str, ...]:
     return tuple(x.strip() for x in value.split(",") if x.strip())
 
 
+#: the most entries one GPU selection annotation (``use-gputype`` ... ``nouse-gpuuuid``) may list: every
+#: GPU the fit reads is checked against each entry, and the tenant writes the list
+MAX_SELECTOR_ITEMS = 64
+
+
 def parse_constraints(annotations: Mapping[str, Any]) -> Constraints:
     """GPU selection constraints from pod annotations (HAMi keys, comma-separated lists).
 
-    Raises: RequestError if one of these annotations is not a string.
+    Raises: RequestError if one of these annotations is not a string or lists more than
+    :data:`MAX_SELECTOR_ITEMS` entries.
     """
     for key in (ANN_USE_GPUTYPE, ANN_NOUSE_GPUTYPE, ANN_USE_GPUUUID, ANN_NOUSE_GPUUUID):
         v = annotations.get(key)
         if v is not None and not isinstance(v, str):
             raise RequestError("(pod)", f"metadata.annotations[{key}]", v, "a comma-separated string", "pod")
+        if v is not None and v.count(",") >= MAX_SELECTOR_ITEMS and len(_split(v)) > MAX_SELECTOR_ITEMS:
+            raise RequestError("(pod)", f"metadata.annotations[{key}]", v,
+                               f"a comma-separated list of at most {MAX_SELECTOR_ITEMS} entries "
+                               f"(this one has {len(_split(v))})", "pod")
     link = annotations.get(ANN_GPU_LINK)
     if link is not None and link != "" and link not in LINK_CLASSES:
         raise RequestError("(pod)", f"metadata.annotations[{ANN_GPU_LINK}]", link,

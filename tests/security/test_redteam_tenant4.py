@@ -18,11 +18,25 @@ Holding the extender's event loop with a pod annotation: ``nvidia.com/use-gpuuui
 annotation of 256 KiB holds about 6,500 uuids. The vectorised fit compared every GPU of the
 fleet with every listed uuid (``np.isin`` on object arrays is a loop over the list): over a second
 of the extender's event loop per filter on 1,000 nodes of 8 GPUs, during which no other pod is
-filtered or bound; varying the list defeats the decision cache. Counted, not timed.
+filtered or bound; varying the list defeats the decision cache. Counted, not timed. On the
+reference fit (a per-pod ``fgd`` policy or ``gpu-link`` annotation sends the pod there) every GPU
+was checked against every entry of each list, uuids and GPU types alike: each list now holds at
+most 64 entries, else the pod is refused naming the annotation.
+
+Inflating the extender's answer: an invalid value in a tenant's annotation (a 250,000-character
+``hami.io/gpu-scheduler-policy``, set by an UPDATE the webhook never sees) was quoted whole in the
+failure text of every node: a 250 MB ``/filter`` answer for 1,000 nodes and seconds of the event
+loop. Error texts now quote at most 120 characters of a value and name its length.
+
+Annotations are mutable: the tenant creates a small pod and patches the annotation while the pod
+is pending (the webhook is consulted on UPDATE only for system-owned keys), so the extender is
+the place that must hold.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +51,11 @@ from kube_vgpu.placement.state import ClusterState
 from kube_vgpu.podspec import parse_pod
 from tests.webhook.wh_helpers import Client, base_pod, review_of
 from webhook.server import BackgroundServer, WebhookServer
+
+_SCHED_TESTS = str(Path(__file__).resolve().parents[1] / "scheduler")
+if _SCHED_TESTS not in sys.path:  # the scheduler tests' builders (capture-shaped Node/Pod JSON)
+    sys.path.insert(0, _SCHED_TESTS)
+from vgpu_sched_util import Extender, filter_args, node_obj, offline_service, pod_obj, run  # noqa: E402
 
 TENANT = "system:serviceaccount:team-a:default"
 NODE = "gpu-node-1"
@@ -129,13 +148,14 @@ class CountedUuid(str):
 
 @pytest.mark.parametrize("key", ["nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid"])
 def test_a_long_uuid_list_costs_one_lookup_per_gpu(key: str) -> None:
-    """200 nodes x 8 GPUs against 3,000 listed uuids (two of them real): the fit looks each GPU
-    up once (at most a few comparisons each), and excludes exactly the GPUs the list names."""
+    """200 nodes x 8 GPUs against 64 listed uuids (the most a list may hold; two of them real):
+    the fit looks each GPU up once (at most a few comparisons each, not one per listed uuid), and
+    excludes exactly the GPUs the list names."""
     cs = ClusterState()
     for n in range(200):
         cs.set_node(f"n{n}", tuple(GPUDevice(uuid=CountedUuid(f"GPU-n{n}-{i}"), index=i, model="NVIDIA A10",
                                              memory_mib=24576, cores=100, split=10) for i in range(8)))
-    listed = [f"GPU-absent-{i:05d}" for i in range(2998)] + ["GPU-n7-3", "GPU-n150-0"]
+    listed = [f"GPU-absent-{i:05d}" for i in range(62)] + ["GPU-n7-3", "GPU-n150-0"]
     pod = parse_pod(base_pod({"limits": {"nvidia.com/gpumem": "1000"}}) | {
         "metadata": {"name": "p", "namespace": "team-a", "annotations": {key: ",".join(listed)}}})
     t = cs.table
@@ -150,3 +170,48 @@ def test_a_long_uuid_list_costs_one_lookup_per_gpu(key: str) -> None:
         assert excluded == named
     else:
         assert excluded == {(r, c) for r in range(200) for c in range(8)} - named
+
+
+def _filter(nodes: int, annotations: dict[str, str]) -> tuple[dict[str, Any], int]:
+    """/filter over HTTP for a pending pod of ours with ``annotations``: the answer and its size in bytes."""
+    objs = [node_obj(f"n{i}", 8) for i in range(nodes)]
+    pod = pod_obj("p", ns="team-a", annotations=annotations, limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000})
+
+    async def go() -> dict[str, Any]:
+        async with Extender(offline_service(objs)) as ext:
+            st, res = await ext.post("/filter", filter_args(pod, objs))
+            assert st == 200
+            return res  # type: ignore[no-any-return]
+    res = run(go, 120)
+    return res, len(json.dumps(res))
+
+
+@pytest.mark.parametrize("key", ["hami.io/gpu-scheduler-policy", "kube-vgpu.io/node-scheduler-policy",
+                                 "kube-vgpu.io/gpu-link"])
+def test_an_invalid_annotation_of_256_kib_is_not_repeated_in_every_nodes_failure(key: str) -> None:
+    res, size = _filter(200, {key: "x" * 250_000})
+    failed = {**res["FailedNodes"], **res["FailedAndUnresolvableNodes"]}
+    assert not res["NodeNames"] and len(failed) == 200, res["Error"]
+    assert size <= 200 * 1024, f"a {size}-byte answer for 200 nodes"
+    text = next(iter(failed.values()))
+    assert key in text and "250000 characters" in text and "allowed:" in text, text
+
+
+@pytest.mark.parametrize("key", ["nvidia.com/use-gputype", "nvidia.com/nouse-gputype",
+                                 "nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid"])
+def test_a_selector_list_past_64_entries_is_refused_naming_it(key: str, default_hook: Client) -> None:
+    long_list = ",".join(f"GPU-absent-{i:05d}" for i in range(6500))
+    res, _ = _filter(20, {key: long_list})
+    failed = {**res["FailedNodes"], **res["FailedAndUnresolvableNodes"]}
+    assert not res["NodeNames"] and len(failed) == 20
+    text = next(iter(failed.values()))
+    assert key in text and "at most 64 entries (this one has 6500)" in text, text
+    # at CREATE the webhook says the same
+    pod = base_pod({"limits": {"nvidia.com/gpumem": "1000"}})
+    pod["metadata"]["annotations"] = {key: long_list}
+    resp = create(default_hook, pod)
+    assert resp["allowed"] is False and resp["status"]["code"] == 400, resp
+    assert "at most 64 entries" in resp["status"]["message"]
+    # 64 entries are still a selector: the pod is filtered as usual (these name no GPU of the fleet)
+    res, _ = _filter(20, {key: ",".join(long_list.split(",")[:64])})
+    assert "at most 64" not in json.dumps(res)
