@@ -52,6 +52,7 @@ typedef int CUdriverProcAddressQueryResult;
 #define CU_GRAPH_NODE_TYPE_KERNEL 0
 
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1 /* CUmemAllocationHandleType */
 
 #define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 #define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
@@ -91,6 +92,16 @@ typedef struct {
     CUlaunchAttribute *attrs;
     unsigned int numAttrs;
 } CUlaunchConfig;
+
+/* cuLaunchCooperativeKernelMultiDevice: one entry per device */
+typedef struct {
+    CUfunction function;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    void **kernelParams;
+} CUDA_LAUNCH_PARAMS;
 
 typedef struct {
     CUfunction func;

@@ -46,6 +46,10 @@ HOOK(cuMemFree_v2, CUresult, (CUdeviceptr dptr), (dptr))
 HOOK(cuMemFreeAsync, CUresult, (CUdeviceptr dptr, CUstream s), (dptr, s))
 HOOK(cuMemFreeAsync_ptsz, CUresult, (CUdeviceptr dptr, CUstream s), (dptr, s))
 HOOK(cuMemRelease, CUresult, (CUmemGenericAllocationHandle handle), (handle))
+HOOK(cuMemRetainAllocationHandle, CUresult, (CUmemGenericAllocationHandle *handle, void *addr), (handle, addr))
+HOOK(cuMemExportToShareableHandle, CUresult,
+     (void *shareableHandle, CUmemGenericAllocationHandle handle, int handleType, unsigned long long flags),
+     (shareableHandle, handle, handleType, flags))
 HOOK(cuMemMap, CUresult,
      (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags),
      (ptr, size, offset, handle, flags))
@@ -75,6 +79,11 @@ HOOK(cuLaunchCooperativeKernel_ptsz, CUresult,
      (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
       unsigned int bz, unsigned int shmem, CUstream s, void **params),
      (f, gx, gy, gz, bx, by, bz, shmem, s, params))
+HOOK(cuLaunchCooperativeKernelMultiDevice, CUresult, (CUDA_LAUNCH_PARAMS *list, unsigned int n, unsigned int flags),
+     (list, n, flags))
+HOOK(cuLaunch, CUresult, (CUfunction f), (f))
+HOOK(cuLaunchGrid, CUresult, (CUfunction f, int w, int h), (f, w, h))
+HOOK(cuLaunchGridAsync, CUresult, (CUfunction f, int w, int h, CUstream s), (f, w, h, s))
 HOOK(cuGraphInstantiateWithFlags, CUresult, (CUgraphExec *exec, CUgraph graph, unsigned long long flags),
      (exec, graph, flags))
 HOOK(cuGraphInstantiate_v2, CUresult,

@@ -467,6 +467,32 @@ LAUNCH_HOOK(cuLaunchKernelEx_ptsz, config ? (uint64_t)config->gridDimX * config-
             config ? config->hStream : NULL,
             (const CUlaunchConfig *config, CUfunction f, void **params, void **extra), (config, f, params, extra))
 
+/* The legacy launches (deprecated, still exported by the driver): cuLaunch runs one block, cuLaunchGrid(Async)
+ * a grid of w x h blocks. */
+static uint64_t grid_blocks(int w, int h)
+{
+    return w > 0 && h > 0 ? (uint64_t)w * (uint64_t)h : 1;
+}
+
+LAUNCH_HOOK(cuLaunch, 1, NULL, (CUfunction f), (f))
+LAUNCH_HOOK(cuLaunchGrid, grid_blocks(w, h), NULL, (CUfunction f, int w, int h), (f, w, h))
+LAUNCH_HOOK(cuLaunchGridAsync, grid_blocks(w, h), s, (CUfunction f, int w, int h, CUstream s), (f, w, h, s))
+
+/* One kernel per device (at most one entry per device: more is the driver's error, and never read here): the
+ * blocks of them all, charged to the current device. */
+static uint64_t multi_blocks(const CUDA_LAUNCH_PARAMS *list, unsigned int n)
+{
+    uint64_t b = 0;
+    for (unsigned int i = 0; list && i < n && i < VGPU_MAX_DEV; i++) {
+        uint64_t k = (uint64_t)list[i].gridDimX * list[i].gridDimY * list[i].gridDimZ; /* < 2^63 */
+        b = b + k < b ? UINT64_MAX : b + k;
+    }
+    return b;
+}
+
+LAUNCH_HOOK(cuLaunchCooperativeKernelMultiDevice, multi_blocks(list, n), list && n ? list[0].hStream : NULL,
+            (CUDA_LAUNCH_PARAMS *list, unsigned int n, unsigned int flags), (list, n, flags))
+
 /* ------------------------------------------------------------------ graphs */
 static uint64_t graph_blocks(CUgraph g)
 {

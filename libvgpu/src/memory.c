@@ -99,17 +99,22 @@ static int g_npools;
 static pthread_mutex_t g_pool_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 #define POOL_GRAIN (2ull << 20) /* the driver reserves device memory in 2 MiB steps */
 
-/* Index + 1 of pool in g_pools (registered on first use), 0 when the table is full. */
+/* Index + 1 of pool in g_pools (registered on first use, in the place of a destroyed pool that holds
+ * nothing any more when there is one), 0 when the table is full: the allocation is then refused
+ * (pooled_alloc), since what the pool keeps reserved after a free could not be charged. */
 static int pool_index(CUmemoryPool pool, int dev)
 {
     track_lock();
-    int ix = 0;
-    for (int i = 0; i < g_npools && !ix; i++)
+    int ix = 0, spare = 0;
+    for (int i = 0; i < g_npools && !ix; i++) {
         if (g_pools[i].pool == pool && !g_pools[i].gone)
             ix = i + 1;
-    if (!ix && g_npools < MAX_POOLS) {
-        g_pools[g_npools] = (struct poolacct){.pool = pool, .dev = dev};
-        ix = ++g_npools;
+        else if (!spare && g_pools[i].gone && !g_pools[i].live && !g_pools[i].excess)
+            spare = i + 1;
+    }
+    if (!ix && (spare || g_npools < MAX_POOLS)) {
+        ix = spare ? spare : ++g_npools;
+        g_pools[ix - 1] = (struct poolacct){.pool = pool, .dev = dev};
     }
     track_unlock();
     return ix;
@@ -877,6 +882,11 @@ static CUresult pooled_alloc(CUresult (*call)(void *), void *arg, CUdeviceptr *d
                              CUmemoryPool pool, int dev, CUcontext ctx, const char *api)
 {
     int ix = pool ? pool_index(pool, dev) : 0;
+    if (pool && !ix) { /* every pool account in use: its reserve could not be charged, so nothing is let through */
+        region_count_refusal();
+        LOG_WARN("%s: more than %d memory pools in use by this process; allocation refused", api, MAX_POOLS);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (!ix) { /* no pool known: the allocation alone */
         CUresult rc = reserve(dev, bytesize, api);
         if (rc)
@@ -1227,10 +1237,13 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
 /* ---- VMM: cuMemCreate's physical memory stays charged until the handle is released *and* every
  * mapping of it is unmapped, as the driver keeps it (release-while-mapped is the CUDA samples'
  * pattern). The mappings are recorded in track.c. */
-/* Caller holds the track lock. Drops a released, unmapped handle; returns 1 (and its size/dev) if it was. */
+/* Caller holds the track lock. Drops a released, unmapped handle no other reference holds; returns 1
+ * (and its size/dev) if it was. A handle ever exported as a shareable handle is never dropped here: the
+ * file descriptor (or a process it was passed to) keeps the memory allocated, and the shim cannot see it
+ * closed, so it stays charged until its context goes or the process exits. */
 static int handle_gone_locked(struct track_entry *e, uint64_t *size, int *dev)
 {
-    if (!e->released || e->maps)
+    if (!e->released || e->maps || e->refs || e->exported || e->exporting)
         return 0;
     *size = e->size;
     *dev = e->dev;
@@ -1263,9 +1276,65 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     int dev = -1, gone = 0;
     track_lock();
     struct track_entry *e = track_find_locked(TK_HANDLE, handle);
-    if (e && !e->released) {
+    if (e && e->refs) { /* a reference cuMemRetainAllocationHandle took (the same handle value) */
+        e->refs--;
+        gone = handle_gone_locked(e, &size, &dev);
+    } else if (e && !e->released) {
         e->released = 1;
         gone = handle_gone_locked(e, &size, &dev);
+    }
+    track_unlock();
+    if (gone)
+        region_release(dev, size);
+    return rc;
+}
+
+/* The driver hands out the mapped handle again with one more reference, which needs its own cuMemRelease:
+ * until then the physical memory stays allocated (and charged), unmapped or not. */
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemRetainAllocationHandle);
+    CUresult rc = real_cuMemRetainAllocationHandle(handle, addr);
+    if (rc != CUDA_SUCCESS || !vgpu_cfg->enabled || !handle)
+        return rc;
+    track_lock();
+    struct track_entry *e = track_find_locked(TK_HANDLE, *handle);
+    if (e && e->refs < UINT32_MAX)
+        e->refs++;
+    track_unlock();
+    return rc;
+}
+
+/* A shareable handle (a file descriptor, or one passed to another process) keeps the memory allocated after
+ * every cuMemRelease and cuMemUnmap here: the handle stays charged (handle_gone_locked). While the driver
+ * exports it, another thread's release and unmap cannot drop it either (exporting). */
+EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                             int handleType, unsigned long long flags)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuMemExportToShareableHandle);
+    if (!vgpu_cfg->enabled)
+        return real_cuMemExportToShareableHandle(shareableHandle, handle, handleType, flags);
+    track_lock();
+    struct track_entry *e = track_find_locked(TK_HANDLE, handle);
+    int held = e && e->exporting < UINT32_MAX;
+    if (held)
+        e->exporting++;
+    track_unlock();
+    CUresult rc = real_cuMemExportToShareableHandle(shareableHandle, handle, handleType, flags);
+    if (!held)
+        return rc;
+    uint64_t size = 0;
+    int dev = -1, gone = 0;
+    track_lock();
+    e = track_find_locked(TK_HANDLE, handle); /* kept while exporting: found */
+    if (e) {
+        if (e->exporting)
+            e->exporting--;
+        if (rc == CUDA_SUCCESS)
+            e->exported = 1;
+        gone = handle_gone_locked(e, &size, &dev); /* a failed export of a handle released meanwhile */
     }
     track_unlock();
     if (gone)

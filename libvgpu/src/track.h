@@ -25,6 +25,9 @@ struct track_entry {
     uint8_t released; /* TK_HANDLE: cuMemRelease done, physical memory lives on while mapped */
     uint32_t maps;    /* TK_HANDLE: live mappings */
     uint16_t pool;    /* TK_PTR from a memory pool: index + 1 in memory.c's pool accounts */
+    uint32_t refs;    /* TK_HANDLE: references beyond the creating one (cuMemRetainAllocationHandle) */
+    uint8_t exported; /* TK_HANDLE: exported as a shareable handle, which keeps the memory alive */
+    uint32_t exporting; /* TK_HANDLE: exports in the driver now (the handle is kept until they return) */
 };
 
 /* Take themselves the track lock. put: records (or updates) an entry, 0 or -1 out of memory.

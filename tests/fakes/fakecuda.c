@@ -71,6 +71,9 @@ struct falloc {
     int kind;
     int maps;     /* K_HANDLE: live mappings of this physical allocation */
     int released; /* K_HANDLE: cuMemRelease was called; freed when the last mapping goes */
+    int refs;     /* K_HANDLE: references beyond the creating one (cuMemRetainAllocationHandle, imports) */
+    int xfd;      /* K_HANDLE: the last exported file descriptor (-1: none), alive while open */
+    uint64_t xino; /* K_HANDLE: its inode, to tell it from a later file on the same number */
     int pool;     /* K_PTR from a memory pool: index + 1 in g_pool (its memory goes back to the pool) */
 };
 #define ATAB (1u << 17)
@@ -149,6 +152,7 @@ struct fpool {
 #define MAX_POOL 256
 static struct fpool g_pool[MAX_POOL]; /* index < FG_MAX_DEV: default pools */
 static void pools_sync(int dev);
+static void pool_trim(struct fpool *fp, uint64_t keep);
 
 struct fnode {
     int type;
@@ -321,7 +325,7 @@ static CUresult new_alloc(unsigned long long *out, uint64_t size, int dev, struc
     CUresult rc = charge(dev, size);
     if (rc)
         return rc;
-    struct falloc a = {next_addr(size), size, ctx, dev, kind, 0, 0, 0};
+    struct falloc a = {.key = next_addr(size), .size = size, .ctx = ctx, .dev = dev, .kind = kind, .xfd = -1};
     pthread_mutex_lock(&g_mu);
     int ok = a_insert(&a);
     pthread_mutex_unlock(&g_mu);
@@ -345,9 +349,13 @@ static CUresult free_alloc(uint64_t key, int kind)
     uint64_t size = e->size;
     int pool = e->pool;
     a_remove(e);
-    if (pool) { /* back to its pool, which keeps it reserved */
-        g_pool[pool - 1].in_use -= size;
+    if (pool) { /* back to its pool, which keeps it reserved (a destroyed pool gives it back to the device) */
+        struct fpool *fp = &g_pool[pool - 1];
+        fp->in_use -= size;
+        int gone = !fp->used;
         pthread_mutex_unlock(&g_mu);
+        if (gone)
+            pool_trim(fp, 0);
         return CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_mu);
@@ -960,7 +968,8 @@ static CUresult pool_alloc(unsigned long long *out, uint64_t size, struct fpool 
     pthread_mutex_unlock(&g_mu);
     if (grow && charge(fp->dev, grow))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    struct falloc a = {next_addr(size), size, ctx, fp->dev, K_PTR, 0, 0, (int)(fp - g_pool) + 1};
+    struct falloc a = {.key = next_addr(size), .size = size, .ctx = ctx, .dev = fp->dev, .kind = K_PTR, .xfd = -1,
+                       .pool = (int)(fp - g_pool) + 1};
     pthread_mutex_lock(&g_mu);
     fp->reserved += grow;
     int ok = a_insert(&a);
@@ -1050,9 +1059,8 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
     for (int i = FG_MAX_DEV; i < MAX_POOL; i++) {
-        if (!g_pool[i].used) {
-            g_pool[i].used = 1;
-            g_pool[i].dev = PH(props->location.id);
+        if (!g_pool[i].used && !g_pool[i].reserved) { /* a destroyed pool's place once it holds nothing */
+            g_pool[i] = (struct fpool){.used = 1, .dev = PH(props->location.id)};
             pthread_mutex_unlock(&g_mu);
             *pool = (CUmemoryPool)&g_pool[i];
             return CUDA_SUCCESS;
@@ -1068,7 +1076,10 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     struct fpool *fp = pool_of(pool);
     if (!fp || fp < g_pool + FG_MAX_DEV)
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
     fp->used = 0;
+    pthread_mutex_unlock(&g_mu);
+    pool_trim(fp, 0); /* the reserve goes back to the device; what is still allocated, as it is freed */
     return CUDA_SUCCESS;
 }
 
@@ -1169,10 +1180,19 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
     return new_alloc(h, size, PH(prop->location.id), t_cur, K_HANDLE);
 }
 
-/* Caller holds g_mu. Frees a released handle's physical memory once unmapped; returns bytes to uncharge. */
+/* Whether the file descriptor exported last from e is still open (the driver keeps the memory while a
+ * shareable handle refers to it). */
+static int export_alive(const struct falloc *e)
+{
+    struct stat st;
+    return e->xfd >= 0 && fstat(e->xfd, &st) == 0 && (uint64_t)st.st_ino == e->xino;
+}
+
+/* Caller holds g_mu. Frees a released handle's physical memory once unmapped, no other reference to it
+ * is held and no exported file descriptor of it is open; returns bytes to uncharge. */
 static uint64_t handle_maybe_free_locked(struct falloc *e, int *dev)
 {
-    if (!e->released || e->maps > 0)
+    if (!e->released || e->maps > 0 || e->refs > 0 || export_alive(e))
         return 0;
     uint64_t size = e->size;
     *dev = e->dev;
@@ -1185,17 +1205,98 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
     NEED_CTX();
     pthread_mutex_lock(&g_mu);
     struct falloc *e = a_find(h);
-    if (!e || e->kind != K_HANDLE || e->released) {
+    if (!e || e->kind != K_HANDLE || (e->released && !e->refs)) {
         pthread_mutex_unlock(&g_mu);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    e->released = 1;
+    if (e->refs) /* one of the references taken since (they share the handle's value) */
+        e->refs--;
+    else
+        e->released = 1;
     int dev = 0;
     uint64_t freed = handle_maybe_free_locked(e, &dev);
     pthread_mutex_unlock(&g_mu);
     if (freed)
         uncharge(dev, freed);
     return CUDA_SUCCESS;
+}
+
+/* The handle backing the mapping at addr (the same value that was mapped), with one more reference that
+ * needs its own cuMemRelease, as the driver's. */
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr)
+{
+    CHECK_INIT();
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t a = (uint64_t)(uintptr_t)addr;
+    pthread_mutex_lock(&g_mu);
+    for (int k = 0; k < MAX_MAP; k++) {
+        struct falloc *e = g_map[k].used && a >= g_map[k].va && a < g_map[k].va + g_map[k].size
+                               ? a_find(g_map[k].handle) : NULL;
+        if (e && e->kind == K_HANDLE) {
+            e->refs++;
+            *h = g_map[k].handle;
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR only: a new file descriptor (*(int *)out) that keeps the
+ * physical memory allocated while it is open, whatever happens to the handle. */
+EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
+                                             unsigned long long flags)
+{
+    CHECK_INIT();
+    if (!out || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    struct falloc *e = a_find(h);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (e && e->kind == K_HANDLE && (!e->released || e->refs)) {
+        uint64_t rec[2] = {(uint64_t)getpid(), h};
+        struct stat st;
+        int fd = memfd_create("fake-cuda-shareable", MFD_CLOEXEC);
+        if (fd >= 0 && pwrite(fd, rec, sizeof rec, 0) == (ssize_t)sizeof rec && fstat(fd, &st) == 0) {
+            e->xfd = fd;
+            e->xino = (uint64_t)st.st_ino;
+            *(int *)out = fd;
+            rc = CUDA_SUCCESS;
+        } else {
+            if (fd >= 0)
+                close(fd);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+/* A handle to the memory an exported file descriptor refers to (passed as the integer value of
+ * osHandle), with a reference of its own. The fake's allocations live in their process: memory exported
+ * by another process is CUDA_ERROR_NOT_SUPPORTED here. */
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *osHandle, int type)
+{
+    CHECK_INIT();
+    if (!h || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t rec[2];
+    if (pread((int)(intptr_t)osHandle, rec, sizeof rec, 0) != (ssize_t)sizeof rec)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (rec[0] != (uint64_t)getpid())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&g_mu);
+    struct falloc *e = a_find(rec[1]);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (e && e->kind == K_HANDLE) {
+        e->refs++;
+        *h = rec[1];
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
 }
 
 EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
@@ -1255,7 +1356,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
         if (g_va[i].used && ptr >= g_va[i].va && ptr + size <= g_va[i].va + g_va[i].size)
             in_va = 1;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    if (e && e->kind == K_HANDLE && !e->released && in_va && offset + size <= e->size) {
+    if (e && e->kind == K_HANDLE && (!e->released || e->refs) && in_va && offset + size <= e->size) {
         for (int k = 0; k < MAX_MAP; k++) /* overlapping an existing mapping */
             if (g_map[k].used && ptr < g_map[k].va + g_map[k].size && g_map[k].va < ptr + size)
                 goto out;
@@ -1643,6 +1744,55 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
 }
 
 /* ------------------------------------------------------------------ graphs */
+/* The legacy launches (deprecated, still exported by the driver): the block shape set with
+ * cuFuncSetBlockShape (the fake's kernel time depends on the number of blocks only), a grid of
+ * width x height blocks, or cuLaunch's single block. */
+EXPORT CUresult cuFuncSetBlockShape(CUfunction f, int x, int y, int z)
+{
+    CHECK_INIT();
+    return f && x > 0 && y > 0 && z > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
+{
+    if (w <= 0 || h <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, (unsigned)w, (unsigned)h, 1, 1, 1, 1, 0, s);
+}
+
+EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h)
+{
+    return cuLaunchGridAsync(f, w, h, NULL);
+}
+
+EXPORT CUresult cuLaunch(CUfunction f)
+{
+    return cuLaunchGridAsync(f, 1, 1, NULL);
+}
+
+/* Deprecated, still exported: one entry per device, each on a stream of its own device's context. */
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned int n, unsigned int flags)
+{
+    (void)flags;
+    CHECK_INIT();
+    if (!list || !n || n > (unsigned)g_nvis)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fctx *cur = t_cur;
+    CUresult rc = CUDA_SUCCESS;
+    for (unsigned i = 0; i < n && rc == CUDA_SUCCESS; i++) {
+        struct fstream *fs = list[i].hStream ? stream_of(list[i].hStream) : NULL;
+        if (list[i].hStream && !fs)
+            rc = CUDA_ERROR_INVALID_HANDLE;
+        else {
+            t_cur = fs ? fs->ctx : cur; /* the stream's context */
+            rc = launch(list[i].function, list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ, list[i].blockDimX,
+                        list[i].blockDimY, list[i].blockDimZ, list[i].sharedMemBytes, list[i].hStream);
+        }
+    }
+    t_cur = cur;
+    return rc;
+}
+
 static struct fgraph *graph_of(CUgraph g)
 {
     struct fgraph *fg = (struct fgraph *)g;
@@ -1858,7 +2008,9 @@ static const struct procent g_proc[] = {
     PE(cuMemPoolGetAttribute, 11020, cuMemPoolGetAttribute), PE(cuMemPoolSetAttribute, 11020, cuMemPoolSetAttribute),
     PT(cuMemAllocAsync, 11020, cuMemAllocAsync), PT(cuMemAllocFromPoolAsync, 11020, cuMemAllocFromPoolAsync),
     PT(cuMemFreeAsync, 11020, cuMemFreeAsync), PE(cuMemCreate, 10020, cuMemCreate),
-    PE(cuMemRelease, 10020, cuMemRelease), PE(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity),
+    PE(cuMemRelease, 10020, cuMemRelease), PE(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle),
+    PE(cuMemExportToShareableHandle, 10020, cuMemExportToShareableHandle),
+    PE(cuMemImportFromShareableHandle, 10020, cuMemImportFromShareableHandle), PE(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity),
     PE(cuMemAddressReserve, 10020, cuMemAddressReserve), PE(cuMemAddressFree, 10020, cuMemAddressFree),
     PE(cuMemMap, 10020, cuMemMap), PE(cuMemUnmap, 10020, cuMemUnmap), PE(cuMemSetAccess, 10020, cuMemSetAccess),
     PE(cuArrayCreate, 3020, cuArrayCreate_v2), PE(cuArray3DCreate, 3020, cuArray3DCreate_v2),
@@ -1870,7 +2022,9 @@ static const struct procent g_proc[] = {
     PE(cuModuleLoad, 2000, cuModuleLoad), PE(cuModuleLoadData, 2000, cuModuleLoadData),
     PE(cuModuleUnload, 2000, cuModuleUnload), PE(cuModuleGetFunction, 2000, cuModuleGetFunction),
     PT(cuLaunchKernel, 4000, cuLaunchKernel), PT(cuLaunchKernelEx, 11060, cuLaunchKernelEx),
-    PT(cuLaunchCooperativeKernel, 9000, cuLaunchCooperativeKernel), PE(cuGraphCreate, 10000, cuGraphCreate),
+    PT(cuLaunchCooperativeKernel, 9000, cuLaunchCooperativeKernel), PE(cuLaunchCooperativeKernelMultiDevice, 9000, cuLaunchCooperativeKernelMultiDevice),
+    PE(cuFuncSetBlockShape, 2000, cuFuncSetBlockShape), PE(cuLaunch, 2000, cuLaunch), PE(cuLaunchGrid, 2000, cuLaunchGrid),
+    PE(cuLaunchGridAsync, 2000, cuLaunchGridAsync), PE(cuGraphCreate, 10000, cuGraphCreate),
     PE(cuGraphDestroy, 10000, cuGraphDestroy), PE(cuGraphAddKernelNode, 10000, cuGraphAddKernelNode),
     PE(cuGraphAddKernelNode, 12000, cuGraphAddKernelNode_v2), PE(cuGraphGetNodes, 10000, cuGraphGetNodes),
     PE(cuGraphNodeGetType, 10000, cuGraphNodeGetType),
