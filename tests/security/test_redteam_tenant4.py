@@ -28,6 +28,13 @@ Inflating the extender's answer: an invalid value in a tenant's annotation (a 25
 failure text of every node: a 250 MB ``/filter`` answer for 1,000 nodes and seconds of the event
 loop. Error texts now quote at most 120 characters of a value and name its length.
 
+Marking a running pod finished: a tenant granted ``pods/status`` (some clusters do) sets its
+running pod's ``status.phase`` to ``Failed``. The extender releases a finished pod's booking at once
+and places other pods on its GPUs, while kubelet tears the pod down through its termination grace
+period, which the tenant chose (an hour, say): its containers keep using the GPUs nobody books. The
+chart's ``<fullname>-system-metadata`` admission policy (CEL evaluated with cel-python, as the
+chart tests do) lets only kubelets and the control plane mark a pod of our scheduler finished.
+
 Annotations are mutable: the tenant creates a small pod and patches the annotation while the pod
 is pending (the webhook is consulted on UPDATE only for system-owned keys), so the extender is
 the place that must hold.
@@ -49,6 +56,10 @@ from kube_vgpu.model import GPUDevice
 from kube_vgpu.placement import vector
 from kube_vgpu.placement.state import ClusterState
 from kube_vgpu.podspec import parse_pod
+from tests.chart import vap
+from tests.chart.conftest import Renderer, find, helm, renderer  # noqa: F401 - fixtures
+from tests.e2e.conftest import SKIP_REASON, have_control_plane
+from tests.e2e.test_e2e_policies import cluster  # noqa: F401 - the e2e test's control plane fixture
 from tests.webhook.wh_helpers import Client, base_pod, review_of
 from webhook.server import BackgroundServer, WebhookServer
 
@@ -215,3 +226,110 @@ def test_a_selector_list_past_64_entries_is_refused_naming_it(key: str, default_
     # 64 entries are still a selector: the pod is filtered as usual (these name no GPU of the fleet)
     res, _ = _filter(20, {key: ",".join(long_list.split(",")[:64])})
     assert "at most 64" not in json.dumps(res)
+
+
+def _running_pod(scheduler: str = "kube-vgpu-scheduler") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "train", "namespace": "team-a", "uid": "u1"},
+            "spec": {"schedulerName": scheduler, "nodeName": "n1", "terminationGracePeriodSeconds": 3600,
+                     "containers": [{"name": "c", "image": "cuda",
+                                     "resources": {"limits": {"nvidia.com/gpumem": "20000"}}}]},
+            "status": {"phase": "Running"}}
+
+
+def _status_update(renderer: Renderer, user: str, new_phase: str,  # noqa: F811
+                   scheduler: str = "kube-vgpu-scheduler") -> vap.Decision:
+    pytest.importorskip("celpy", reason="cel-python (a dev dependency) evaluates the policies' CEL")
+    policy = find(renderer.render(), "ValidatingAdmissionPolicy", "system-metadata")
+    old = _running_pod(scheduler)
+    new = {**old, "status": {"phase": new_phase}}
+    req = vap.Request("UPDATE", "pods", user, name="train", namespace="team-a", sub_resource="status")
+    return vap.decide(policy, req, new, old)
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Succeeded"])
+def test_a_tenant_with_pods_status_cannot_mark_its_running_vgpu_pod_finished(
+        renderer: Renderer, phase: str) -> None:  # noqa: F811
+    d = _status_update(renderer, TENANT, phase)
+    assert d.matched and d.denied == [
+        f"pod status.phase {phase} of a kube-vgpu-scheduler pod is written only by its kubelet or the control "
+        f"plane (it releases the GPU booking of the pod while its containers may still run); {TENANT} may not "
+        f"set it"], d.denied
+
+
+def test_kubelets_and_the_control_plane_still_finish_pods(renderer: Renderer) -> None:  # noqa: F811
+    """Positive controls: the writers of a pod's phase, and status updates that finish nothing."""
+    for user in ("system:node:n1", "system:serviceaccount:kube-system:pod-garbage-collector",
+                 "system:kube-controller-manager"):
+        assert _status_update(renderer, user, "Failed").allowed, user
+    assert _status_update(renderer, TENANT, "Running").allowed
+    assert _status_update(renderer, TENANT, "Failed", scheduler="default-scheduler").allowed
+
+
+@pytest.mark.e2e
+def test_real_api_server_refuses_a_tenant_marking_its_vgpu_pod_failed(request: pytest.FixtureRequest) -> None:
+    """On a real kube-apiserver with the chart's admission policies (the control plane of
+    tests/e2e/test_e2e_policies.py): a tenant holding ``pods/status`` cannot mark its running pod
+    of our scheduler Failed; the control plane's pod garbage collector can. The CEL type-checks."""
+    if not have_control_plane():
+        pytest.skip(SKIP_REASON)
+    import subprocess
+
+    import yaml
+    from kubernetes import client, utils
+
+    from tests.e2e import test_e2e_policies as ep
+    from tests.e2e.cluster import ROOT, helm_binary, wait_for
+
+    c = request.getfixturevalue("cluster")
+    admin = c["admin"]
+    core: Any = client.CoreV1Api(admin)
+    r = subprocess.run([helm_binary(), "template", ep.RELEASE, str(ROOT / "charts" / "kube-vgpu"), "--namespace",
+                        ep.NS, "--kube-version", c["version"]], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for d in yaml.safe_load_all(r.stdout):
+        if d and d["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding") \
+                and d["metadata"]["name"] == f"{ep.FULL}-system-metadata":
+            utils.create_from_dict(admin, d)
+    for ns in ("team-a", "kube-system"):
+        try:
+            core.create_namespace({"metadata": {"name": ns}})
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+    rbac: Any = client.RbacAuthorizationV1Api(admin)
+    rbac.create_namespaced_role("team-a", {"metadata": {"name": "tenant"}, "rules": [
+        {"apiGroups": [""], "resources": ["pods", "pods/status"],
+         "verbs": ["get", "list", "create", "update", "patch", "delete"]}]})
+    core.create_namespaced_service_account("team-a", {"metadata": {"name": "tenant"}})
+    rbac.create_namespaced_role_binding("team-a", {"metadata": {"name": "tenant"}, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": "team-a"}]})
+    core.create_namespaced_service_account("kube-system", {"metadata": {"name": "pod-garbage-collector"}})
+    rbac.create_cluster_role_binding({"metadata": {"name": "pgc"}, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "pod-garbage-collector", "namespace": "kube-system"}]})
+    tenant = client.CoreV1Api(ep._as(c, ep._token(core, "team-a", "tenant"), "tenant4"))
+    pgc = client.CoreV1Api(ep._as(c, ep._token(core, "kube-system", "pod-garbage-collector"), "pgc4"))
+
+    for name in ("train", "other"):
+        core.create_namespaced_pod("team-a", {**_running_pod(), "metadata": {"name": name}})
+        core.patch_namespaced_pod_status(name, "team-a", {"status": {"phase": "Running"}})
+
+    def refused() -> bool:
+        try:
+            tenant.patch_namespaced_pod_status("train", "team-a", {"status": {"phase": "Failed"}}, dry_run="All")
+        except client.ApiException as e:
+            return e.status == 403
+        return False
+    wait_for(refused, 60, "the admission policy in effect")
+    msg = ep._forbidden(tenant.patch_namespaced_pod_status, "train", "team-a", {"status": {"phase": "Failed"}})
+    assert "pod status.phase Failed of a kube-vgpu-scheduler pod is written only by its kubelet" in msg, msg
+    assert core.read_namespaced_pod("train", "team-a").status.phase == "Running"
+    pgc.patch_namespaced_pod_status("other", "team-a", {"status": {"phase": "Failed"}})
+    assert core.read_namespaced_pod("other", "team-a").status.phase == "Failed"
+    if c["cp"].has_controller_manager:
+        adm = client.AdmissionregistrationV1Api(admin)
+        pol = wait_for(lambda: ep._checked(adm, f"{ep.FULL}-system-metadata"), 60, "the policy type-checked")
+        warnings = pol.status.type_checking.expression_warnings if pol.status.type_checking else None
+        assert not warnings, [(w.field_ref, w.warning) for w in warnings or []]
