@@ -18,6 +18,12 @@
  *                                pools stay; destroy: each is destroyed after), then one more pool whose
  *                                release threshold keeps everything: BYTES from it, freed (the pool keeps
  *                                it), and cuMemAlloc of BYTES.
+ *   shim5_redteam lookup WAY      cuCtxCreate_v2 and cuMemAlloc_v2 of 2 GiB (under a 1 GiB limit) through
+ *                                entry points found another way (deepbind: dlopen RTLD_DEEPBIND + dlsym,
+ *                                next: dlsym(RTLD_NEXT), mopen: dlmopen into a new namespace + dlsym,
+ *                                procaddr: cuGetProcAddress_v2 at version 3020 with the per-thread-stream
+ *                                flag); prints "alloc=RC" and "hooked=1" when the allocation entry point
+ *                                is the shim's (dladdr names libvgpu).
  *   shim5_redteam launch API N BLOCKS   N kernels of BLOCKS blocks back to back through one launch API
  *                                (grid: cuLaunchGrid, gridasync: cuLaunchGridAsync on a stream, launch:
  *                                cuLaunch, multi: cuLaunchCooperativeKernelMultiDevice on one device,
@@ -191,6 +197,45 @@ static int sc_pools(unsigned n, int destroy, size_t bytes)
     return 0;
 }
 
+typedef CUresult (*ctx_fn)(CUcontext *, unsigned int, CUdevice);
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+static int sc_lookup(const char *way)
+{
+    void *h = NULL, *mk = NULL, *al = NULL;
+    if (!strcmp(way, "deepbind"))
+        h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    else if (!strcmp(way, "mopen"))
+        h = dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW);
+    if (h) {
+        mk = dlsym(h, "cuCtxCreate_v2");
+        al = dlsym(h, "cuMemAlloc_v2");
+    } else if (!strcmp(way, "next")) {
+        mk = dlsym(RTLD_NEXT, "cuCtxCreate_v2");
+        al = dlsym(RTLD_NEXT, "cuMemAlloc_v2");
+    } else if (!strcmp(way, "procaddr")) {
+        gpa_fn gpa = (gpa_fn)dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2");
+        if (gpa) {
+            gpa("cuCtxCreate", &mk, 3020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, NULL);
+            gpa("cuMemAlloc", &al, 3020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, NULL);
+        }
+    }
+    if (!mk || !al) {
+        printf("alloc=-1\n");
+        return 1;
+    }
+    Dl_info di;
+    printf("hooked=%d\n", dladdr(al, &di) && di.dli_fname && strstr(di.dli_fname, "libvgpu") != NULL);
+    CUcontext ctx = NULL;
+    CUdeviceptr d = 0;
+    CUresult rc = ((ctx_fn)mk)(&ctx, 0, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = ((alloc_fn)al)(&d, 2ull << 30);
+    printf("alloc=%d\n", rc);
+    return 0;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -247,6 +292,8 @@ int main(int argc, char **argv)
 {
     if (argc < 2 || rt_start() != 0)
         return 2;
+    if (!strcmp(argv[1], "lookup") && argc >= 3)
+        return sc_lookup(argv[2]);
     CUcontext ctx = NULL;
     if (cuCtxCreate_v2(&ctx, 0, 0) != CUDA_SUCCESS) {
         printf("fail ctx\n");

@@ -117,3 +117,19 @@ def test_pools_past_the_shims_table_are_charged_or_refused(any_build: tuple[Tool
         assert s["pool_alloc"][:2] == (0, BYTES)
         assert s["pool_free"][:2] == (0, BYTES)  # the pool keeps it reserved: still charged
         assert s["more"] == (2, BYTES, CTX + BYTES)
+
+
+@pytest.mark.parametrize("way", ["deepbind", "next", "mopen", "procaddr"])
+def test_entry_points_found_other_ways_are_the_hooks(any_build: tuple[Toolchain, Path], way: str) -> None:
+    # A tenant looks the driver's allocation up past the usual path: dlopen with RTLD_DEEPBIND,
+    # dlsym(RTLD_NEXT), a fresh copy of libcuda in a new link-map namespace (dlmopen), or
+    # cuGetProcAddress_v2 for an old version with the per-thread-stream flag. Each hands out the shim's
+    # hook, so 2 GiB under a 1 GiB limit is refused.
+    tc, prog = any_build
+    if tc.built.asan and way in ("deepbind", "mopen"):
+        pytest.skip("the sanitizer runtime refuses RTLD_DEEPBIND and new link-map namespaces")
+    env = tc.env(CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_LOG_LEVEL="1")
+    proc = subprocess.run([str(prog), "lookup", way], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    out = parse(proc.stdout)
+    assert (out["hooked"], out["alloc"]) == ("1", "2"), out
