@@ -26,7 +26,9 @@ webhook's namespaceSelector, the policy ConfigMap), never the tenant's.
 rule                 scope  denied
 ===================  =====  ==============================================================================
 visible-devices      any    env ``NVIDIA_VISIBLE_DEVICES`` from ``valueFrom`` or with a value other than
-                            ``none``/``void``/empty, unless ``webhook.allowUserVisibleDevices``
+                            ``none``/``void``/empty, and a ``volumeMounts[].mountPath`` at or under
+                            ``/var/run/nvidia-container-devices`` (or ``/run/...``: the runtime's device list
+                            as volume mounts), unless ``webhook.allowUserVisibleDevices``
 env                  gpu    env names of the env contract and the shim's knobs: ``CUDA_DEVICE_MEMORY_LIMIT*``,
                             ``CUDA_DEVICE_SM_LIMIT*``, ``CUDA_DEVICE_MEMORY_SHARED_CACHE``, ``CUDA_TASK_PRIORITY``,
                             ``GPU_CORE_UTILIZATION_POLICY``, ``LIBVGPU_*`` except ``LIBVGPU_LOG_LEVEL``,
@@ -91,6 +93,11 @@ PROTECTED_ENV_NAMES = frozenset({envcontract.SHARED_CACHE, envcontract.TASK_PRIO
 PROTECTED_ENV_PREFIXES = (envcontract.MEMORY_LIMIT_PREFIX.rstrip("_"), envcontract.SM_LIMIT, SHIM_ENV_PREFIX)
 #: names under a protected prefix that are harmless
 HARMLESS_ENV_NAMES = frozenset({envcontract.LOG_LEVEL})
+
+#: where the NVIDIA container runtime, configured to take device lists as volume mounts, reads which
+#: GPUs to expose (a mount of /dev/null at ``<root>/<uuid or index or all>``); ``/run`` for images
+#: whose ``/var/run`` links there
+DEVICE_LIST_MOUNT_ROOTS = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
 
 #: container paths the device plugin mounts into a GPU container (the shim directory holds the shim,
 #: the per-container cache dir and the limits file)
@@ -293,6 +300,17 @@ def _visible_devices(t: Target, ctx: Context) -> Iterator[Violation]:
                         "it bypasses the vGPU scheduler",
                         "unset (in a vGPU container the device plugin sets it from the scheduler's allocation), "
                         "'none' or 'void' (webhook.allowUserVisibleDevices=false)")
+    for i, m in enumerate(t.spec.get("volumeMounts") or []):
+        if not isinstance(m, dict) or not isinstance(m.get("mountPath"), str):
+            continue
+        path = normalise_path(m["mountPath"])
+        hit = next((r for r in DEVICE_LIST_MOUNT_ROOTS if path == r or path.startswith(r + "/")), None)
+        if hit is not None:
+            yield Violation("visible-devices", t.subject, f"volumeMounts[{i}].mountPath", repr(m["mountPath"]),
+                            f"the NVIDIA container runtime reads the GPUs to expose from mounts under {hit} "
+                            "(accept-nvidia-visible-devices-as-volume-mounts): it bypasses the vGPU scheduler",
+                            f"a path outside {' and '.join(DEVICE_LIST_MOUNT_ROOTS)} "
+                            "(webhook.allowUserVisibleDevices=false)")
 
 
 def _env(t: Target, ctx: Context) -> Iterator[Violation]:

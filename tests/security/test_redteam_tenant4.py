@@ -35,6 +35,13 @@ period, which the tenant chose (an hour, say): its containers keep using the GPU
 chart's ``<fullname>-system-metadata`` admission policy (CEL evaluated with cel-python, as the
 chart tests do) lets only kubelets and the control plane mark a pod of our scheduler finished.
 
+Asking the NVIDIA runtime for every GPU through a mount: a runtime configured to take device lists
+as volume mounts (``accept-nvidia-visible-devices-as-volume-mounts``, the NVIDIA device plugin's
+``volume-mounts`` strategy) exposes the GPUs named by mounts of ``/dev/null`` under
+``/var/run/nvidia-container-devices``. A tenant's vGPU pod mounts a ``hostPath`` ``/dev/null`` at
+``/var/run/nvidia-container-devices/all`` in a sidecar (no shim there) or in its GPU container:
+the same request as ``NVIDIA_VISIBLE_DEVICES=all``, which the webhook denies. Denied alike now.
+
 Annotations are mutable: the tenant creates a small pod and patches the annotation while the pod
 is pending (the webhook is consulted on UPDATE only for system-owned keys), so the extender is
 the place that must hold.
@@ -42,6 +49,7 @@ the place that must hold.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from collections.abc import Iterator
@@ -333,3 +341,46 @@ def test_real_api_server_refuses_a_tenant_marking_its_vgpu_pod_failed(request: p
         pol = wait_for(lambda: ep._checked(adm, f"{ep.FULL}-system-metadata"), 60, "the policy type-checked")
         warnings = pol.status.type_checking.expression_warnings if pol.status.type_checking else None
         assert not warnings, [(w.field_ref, w.warning) for w in warnings or []]
+
+
+def _device_list_mount(pod: dict[str, Any], path: str, key: str = "containers", i: int = 0) -> dict[str, Any]:
+    pod["spec"]["volumes"].append({"name": "devnull", "hostPath": {"path": "/dev/null", "type": "CharDevice"}})
+    pod["spec"][key][i].setdefault("volumeMounts", []).append({"name": "devnull", "mountPath": path})
+    return pod
+
+
+@pytest.mark.parametrize("path", ["/var/run/nvidia-container-devices/all", "/var/run/nvidia-container-devices",
+                                  "/run/nvidia-container-devices/GPU-0", "//var/run/./nvidia-container-devices/0/"])
+def test_a_device_list_mount_is_denied_like_visible_devices_in_every_container(
+        default_hook: Client, path: str) -> None:
+    gpu = _device_list_mount(base_pod({"limits": {"nvidia.com/gpumem": "1000"}}), path)
+    sidecar = base_pod({"limits": {"nvidia.com/gpumem": "1000"}})
+    sidecar["spec"]["containers"].append({"name": "helper", "image": "cuda"})
+    _device_list_mount(sidecar, path, i=1)
+    for pod, field in ((gpu, "container 'c': volumeMounts[1].mountPath"),
+                       (sidecar, "container 'helper': volumeMounts[0].mountPath")):
+        resp = create(default_hook, pod)
+        assert resp["allowed"] is False and resp["status"]["code"] == 403, resp
+        msg = resp["status"]["message"]
+        assert f"{field}={path!r} is not allowed" in msg and "allowUserVisibleDevices" in msg, msg
+
+
+def test_a_device_list_mount_through_an_ephemeral_container_is_denied(default_hook: Client) -> None:
+    old = base_pod({"limits": {"nvidia.com/gpumem": "1000"}})
+    old["metadata"]["namespace"] = "team-a"
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "cuda", "volumeMounts": [
+        {"name": "kube-api-access-9wjzm", "mountPath": "/var/run/nvidia-container-devices/all"}]}]
+    rev = review_of(new)
+    rev["request"].update(operation="UPDATE", oldObject=old, namespace="team-a", subResource="ephemeralcontainers",
+                          userInfo={"username": TENANT, "groups": ["system:authenticated"]})
+    resp = default_hook.review(rev)["response"]
+    assert resp["allowed"] is False and "ephemeral container 'debug'" in resp["status"]["message"], resp
+
+
+def test_ordinary_mounts_under_run_are_still_allowed(default_hook: Client) -> None:
+    pod = base_pod({"limits": {"nvidia.com/gpumem": "1000"}})
+    pod["spec"]["volumes"].append({"name": "run", "emptyDir": {}})
+    pod["spec"]["containers"][0]["volumeMounts"] += [{"name": "run", "mountPath": "/var/run"},
+                                                     {"name": "run", "mountPath": "/run/app", "subPath": "app"}]
+    assert create(default_hook, pod)["allowed"] is True
