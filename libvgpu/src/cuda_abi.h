@@ -36,6 +36,7 @@ typedef struct CUmipmappedArray_st *CUmipmappedArray;
 #define CUDA_ERROR_NOT_FOUND 500
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE 910
 
 /* cuGetProcAddress flags */
 #define CU_GET_PROC_ADDRESS_DEFAULT 0
@@ -50,6 +51,18 @@ typedef int CUdriverProcAddressQueryResult;
 #define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
 
 #define CU_GRAPH_NODE_TYPE_KERNEL 0
+#define CU_GRAPH_NODE_TYPE_GRAPH 1 /* a child graph */
+#define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
+#define CU_GRAPH_NODE_TYPE_MEM_FREE 11
+
+/* CUgraphMem_attribute: the device's graph memory pool (bytes, cuuint64_t) */
+#define CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT 0
+#define CU_GRAPH_MEM_ATTR_USED_MEM_HIGH 1
+#define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
+#define CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH 3
+
+/* CUgraphInstantiate_flags */
+#define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2
 
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
 #define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1 /* CUmemAllocationHandleType */
@@ -158,6 +171,28 @@ typedef struct {
     unsigned short usage;
     unsigned char reserved[54];
 } CUmemPoolProps;
+
+typedef struct {
+    CUmemLocation location;
+    int flags; /* CUmemAccess_flags */
+} CUmemAccessDesc;
+
+/* cuGraphAddMemAllocNode / cuGraphMemAllocNodeGetParams */
+typedef struct {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr; /* out: the allocation's address, fixed across instantiations and launches */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+/* cuGraphInstantiateWithParams */
+typedef struct {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out; /* CUgraphInstantiateResult */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 /* CUarray_format values (bytes per channel element) */
 #define CU_AD_FORMAT_UNSIGNED_INT8 0x01

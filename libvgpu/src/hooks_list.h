@@ -91,6 +91,18 @@ HOOK(cuGraphInstantiate_v2, CUresult,
 HOOK(cuGraphExecDestroy, CUresult, (CUgraphExec exec), (exec))
 HOOK(cuGraphLaunch, CUresult, (CUgraphExec exec, CUstream s), (exec, s))
 HOOK(cuGraphLaunch_ptsz, CUresult, (CUgraphExec exec, CUstream s), (exec, s))
+HOOK(cuGraphInstantiate, CUresult,
+     (CUgraphExec *exec, CUgraph graph, CUgraphNode *err, char *log, size_t logsz), (exec, graph, err, log, logsz))
+HOOK(cuGraphInstantiateWithParams, CUresult, (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params),
+     (exec, graph, params))
+HOOK(cuGraphInstantiateWithParams_ptsz, CUresult,
+     (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params), (exec, graph, params))
+HOOK(cuGraphUpload, CUresult, (CUgraphExec exec, CUstream s), (exec, s))
+HOOK(cuGraphUpload_ptsz, CUresult, (CUgraphExec exec, CUstream s), (exec, s))
+HOOK(cuGraphExecUpdate, CUresult, (CUgraphExec exec, CUgraph graph, CUgraphNode *err, int *result),
+     (exec, graph, err, result))
+HOOK(cuGraphExecUpdate_v2, CUresult, (CUgraphExec exec, CUgraph graph, void *info), (exec, graph, info))
+HOOK(cuDeviceGraphMemTrim, CUresult, (CUdevice dev), (dev))
 
 /* called, never intercepted */
 REAL(cuCtxGetCurrent, CUresult, (CUcontext *pctx))
@@ -106,3 +118,6 @@ REAL(cuMemPoolGetAttribute, CUresult, (CUmemoryPool pool, int attr, void *value)
 REAL(cuGraphGetNodes, CUresult, (CUgraph graph, CUgraphNode *nodes, size_t *count))
 REAL(cuGraphNodeGetType, CUresult, (CUgraphNode node, int *type))
 REAL(cuGraphKernelNodeGetParams, CUresult, (CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *params))
+REAL(cuGraphMemAllocNodeGetParams, CUresult, (CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params))
+REAL(cuGraphChildGraphNodeGetGraph, CUresult, (CUgraphNode node, CUgraph *graph))
+REAL(cuDeviceGetGraphMemAttribute, CUresult, (CUdevice dev, int attr, void *value))

@@ -524,14 +524,25 @@ static void graph_record(CUgraphExec exec, CUgraph g)
     track_put(TK_GRAPHEXEC, (uint64_t)(uintptr_t)exec, blocks ? blocks : 1, 0, NULL);
 }
 
+/* Every instantiation records the graph's launch cost (SM limit) and what its memory nodes can take
+ * (memory.c). */
+static void graph_instantiated(CUgraphExec *exec, CUgraph graph)
+{
+    if (!exec)
+        return;
+    if (g_sm_active)
+        graph_record(*exec, graph);
+    memory_graph_instantiated(*exec, graph);
+}
+
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags)
 {
     ensure_cuda();
     if (!real_cuGraphInstantiateWithFlags)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real_cuGraphInstantiateWithFlags(exec, graph, flags);
-    if (rc == CUDA_SUCCESS && g_sm_active && exec)
-        graph_record(*exec, graph);
+    if (rc == CUDA_SUCCESS)
+        graph_instantiated(exec, graph);
     return rc;
 }
 
@@ -541,9 +552,76 @@ EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphN
     if (!real_cuGraphInstantiate_v2)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real_cuGraphInstantiate_v2(exec, graph, err, log, logsz);
-    if (rc == CUDA_SUCCESS && g_sm_active && exec)
-        graph_record(*exec, graph);
+    if (rc == CUDA_SUCCESS)
+        graph_instantiated(exec, graph);
     return rc;
+}
+
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *err, char *log, size_t logsz)
+{
+    ensure_cuda();
+    if (!real_cuGraphInstantiate)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real_cuGraphInstantiate(exec, graph, err, log, logsz);
+    if (rc == CUDA_SUCCESS)
+        graph_instantiated(exec, graph);
+    return rc;
+}
+
+/* CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD also uploads the graph, which reserves its allocations' memory: the
+ * graph is instantiated without it, then uploaded through the rules of a launch (memory.c); an upload that
+ * is refused or fails destroys the new executable and returns its error, as a failed instantiation. */
+static CUresult instantiate_with_params(cuGraphInstantiateWithParams_fn fn, cuGraphUpload_fn upload,
+                                        CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (!params || !exec || !(params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) || !upload || !vgpu_cfg->enabled) {
+        CUresult rc = fn(exec, graph, params);
+        if (rc == CUDA_SUCCESS)
+            graph_instantiated(exec, graph);
+        return rc;
+    }
+    CUDA_GRAPH_INSTANTIATE_PARAMS q = *params;
+    q.flags &= ~(cuuint64_t)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+    CUresult rc = fn(exec, graph, &q);
+    params->hErrNode_out = q.hErrNode_out;
+    params->result_out = q.result_out;
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    graph_instantiated(exec, graph);
+    struct gmem_launch t;
+    rc = memory_graph_launch_begin(*exec, "cuGraphInstantiateWithParams", &t);
+    if (rc == CUDA_SUCCESS) {
+        rc = upload(*exec, q.hUploadStream);
+        memory_graph_launch_end(&t, rc);
+    }
+    if (rc != CUDA_SUCCESS && real_cuGraphExecDestroy) {
+        CUgraphExec e = *exec;
+        memory_graph_exec_gone(e);
+        uint64_t s;
+        int d;
+        if (g_sm_active)
+            track_take(TK_GRAPHEXEC, (uint64_t)(uintptr_t)e, &s, &d);
+        real_cuGraphExecDestroy(e);
+    }
+    return rc;
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    ensure_cuda();
+    if (!real_cuGraphInstantiateWithParams)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return instantiate_with_params(real_cuGraphInstantiateWithParams, real_cuGraphUpload, exec, graph, params);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    ensure_cuda();
+    if (!real_cuGraphInstantiateWithParams_ptsz)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return instantiate_with_params(real_cuGraphInstantiateWithParams_ptsz, real_cuGraphUpload_ptsz, exec, graph,
+                                   params);
 }
 
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
@@ -556,7 +634,10 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
         int d;
         track_take(TK_GRAPHEXEC, (uint64_t)(uintptr_t)exec, &s, &d);
     }
-    return real_cuGraphExecDestroy(exec);
+    CUresult rc = real_cuGraphExecDestroy(exec);
+    if (rc == CUDA_SUCCESS)
+        memory_graph_exec_gone(exec);
+    return rc;
 }
 
 static uint64_t exec_blocks(CUgraphExec exec)
@@ -567,5 +648,24 @@ static uint64_t exec_blocks(CUgraphExec exec)
     return b;
 }
 
-LAUNCH_HOOK(cuGraphLaunch, exec_blocks(exec), s, (CUgraphExec exec, CUstream s), (exec, s))
-LAUNCH_HOOK(cuGraphLaunch_ptsz, exec_blocks(exec), s, (CUgraphExec exec, CUstream s), (exec, s))
+/* A graph launch meets the SM limiter, and its memory nodes the memory limit (memory.c): refused with
+ * CUDA_ERROR_OUT_OF_MEMORY before the driver is called when they could take the GPU past it. */
+#define GRAPH_LAUNCH_HOOK(name)                                                    \
+    EXPORT CUresult name(CUgraphExec exec, CUstream s)                             \
+    {                                                                              \
+        ensure_cuda();                                                             \
+        if (UNLIKELY(!real_##name))                                                \
+            return CUDA_ERROR_NOT_INITIALIZED;                                     \
+        struct gmem_launch t;                                                      \
+        CUresult rc = memory_graph_launch_begin(exec, "cuGraphLaunch", &t);        \
+        if (rc)                                                                    \
+            return rc;                                                             \
+        if (UNLIKELY(g_sm_active))                                                 \
+            limiter_throttle(exec_blocks(exec), s);                                \
+        rc = real_##name(exec, s);                                                 \
+        memory_graph_launch_end(&t, rc);                                           \
+        return rc;                                                                 \
+    }
+
+GRAPH_LAUNCH_HOOK(cuGraphLaunch)
+GRAPH_LAUNCH_HOOK(cuGraphLaunch_ptsz)

@@ -18,6 +18,8 @@ static uint64_t pool_freed_locked(int ix, uint64_t bytes);
 static void pools_sync_all(void);
 static void pools_after_fork_child(void);
 static void ctx_after_fork_child(void);
+static void gmem_sync_all(void);
+static void gmem_after_fork_child(void);
 
 /* give back to the shared region what was freed, per device (called without the track lock) */
 static void release_freed(const uint64_t freed[VGPU_MAX_DEV])
@@ -65,6 +67,7 @@ void memory_after_fork_child(void)
     track_after_fork_child();
     ctx_after_fork_child();
     pools_after_fork_child();
+    gmem_after_fork_child();
     region_after_fork_child();
 }
 
@@ -556,6 +559,7 @@ static void ctx_settle(int dev, struct ctx_token *t)
 static void ctx_gone(int dev, CUcontext ctx)
 {
     drop_context_entries(ctx);
+    gmem_sync_all(); /* the graph pool's memory may have gone with it */
     if (dev < 0 || dev >= VGPU_MAX_DEV)
         return;
     pthread_mutex_lock(&g_cmu);
@@ -947,11 +951,20 @@ static CUresult call_async(void *a)
     return x->fn ? x->fn(x->dptr, x->bytes, x->s) : x->pfn(x->dptr, x->bytes, x->pool, x->s);
 }
 
+/* 1 when stream s is being captured: an allocation or free on it is recorded into a graph (an allocation
+ * or free node), not made; the graph's memory is charged when it is launched (graph memory nodes, below). */
+static int capturing(CUstream s)
+{
+    int st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return s && real_cuStreamIsCapturing && real_cuStreamIsCapturing(s, &st) == CUDA_SUCCESS &&
+           st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 static CUresult alloc_async(cuMemAllocAsync_fn fn, CUdeviceptr *dptr, size_t bytesize, CUstream s)
 {
     CUdevice dev;
     CUcontext ctx;
-    if (!vgpu_cfg->enabled || !dptr || !bytesize || current_device(&dev, &ctx))
+    if (!vgpu_cfg->enabled || !dptr || !bytesize || capturing(s) || current_device(&dev, &ctx))
         return fn(dptr, bytesize, s);
     /* the device's current pool, which cuMemAllocAsync allocates from */
     CUdevice ord;
@@ -982,7 +995,7 @@ static CUresult alloc_pool(cuMemAllocFromPoolAsync_fn fn, CUdeviceptr *dptr, siz
 {
     CUdevice dev;
     CUcontext ctx;
-    if (!vgpu_cfg->enabled || !dptr || !bytesize || current_device(&dev, &ctx))
+    if (!vgpu_cfg->enabled || !dptr || !bytesize || capturing(s) || current_device(&dev, &ctx))
         return fn(dptr, bytesize, pool, s);
     uint64_t unused;
     int pdev;
@@ -1181,8 +1194,11 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D
         }                                                           \
         track_unlock();                                             \
         CUresult rc_ = call;                                        \
-        if (!e_)                                                    \
+        if (!e_) { /* perhaps a graph's allocation: its pool's reserve */ \
+            if (rc_ == CUDA_SUCCESS)                                \
+                gmem_sync_all();                                    \
             return rc_;                                             \
+        }                                                           \
         if (rc_ != CUDA_SUCCESS) {                                  \
             free_failed(key, size_, dev_, ctx_, ix_);               \
         } else if (ix_) {                                           \
@@ -1224,6 +1240,8 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemFreeAsync);
+    if (vgpu_cfg->enabled && capturing(s)) /* a free node: frees when the graph runs, charged till then */
+        return real_cuMemFreeAsync(dptr, s);
     FREE_PTR_BODY(dptr, real_cuMemFreeAsync(dptr, s));
 }
 
@@ -1231,6 +1249,8 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemFreeAsync_ptsz);
+    if (vgpu_cfg->enabled && capturing(s))
+        return real_cuMemFreeAsync_ptsz(dptr, s);
     FREE_PTR_BODY(dptr, real_cuMemFreeAsync_ptsz(dptr, s));
 }
 
@@ -1397,6 +1417,8 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
     REAL_OR_FAIL(cuMemGetInfo_v2);
     if (vgpu_cfg->enabled && __atomic_load_n(&g_npools, __ATOMIC_RELAXED))
         pools_sync_all(); /* report what the pools hold now */
+    if (vgpu_cfg->enabled)
+        gmem_sync_all(); /* and the graph pools */
     CUresult rc = real_cuMemGetInfo_v2(free_b, total_b);
     CUdevice dev;
     if (rc != CUDA_SUCCESS || !vgpu_cfg->enabled || !free_b || !total_b || current_device(&dev, NULL))
@@ -1459,5 +1481,299 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     nvmlReturn_t rc = vnvml_memory_v2(d, m);
     if (rc == NVML_SUCCESS && vgpu_cfg->enabled && m && nvml_mem_view(d, &m->total, &m->used, &m->free))
         m->reserved = 0;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ graph memory nodes
+ * A graph's allocation nodes (cuGraphAddMemAllocNode, or cuMemAllocAsync captured from a stream) take their
+ * memory from the device's graph memory pool when the graph is launched (or uploaded), not when the node is
+ * made; the pool keeps what it reserved (device memory the process holds) until cuDeviceGraphMemTrim, and an
+ * allocation the graph does not free stays allocated after the launch until cuMemFree / cuMemFreeAsync.
+ * Two rules, per CUDA ordinal:
+ * - before a launch or upload, what its allocation nodes can take (their sizes summed at instantiation,
+ *   TK_GRAPHMEM; child graphs walked) beyond what the pool has reserved and unused is reserved under the
+ *   limit, or the call is refused with CUDA_ERROR_OUT_OF_MEMORY: never more than the limit on the GPU;
+ * - the pool's reserve, read from the driver (cuDeviceGetGraphMemAttribute RESERVED_MEM_CURRENT) after every
+ *   launch, upload, trim, executable graph destroyed, context destroyed, free of memory the shim did not
+ *   allocate, and at every cuMemGetInfo, is what the process is charged for the pool (g_gmem). Not known
+ *   (the driver cannot be asked): what is charged stays charged.
+ * g_gmu serialises the reads and the charge; it is taken before the pools' lock, never after it. */
+#define GMEM_WALK_DEPTH 8
+static uint64_t g_gmem[VGPU_MAX_DEV]; /* bytes charged for the graph pool of CUDA ordinal d */
+static uint32_t g_gmem_seen;         /* ordinals whose graph pool this process may use (a bit each) */
+static pthread_mutex_t g_gmu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The graph pool's reserve and use on ordinal ord: 0, or -1 when the driver cannot tell. */
+static int gmem_read(int ord, uint64_t *reserved, uint64_t *used)
+{
+    cuuint64_t r = 0, u = 0;
+    if (!real_cuDeviceGetGraphMemAttribute ||
+        real_cuDeviceGetGraphMemAttribute(ord, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &r) != CUDA_SUCCESS ||
+        real_cuDeviceGetGraphMemAttribute(ord, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &u) != CUDA_SUCCESS)
+        return -1;
+    *reserved = r;
+    *used = u;
+    return 0;
+}
+
+/* Caller holds g_gmu: the pool of ord is charged `want` bytes (held by the driver already: never refused). */
+static void gmem_set_locked(int ord, uint64_t want)
+{
+    uint64_t have = g_gmem[ord];
+    int cdev = vgpu_dev_of_cuda(ord);
+    if (want > have)
+        region_reserve(cdev, want - have, 1, NULL, NULL);
+    else if (want < have)
+        region_release(cdev, have - want);
+    g_gmem[ord] = want;
+}
+
+static void gmem_sync(int ord)
+{
+    uint64_t r, u;
+    pthread_mutex_lock(&g_gmu);
+    if (gmem_read(ord, &r, &u) == 0)
+        gmem_set_locked(ord, r);
+    pthread_mutex_unlock(&g_gmu);
+}
+
+static void gmem_sync_all(void)
+{
+    uint32_t seen = __atomic_load_n(&g_gmem_seen, __ATOMIC_ACQUIRE);
+    for (int d = 0; seen && d < VGPU_MAX_DEV; d++)
+        if (seen & (1u << d))
+            gmem_sync(d);
+}
+
+static void gmem_after_fork_child(void)
+{
+    pthread_mutex_init(&g_gmu, NULL);
+    memset(g_gmem, 0, sizeof g_gmem); /* the child has no graph pool of the parent's */
+    g_gmem_seen = 0;
+}
+
+/* Adds the sizes of graph g's allocation nodes (and its child graphs', depth levels down) per CUDA ordinal
+ * to per[]; returns -1 when the graph could not be read in full. */
+static int gmem_walk(CUgraph g, uint64_t per[VGPU_MAX_DEV], int depth)
+{
+    size_t n = 0;
+    if (depth > GMEM_WALK_DEPTH || !real_cuGraphGetNodes || !real_cuGraphNodeGetType ||
+        real_cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS)
+        return -1;
+    if (n == 0)
+        return 0;
+    CUgraphNode *nodes = calloc(n, sizeof *nodes);
+    if (!nodes)
+        return -1;
+    int rc = real_cuGraphGetNodes(g, nodes, &n) == CUDA_SUCCESS ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        int type = -1;
+        if (real_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS) {
+            rc = -1;
+        } else if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+            CUDA_MEM_ALLOC_NODE_PARAMS p;
+            memset(&p, 0, sizeof p);
+            if (!real_cuGraphMemAllocNodeGetParams || real_cuGraphMemAllocNodeGetParams(nodes[i], &p) != CUDA_SUCCESS)
+                rc = -1;
+            else if (p.poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE && p.poolProps.location.id >= 0 &&
+                     p.poolProps.location.id < VGPU_MAX_DEV) {
+                uint64_t *s = &per[p.poolProps.location.id];
+                *s = *s + p.bytesize < *s ? UINT64_MAX : *s + p.bytesize;
+            }
+        } else if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
+            CUgraph child = NULL;
+            if (!real_cuGraphChildGraphNodeGetGraph || real_cuGraphChildGraphNodeGetGraph(nodes[i], &child) != CUDA_SUCCESS ||
+                gmem_walk(child, per, depth + 1) != 0)
+                rc = -1;
+        }
+    }
+    free(nodes);
+    return rc;
+}
+
+/* Records (merge: with what exec already had, for an update) what exec's allocation nodes can take: their
+ * sizes summed over every device, checked on each device they are on. A graph that could not be read is
+ * recorded on the current device with nothing to check before a launch; its pool is still charged after. */
+static void gmem_record(CUgraphExec exec, CUgraph graph, int merge)
+{
+    uint64_t per[VGPU_MAX_DEV] = {0}, total = 0;
+    uint32_t mask = 0;
+    int unread = gmem_walk(graph, per, 0) != 0;
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        if (per[d]) {
+            total = total + per[d] < total ? UINT64_MAX : total + per[d];
+            mask |= 1u << d;
+        }
+    }
+    CUdevice ord;
+    if (unread && real_cuCtxGetDevice && real_cuCtxGetDevice(&ord) == CUDA_SUCCESS && ord >= 0 && ord < VGPU_MAX_DEV)
+        mask |= 1u << ord;
+    uint64_t key = (uint64_t)(uintptr_t)exec;
+    if (unread)
+        LOG_WARN("cannot read the nodes of a graph; its memory nodes are charged after each launch only");
+    if (!mask) {
+        if (!merge) { /* an old record under a reused handle */
+            uint64_t s;
+            int d;
+            track_take(TK_GRAPHMEM, key, &s, &d);
+        }
+        return;
+    }
+    track_lock();
+    struct track_entry *e = merge ? track_find_locked(TK_GRAPHMEM, key) : NULL;
+    if (e) {
+        total = e->size > total ? e->size : total;
+        mask |= e->maps;
+    }
+    track_unlock();
+    __atomic_fetch_or(&g_gmem_seen, mask, __ATOMIC_RELEASE);
+    if (track_put(TK_GRAPHMEM, key, total, -1, NULL) != 0) {
+        LOG_ERROR("cannot record a graph's memory nodes; its memory is charged after each launch only");
+        return;
+    }
+    track_lock();
+    e = track_find_locked(TK_GRAPHMEM, key);
+    if (e)
+        e->maps = mask;
+    track_unlock();
+}
+
+void memory_graph_instantiated(CUgraphExec exec, CUgraph graph)
+{
+    if (vgpu_cfg->enabled && exec)
+        gmem_record(exec, graph, 0);
+}
+
+void memory_graph_exec_gone(CUgraphExec exec)
+{
+    if (!vgpu_cfg->enabled)
+        return;
+    uint64_t s;
+    int d;
+    if (track_take(TK_GRAPHMEM, (uint64_t)(uintptr_t)exec, &s, &d))
+        gmem_sync_all();
+}
+
+CUresult memory_graph_launch_begin(CUgraphExec exec, const char *api, struct gmem_launch *t)
+{
+    t->mask = 0;
+    if (!vgpu_cfg->enabled || !__atomic_load_n(&g_gmem_seen, __ATOMIC_RELAXED))
+        return CUDA_SUCCESS;
+    uint64_t bound = 0;
+    uint32_t mask = 0;
+    track_lock();
+    struct track_entry *e = track_find_locked(TK_GRAPHMEM, (uint64_t)(uintptr_t)exec);
+    if (e) {
+        bound = e->size;
+        mask = e->maps;
+    }
+    track_unlock();
+    if (!mask)
+        return CUDA_SUCCESS; /* no memory nodes */
+    pthread_mutex_lock(&g_gmu);
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        if (!(mask & (1u << d)))
+            continue;
+        uint64_t r = 0, u = 0, spare = 0;
+        if (gmem_read(d, &r, &u) == 0) {
+            gmem_set_locked(d, r);
+            spare = r > u ? r - u : 0; /* reserved and unused: a relaunch takes it again */
+        }
+        uint64_t need = bound > spare ? bound - spare : 0;
+        if (need && reserve(vgpu_dev_of_cuda(d), need, api) != CUDA_SUCCESS) {
+            for (int k = 0; k < d; k++)
+                if (t->mask & (1u << k))
+                    region_release(vgpu_dev_of_cuda(k), t->need[k]);
+            t->mask = 0;
+            pthread_mutex_unlock(&g_gmu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        t->need[d] = need;
+        t->before[d] = g_gmem[d];
+        t->mask |= 1u << d;
+    }
+    pthread_mutex_unlock(&g_gmu);
+    return CUDA_SUCCESS;
+}
+
+/* After the driver's call: the pool is charged what the driver says it reserves (after a successful call,
+ * never less than before it plus what was reserved for it, until the next read: a driver that reserves as
+ * the graph runs is not under-counted meanwhile), and what was reserved for the call goes back. */
+void memory_graph_launch_end(struct gmem_launch *t, CUresult rc)
+{
+    if (!t->mask)
+        return;
+    pthread_mutex_lock(&g_gmu);
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        if (!(t->mask & (1u << d)))
+            continue;
+        uint64_t r = 0, u = 0;
+        uint64_t want = gmem_read(d, &r, &u) == 0 ? r : g_gmem[d];
+        uint64_t floor = t->before[d] + t->need[d];
+        if (rc == CUDA_SUCCESS && floor > want)
+            want = floor;
+        gmem_set_locked(d, want);
+        if (t->need[d])
+            region_release(vgpu_dev_of_cuda(d), t->need[d]);
+    }
+    pthread_mutex_unlock(&g_gmu);
+    t->mask = 0;
+}
+
+/* An upload reserves the executable's graph memory ahead of its launch: the same rules. */
+static CUresult graph_upload(cuGraphUpload_fn fn, CUgraphExec exec, CUstream s)
+{
+    struct gmem_launch t;
+    CUresult rc = memory_graph_launch_begin(exec, "cuGraphUpload", &t);
+    if (rc)
+        return rc;
+    rc = fn(exec, s);
+    memory_graph_launch_end(&t, rc);
+    return rc;
+}
+
+EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream s)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuGraphUpload);
+    return graph_upload(real_cuGraphUpload, exec, s);
+}
+
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream s)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuGraphUpload_ptsz);
+    return graph_upload(real_cuGraphUpload_ptsz, exec, s);
+}
+
+/* An updated executable takes the new graph's parameters, allocation sizes included: what it can take is
+ * recorded again (never below what it was). */
+EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, void *info)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuGraphExecUpdate_v2);
+    CUresult rc = real_cuGraphExecUpdate_v2(exec, graph, info);
+    if (rc == CUDA_SUCCESS && vgpu_cfg->enabled)
+        gmem_record(exec, graph, 1);
+    return rc;
+}
+
+EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *err, int *result)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuGraphExecUpdate);
+    CUresult rc = real_cuGraphExecUpdate(exec, graph, err, result);
+    if (rc == CUDA_SUCCESS && vgpu_cfg->enabled)
+        gmem_record(exec, graph, 1);
+    return rc;
+}
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuDeviceGraphMemTrim);
+    CUresult rc = real_cuDeviceGraphMemTrim(dev);
+    if (rc == CUDA_SUCCESS && vgpu_cfg->enabled && dev >= 0 && dev < VGPU_MAX_DEV)
+        gmem_sync(dev);
     return rc;
 }

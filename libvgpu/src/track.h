@@ -13,8 +13,9 @@
 
 #include "vgpu.h"
 
-/* kinds of tracked objects: allocations (memory.c) and graph costs (limiter.c) */
-enum { TK_PTR = 1, TK_ARRAY, TK_MIPMAP, TK_HANDLE, TK_GRAPHEXEC, TK_POOL, TK_CTX, TK_LIMIT };
+/* kinds of tracked objects: allocations (memory.c), graph costs (limiter.c) and what an executable graph's
+ * allocation nodes can take (TK_GRAPHMEM, memory.c: size = their bytes, maps = the CUDA ordinals, a bit each) */
+enum { TK_PTR = 1, TK_ARRAY, TK_MIPMAP, TK_HANDLE, TK_GRAPHEXEC, TK_POOL, TK_CTX, TK_LIMIT, TK_GRAPHMEM };
 
 struct track_entry {
     uint64_t key;

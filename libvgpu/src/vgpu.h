@@ -127,6 +127,18 @@ int hostpid_learned(void); /* the pid NVML reports for this process if learned f
 /* ------------------------------------------------------------------ memory / contexts (memory.c) */
 int current_device(CUdevice *dev, CUcontext *ctx);
 void memory_after_fork_child(void);
+/* Graph memory nodes (memory.c): what an executable graph's allocation nodes can take is recorded at its
+ * instantiation (and update); a launch or upload is refused with CUDA_ERROR_OUT_OF_MEMORY when what it could
+ * add to the device's graph pool does not fit under the limit, and the pool's reserve is charged after it. */
+struct gmem_launch {
+    uint32_t mask;                  /* CUDA ordinals checked (a bit each); 0: nothing to do after the call */
+    uint64_t need[VGPU_MAX_DEV];    /* reserved for the call, per ordinal */
+    uint64_t before[VGPU_MAX_DEV];  /* the pool's charge before it */
+};
+void memory_graph_instantiated(CUgraphExec exec, CUgraph graph);
+CUresult memory_graph_launch_begin(CUgraphExec exec, const char *api, struct gmem_launch *t);
+void memory_graph_launch_end(struct gmem_launch *t, CUresult rc);
+void memory_graph_exec_gone(CUgraphExec exec);
 /* the tracking table used for allocations and graph costs: track.h */
 
 /* ------------------------------------------------------------------ SM limiter (limiter.c) */

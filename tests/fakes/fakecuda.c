@@ -4,7 +4,8 @@
  * Simulates: devices with memory (from FAKE_NVML_CONFIG, see fakenvml.c; default one H200 of
  * 143771 MiB), contexts (primary and created; each costs FAKE_CUDA_CTX_MIB of device memory,
  * default 300), streams, memory pools, VMM handles, arrays, modules/functions, kernel launches
- * with simulated execution time, stream capture and CUDA graphs, and cuGetProcAddress.
+ * with simulated execution time, stream capture and CUDA graphs (graph memory nodes with a graph memory
+ * pool per device, see tests/fakes/README.md), and cuGetProcAddress.
  *
  * Kernel time: a launch of gridDimX*gridDimY*gridDimZ blocks keeps its device busy for
  * FAKE_CUDA_NS_PER_LAUNCH + blocks * FAKE_CUDA_NS_PER_BLOCK ns (defaults 0 and 1000; a fixed cost
@@ -75,6 +76,7 @@ struct falloc {
     int xfd;      /* K_HANDLE: the last exported file descriptor (-1: none), alive while open */
     uint64_t xino; /* K_HANDLE: its inode, to tell it from a later file on the same number */
     int pool;     /* K_PTR from a memory pool: index + 1 in g_pool (its memory goes back to the pool) */
+    int gpool;    /* K_PTR a graph's allocation node made: its memory goes back to the device's graph pool */
 };
 #define ATAB (1u << 17)
 static struct falloc g_alloc[ATAB];
@@ -153,27 +155,57 @@ struct fpool {
 static struct fpool g_pool[MAX_POOL]; /* index < FG_MAX_DEV: default pools */
 static void pools_sync(int dev);
 static void pool_trim(struct fpool *fp, uint64_t keep);
+struct fgraph;
+static CUresult graph_mem_alloc(struct fgraph *fg, int dev, uint64_t bytes, CUdeviceptr *dptr, CUgraphNode *node);
+static CUresult graph_mem_free(struct fgraph *fg, CUdeviceptr dptr, CUgraphNode *node);
 
 struct fnode {
     int type;
     CUDA_KERNEL_NODE_PARAMS p;
+    /* CU_GRAPH_NODE_TYPE_MEM_ALLOC / _MEM_FREE: the allocation's address, size and device (config index) */
+    CUdeviceptr dptr;
+    uint64_t bytes;
+    int dev;
 };
 #define GRAPH_NODES 4096
 struct fgraph {
     int used;
     int n;
+    int mem;  /* holds memory nodes: at most one executable of it may exist at a time */
+    int inst; /* executables of it alive */
     struct fnode nodes[GRAPH_NODES];
 };
 #define MAX_GRAPH 16
 static struct fgraph g_graph[MAX_GRAPH];
 
+/* An executable graph keeps its memory nodes in order: each launch allocates (alloc nodes) and frees
+ * (free nodes) in the device's graph memory pool. */
+#define EXEC_MEMOPS 64
+struct fmemop {
+    int type; /* CU_GRAPH_NODE_TYPE_MEM_ALLOC or _MEM_FREE */
+    int dev;
+    CUdeviceptr dptr;
+    uint64_t bytes;
+};
 struct fexec {
     int used;
     int n;
     uint64_t blocks;
+    struct fgraph *g;
+    int nmem;
+    struct fmemop mem[EXEC_MEMOPS];
 };
 #define MAX_EXEC 256
 static struct fexec g_exec[MAX_EXEC];
+
+/* The graph memory pool of each device (config index), per process as the driver keeps it: a launch's
+ * allocation nodes take from its reserve, which grows (2 MiB steps, charged to the device) when short;
+ * memory freed (a free node, cuMemFree, cuMemFreeAsync) goes back to the pool, which keeps it reserved
+ * until cuDeviceGraphMemTrim. cuDeviceGetGraphMemAttribute reports it. */
+struct fgpool {
+    uint64_t reserved, used, reserved_high, used_high;
+};
+static struct fgpool g_gpool[FG_MAX_DEV];
 
 struct fmod {
     int used;
@@ -348,7 +380,13 @@ static CUresult free_alloc(uint64_t key, int kind)
     int dev = e->dev;
     uint64_t size = e->size;
     int pool = e->pool;
+    int gpool = e->gpool;
     a_remove(e);
+    if (gpool) { /* back to the graph pool, which keeps it reserved until cuDeviceGraphMemTrim */
+        g_gpool[dev].used = g_gpool[dev].used > size ? g_gpool[dev].used - size : 0;
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_SUCCESS;
+    }
     if (pool) { /* back to its pool, which keeps it reserved (a destroyed pool gives it back to the device) */
         struct fpool *fp = &g_pool[pool - 1];
         fp->in_use -= size;
@@ -428,6 +466,8 @@ static void ctx_free(struct fctx *c)
         if (g_alloc[i].key && g_alloc[i].ctx == c) {
             if (g_alloc[i].pool)
                 g_pool[g_alloc[i].pool - 1].in_use -= g_alloc[i].size;
+            else if (g_alloc[i].gpool)
+                g_gpool[g_alloc[i].dev].used -= g_alloc[i].size;
             else
                 freed += g_alloc[i].size;
             a_remove(&g_alloc[i]); /* may shift a later entry into i: re-examine i */
@@ -1103,6 +1143,8 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s)
     int ord = 0;
     while (ord < g_nvis - 1 && PH(ord) != c->dev)
         ord++;
+    if (fs && fs->capturing) /* recorded as an allocation node: the graph allocates at each launch */
+        return size ? graph_mem_alloc(fs->cap, c->dev, size, p, NULL) : CUDA_ERROR_INVALID_VALUE;
     CUmemoryPool def;
     cuDeviceGetDefaultMemPool(&def, ord); /* the device's current pool */
     return pool_alloc(p, size, pool_of(def), c);
@@ -1119,6 +1161,9 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPoo
     struct fpool *fp = pool_of(pool);
     if (!p || !fp || !stream_valid(s))
         return CUDA_ERROR_INVALID_VALUE;
+    struct fstream *fs = stream_of(s);
+    if (fs && fs->capturing)
+        return size ? graph_mem_alloc(fs->cap, fp->dev, size, p, NULL) : CUDA_ERROR_INVALID_VALUE;
     return pool_alloc(p, size, fp, t_cur);
 }
 
@@ -1132,6 +1177,9 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
     NEED_CTX();
     if (!stream_valid(s))
         return CUDA_ERROR_INVALID_VALUE;
+    struct fstream *fs = stream_of(s);
+    if (fs && fs->capturing) /* a free node: only a graph's allocation can be freed by one */
+        return graph_mem_free(fs->cap, p, NULL);
     return free_alloc(p, K_PTR);
 }
 
@@ -1898,6 +1946,142 @@ EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE
     return CUDA_SUCCESS;
 }
 
+/* Memory nodes (cuGraphAddMemAllocNode, cuGraphAddMemFreeNode, or cuMemAllocAsync / cuMemFreeAsync captured
+ * from a stream): the allocation's address is fixed when the node is made; the memory is taken from the
+ * device's graph pool at each launch (or cuGraphUpload) and, when the graph does not free it, stays
+ * allocated after the launch until cuMemFree / cuMemFreeAsync (or a free node of another graph). A graph
+ * launched while its allocation from a previous launch is still allocated fails (the address is taken). */
+static CUresult graph_mem_alloc(struct fgraph *fg, int dev, uint64_t bytes, CUdeviceptr *dptr, CUgraphNode *node)
+{
+    if (!fg || !dptr || !bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    if (fg->n >= GRAPH_NODES) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct fnode *n = &fg->nodes[fg->n++];
+    memset(n, 0, sizeof(*n));
+    n->type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+    n->dptr = next_addr(bytes);
+    n->bytes = bytes;
+    n->dev = dev;
+    fg->mem = 1;
+    pthread_mutex_unlock(&g_mu);
+    *dptr = n->dptr;
+    if (node)
+        *node = (CUgraphNode)n;
+    return CUDA_SUCCESS;
+}
+
+/* The allocation node (of any graph) that returned dptr, or NULL. Caller holds g_mu. */
+static struct fnode *alloc_node_of_locked(CUdeviceptr dptr)
+{
+    for (int i = 0; i < MAX_GRAPH; i++)
+        for (int k = 0; g_graph[i].used && k < g_graph[i].n; k++)
+            if (g_graph[i].nodes[k].type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && g_graph[i].nodes[k].dptr == dptr)
+                return &g_graph[i].nodes[k];
+    return NULL;
+}
+
+static CUresult graph_mem_free(struct fgraph *fg, CUdeviceptr dptr, CUgraphNode *node)
+{
+    if (!fg)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    struct fnode *a = alloc_node_of_locked(dptr);
+    int twice = 0;
+    for (int k = 0; k < fg->n; k++)
+        twice |= fg->nodes[k].type == CU_GRAPH_NODE_TYPE_MEM_FREE && fg->nodes[k].dptr == dptr;
+    if (!a || twice || fg->n >= GRAPH_NODES) { /* not an allocation node's address, or freed twice */
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct fnode *n = &fg->nodes[fg->n++];
+    memset(n, 0, sizeof(*n));
+    n->type = CU_GRAPH_NODE_TYPE_MEM_FREE;
+    n->dptr = dptr;
+    n->bytes = a->bytes;
+    n->dev = a->dev;
+    fg->mem = 1;
+    pthread_mutex_unlock(&g_mu);
+    if (node)
+        *node = (CUgraphNode)n;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                       CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    (void)deps;
+    (void)ndeps;
+    CHECK_INIT();
+    struct fgraph *fg = graph_of(g);
+    if (!node || !fg || !p || !p->bytesize || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !dev_ok(p->poolProps.location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    return graph_mem_alloc(fg, PH(p->poolProps.location.id), p->bytesize, &p->dptr, node);
+}
+
+EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                      CUdeviceptr dptr)
+{
+    (void)deps;
+    (void)ndeps;
+    CHECK_INIT();
+    if (!node)
+        return CUDA_ERROR_INVALID_VALUE;
+    return graph_mem_free(graph_of(g), dptr, node);
+}
+
+EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    CHECK_INIT();
+    struct fnode *n = (struct fnode *)node;
+    if (!n || !p || n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(p, 0, sizeof(*p));
+    p->poolProps.allocType = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    p->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p->poolProps.location.id = ordinal_of(n->dev);
+    p->bytesize = n->bytes;
+    p->dptr = n->dptr;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dptr)
+{
+    CHECK_INIT();
+    struct fnode *n = (struct fnode *)node;
+    if (!n || !dptr || n->type != CU_GRAPH_NODE_TYPE_MEM_FREE)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = n->dptr;
+    return CUDA_SUCCESS;
+}
+
+/* Copies graph fg's launch cost and memory nodes into fe. Caller holds g_mu. */
+static CUresult exec_fill_locked(struct fexec *fe, struct fgraph *fg)
+{
+    uint64_t blocks = 0;
+    int nmem = 0;
+    for (int i = 0; i < fg->n; i++) {
+        const struct fnode *n = &fg->nodes[i];
+        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL)
+            blocks += (uint64_t)n->p.gridDimX * n->p.gridDimY * n->p.gridDimZ;
+        else if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
+            if (nmem >= EXEC_MEMOPS)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            fe->mem[nmem++] = (struct fmemop){.type = n->type, .dev = n->dev, .dptr = n->dptr, .bytes = n->bytes};
+        }
+    }
+    fe->n = fg->n;
+    fe->blocks = blocks;
+    fe->nmem = nmem;
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_upload(CUgraphExec e, CUstream s);
+
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
 {
     (void)flags;
@@ -1905,16 +2089,21 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
     struct fgraph *fg = graph_of(g);
     if (!e || !fg)
         return CUDA_ERROR_INVALID_VALUE;
-    uint64_t blocks = 0;
-    for (int i = 0; i < fg->n; i++)
-        if (fg->nodes[i].type == CU_GRAPH_NODE_TYPE_KERNEL)
-            blocks += (uint64_t)fg->nodes[i].p.gridDimX * fg->nodes[i].p.gridDimY * fg->nodes[i].p.gridDimZ;
     pthread_mutex_lock(&g_mu);
+    if (fg->mem && fg->inst) { /* only one instantiation of a graph with memory nodes at a time */
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     for (int i = 0; i < MAX_EXEC; i++) {
         if (!g_exec[i].used) {
+            CUresult rc = exec_fill_locked(&g_exec[i], fg);
+            if (rc) {
+                pthread_mutex_unlock(&g_mu);
+                return rc;
+            }
             g_exec[i].used = 1;
-            g_exec[i].n = fg->n;
-            g_exec[i].blocks = blocks;
+            g_exec[i].g = fg;
+            fg->inst++;
             pthread_mutex_unlock(&g_mu);
             *e = (CUgraphExec)&g_exec[i];
             return CUDA_SUCCESS;
@@ -1932,6 +2121,29 @@ EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *er
     return cuGraphInstantiateWithFlags(e, g, 0);
 }
 
+/* The CUDA 10-11 symbol, same arguments as _v2. */
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t logsz)
+{
+    return cuGraphInstantiate_v2(e, g, err, log, logsz);
+}
+
+/* CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: also uploads it to hUploadStream (its allocations' memory reserved). */
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = cuGraphInstantiateWithFlags(e, g, p->flags & ~(cuuint64_t)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
+    p->result_out = rc ? 1 : 0;
+    if (rc == CUDA_SUCCESS && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD))
+        rc = graph_upload(*e, p->hUploadStream);
+    return rc;
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    return cuGraphInstantiateWithParams(e, g, p);
+}
+
 static struct fexec *exec_of(CUgraphExec e)
 {
     struct fexec *fe = (struct fexec *)e;
@@ -1940,13 +2152,112 @@ static struct fexec *exec_of(CUgraphExec e)
     return fe;
 }
 
+/* An executable graph takes the parameters of a graph of the same shape (the same node types in the same
+ * order), allocation sizes included. */
+EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, void *result_info)
+{
+    (void)result_info;
+    CHECK_INIT();
+    struct fexec *fe = exec_of(e);
+    struct fgraph *fg = graph_of(g);
+    if (!fe || !fg)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    int same = fg->n == fe->n, k = 0;
+    for (int i = 0; same && i < fg->n; i++) {
+        int t = fg->nodes[i].type;
+        if (t == CU_GRAPH_NODE_TYPE_MEM_ALLOC || t == CU_GRAPH_NODE_TYPE_MEM_FREE)
+            same = k < fe->nmem && fe->mem[k++].type == t;
+    }
+    same = same && k == fe->nmem;
+    struct fexec upd = *fe;
+    CUresult rc = same ? exec_fill_locked(&upd, fg) : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    if (rc == CUDA_SUCCESS) {
+        for (int i = 0; i < upd.nmem; i++)
+            upd.mem[i].dptr = fe->mem[i].dptr; /* the executable's allocations keep their addresses */
+        *fe = upd;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 {
     CHECK_INIT();
     struct fexec *fe = exec_of(e);
     if (!fe)
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
     fe->used = 0;
+    if (fe->g && fe->g->inst > 0)
+        fe->g->inst--;
+    fe->g = NULL;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+/* Grows the graph pools so that fe's allocations fit (run: also makes them, in order with its frees).
+ * The reserve grows by what the sequence needs at its peak beyond it, in 2 MiB steps, charged to the
+ * device; a device without room: CUDA_ERROR_OUT_OF_MEMORY and nothing changes. */
+static CUresult graph_mem_run(struct fexec *fe, int run)
+{
+    uint64_t grow[FG_MAX_DEV] = {0};
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; run && i < fe->nmem; i++) {
+        struct falloc *a = fe->mem[i].type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ? a_find(fe->mem[i].dptr) : NULL;
+        if (a) { /* allocated by a previous launch and not freed yet */
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    for (int d = 0; d < FG_MAX_DEV; d++) {
+        uint64_t cur = g_gpool[d].used, peak = cur;
+        for (int i = 0; i < fe->nmem; i++) {
+            if (fe->mem[i].dev != d)
+                continue;
+            if (fe->mem[i].type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+                cur += fe->mem[i].bytes;
+            else
+                cur = cur > fe->mem[i].bytes ? cur - fe->mem[i].bytes : 0;
+            peak = cur > peak ? cur : peak;
+        }
+        if (peak > g_gpool[d].reserved)
+            grow[d] = (peak - g_gpool[d].reserved + (2 * MIB - 1)) & ~(2 * MIB - 1);
+    }
+    pthread_mutex_unlock(&g_mu);
+    for (int d = 0; d < FG_MAX_DEV; d++) {
+        if (grow[d] && charge(d, grow[d]) != CUDA_SUCCESS) {
+            for (int k = 0; k < d; k++)
+                if (grow[k])
+                    uncharge(k, grow[k]);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_lock(&g_mu);
+    for (int d = 0; d < FG_MAX_DEV; d++) {
+        g_gpool[d].reserved += grow[d];
+        if (g_gpool[d].reserved > g_gpool[d].reserved_high)
+            g_gpool[d].reserved_high = g_gpool[d].reserved;
+    }
+    for (int i = 0; run && i < fe->nmem; i++) {
+        const struct fmemop *m = &fe->mem[i];
+        struct fgpool *gp = &g_gpool[m->dev];
+        if (m->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+            struct falloc a = {.key = m->dptr, .size = m->bytes, .ctx = t_cur, .dev = m->dev, .kind = K_PTR,
+                               .xfd = -1, .gpool = 1};
+            if (a_insert(&a) == 0)
+                gp->used += m->bytes;
+        } else {
+            struct falloc *a = a_find(m->dptr);
+            if (a && a->gpool) {
+                gp->used = gp->used > a->size ? gp->used - a->size : 0;
+                a_remove(a);
+            }
+        }
+        if (gp->used > gp->used_high)
+            gp->used_high = gp->used;
+    }
+    pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
 
@@ -1956,6 +2267,9 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
     struct fexec *fe = exec_of(e);
     if (!fe || !stream_valid(s))
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fe->nmem ? graph_mem_run(fe, 1) : CUDA_SUCCESS;
+    if (rc)
+        return rc;
     schedule(t_cur, stream_of(s), fe->blocks * g_ns_per_block);
     return CUDA_SUCCESS;
 }
@@ -1963,6 +2277,80 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
 {
     return cuGraphLaunch(e, s);
+}
+
+/* Reserves in the graph pools what fe's allocations need, without running it. */
+static CUresult graph_upload(CUgraphExec e, CUstream s)
+{
+    NEED_CTX();
+    struct fexec *fe = exec_of(e);
+    if (!fe || !stream_valid(s))
+        return CUDA_ERROR_INVALID_VALUE;
+    return fe->nmem ? graph_mem_run(fe, 0) : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s)
+{
+    return graph_upload(e, s);
+}
+
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s)
+{
+    return graph_upload(e, s);
+}
+
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *value)
+{
+    CHECK_INIT();
+    if (!dev_ok(d))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!value || attr < CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT || attr > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    const struct fgpool *gp = &g_gpool[PH(d)];
+    uint64_t v = attr == CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT ? gp->used
+                 : attr == CU_GRAPH_MEM_ATTR_USED_MEM_HIGH  ? gp->used_high
+                 : attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT ? gp->reserved : gp->reserved_high;
+    pthread_mutex_unlock(&g_mu);
+    *(cuuint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+
+/* Only the high watermarks can be set, and only to 0 (a reset to the current value). */
+EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice d, int attr, void *value)
+{
+    CHECK_INIT();
+    if (!dev_ok(d))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!value || *(cuuint64_t *)value || (attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    struct fgpool *gp = &g_gpool[PH(d)];
+    if (attr == CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)
+        gp->used_high = gp->used;
+    else
+        gp->reserved_high = gp->reserved;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+/* Gives the graph pool's reserve beyond what its live allocations use (in 2 MiB steps) back to the device. */
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d)
+{
+    CHECK_INIT();
+    if (!dev_ok(d))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    struct fgpool *gp = &g_gpool[PH(d)];
+    uint64_t keep = (gp->used + (2 * MIB - 1)) & ~(2 * MIB - 1), drop = 0;
+    if (gp->reserved > keep) {
+        drop = gp->reserved - keep;
+        gp->reserved = keep;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (drop)
+        uncharge(PH(d), drop);
+    return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------ cuGetProcAddress
@@ -2030,7 +2418,16 @@ static const struct procent g_proc[] = {
     PE(cuGraphNodeGetType, 10000, cuGraphNodeGetType),
     PE(cuGraphKernelNodeGetParams, 10000, cuGraphKernelNodeGetParams),
     PE(cuGraphKernelNodeGetParams, 12000, cuGraphKernelNodeGetParams_v2),
-    PE(cuGraphInstantiate, 11000, cuGraphInstantiate_v2), PE(cuGraphInstantiate, 12000, cuGraphInstantiateWithFlags),
+    PE(cuGraphInstantiate, 10000, cuGraphInstantiate), PE(cuGraphInstantiate, 11000, cuGraphInstantiate_v2),
+    PE(cuGraphInstantiate, 12000, cuGraphInstantiateWithFlags),
+    PT(cuGraphInstantiateWithParams, 12000, cuGraphInstantiateWithParams), PT(cuGraphUpload, 11010, cuGraphUpload),
+    PE(cuGraphExecUpdate, 12000, cuGraphExecUpdate_v2), PE(cuGraphAddMemAllocNode, 11040, cuGraphAddMemAllocNode),
+    PE(cuGraphAddMemFreeNode, 11040, cuGraphAddMemFreeNode),
+    PE(cuGraphMemAllocNodeGetParams, 11040, cuGraphMemAllocNodeGetParams),
+    PE(cuGraphMemFreeNodeGetParams, 11040, cuGraphMemFreeNodeGetParams),
+    PE(cuDeviceGetGraphMemAttribute, 11040, cuDeviceGetGraphMemAttribute),
+    PE(cuDeviceSetGraphMemAttribute, 11040, cuDeviceSetGraphMemAttribute),
+    PE(cuDeviceGraphMemTrim, 11040, cuDeviceGraphMemTrim),
     PE(cuGraphInstantiateWithFlags, 11040, cuGraphInstantiateWithFlags), PE(cuGraphExecDestroy, 10000, cuGraphExecDestroy),
     PT(cuGraphLaunch, 10000, cuGraphLaunch), PE(cuGetProcAddress, 11030, cuGetProcAddress),
     PE(cuGetProcAddress, 12000, cuGetProcAddress_v2),
