@@ -42,6 +42,10 @@ as volume mounts (``accept-nvidia-visible-devices-as-volume-mounts``, the NVIDIA
 ``/var/run/nvidia-container-devices/all`` in a sidecar (no shim there) or in its GPU container:
 the same request as ``NVIDIA_VISIBLE_DEVICES=all``, which the webhook denies. Denied alike now.
 
+Growing a booked pod in place (defended by the API server, played to keep it so): with
+``pods/resize`` a tenant patches its bound pod's ``nvidia.com/gpumem`` from 1000 to 20000, or
+adds ``nvidia.com/gpucores``; kube-apiserver refuses every resource but cpu and memory there.
+
 Annotations are mutable: the tenant creates a small pod and patches the annotation while the pod
 is pending (the webhook is consulted on UPDATE only for system-owned keys), so the extender is
 the place that must hold.
@@ -64,6 +68,7 @@ from kube_vgpu.model import GPUDevice
 from kube_vgpu.placement import vector
 from kube_vgpu.placement.state import ClusterState
 from kube_vgpu.podspec import parse_pod
+from kube_vgpu.quantity import parse_whole
 from tests.chart import vap
 from tests.chart.conftest import Renderer, find, helm, renderer  # noqa: F401 - fixtures
 from tests.e2e.conftest import SKIP_REASON, have_control_plane
@@ -384,3 +389,40 @@ def test_ordinary_mounts_under_run_are_still_allowed(default_hook: Client) -> No
     pod["spec"]["containers"][0]["volumeMounts"] += [{"name": "run", "mountPath": "/var/run"},
                                                      {"name": "run", "mountPath": "/run/app", "subPath": "app"}]
     assert create(default_hook, pod)["allowed"] is True
+
+
+@pytest.mark.e2e
+def test_real_api_server_refuses_resizing_a_vgpu_request_in_place(request: pytest.FixtureRequest) -> None:
+    """``pods/resize`` of a bound vGPU pod: the vGPU limits cannot grow (or appear) in place; cpu can."""
+    if not have_control_plane():
+        pytest.skip(SKIP_REASON)
+    from kubernetes import client
+
+    c = request.getfixturevalue("cluster")
+    api = c["admin"]
+    core: Any = client.CoreV1Api(api)
+    try:
+        core.create_namespace({"metadata": {"name": "team-r"}})
+        core.create_namespaced_service_account("team-r", {"metadata": {"name": "default"}})
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+    res = {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000", "cpu": "1", "memory": "100Mi"}}
+    core.create_namespaced_pod("team-r", {"metadata": {"name": "p"}, "spec": {"nodeName": "n-resize", "containers": [
+        {"name": "c", "image": "cuda", "resources": res}]}})
+
+    def resize(ops: list[dict[str, Any]]) -> tuple[int, str]:
+        prm = api.param_serialize(method="PATCH", resource_path="/api/v1/namespaces/team-r/pods/p/resize", body=ops,
+                                  header_params={"Content-Type": "application/json-patch+json",
+                                                 "Accept": "application/json"}, auth_settings=["BearerToken"])
+        raw = api.call_api(*prm)
+        raw.read()
+        return raw.status, raw.data.decode()
+
+    path = "/spec/containers/0/resources/{}/nvidia.com~1{}"
+    for op, name, value in (("replace", "gpumem", "20000"), ("add", "gpucores", "100")):
+        status, body = resize([{"op": op, "path": path.format(part, name), "value": value}
+                               for part in ("limits", "requests")])
+        assert status == 422 and "only cpu and memory resources are mutable" in body, (name, status, body)
+    got = core.read_namespaced_pod("p", "team-r").spec.containers[0].resources.limits
+    assert parse_whole(got["nvidia.com/gpumem"]) == 1000 and "nvidia.com/gpucores" not in got  # "1k" as stored
