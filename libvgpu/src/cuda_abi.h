@@ -186,6 +186,22 @@ typedef struct {
     CUdeviceptr dptr; /* out: the allocation's address, fixed across instantiations and launches */
 } CUDA_MEM_ALLOC_NODE_PARAMS;
 
+/* cuGraphAddNode (the fakes take CU_GRAPH_NODE_TYPE_GRAPH only): a child graph, cloned or moved into the parent */
+#define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE 0
+#define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE 1
+typedef struct {
+    int type; /* CUgraphNodeType */
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        struct {
+            CUgraph graph;
+            int ownership; /* CUgraphChildGraphNodeOwnership */
+        } graph;
+    } u;
+    long long reserved2;
+} CUgraphNodeParams;
+
 /* cuGraphInstantiateWithParams */
 typedef struct {
     cuuint64_t flags;

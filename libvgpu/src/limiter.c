@@ -656,12 +656,12 @@ static uint64_t exec_blocks(CUgraphExec exec)
         ensure_cuda();                                                             \
         if (UNLIKELY(!real_##name))                                                \
             return CUDA_ERROR_NOT_INITIALIZED;                                     \
+        if (UNLIKELY(g_sm_active)) /* first: the memory check holds a lock until the end */ \
+            limiter_throttle(exec_blocks(exec), s);                                \
         struct gmem_launch t;                                                      \
         CUresult rc = memory_graph_launch_begin(exec, "cuGraphLaunch", &t);        \
         if (rc)                                                                    \
             return rc;                                                             \
-        if (UNLIKELY(g_sm_active))                                                 \
-            limiter_throttle(exec_blocks(exec), s);                                \
         rc = real_##name(exec, s);                                                 \
         memory_graph_launch_end(&t, rc);                                           \
         return rc;                                                                 \

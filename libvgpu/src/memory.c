@@ -1497,7 +1497,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
  *   launch, upload, trim, executable graph destroyed, context destroyed, free of memory the shim did not
  *   allocate, and at every cuMemGetInfo, is what the process is charged for the pool (g_gmem). Not known
  *   (the driver cannot be asked): what is charged stays charged.
- * g_gmu serialises the reads and the charge; it is taken before the pools' lock, never after it. */
+ * g_gmu serialises the reads and the charge, and is held from the check of a launch (or upload) of a graph
+ * with allocation nodes to the read after it, so that two launches never both count on the same unused
+ * reserve; it is taken before the pools' lock, never after it. */
 #define GMEM_WALK_DEPTH 8
 static uint64_t g_gmem[VGPU_MAX_DEV]; /* bytes charged for the graph pool of CUDA ordinal d */
 static uint32_t g_gmem_seen;         /* ordinals whose graph pool this process may use (a bit each) */
@@ -1670,7 +1672,7 @@ CUresult memory_graph_launch_begin(CUgraphExec exec, const char *api, struct gme
     track_unlock();
     if (!mask)
         return CUDA_SUCCESS; /* no memory nodes */
-    pthread_mutex_lock(&g_gmu);
+    pthread_mutex_lock(&g_gmu); /* held until memory_graph_launch_end */
     for (int d = 0; d < VGPU_MAX_DEV; d++) {
         if (!(mask & (1u << d)))
             continue;
@@ -1692,8 +1694,7 @@ CUresult memory_graph_launch_begin(CUgraphExec exec, const char *api, struct gme
         t->before[d] = g_gmem[d];
         t->mask |= 1u << d;
     }
-    pthread_mutex_unlock(&g_gmu);
-    return CUDA_SUCCESS;
+    return CUDA_SUCCESS; /* g_gmu stays held across the driver's call */
 }
 
 /* After the driver's call: the pool is charged what the driver says it reserves (after a successful call,
@@ -1702,8 +1703,7 @@ CUresult memory_graph_launch_begin(CUgraphExec exec, const char *api, struct gme
 void memory_graph_launch_end(struct gmem_launch *t, CUresult rc)
 {
     if (!t->mask)
-        return;
-    pthread_mutex_lock(&g_gmu);
+        return; /* nothing checked: g_gmu is not held */
     for (int d = 0; d < VGPU_MAX_DEV; d++) {
         if (!(t->mask & (1u << d)))
             continue;

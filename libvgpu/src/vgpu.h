@@ -129,7 +129,8 @@ int current_device(CUdevice *dev, CUcontext *ctx);
 void memory_after_fork_child(void);
 /* Graph memory nodes (memory.c): what an executable graph's allocation nodes can take is recorded at its
  * instantiation (and update); a launch or upload is refused with CUDA_ERROR_OUT_OF_MEMORY when what it could
- * add to the device's graph pool does not fit under the limit, and the pool's reserve is charged after it. */
+ * add to the device's graph pool does not fit under the limit, and the pool's reserve is charged after it.
+ * A begin that returns CUDA_SUCCESS with t->mask set holds a lock until its end: call the driver between. */
 struct gmem_launch {
     uint32_t mask;                  /* CUDA ordinals checked (a bit each); 0: nothing to do after the call */
     uint64_t need[VGPU_MAX_DEV];    /* reserved for the call, per ordinal */

@@ -166,6 +166,7 @@ struct fnode {
     CUdeviceptr dptr;
     uint64_t bytes;
     int dev;
+    struct fgraph *child; /* CU_GRAPH_NODE_TYPE_GRAPH: the child graph (owned by this node) */
 };
 #define GRAPH_NODES 4096
 struct fgraph {
@@ -173,6 +174,7 @@ struct fgraph {
     int n;
     int mem;  /* holds memory nodes: at most one executable of it may exist at a time */
     int inst; /* executables of it alive */
+    int owned; /* moved into a child graph node: its parent owns it */
     struct fnode nodes[GRAPH_NODES];
 };
 #define MAX_GRAPH 16
@@ -1622,6 +1624,7 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
         if (!g_graph[i].used) {
             g_graph[i].used = 1;
             g_graph[i].n = 0;
+            g_graph[i].mem = g_graph[i].inst = g_graph[i].owned = 0;
             fs->cap = &g_graph[i];
             fs->capturing = 1;
             pthread_mutex_unlock(&g_mu);
@@ -1860,6 +1863,7 @@ EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
         if (!g_graph[i].used) {
             g_graph[i].used = 1;
             g_graph[i].n = 0;
+            g_graph[i].mem = g_graph[i].inst = g_graph[i].owned = 0;
             pthread_mutex_unlock(&g_mu);
             *g = (CUgraph)&g_graph[i];
             return CUDA_SUCCESS;
@@ -1873,9 +1877,14 @@ EXPORT CUresult cuGraphDestroy(CUgraph g)
 {
     CHECK_INIT();
     struct fgraph *fg = graph_of(g);
-    if (!fg)
+    if (!fg || fg->owned) /* a moved child graph goes with its parent */
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < fg->n; i++) /* and so do its own children */
+        for (struct fgraph *c = fg->nodes[i].type == CU_GRAPH_NODE_TYPE_GRAPH ? fg->nodes[i].child : NULL; c; c = NULL)
+            c->used = c->owned = 0;
     fg->used = 0;
+    pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
 
@@ -2059,24 +2068,104 @@ EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dptr)
     return CUDA_SUCCESS;
 }
 
-/* Copies graph fg's launch cost and memory nodes into fe. Caller holds g_mu. */
-static CUresult exec_fill_locked(struct fexec *fe, struct fgraph *fg)
+/* Adds graph fg's launch cost and memory nodes (its child graphs' included, in place) to fe. Caller holds g_mu. */
+static CUresult exec_add_locked(struct fexec *fe, const struct fgraph *fg, int depth)
 {
-    uint64_t blocks = 0;
-    int nmem = 0;
     for (int i = 0; i < fg->n; i++) {
         const struct fnode *n = &fg->nodes[i];
         if (n->type == CU_GRAPH_NODE_TYPE_KERNEL)
-            blocks += (uint64_t)n->p.gridDimX * n->p.gridDimY * n->p.gridDimZ;
-        else if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
-            if (nmem >= EXEC_MEMOPS)
+            fe->blocks += (uint64_t)n->p.gridDimX * n->p.gridDimY * n->p.gridDimZ;
+        else if (n->type == CU_GRAPH_NODE_TYPE_GRAPH && n->child && depth < 8) {
+            CUresult rc = exec_add_locked(fe, n->child, depth + 1);
+            if (rc)
+                return rc;
+        } else if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
+            if (fe->nmem >= EXEC_MEMOPS)
                 return CUDA_ERROR_OUT_OF_MEMORY;
-            fe->mem[nmem++] = (struct fmemop){.type = n->type, .dev = n->dev, .dptr = n->dptr, .bytes = n->bytes};
+            fe->mem[fe->nmem++] = (struct fmemop){.type = n->type, .dev = n->dev, .dptr = n->dptr, .bytes = n->bytes};
         }
     }
+    return CUDA_SUCCESS;
+}
+
+/* Copies graph fg's launch cost and memory nodes into fe. Caller holds g_mu. */
+static CUresult exec_fill_locked(struct fexec *fe, struct fgraph *fg)
+{
+    fe->blocks = 0;
+    fe->nmem = 0;
     fe->n = fg->n;
-    fe->blocks = blocks;
-    fe->nmem = nmem;
+    return exec_add_locked(fe, fg, 0);
+}
+
+/* The classic child graph node clones the child; a graph with memory nodes cannot be cloned (use
+ * cuGraphAddNode with the ownership moved). */
+EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                         CUgraph child)
+{
+    (void)deps;
+    (void)ndeps;
+    CHECK_INIT();
+    struct fgraph *fg = graph_of(g), *fc = graph_of(child);
+    if (!node || !fg || !fc || fc == fg || fc->mem)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    struct fgraph *copy = NULL;
+    for (int i = 0; i < MAX_GRAPH && !copy; i++)
+        if (!g_graph[i].used)
+            copy = &g_graph[i];
+    if (!copy || fg->n >= GRAPH_NODES) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memcpy(copy, fc, sizeof(*copy));
+    copy->owned = 1;
+    struct fnode *n = &fg->nodes[fg->n++];
+    memset(n, 0, sizeof(*n));
+    n->type = CU_GRAPH_NODE_TYPE_GRAPH;
+    n->child = copy;
+    pthread_mutex_unlock(&g_mu);
+    *node = (CUgraphNode)n;
+    return CUDA_SUCCESS;
+}
+
+/* Only child graph nodes (CU_GRAPH_NODE_TYPE_GRAPH): cloned (no memory nodes), or moved into the parent,
+ * which then owns the child graph (a graph with memory nodes may be used so). */
+EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                               CUgraphNodeParams *p)
+{
+    CHECK_INIT();
+    if (!node || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (p->type != CU_GRAPH_NODE_TYPE_GRAPH)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (p->u.graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE)
+        return cuGraphAddChildGraphNode(node, g, deps, ndeps, p->u.graph.graph);
+    struct fgraph *fg = graph_of(g), *fc = graph_of(p->u.graph.graph);
+    if (!fg || !fc || fc == fg || fc->owned || fc->inst)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    if (fg->n >= GRAPH_NODES) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    fc->owned = 1;
+    fg->mem |= fc->mem;
+    struct fnode *n = &fg->nodes[fg->n++];
+    memset(n, 0, sizeof(*n));
+    n->type = CU_GRAPH_NODE_TYPE_GRAPH;
+    n->child = fc;
+    pthread_mutex_unlock(&g_mu);
+    *node = (CUgraphNode)n;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *g)
+{
+    CHECK_INIT();
+    struct fnode *n = (struct fnode *)node;
+    if (!n || !g || n->type != CU_GRAPH_NODE_TYPE_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = (CUgraph)n->child;
     return CUDA_SUCCESS;
 }
 
@@ -2427,7 +2516,9 @@ static const struct procent g_proc[] = {
     PE(cuGraphMemFreeNodeGetParams, 11040, cuGraphMemFreeNodeGetParams),
     PE(cuDeviceGetGraphMemAttribute, 11040, cuDeviceGetGraphMemAttribute),
     PE(cuDeviceSetGraphMemAttribute, 11040, cuDeviceSetGraphMemAttribute),
-    PE(cuDeviceGraphMemTrim, 11040, cuDeviceGraphMemTrim),
+    PE(cuDeviceGraphMemTrim, 11040, cuDeviceGraphMemTrim), PE(cuGraphAddNode, 12020, cuGraphAddNode),
+    PE(cuGraphAddChildGraphNode, 10000, cuGraphAddChildGraphNode),
+    PE(cuGraphChildGraphNodeGetGraph, 10000, cuGraphChildGraphNodeGetGraph),
     PE(cuGraphInstantiateWithFlags, 11040, cuGraphInstantiateWithFlags), PE(cuGraphExecDestroy, 10000, cuGraphExecDestroy),
     PT(cuGraphLaunch, 10000, cuGraphLaunch), PE(cuGetProcAddress, 11030, cuGetProcAddress),
     PE(cuGetProcAddress, 12000, cuGetProcAddress_v2),

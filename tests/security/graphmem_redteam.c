@@ -19,11 +19,17 @@
  *   graphmem_redteam update SMALL BIG PRE   cuMemAlloc PRE, an executable of a graph allocating and freeing
  *                                     SMALL launched, updated (cuGraphExecUpdate_v2) with a graph of the same
  *                                     shape allocating BIG, launched again.
+ *   graphmem_redteam child BYTES      cuMemAlloc BYTES, then a graph whose only node is a child graph (moved
+ *                                     into it with cuGraphAddNode) allocating BYTES: instantiate, launch.
+ *   graphmem_redteam race BYTES PRE N cuMemAlloc PRE, then two threads, each with an executable graph of its
+ *                                     own allocating BYTES (not freed in it), launch it and cuMemFree the
+ *                                     allocation N times each; prints "launched=L" "refused=R".
  *   graphmem_redteam upload BYTES     cuMemAlloc BYTES, then a graph allocating BYTES uploaded (cuGraphUpload)
  *                                     and instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +58,7 @@ CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuGraphExecDestroy(CUgraphExec);
 CUresult cuGraphExecUpdate_v2(CUgraphExec, CUgraph, void *);
 CUresult cuDeviceGraphMemTrim(CUdevice);
+CUresult cuGraphAddNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraphNodeParams *);
 unsigned long long fake_cuda_debug_peak_bytes(int dev);
 
 #define MIB (1024ull * 1024ull)
@@ -99,6 +106,32 @@ static CUgraphExec instantiate(CUgraph g)
     CUgraphExec e = NULL;
     show("instantiate", cuGraphInstantiateWithFlags(&e, g, 0));
     return e;
+}
+
+struct racer {
+    CUcontext ctx;
+    CUgraphExec exec;
+    CUdeviceptr dptr;
+    int n, launched, refused, other;
+};
+
+static void *race(void *arg)
+{
+    struct racer *r = arg;
+    cuCtxSetCurrent(r->ctx);
+    for (int i = 0; i < r->n; i++) {
+        CUresult rc = cuGraphLaunch(r->exec, NULL);
+        if (rc == CUDA_SUCCESS) {
+            r->launched++;
+            if (cuMemFree_v2(r->dptr) != CUDA_SUCCESS)
+                r->other++;
+        } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+            r->refused++;
+        } else {
+            r->other++;
+        }
+    }
+    return NULL;
 }
 
 int main(int argc, char **argv)
@@ -167,6 +200,38 @@ int main(int argc, char **argv)
         show("launch_small", cuGraphLaunch(e, NULL));
         show("update", cuGraphExecUpdate_v2(e, graph_of(big, 1, NULL), NULL));
         show("launch_big", cuGraphLaunch(e, NULL));
+    } else if (!strcmp(sc, "child")) {
+        show("pre", cuMemAlloc_v2(&more, bytes));
+        CUgraph parent = NULL;
+        cuGraphCreate(&parent, 0);
+        CUgraphNodeParams p;
+        memset(&p, 0, sizeof p);
+        p.type = CU_GRAPH_NODE_TYPE_GRAPH;
+        p.u.graph.graph = graph_of(bytes, 0, &d);
+        p.u.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+        CUgraphNode n = NULL;
+        show("add_child", cuGraphAddNode(&n, parent, NULL, 0, &p));
+        CUgraphExec e = instantiate(parent);
+        show("launch", cuGraphLaunch(e, NULL));
+    } else if (!strcmp(sc, "race") && argc > 4) {
+        size_t pre = strtoull(argv[3], NULL, 10);
+        show("pre", cuMemAlloc_v2(&more, pre));
+        struct racer r[2];
+        pthread_t t[2];
+        memset(r, 0, sizeof r);
+        for (int i = 0; i < 2; i++) {
+            r[i].ctx = ctx;
+            r[i].n = atoi(argv[4]);
+            r[i].exec = instantiate(graph_of(bytes, 0, &r[i].dptr));
+        }
+        for (int i = 0; i < 2; i++)
+            pthread_create(&t[i], NULL, race, &r[i]);
+        for (int i = 0; i < 2; i++)
+            pthread_join(t[i], NULL);
+        printf("per_thread=%d/%d,%d/%d\n", r[0].launched, r[0].refused, r[1].launched, r[1].refused);
+        printf("launched=%d\nrefused=%d\nother=%d\n", r[0].launched + r[1].launched, r[0].refused + r[1].refused,
+               r[0].other + r[1].other);
+        show("end", CUDA_SUCCESS);
     } else if (!strcmp(sc, "upload")) {
         CUstream s = NULL;
         cuStreamCreate(&s, 0);

@@ -119,3 +119,28 @@ def test_graph_upload_is_checked_like_a_launch(any_build: tuple[Toolchain, Path]
     assert s["free_pre"][:2] == (0, 0)
     assert s["instantiate_upload_fits"] == (0, BYTES, CTX + BYTES)
     assert s["launch"] == (0, BYTES, CTX + BYTES)
+
+
+def test_allocation_node_in_a_child_graph_is_checked(any_build: tuple[Toolchain, Path]) -> None:
+    # A child graph moved into its parent (cuGraphAddNode, ownership moved) may hold memory nodes: the parent's
+    # launch allocates them. The shim walks child graphs, so 600 MiB held plus a child allocating 600 MiB is
+    # refused. Without the shim the fake driver allocates it (1.2 GiB besides the context).
+    tc_prog = any_build
+    s, _ = play(tc_prog, "child", str(BYTES), shim=False)
+    assert s["launch"][0] == 0 and s["launch"][2] == CTX + 2 * BYTES
+    s, _ = play(tc_prog, "child", str(BYTES))
+    assert s["add_child"][0] == 0
+    assert s["launch"] == (OOM, BYTES, CTX + BYTES)
+
+
+def test_concurrent_graph_launches_never_share_one_unused_reserve(any_build: tuple[Toolchain, Path]) -> None:
+    # Two threads each launch a graph allocating 450 MiB (freed with cuMemFree after each launch) next to
+    # 200 MiB held, under 1 GiB: one 450 MiB fits, two do not. Both checks must not count on the same
+    # unused reserve of the graph pool (each would need nothing more and the pool would grow past the limit):
+    # whatever the interleaving, the GPU never holds more than the limit, nothing fails but refusals, and
+    # the charge ends at what the pool reserves.
+    s, out = play(any_build, "race", str(450 * MIB), str(200 * MIB), "1500")
+    assert out["other"] == "0", out
+    assert int(out["launched"]) >= 1 and int(out["launched"]) + int(out["refused"]) == 3000, out
+    assert s["end"][2] <= CTX + LIMIT, s
+    assert s["end"][1] == 200 * MIB + 450 * MIB, s  # the 200 MiB and the pool's 450 MiB reserve
