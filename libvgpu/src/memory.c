@@ -952,19 +952,23 @@ static CUresult call_async(void *a)
 }
 
 /* 1 when stream s is being captured: an allocation or free on it is recorded into a graph (an allocation
- * or free node), not made; the graph's memory is charged when it is launched (graph memory nodes, below). */
-static int capturing(CUstream s)
+ * or free node), not made; the graph's memory is charged when it is launched (graph memory nodes, below).
+ * ptsz: the caller is a _ptsz entry point, whose NULL stream is the thread's per-thread default stream
+ * (CU_STREAM_PER_THREAD), which can be captured; the legacy NULL stream cannot. */
+static int capturing(CUstream s, int ptsz)
 {
     int st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!s && ptsz)
+        s = (CUstream)(uintptr_t)2; /* CU_STREAM_PER_THREAD */
     return s && real_cuStreamIsCapturing && real_cuStreamIsCapturing(s, &st) == CUDA_SUCCESS &&
            st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-static CUresult alloc_async(cuMemAllocAsync_fn fn, CUdeviceptr *dptr, size_t bytesize, CUstream s)
+static CUresult alloc_async(cuMemAllocAsync_fn fn, CUdeviceptr *dptr, size_t bytesize, CUstream s, int ptsz)
 {
     CUdevice dev;
     CUcontext ctx;
-    if (!vgpu_cfg->enabled || !dptr || !bytesize || capturing(s) || current_device(&dev, &ctx))
+    if (!vgpu_cfg->enabled || !dptr || !bytesize || capturing(s, ptsz) || current_device(&dev, &ctx))
         return fn(dptr, bytesize, s);
     /* the device's current pool, which cuMemAllocAsync allocates from */
     CUdevice ord;
@@ -980,22 +984,22 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemAllocAsync);
-    return alloc_async(real_cuMemAllocAsync, dptr, bytesize, s);
+    return alloc_async(real_cuMemAllocAsync, dptr, bytesize, s, 0);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemAllocAsync_ptsz);
-    return alloc_async(real_cuMemAllocAsync_ptsz, dptr, bytesize, s);
+    return alloc_async(real_cuMemAllocAsync_ptsz, dptr, bytesize, s, 1);
 }
 
 static CUresult alloc_pool(cuMemAllocFromPoolAsync_fn fn, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                           CUstream s)
+                           CUstream s, int ptsz)
 {
     CUdevice dev;
     CUcontext ctx;
-    if (!vgpu_cfg->enabled || !dptr || !bytesize || capturing(s) || current_device(&dev, &ctx))
+    if (!vgpu_cfg->enabled || !dptr || !bytesize || capturing(s, ptsz) || current_device(&dev, &ctx))
         return fn(dptr, bytesize, pool, s);
     uint64_t unused;
     int pdev;
@@ -1009,14 +1013,14 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUme
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemAllocFromPoolAsync);
-    return alloc_pool(real_cuMemAllocFromPoolAsync, dptr, bytesize, pool, s);
+    return alloc_pool(real_cuMemAllocFromPoolAsync, dptr, bytesize, pool, s, 0);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemAllocFromPoolAsync_ptsz);
-    return alloc_pool(real_cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, s);
+    return alloc_pool(real_cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, s, 1);
 }
 
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
@@ -1240,7 +1244,7 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemFreeAsync);
-    if (vgpu_cfg->enabled && capturing(s)) /* a free node: frees when the graph runs, charged till then */
+    if (vgpu_cfg->enabled && capturing(s, 0)) /* a free node: frees when the graph runs, charged till then */
         return real_cuMemFreeAsync(dptr, s);
     FREE_PTR_BODY(dptr, real_cuMemFreeAsync(dptr, s));
 }
@@ -1249,7 +1253,7 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemFreeAsync_ptsz);
-    if (vgpu_cfg->enabled && capturing(s))
+    if (vgpu_cfg->enabled && capturing(s, 1))
         return real_cuMemFreeAsync_ptsz(dptr, s);
     FREE_PTR_BODY(dptr, real_cuMemFreeAsync_ptsz(dptr, s));
 }
