@@ -7,6 +7,7 @@ unix seconds. A container's ``count`` is the number of *physical* GPUs it gets (
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -50,12 +51,33 @@ class NodeInventory:
     heartbeat: float = 0.0
 
 
+class UuidList(tuple[str, ...]):
+    """A uuid list from a tenant's annotation (``use-gpuuuid`` / ``nouse-gpuuuid``) whose ``in`` is one
+    set lookup. A tuple in every other way (order, equality and hash with a plain tuple), so the fit
+    asks ``uuid in listed`` per GPU at the same cost whatever the list's length (up to
+    :data:`kube_vgpu.podspec.MAX_SELECTOR_ITEMS`; a list is tenant-written)."""
+
+    _set: frozenset[str]
+
+    def __new__(cls, items: Iterable[str] = ()) -> UuidList:
+        self = super().__new__(cls, items)
+        self._set = frozenset(self)
+        return self
+
+    def __contains__(self, item: object) -> bool:
+        try:
+            return item in self._set
+        except TypeError:  # an unhashable probe: no uuid
+            return False
+
+
 @dataclass(frozen=True, slots=True)
 class Constraints:
     """GPU selection constraints from pod annotations (HAMi keys).
 
     use_types / nouse_types: case-insensitive substrings of the GPU model (any / none must match).
-    use_uuids / nouse_uuids: exact UUID allow / deny lists.
+    use_uuids / nouse_uuids: exact UUID allow / deny lists (kept as :class:`UuidList`: a membership
+    test is one set lookup).
     min_link: the interconnect rank every pair of a multi-GPU container's GPUs must reach
     (:data:`kube_vgpu.topology.LINK_CLASSES`; 0: no requirement). Not a per-GPU rule: the fit
     applies it to the set (:mod:`kube_vgpu.placement.fit`).
@@ -66,6 +88,12 @@ class Constraints:
     use_uuids: tuple[str, ...] = ()
     nouse_uuids: tuple[str, ...] = ()
     min_link: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("use_uuids", "nouse_uuids"):
+            listed = getattr(self, name)
+            if listed and not isinstance(listed, UuidList):
+                object.__setattr__(self, name, UuidList(listed))
 
     def allows(self, dev: GPUDevice) -> bool:
         """True if ``dev`` satisfies every constraint."""

@@ -190,24 +190,27 @@ def _split(value: Any) -> tuple[str, ...]:
     return tuple(x.strip() for x in value.split(",") if x.strip())
 
 
-#: the most entries one GPU selection annotation (``use-gputype`` ... ``nouse-gpuuuid``) may list: every
-#: GPU the fit reads is checked against each entry, and the tenant writes the list
-MAX_SELECTOR_ITEMS = 64
+#: the most entries each GPU selection annotation may list (the tenant writes the list, and the fit checks
+#: every GPU it reads against it). A GPU type is matched as a substring of each GPU's model, entry by entry,
+#: and a fleet has a few models: 64. A uuid is looked up once per GPU whatever the list's length
+#: (:class:`kube_vgpu.model.UuidList`), and HAMi's users pin a job to, or keep it off, named cards of a
+#: whole pool: 1024 (about 41 KB of annotation).
+MAX_SELECTOR_ITEMS = {ANN_USE_GPUTYPE: 64, ANN_NOUSE_GPUTYPE: 64, ANN_USE_GPUUUID: 1024, ANN_NOUSE_GPUUUID: 1024}
 
 
 def parse_constraints(annotations: Mapping[str, Any]) -> Constraints:
     """GPU selection constraints from pod annotations (HAMi keys, comma-separated lists).
 
-    Raises: RequestError if one of these annotations is not a string or lists more than
-    :data:`MAX_SELECTOR_ITEMS` entries.
+    Raises: RequestError if one of these annotations is not a string or lists more entries than
+    :data:`MAX_SELECTOR_ITEMS` allows for it.
     """
-    for key in (ANN_USE_GPUTYPE, ANN_NOUSE_GPUTYPE, ANN_USE_GPUUUID, ANN_NOUSE_GPUUUID):
+    for key, most in MAX_SELECTOR_ITEMS.items():
         v = annotations.get(key)
         if v is not None and not isinstance(v, str):
             raise RequestError("(pod)", f"metadata.annotations[{key}]", v, "a comma-separated string", "pod")
-        if v is not None and v.count(",") >= MAX_SELECTOR_ITEMS and len(_split(v)) > MAX_SELECTOR_ITEMS:
+        if v is not None and v.count(",") >= most and len(_split(v)) > most:
             raise RequestError("(pod)", f"metadata.annotations[{key}]", v,
-                               f"a comma-separated list of at most {MAX_SELECTOR_ITEMS} entries "
+                               f"a comma-separated list of at most {most} entries "
                                f"(this one has {len(_split(v))})", "pod")
     link = annotations.get(ANN_GPU_LINK)
     if link is not None and link != "" and link not in LINK_CLASSES:

@@ -20,8 +20,10 @@ fleet with every listed uuid (``np.isin`` on object arrays is a loop over the li
 of the extender's event loop per filter on 1,000 nodes of 8 GPUs, during which no other pod is
 filtered or bound; varying the list defeats the decision cache. Counted, not timed. On the
 reference fit (a per-pod ``fgd`` policy or ``gpu-link`` annotation sends the pod there) every GPU
-was checked against every entry of each list, uuids and GPU types alike: each list now holds at
-most 64 entries, else the pod is refused naming the annotation.
+was checked against every entry of each list, uuids and GPU types alike: a uuid is now looked up
+once per GPU on both fits (a set), a uuid list holds at most 1024 entries (HAMi's users name the
+cards of a whole pool) and a GPU type list, matched entry by entry, at most 64, else the pod is
+refused naming the annotation.
 
 Inflating the extender's answer: an invalid value in a tenant's annotation (a 250,000-character
 ``hami.io/gpu-scheduler-policy``, set by an UPDATE the webhook never sees) was quoted whole in the
@@ -65,7 +67,7 @@ import pytest
 from certs import pki, store
 from kube_vgpu.config import Config, WebhookConfig, replace
 from kube_vgpu.model import GPUDevice
-from kube_vgpu.placement import vector
+from kube_vgpu.placement import fit, vector
 from kube_vgpu.placement.state import ClusterState
 from kube_vgpu.podspec import parse_pod
 from kube_vgpu.quantity import parse_whole
@@ -170,18 +172,41 @@ class CountedUuid(str):
     __hash__ = str.__hash__
 
 
-@pytest.mark.parametrize("key", ["nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid"])
-def test_a_long_uuid_list_costs_one_lookup_per_gpu(key: str) -> None:
-    """200 nodes x 8 GPUs against 64 listed uuids (the most a list may hold; two of them real):
-    the fit looks each GPU up once (at most a few comparisons each, not one per listed uuid), and
-    excludes exactly the GPUs the list names."""
+def _pinned_fleet(key: str) -> tuple[ClusterState, Any]:
+    """200 nodes x 8 GPUs (counting uuids) and a pod listing 1024 uuids under ``key`` (the most a
+    list may hold; two of them real: GPU 3 of n7 and GPU 0 of n150)."""
     cs = ClusterState()
     for n in range(200):
         cs.set_node(f"n{n}", tuple(GPUDevice(uuid=CountedUuid(f"GPU-n{n}-{i}"), index=i, model="NVIDIA A10",
                                              memory_mib=24576, cores=100, split=10) for i in range(8)))
-    listed = [f"GPU-absent-{i:05d}" for i in range(62)] + ["GPU-n7-3", "GPU-n150-0"]
+    listed = [f"GPU-absent-{i:05d}" for i in range(1022)] + ["GPU-n7-3", "GPU-n150-0"]
     pod = parse_pod(base_pod({"limits": {"nvidia.com/gpumem": "1000"}}) | {
         "metadata": {"name": "p", "namespace": "team-a", "annotations": {key: ",".join(listed)}}})
+    return cs, pod
+
+
+@pytest.mark.parametrize("key", ["nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid"])
+def test_a_long_uuid_list_costs_one_lookup_per_gpu_on_the_reference_fit(key: str) -> None:
+    """The reference fit (a per-pod ``fgd`` policy or ``gpu-link`` sends a pod there) asks per GPU
+    whether the pod may use it: 1024 listed uuids cost a few comparisons per GPU (a set lookup),
+    not one per listed uuid, and exclude exactly the GPUs the list names."""
+    cs, pod = _pinned_fleet(key)
+    CountedUuid.compared = 0
+    verdict = {(n, d.index): fit._excluded(pod, d) for n in range(200) for d in cs.nodes[f"n{n}"].devices}
+    gpus = 200 * 8
+    assert CountedUuid.compared <= 4 * gpus, f"{CountedUuid.compared} uuid comparisons for {gpus} GPUs"
+    named = {(7, 3), (150, 0)}
+    excluded = {k for k, v in verdict.items() if v is not None}
+    assert excluded == (named if key == "nvidia.com/nouse-gpuuuid" else set(verdict) - named)
+    assert {verdict[k] for k in excluded} == {fit.Code.UUID_EXCLUDED}
+
+
+@pytest.mark.parametrize("key", ["nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid"])
+def test_a_long_uuid_list_costs_one_lookup_per_gpu(key: str) -> None:
+    """200 nodes x 8 GPUs against 1024 listed uuids (the most a list may hold; two of them real):
+    the fit looks each GPU up once (at most a few comparisons each, not one per listed uuid), and
+    excludes exactly the GPUs the list names."""
+    cs, pod = _pinned_fleet(key)
     t = cs.table
     rows = slice(0, t.n)
     CountedUuid.compared = 0
@@ -221,24 +246,24 @@ def test_an_invalid_annotation_of_256_kib_is_not_repeated_in_every_nodes_failure
     assert key in text and "250000 characters" in text and "allowed:" in text, text
 
 
-@pytest.mark.parametrize("key", ["nvidia.com/use-gputype", "nvidia.com/nouse-gputype",
-                                 "nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid"])
-def test_a_selector_list_past_64_entries_is_refused_naming_it(key: str, default_hook: Client) -> None:
+@pytest.mark.parametrize("key,most", [("nvidia.com/use-gputype", 64), ("nvidia.com/nouse-gputype", 64),
+                                      ("nvidia.com/use-gpuuuid", 1024), ("nvidia.com/nouse-gpuuuid", 1024)])
+def test_a_selector_list_past_its_cap_is_refused_naming_it(key: str, most: int, default_hook: Client) -> None:
     long_list = ",".join(f"GPU-absent-{i:05d}" for i in range(6500))
     res, _ = _filter(20, {key: long_list})
     failed = {**res["FailedNodes"], **res["FailedAndUnresolvableNodes"]}
     assert not res["NodeNames"] and len(failed) == 20
     text = next(iter(failed.values()))
-    assert key in text and "at most 64 entries (this one has 6500)" in text, text
-    # at CREATE the webhook says the same
+    assert key in text and f"at most {most} entries (this one has 6500)" in text, text
+    # at CREATE the webhook says the same, one entry past the cap
     pod = base_pod({"limits": {"nvidia.com/gpumem": "1000"}})
-    pod["metadata"]["annotations"] = {key: long_list}
+    pod["metadata"]["annotations"] = {key: ",".join(long_list.split(",")[:most + 1])}
     resp = create(default_hook, pod)
     assert resp["allowed"] is False and resp["status"]["code"] == 400, resp
-    assert "at most 64 entries" in resp["status"]["message"]
-    # 64 entries are still a selector: the pod is filtered as usual (these name no GPU of the fleet)
-    res, _ = _filter(20, {key: ",".join(long_list.split(",")[:64])})
-    assert "at most 64" not in json.dumps(res)
+    assert f"at most {most} entries (this one has {most + 1})" in resp["status"]["message"]
+    # the cap itself is still a selector: the pod is filtered as usual (these name no GPU of the fleet)
+    res, _ = _filter(20, {key: ",".join(long_list.split(",")[:most])})
+    assert f"at most {most}" not in json.dumps(res)
 
 
 def _running_pod(scheduler: str = "kube-vgpu-scheduler") -> dict[str, Any]:
