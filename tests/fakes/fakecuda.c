@@ -495,6 +495,17 @@ static struct fstream *stream_of(CUstream s)
     return fs;
 }
 
+/* The per-thread default stream (CU_STREAM_PER_THREAD, or NULL through a _ptsz entry point): only its
+ * capture state is its own (work on it runs like the default stream's). */
+#define PTDS ((CUstream)(uintptr_t)2)
+static __thread struct fstream t_ptds;
+
+/* The stream whose capture state s names: the per-thread default stream's, or stream_of(s). */
+static struct fstream *cap_stream(CUstream s)
+{
+    return s == PTDS ? &t_ptds : stream_of(s);
+}
+
 static int stream_valid(CUstream s)
 {
     uintptr_t v = (uintptr_t)s;
@@ -1145,8 +1156,9 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s)
     int ord = 0;
     while (ord < g_nvis - 1 && PH(ord) != c->dev)
         ord++;
-    if (fs && fs->capturing) /* recorded as an allocation node: the graph allocates at each launch */
-        return size ? graph_mem_alloc(fs->cap, c->dev, size, p, NULL) : CUDA_ERROR_INVALID_VALUE;
+    struct fstream *cs = cap_stream(s);
+    if (cs && cs->capturing) /* recorded as an allocation node: the graph allocates at each launch */
+        return size ? graph_mem_alloc(cs->cap, c->dev, size, p, NULL) : CUDA_ERROR_INVALID_VALUE;
     CUmemoryPool def;
     cuDeviceGetDefaultMemPool(&def, ord); /* the device's current pool */
     return pool_alloc(p, size, pool_of(def), c);
@@ -1154,7 +1166,7 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s)
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s)
 {
-    return cuMemAllocAsync(p, size, s);
+    return cuMemAllocAsync(p, size, s ? s : PTDS);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPool pool, CUstream s)
@@ -1163,15 +1175,15 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPoo
     struct fpool *fp = pool_of(pool);
     if (!p || !fp || !stream_valid(s))
         return CUDA_ERROR_INVALID_VALUE;
-    struct fstream *fs = stream_of(s);
-    if (fs && fs->capturing)
-        return size ? graph_mem_alloc(fs->cap, fp->dev, size, p, NULL) : CUDA_ERROR_INVALID_VALUE;
+    struct fstream *cs = cap_stream(s);
+    if (cs && cs->capturing)
+        return size ? graph_mem_alloc(cs->cap, fp->dev, size, p, NULL) : CUDA_ERROR_INVALID_VALUE;
     return pool_alloc(p, size, fp, t_cur);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, CUmemoryPool pool, CUstream s)
 {
-    return cuMemAllocFromPoolAsync(p, size, pool, s);
+    return cuMemAllocFromPoolAsync(p, size, pool, s ? s : PTDS);
 }
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
@@ -1179,15 +1191,15 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
     NEED_CTX();
     if (!stream_valid(s))
         return CUDA_ERROR_INVALID_VALUE;
-    struct fstream *fs = stream_of(s);
-    if (fs && fs->capturing) /* a free node: only a graph's allocation can be freed by one */
-        return graph_mem_free(fs->cap, p, NULL);
+    struct fstream *cs = cap_stream(s);
+    if (cs && cs->capturing) /* a free node: only a graph's allocation can be freed by one */
+        return graph_mem_free(cs->cap, p, NULL);
     return free_alloc(p, K_PTR);
 }
 
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
 {
-    return cuMemFreeAsync(p, s);
+    return cuMemFreeAsync(p, s ? s : PTDS);
 }
 
 /* ---- virtual memory management, with the driver's semantics: cuMemCreate allocates physical memory
@@ -1616,7 +1628,7 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
 {
     (void)mode;
     NEED_CTX();
-    struct fstream *fs = stream_of(s);
+    struct fstream *fs = cap_stream(s);
     if (!fs || fs->capturing)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&g_mu);
@@ -1643,7 +1655,7 @@ EXPORT CUresult cuStreamBeginCapture(CUstream s, int mode)
 EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
 {
     NEED_CTX();
-    struct fstream *fs = stream_of(s);
+    struct fstream *fs = cap_stream(s);
     if (!fs || !fs->capturing || !g)
         return CUDA_ERROR_INVALID_VALUE;
     fs->capturing = 0;
@@ -1657,14 +1669,14 @@ EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
     CHECK_INIT();
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    struct fstream *fs = stream_of(s);
+    struct fstream *fs = cap_stream(s);
     *status = fs && fs->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status)
 {
-    return cuStreamIsCapturing(s, status);
+    return cuStreamIsCapturing(s ? s : PTDS, status);
 }
 
 /* ------------------------------------------------------------------ modules, launches */

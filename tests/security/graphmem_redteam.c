@@ -11,6 +11,9 @@
  *   graphmem_redteam capture BYTES    cuMemAllocAsync BYTES captured from a stream into a graph (not freed):
  *                                     instantiate, launch, then cuMemAlloc BYTES more; free the graph's
  *                                     allocation (the graph pool keeps it), cuDeviceGraphMemTrim, again.
+ *   graphmem_redteam capture_ptsz BYTES   the same on the per-thread default stream (cuMemAllocAsync_ptsz with
+ *                                     the NULL stream while CU_STREAM_PER_THREAD is captured): launch, then
+ *                                     cuMemAlloc BYTES more.
  *   graphmem_redteam relaunch N BYTES MODE   a graph allocating BYTES launched N times (MODE inner: a free
  *                                     node frees it in the graph; outer: cuMemFree after each launch); then
  *                                     cuMemAlloc of what the limit leaves (LEFT, the last argument).
@@ -43,6 +46,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
 CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
 CUresult cuStreamCreate(CUstream *, unsigned int);
 CUresult cuStreamSynchronize(CUstream);
 CUresult cuStreamBeginCapture_v2(CUstream, int);
@@ -168,6 +172,15 @@ int main(int argc, char **argv)
         show("more_after_free", cuMemAlloc_v2(&more, bytes));
         show("trim", cuDeviceGraphMemTrim(0));
         show("more_after_trim", cuMemAlloc_v2(&more, bytes));
+    } else if (!strcmp(sc, "capture_ptsz")) {
+        CUstream ptds = (CUstream)(uintptr_t)2; /* CU_STREAM_PER_THREAD */
+        CUgraph g = NULL;
+        show("begin_capture", cuStreamBeginCapture_v2(ptds, 0));
+        show("captured_alloc", cuMemAllocAsync_ptsz(&d, bytes, NULL));
+        show("end_capture", cuStreamEndCapture(ptds, &g));
+        CUgraphExec e = instantiate(g);
+        show("launch", cuGraphLaunch(e, ptds));
+        show("more", cuMemAlloc_v2(&more, bytes));
     } else if (!strcmp(sc, "relaunch") && argc > 5) {
         int n = atoi(argv[2]), inner = !strcmp(argv[4], "inner");
         bytes = strtoull(argv[3], NULL, 10);

@@ -79,6 +79,17 @@ def test_captured_async_allocation_is_charged_when_the_graph_runs(any_build: tup
     assert s["more_after_trim"][:2] == (0, BYTES)
 
 
+def test_capture_on_the_per_thread_default_stream_is_left_to_the_graph(any_build: tuple[Toolchain, Path]) -> None:
+    # Through a _ptsz entry point the NULL stream is the per-thread default stream, which can be captured:
+    # an allocation recorded there is not made, so it is not charged at capture (charged there too, the
+    # launch would have counted it twice and been refused under the limit); the launch is charged once.
+    s, _ = play(any_build, "capture_ptsz", str(BYTES))
+    assert s["begin_capture"][0] == 0
+    assert s["captured_alloc"][:2] == (0, 0)
+    assert s["launch"] == (0, BYTES, CTX + BYTES)
+    assert s["more"] == (OOM, BYTES, CTX + BYTES)
+
+
 def test_relaunched_graph_is_not_refused_and_does_not_drift(any_build: tuple[Toolchain, Path]) -> None:
     # A legitimate graph allocating 300 MiB under the 1 GiB limit, launched 200 times (freed in the graph, or
     # with cuMemFree after each launch): every launch succeeds, the charge stays at 300 MiB, and the 700 MiB
