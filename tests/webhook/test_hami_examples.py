@@ -477,3 +477,16 @@ def test_env_hami_honours_from_the_tenant_is_denied_naming_it(name: str, value: 
     c = ctr("c", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}, env=[{"name": name, "value": value}])
     msg = denied(client, hami_pod("env", [c]))
     assert f"container 'c': env {name}" in msg and why in msg, msg
+
+
+def test_no_runtime_class_is_written_and_nvidia_may_be_named(client: Client) -> None:
+    """HAMi's webhook writes its configured ``runtimeClassName`` into GPU pods that name none;
+    kube-vgpu's writes none (docs/migration-from-hami.md: make the NVIDIA runtime the default, or
+    name it), and a pod naming ``nvidia`` is admitted with it."""
+    res = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}
+    out, _ = admit(client, hami_pod("plain", [ctr("c", res)]))
+    assert "runtimeClassName" not in out["spec"]
+    named = hami_pod("named", [ctr("c", res)])
+    named["spec"]["runtimeClassName"] = "nvidia"
+    out, _ = admit(client, named)
+    assert out["spec"]["runtimeClassName"] == "nvidia"
