@@ -490,3 +490,13 @@ def test_no_runtime_class_is_written_and_nvidia_may_be_named(client: Client) -> 
     named["spec"]["runtimeClassName"] = "nvidia"
     out, _ = admit(client, named)
     assert out["spec"]["runtimeClassName"] == "nvidia"
+
+
+def test_a_gpu_sidecar_is_refused_naming_it(client: Client) -> None:
+    """HAMi books a native sidecar (init container, ``restartPolicy: Always``) as an init container,
+    one at a time, though it runs beside the app containers; kube-vgpu refuses it, naming the
+    sidecar and what to do (docs/migration-from-hami.md)."""
+    pod = hami_pod("sidecar", [ctr("c", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000})],
+                   init=[ctr("proxy", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, restartPolicy="Always")])
+    msg = denied(client, pod)
+    assert "sidecar container 'proxy'" in msg and "request the GPU in spec.containers" in msg, msg
