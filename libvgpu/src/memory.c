@@ -1494,8 +1494,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
  * made; the pool keeps what it reserved (device memory the process holds) until cuDeviceGraphMemTrim, and an
  * allocation the graph does not free stays allocated after the launch until cuMemFree / cuMemFreeAsync.
  * Two rules, per CUDA ordinal:
- * - before a launch or upload, what its allocation nodes can take (their sizes summed at instantiation,
- *   TK_GRAPHMEM; child graphs walked) beyond what the pool has reserved and unused is reserved under the
+ * - before a launch or upload, what its allocation nodes can take on the device (their sizes summed at
+ *   instantiation, TK_GRAPHMEM; child graphs walked) beyond what the pool has reserved and unused is reserved under the
  *   limit, or the call is refused with CUDA_ERROR_OUT_OF_MEMORY: never more than the limit on the GPU;
  * - the pool's reserve, read from the driver (cuDeviceGetGraphMemAttribute RESERVED_MEM_CURRENT) after every
  *   launch, upload, trim, executable graph destroyed, context destroyed, free of memory the shim did not
@@ -1597,51 +1597,60 @@ static int gmem_walk(CUgraph g, uint64_t per[VGPU_MAX_DEV], int depth)
     return rc;
 }
 
-/* Records (merge: with what exec already had, for an update) what exec's allocation nodes can take: their
- * sizes summed over every device, checked on each device they are on. A graph that could not be read is
- * recorded on the current device with nothing to check before a launch; its pool is still charged after. */
+/* The TK_GRAPHMEM key of exec's bound on CUDA ordinal d (exec's own key holds the ordinals, in maps). Handles
+ * are user-space addresses, below 2^56. */
+static uint64_t gmem_key(CUgraphExec exec, int d)
+{
+    return (uint64_t)(uintptr_t)exec | (uint64_t)(d + 1) << 56;
+}
+
+/* Records (merge: with what exec already had, never less, for an update) what exec's allocation nodes can
+ * take on each device: the sum of their sizes there. A graph that could not be read is recorded on the
+ * current device with nothing to check before a launch; its pool is still charged after. */
 static void gmem_record(CUgraphExec exec, CUgraph graph, int merge)
 {
-    uint64_t per[VGPU_MAX_DEV] = {0}, total = 0;
+    uint64_t per[VGPU_MAX_DEV] = {0};
     uint32_t mask = 0;
     int unread = gmem_walk(graph, per, 0) != 0;
-    for (int d = 0; d < VGPU_MAX_DEV; d++) {
-        if (per[d]) {
-            total = total + per[d] < total ? UINT64_MAX : total + per[d];
+    for (int d = 0; d < VGPU_MAX_DEV; d++)
+        if (per[d])
             mask |= 1u << d;
-        }
-    }
     CUdevice ord;
     if (unread && real_cuCtxGetDevice && real_cuCtxGetDevice(&ord) == CUDA_SUCCESS && ord >= 0 && ord < VGPU_MAX_DEV)
         mask |= 1u << ord;
     uint64_t key = (uint64_t)(uintptr_t)exec;
     if (unread)
-        LOG_WARN("cannot read the nodes of a graph; its memory nodes are charged after each launch only");
-    if (!mask) {
-        if (!merge) { /* an old record under a reused handle */
-            uint64_t s;
-            int d;
-            track_take(TK_GRAPHMEM, key, &s, &d);
-        }
-        return;
-    }
+        LOG_WARN("cannot read the nodes of a graph; what it allocates is charged after each launch");
+    uint32_t old = 0;
     track_lock();
-    struct track_entry *e = merge ? track_find_locked(TK_GRAPHMEM, key) : NULL;
-    if (e) {
-        total = e->size > total ? e->size : total;
-        mask |= e->maps;
+    struct track_entry *e = track_find_locked(TK_GRAPHMEM, key);
+    if (e)
+        old = e->maps;
+    for (int d = 0; merge && d < VGPU_MAX_DEV; d++) {
+        struct track_entry *x = old & (1u << d) ? track_find_locked(TK_GRAPHMEM, gmem_key(exec, d)) : NULL;
+        if (x && x->size > per[d])
+            per[d] = x->size;
     }
     track_unlock();
-    __atomic_fetch_or(&g_gmem_seen, mask, __ATOMIC_RELEASE);
-    if (track_put(TK_GRAPHMEM, key, total, -1, NULL) != 0) {
-        LOG_ERROR("cannot record a graph's memory nodes; its memory is charged after each launch only");
+    if (merge)
+        mask |= old;
+    else if (old) /* an old record under a reused handle */
+        memory_graph_exec_gone(exec);
+    if (!mask)
         return;
-    }
+    __atomic_fetch_or(&g_gmem_seen, mask, __ATOMIC_RELEASE);
+    int failed = 0;
+    for (int d = 0; d < VGPU_MAX_DEV; d++) /* the bounds first: a launch finds them once the ordinals are set */
+        if (mask & (1u << d))
+            failed |= track_put(TK_GRAPHMEM, gmem_key(exec, d), per[d], d, NULL) != 0;
+    failed |= track_put(TK_GRAPHMEM, key, 0, -1, NULL) != 0;
     track_lock();
     e = track_find_locked(TK_GRAPHMEM, key);
     if (e)
         e->maps = mask;
     track_unlock();
+    if (failed)
+        LOG_ERROR("cannot record a graph's memory nodes; what it allocates is charged after each launch");
 }
 
 void memory_graph_instantiated(CUgraphExec exec, CUgraph graph)
@@ -1654,9 +1663,18 @@ void memory_graph_exec_gone(CUgraphExec exec)
 {
     if (!vgpu_cfg->enabled)
         return;
-    uint64_t s;
-    int d;
-    if (track_take(TK_GRAPHMEM, (uint64_t)(uintptr_t)exec, &s, &d))
+    track_lock();
+    struct track_entry *e = track_find_locked(TK_GRAPHMEM, (uint64_t)(uintptr_t)exec);
+    uint32_t mask = e ? e->maps : 0;
+    if (e)
+        track_remove_locked(e);
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        struct track_entry *x = mask & (1u << d) ? track_find_locked(TK_GRAPHMEM, gmem_key(exec, d)) : NULL;
+        if (x)
+            track_remove_locked(x);
+    }
+    track_unlock();
+    if (mask)
         gmem_sync_all();
 }
 
@@ -1665,13 +1683,15 @@ CUresult memory_graph_launch_begin(CUgraphExec exec, const char *api, struct gme
     t->mask = 0;
     if (!vgpu_cfg->enabled || !__atomic_load_n(&g_gmem_seen, __ATOMIC_RELAXED))
         return CUDA_SUCCESS;
-    uint64_t bound = 0;
+    uint64_t bound[VGPU_MAX_DEV];
     uint32_t mask = 0;
     track_lock();
     struct track_entry *e = track_find_locked(TK_GRAPHMEM, (uint64_t)(uintptr_t)exec);
-    if (e) {
-        bound = e->size;
+    if (e)
         mask = e->maps;
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        struct track_entry *x = mask & (1u << d) ? track_find_locked(TK_GRAPHMEM, gmem_key(exec, d)) : NULL;
+        bound[d] = x ? x->size : 0;
     }
     track_unlock();
     if (!mask)
@@ -1685,7 +1705,7 @@ CUresult memory_graph_launch_begin(CUgraphExec exec, const char *api, struct gme
             gmem_set_locked(d, r);
             spare = r > u ? r - u : 0; /* reserved and unused: a relaunch takes it again */
         }
-        uint64_t need = bound > spare ? bound - spare : 0;
+        uint64_t need = bound[d] > spare ? bound[d] - spare : 0;
         if (need && reserve(vgpu_dev_of_cuda(d), need, api) != CUDA_SUCCESS) {
             for (int k = 0; k < d; k++)
                 if (t->mask & (1u << k))
@@ -1701,9 +1721,10 @@ CUresult memory_graph_launch_begin(CUgraphExec exec, const char *api, struct gme
     return CUDA_SUCCESS; /* g_gmu stays held across the driver's call */
 }
 
-/* After the driver's call: the pool is charged what the driver says it reserves (after a successful call,
- * never less than before it plus what was reserved for it, until the next read: a driver that reserves as
- * the graph runs is not under-counted meanwhile), and what was reserved for the call goes back. */
+/* After the driver's call: the pool is charged what the driver says it reserves (the driver accounts a
+ * launched graph's memory when it is launched: a trim keeps what a scheduled graph uses), and what was
+ * reserved for the call goes back. When the driver cannot be asked, what was reserved for a call that
+ * succeeded stays charged. */
 void memory_graph_launch_end(struct gmem_launch *t, CUresult rc)
 {
     if (!t->mask)
@@ -1711,11 +1732,11 @@ void memory_graph_launch_end(struct gmem_launch *t, CUresult rc)
     for (int d = 0; d < VGPU_MAX_DEV; d++) {
         if (!(t->mask & (1u << d)))
             continue;
-        uint64_t r = 0, u = 0;
-        uint64_t want = gmem_read(d, &r, &u) == 0 ? r : g_gmem[d];
-        uint64_t floor = t->before[d] + t->need[d];
-        if (rc == CUDA_SUCCESS && floor > want)
-            want = floor;
+        uint64_t r = 0, u = 0, want = g_gmem[d];
+        if (gmem_read(d, &r, &u) == 0)
+            want = r;
+        else if (rc == CUDA_SUCCESS && t->before[d] + t->need[d] > want)
+            want = t->before[d] + t->need[d];
         gmem_set_locked(d, want);
         if (t->need[d])
             region_release(vgpu_dev_of_cuda(d), t->need[d]);

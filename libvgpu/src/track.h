@@ -14,7 +14,7 @@
 #include "vgpu.h"
 
 /* kinds of tracked objects: allocations (memory.c), graph costs (limiter.c) and what an executable graph's
- * allocation nodes can take (TK_GRAPHMEM, memory.c: size = their bytes, maps = the CUDA ordinals, a bit each) */
+ * allocation nodes can take (TK_GRAPHMEM, memory.c: per CUDA ordinal, and the ordinals in the exec's own maps) */
 enum { TK_PTR = 1, TK_ARRAY, TK_MIPMAP, TK_HANDLE, TK_GRAPHEXEC, TK_POOL, TK_CTX, TK_LIMIT, TK_GRAPHMEM };
 
 struct track_entry {

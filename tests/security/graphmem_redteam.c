@@ -27,6 +27,9 @@
  *   graphmem_redteam race BYTES PRE N cuMemAlloc PRE, then two threads, each with an executable graph of its
  *                                     own allocating BYTES (not freed in it), launch it and cuMemFree the
  *                                     allocation N times each; prints "launched=L" "refused=R".
+ *   graphmem_redteam multidev B0 B1 PRE1   (two GPUs) cuMemAlloc PRE1 on device 1 (a context there), then a
+ *                                     graph allocating B0 on device 0 and B1 on device 1 launched from device
+ *                                     0's context; steps print device 1's figures as "name@1=rc:charged:peak".
  *   graphmem_redteam upload BYTES     cuMemAlloc BYTES, then a graph allocating BYTES uploaded (cuGraphUpload)
  *                                     and instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.
  */
@@ -67,14 +70,24 @@ unsigned long long fake_cuda_debug_peak_bytes(int dev);
 
 #define MIB (1024ull * 1024ull)
 
-static unsigned long long charged(void)
+static unsigned long long charged_on(int dev)
 {
     int (*get)(int, uint64_t *, uint64_t *) = (int (*)(int, uint64_t *, uint64_t *))dlsym(RTLD_DEFAULT,
                                                                                           "vgpu_get_usage");
     uint64_t used = 0;
-    if (!get || get(0, &used, NULL) != 0)
+    if (!get || get(dev, &used, NULL) != 0)
         return (unsigned long long)-1;
     return (unsigned long long)used;
+}
+
+static unsigned long long charged(void)
+{
+    return charged_on(0);
+}
+
+static void show_on(const char *name, int dev, CUresult rc)
+{
+    printf("%s@%d=%d:%llu:%llu\n", name, dev, rc, charged_on(dev), fake_cuda_debug_peak_bytes(dev));
 }
 
 static void show(const char *name, CUresult rc)
@@ -245,6 +258,25 @@ int main(int argc, char **argv)
         printf("launched=%d\nrefused=%d\nother=%d\n", r[0].launched + r[1].launched, r[0].refused + r[1].refused,
                r[0].other + r[1].other);
         show("end", CUDA_SUCCESS);
+    } else if (!strcmp(sc, "multidev") && argc > 4) {
+        size_t b1 = strtoull(argv[3], NULL, 10), pre1 = strtoull(argv[4], NULL, 10);
+        CUcontext c1 = NULL;
+        show_on("ctx1", 1, cuCtxCreate_v2(&c1, 0, 1));
+        show_on("pre1", 1, cuMemAlloc_v2(&more, pre1));
+        cuCtxSetCurrent(ctx);
+        CUgraph g = graph_of(bytes, 0, &d);
+        CUDA_MEM_ALLOC_NODE_PARAMS p;
+        memset(&p, 0, sizeof p);
+        p.poolProps.allocType = 1;
+        p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        p.poolProps.location.id = 1;
+        p.bytesize = b1;
+        CUgraphNode n = NULL;
+        show_on("add1", 1, cuGraphAddMemAllocNode(&n, g, NULL, 0, &p));
+        CUgraphExec e = instantiate(g);
+        CUresult rc = cuGraphLaunch(e, NULL);
+        show("launch", rc);
+        show_on("launch", 1, rc);
     } else if (!strcmp(sc, "upload")) {
         CUstream s = NULL;
         cuStreamCreate(&s, 0);

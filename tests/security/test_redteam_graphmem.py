@@ -155,3 +155,28 @@ def test_concurrent_graph_launches_never_share_one_unused_reserve(any_build: tup
     assert int(out["launched"]) >= 1 and int(out["launched"]) + int(out["refused"]) == 3000, out
     assert s["end"][2] <= CTX + LIMIT, s
     assert s["end"][1] == 200 * MIB + 450 * MIB, s  # the 200 MiB and the pool's 450 MiB reserve
+
+
+def test_allocation_nodes_on_two_gpus_are_each_checked_on_their_gpu(any_build: tuple[Toolchain, Path],
+                                                                     tmp_path: Path) -> None:
+    # Two GPUs, 1 GiB each; a graph launched from GPU 0's context allocates 100 MiB on GPU 0 and 600 MiB on
+    # GPU 1. With 500 MiB held on GPU 1 the launch would put 1.1 GiB there: refused. With 400 MiB held it
+    # fits (1000 MiB) and is let through, each GPU charged what its own pool reserves.
+    tc, prog = any_build
+    conf = tmp_path / "two.conf"
+    conf.write_text("gpu index=0\ngpu index=1\n")
+    env = tc.env(CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1",
+                 FAKE_NVML_CONFIG=str(conf))
+
+    def launch(pre1_mib: int) -> tuple[str, str]:
+        proc = subprocess.run([str(prog), "multidev", str(100 * MIB), str(600 * MIB), str(pre1_mib * MIB)], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        out = parse(proc.stdout)
+        return out["launch"], out["launch@1"]
+
+    dev0, dev1 = launch(500)
+    assert (dev0.split(":")[:2], dev1) == (["2", "0"], f"2:{500 * MIB}:{CTX + 500 * MIB}")
+    dev0, dev1 = launch(400)
+    assert dev0.split(":")[:2] == ["0", str(100 * MIB)]
+    assert dev1 == f"0:{1000 * MIB}:{CTX + 1000 * MIB}"
