@@ -287,6 +287,11 @@ class WebhookConfig:
         "a runtime without the NVIDIA hook would not enforce the allocated devices)",
         items=Rule("item", "", pattern=DNS_SUBDOMAIN, min_length=1, max_length=253,
                    allowed="a RuntimeClass name: a DNS subdomain")))
+    runtime_class_name: str = _key("", Rule(
+        "runtimeClassName", "spec.runtimeClassName written into every vGPU pod that names none (HAMi's "
+        "runtimeClassName: a cluster whose default runtime is not NVIDIA's; must be in allowedRuntimeClasses); "
+        "\"\" = none written", pattern=r"^$|" + DNS_SUBDOMAIN, max_length=253,
+        allowed="a RuntimeClass name (a DNS subdomain), or \"\""))
     allow_env_from: bool = _key(False, Rule(
         "allowEnvFrom", "allow envFrom without a safe prefix in GPU containers (a ConfigMap or Secret could "
         "set limit variables or LD_PRELOAD that the webhook cannot see)"))
@@ -561,6 +566,12 @@ def _check(cfg: Config) -> None:
     names = cfg.resource_names.all()
     if len(set(names)) != len(names) or not all(names):
         raise ConfigError("resourceNames", "names must be non-empty and distinct")
+    wh = cfg.webhook
+    if wh.runtime_class_name and wh.runtime_class_name not in wh.allowed_runtime_classes:
+        raise ConfigError("webhook.runtimeClassName",
+                          f"{wh.runtime_class_name!r} is not in webhook.allowedRuntimeClasses "
+                          f"({', '.join(wh.allowed_runtime_classes) or 'none'}): the webhook would write a runtime "
+                          "class its own rules deny; allowed: one of webhook.allowedRuntimeClasses, or \"\"")
 
 
 def rfc3339_seconds(text: str) -> float:

@@ -41,7 +41,8 @@ CREATE (:func:`review_pod`), in this order:
    ``gpumem-percentage: 100, gpucores: 100`` under ``defaults.bareGpuExclusive``); a ``/dev/shm``
    ``emptyDir`` (``medium: Memory``, ``sizeLimit`` = ``webhook.shmSizeLimit``) mounted in every GPU
    container unless some container already mounts ``/dev/shm``; ``NVIDIA_VISIBLE_DEVICES=none`` in
-   non-GPU containers when ``webhook.nonGpuVisibleDevicesNone``.
+   non-GPU containers when ``webhook.nonGpuVisibleDevicesNone``; ``spec.runtimeClassName`` =
+   ``webhook.runtimeClassName`` when that is set and the pod names none.
 
 UPDATE (:func:`review_update`; never patched): a change that adds, changes or removes a system-owned
 annotation or label is denied unless ``request.userInfo.username`` is in ``webhook.systemUsers``;
@@ -398,6 +399,8 @@ def _route_and_mutate(pod: Mapping[str, Any], spec: Mapping[str, Any], config: C
         elif (wh.non_gpu_visible_devices_none and _visible_devices_entry(c) is None
               and not isolation.container_names_mig(c, names)):  # a MIG container keeps its MIG devices
             ops.append(_append_op(path, c, "env", {"name": VISIBLE_DEVICES, "value": "none"}))
+    if gpu_paths and wh.runtime_class_name and spec.get("runtimeClassName") is None:
+        ops.append({"op": "add", "path": "/spec/runtimeClassName", "value": wh.runtime_class_name})
     if gpu_paths and not _mounts_shm(containers):
         vol_name = _shm_volume_name(spec)
         empty_dir: dict[str, Any] = {"medium": "Memory"}

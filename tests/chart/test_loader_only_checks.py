@@ -82,3 +82,23 @@ def test_resource_names_must_be_distinct(renderer: Any, names: dict[str, str], o
     if not ok:
         key, value = next(iter(names.items()))
         assert f'config.resourceNames.{key}="{value}"' in r.stderr and "must be distinct" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("webhook", "ok"), [
+    ({"runtimeClassName": "runc"}, False),
+    ({"runtimeClassName": "nvidia"}, True),
+    ({"runtimeClassName": "nvidia-cdi", "allowedRuntimeClasses": ["nvidia-cdi"]}, True),
+    ({"runtimeClassName": "nvidia", "allowedRuntimeClasses": []}, False),
+    ({"runtimeClassName": ""}, True),
+])
+def test_runtime_class_written_must_be_allowed(renderer: Any, webhook: dict[str, Any], ok: bool) -> None:
+    """The runtime class the webhook writes must be one its own rules allow (the loader and the chart)."""
+    doc = {"webhook": webhook}
+    err = _loader_error(doc)
+    assert (err is None) == ok, err
+    r = renderer.template({"config": doc})
+    assert (r.returncode == 0) == ok, r.stderr
+    if not ok:
+        assert err is not None and err.key == "webhook.runtimeClassName"
+        assert f'config.webhook.runtimeClassName="{webhook["runtimeClassName"]}"' in r.stderr, r.stderr
+        assert "allowed:" in r.stderr, r.stderr

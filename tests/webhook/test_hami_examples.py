@@ -481,8 +481,8 @@ def test_env_hami_honours_from_the_tenant_is_denied_naming_it(name: str, value: 
 
 def test_no_runtime_class_is_written_and_nvidia_may_be_named(client: Client) -> None:
     """HAMi's webhook writes its configured ``runtimeClassName`` into GPU pods that name none;
-    kube-vgpu's writes none (docs/migration-from-hami.md: make the NVIDIA runtime the default, or
-    name it), and a pod naming ``nvidia`` is admitted with it."""
+    kube-vgpu's does so only with ``webhook.runtimeClassName`` set (default ``""``: none written;
+    tests/webhook/test_webhook_rules.py), and a pod naming ``nvidia`` is admitted with it."""
     res = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}
     out, _ = admit(client, hami_pod("plain", [ctr("c", res)]))
     assert "runtimeClassName" not in out["spec"]

@@ -237,6 +237,22 @@ def test_shm_size_limit_and_existing_shm_mount() -> None:
     assert [v["name"] for v in out["spec"]["volumes"]] == ["kube-api-access-9wjzm", "mine"]
 
 
+def test_runtime_class_written_only_where_a_vgpu_pod_names_none() -> None:
+    """webhook.runtimeClassName (HAMi's runtimeClassName): written into vGPU pods that name no runtime
+    class, never over one the pod names (the isolation rules judge that one), never into other pods."""
+    cfg = cfg_with(runtime_class_name="nvidia", allowed_runtime_classes=("nvidia", "nvidia-cdi"))
+    _, out = run(base_pod(limits(gpumem="1000")), cfg)
+    assert out["spec"]["runtimeClassName"] == "nvidia"
+    _, out = run(base_pod(limits(gpumem="1000"), runtimeClassName="nvidia-cdi"), cfg)
+    assert out["spec"]["runtimeClassName"] == "nvidia-cdi"
+    d, out = run(base_pod(limits(gpumem="1000"), runtimeClassName="runc"), cfg)
+    assert not d.allowed and "spec.runtimeClassName" in d.message
+    _, out = run(base_pod({"limits": {"cpu": "1"}}), cfg)  # not a vGPU pod
+    assert "runtimeClassName" not in out["spec"]
+    _, out = run(base_pod(limits(gpumem="1000")))  # the default: none written
+    assert "runtimeClassName" not in out["spec"]
+
+
 def test_shm_volume_name_collision() -> None:
     pod = base_pod(limits(gpumem="1000"))
     pod["spec"]["volumes"].append({"name": "kube-vgpu-shm", "configMap": {"name": "x"}})

@@ -191,6 +191,11 @@ seccompProfile:
 {{- end -}}
 {{- $names = append $names $v -}}
 {{- end -}}
+{{- $rc := toString (dig "webhook" "runtimeClassName" "" $) -}}
+{{- $allowedRc := dig "webhook" "allowedRuntimeClasses" (list) $ -}}
+{{- if and $rc (not (has $rc $allowedRc)) -}}
+{{- fail (printf "config.webhook.runtimeClassName=%q is not in config.webhook.allowedRuntimeClasses (%s): the webhook would write a runtime class its own rules deny; allowed: one of config.webhook.allowedRuntimeClasses, or \"\"" $rc (join ", " $allowedRc)) -}}
+{{- end -}}
 {{- $shm := toString (dig "webhook" "shmSizeLimit" "" $) -}}
 {{- if $shm -}}
 {{- $exp := regexFind `[eE][-+]?[0-9]+$` $shm -}}
