@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -106,7 +105,7 @@ from .response import (
     prestart_files,
     read_owner,
 )
-from .shimcache import write_host_files
+from .shimcache import remove_tree, write_host_files
 
 log = logging.getLogger("kube_vgpu.deviceplugin")
 
@@ -175,7 +174,7 @@ def _remove_dir(path: str, uid: str | None) -> bool:
     if os.path.islink(path) or not os.path.isdir(path):
         return False
     try:
-        shutil.rmtree(path)
+        remove_tree(path)  # not shutil.rmtree: a tenant's tree thousands of levels deep made it raise
     except FileNotFoundError:
         return False
     except OSError as e:
@@ -840,11 +839,19 @@ class DevicePlugin:
                     **pv.annotations, **{k: v for k, v in ann.items() if v is not None}}}
 
     def _prepare_mounts(self, spec: ContainerSpec) -> None:
-        """Create the allocation's shared-cache directory, drop a previous holder's owner file and write
-        the placeholder limits file. Raises OSError (the Allocate fails: a container must not start
-        without its limits directory)."""
+        """Create the allocation's shared-cache directory empty (a previous holder of the same device IDs
+        left its files there: its accounting file, or anything it wrote, must not reach the next
+        tenant), drop a previous holder's owner file and write the placeholder limits file. Raises
+        OSError (the Allocate fails: a container must not start without its limits directory, nor in
+        a directory still holding another's files)."""
         for m in spec.mounts:
             if not m.read_only and m.host_path.startswith(self.opts.cache_host_dir):
+                if os.path.islink(m.host_path):  # never ours: drop the link, never what it points to
+                    os.unlink(m.host_path)
+                elif os.path.lexists(m.host_path):
+                    _remove_dir(m.host_path, None)
+                if os.path.lexists(m.host_path):
+                    raise OSError(f"{m.host_path}: the previous holder's cache directory could not be removed")
                 os.makedirs(m.host_path, exist_ok=True)
                 os.chmod(m.host_path, 0o777)  # the container may run as any user
         for f in spec.files:

@@ -91,6 +91,58 @@ def atomic_write(path: str, text: str, mode: int, sync_dir: bool = True) -> None
         os.close(dfd)
 
 
+#: name prefix of the subdirectories :func:`remove_tree` moves up to the top directory while removing it
+_HOIST_PREFIX = ".kube-vgpu-rm-"
+
+
+def remove_tree(path: str) -> None:
+    """Remove the directory ``path`` and everything in it, never following a symlink, without
+    recursion and with at most two file descriptors open, however deep the tree (it is a tenant's:
+    a container can nest directories thousands of levels deep, which makes ``shutil.rmtree`` fail
+    with ``RecursionError`` or ``EMFILE`` and leave it in place for the next holder). Every
+    subdirectory is first moved up to ``path`` itself (``renameat`` within ``path``), emptied there
+    and removed. A symlink at ``path`` itself is refused (``ELOOP``/``ENOTDIR``).
+
+    Raises OSError when something cannot be removed (what was removed stays removed)."""
+    top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        queue: list[str] = []
+        n = 0
+
+        def empty(dfd: int) -> None:
+            nonlocal n
+            with os.scandir(dfd) as it:
+                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+            for name, is_dir in entries:
+                if not is_dir:
+                    os.unlink(name, dir_fd=dfd)
+                elif dfd == top:
+                    queue.append(name)
+                else:
+                    while True:  # a name free in ``path``: the tenant may have used ours
+                        n += 1
+                        hoisted = f"{_HOIST_PREFIX}{n}"
+                        try:
+                            os.lstat(hoisted, dir_fd=top)
+                        except FileNotFoundError:
+                            break
+                    os.rename(name, hoisted, src_dir_fd=dfd, dst_dir_fd=top)
+                    queue.append(hoisted)
+
+        empty(top)
+        while queue:
+            name = queue.pop()
+            dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
+            try:
+                empty(dfd)
+            finally:
+                os.close(dfd)
+            os.rmdir(name, dir_fd=top)
+    finally:
+        os.close(top)
+    os.rmdir(path)
+
+
 def write_host_files(spec: ContainerSpec) -> list[str]:
     """Write ``spec.files`` (the container's limits file) on the host, each atomically (temporary file,
     fsync, rename) with its mode; parent directories are created with mode 0755 (readable by any

@@ -653,8 +653,6 @@ def test_cache_cleanup_tolerates_errors_and_never_removes_live_pods(start_plugin
                                                                     kube_api: Any, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
-    import shutil
-
     from deviceplugin import server
 
     plugin = start_plugin(heartbeat_seconds=3600)
@@ -665,23 +663,23 @@ def test_cache_cleanup_tolerates_errors_and_never_removes_live_pods(start_plugin
     a, b, live = root / "aaaa_c", root / "bbbb_c", root / f"{live_uid}_c"
     for d in (a, b, live):
         d.mkdir()
-    real = shutil.rmtree
+    real = server.remove_tree
 
-    def flaky(path: str, *args: Any, **kw: Any) -> None:
+    def flaky(path: str) -> None:
         if path.endswith("aaaa_c"):
             raise PermissionError(13, "Permission denied", path)
         if path.endswith("bbbb_c"):
             real(path)  # someone else removed it first
             raise FileNotFoundError(2, "No such file or directory", path)
-        real(path, *args, **kw)
+        real(path)
 
-    monkeypatch.setattr(server.shutil, "rmtree", flaky)
+    monkeypatch.setattr(server, "remove_tree", flaky)
     with caplog.at_level("WARNING", logger="kube_vgpu.deviceplugin"):
         assert plugin.clean_cache_dirs(pods) == []
     assert a.is_dir() and not b.exists() and live.is_dir()
     assert any("cannot remove the cache directory" in r.getMessage() and str(getattr(r, "path", "")).endswith("aaaa_c")
                and "Permission denied" in getattr(r, "error", "") for r in caplog.records)
-    monkeypatch.setattr(server.shutil, "rmtree", real)
+    monkeypatch.setattr(server, "remove_tree", real)
     assert plugin.clean_cache_dirs(pods) == [str(a)]
     assert live.is_dir()
 

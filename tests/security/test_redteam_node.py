@@ -1,0 +1,150 @@
+# ruff: noqa: F811 - fixtures imported from the device plugin tests are parameters here
+"""A hostile tenant against the node components through the one place on the host it can write: its
+read-write cache directory (``<cache-host-dir>/alloc-<key>`` for the device plugin, ``dra-<claim uid>``
+for the DRA plugin, mounted at ``/usr/local/vgpu/cache``). Played against the real device plugin over
+the fake kubelet's v1beta1 gRPC and against the real DRA kubelet plugin; the tenant's writes are made
+directly in the host directory, as its container would make them through the mount."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_DP_TESTS = str(Path(__file__).resolve().parents[1] / "deviceplugin")
+if _DP_TESTS not in sys.path:  # the device plugin tests' helpers and fixtures (fake kubelet, fake NVML)
+    sys.path.insert(0, _DP_TESTS)
+
+from dp_helpers import FakeKubelet, bound_pod, create_signed, write_region  # noqa: E402
+
+from deviceplugin.response import alloc_key  # noqa: E402
+from deviceplugin.server import DevicePlugin  # noqa: E402
+from deviceplugin.shimcache import read_container, remove_tree  # noqa: E402
+from kube_vgpu.dra import DRIVER_NAME  # noqa: E402
+from tests.deviceplugin.conftest import fake_nvml_lib, gpus, kube_api, kubelet, sockdir  # noqa: E402,F401
+from tests.deviceplugin.test_dp_daemon import U, start_plugin  # noqa: E402,F401
+from tests.dra.dra_node_helpers import NS, Node, result, running_node  # noqa: E402
+
+#: deeper than Python's recursion limit (1000): shutil.rmtree raised RecursionError on such a tree
+DEPTH = 3000
+
+
+def deep_tree(top: Path, depth: int = DEPTH) -> None:
+    """Nest ``depth`` directories under ``top`` as a container does (mkdir + chdir, one level at a
+    time: no path is ever longer than one name), with a file at the bottom."""
+    cur = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=cur)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+            os.close(cur)
+            cur = nxt
+        fd = os.open("bottom", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=cur)
+        os.close(fd)
+    finally:
+        os.close(cur)
+
+
+def cache_dir(resp: Any) -> Path:
+    return Path(next(m.host_path for m in resp.mounts if m.container_path == "/usr/local/vgpu/cache"))
+
+
+def test_the_next_holder_of_the_same_device_ids_gets_an_empty_cache_directory(
+        start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet, kube_api: Any) -> None:
+    """The directory's name is a hash of the device IDs only, so the next container kubelet hands the
+    same slots (after the first pod finished: a completed Job pod stays in the API, so its directory
+    is not cleaned up) mounts the same directory. The first tenant leaves a forged accounting file
+    (usage its neighbour's shim would join and the metrics would report as the neighbour's) and a
+    file of its own there: the next holder must find the directory empty."""
+    plugin = start_plugin(heartbeat_seconds=3600)
+    ids = [f"{U[0]}::0"]
+    create_signed(kube_api, bound_pod("first", [("c", False, [(U[0], 2000, 20)], {})], bind_time=1))
+    (a,) = kubelet.admit("first", [("c", ids)])
+    first = cache_dir(a.response)
+    assert first.name == alloc_key(ids)
+    write_region(first / "vgpu.cache", {0: 7 * 1024**3}, oom_refusals=99)
+    (first / "left-for-the-next-tenant").write_text("hello neighbour")
+    (first / "sub").mkdir()
+    kube_api.patch_object("pods", "first", {"status": {"phase": "Succeeded"}}, "default", subresource="status")
+    kubelet.remove("first")  # kubelet frees the slots of a finished pod; the pod object stays
+
+    create_signed(kube_api, bound_pod("second", [("c", False, [(U[0], 1000, 10)], {})], bind_time=2))
+    (b,) = kubelet.admit("second", [("c", ids)])
+    second = cache_dir(b.response)
+    assert second == first and second.is_dir()
+    assert sorted(os.listdir(second)) == []
+    assert os.stat(second).st_mode & 0o777 == 0o777
+    uid = kube_api.get_object("pods", "second", "default")["metadata"]["uid"]
+    assert read_container(plugin.opts.cache_host_dir, uid, "c", second.name) is None
+
+
+def test_a_cache_tree_thousands_of_levels_deep_with_symlinks_is_removed_and_the_cleanup_goes_on(
+        start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet, kube_api: Any, tmp_path: Path) -> None:
+    """A gone pod's tenant nested 3,000 directories in its cache directory and planted symlinks to a
+    host directory (at the top and at the bottom) and a directory named like the remover's own
+    temporary names. The cleanup removes the whole tree without following a link (the host's files
+    stay), and goes on to the other gone pods' directories (``shutil.rmtree`` raised RecursionError,
+    which stopped the cleanup of every directory after it and left the tree for the slots' next holder)."""
+    plugin = start_plugin(heartbeat_seconds=3600)
+    host = tmp_path / "host-etc"
+    host.mkdir()
+    (host / "shadow").write_text("keep")
+    create_signed(kube_api, bound_pod("deep", [("c", False, [(U[0], 1000, 10)], {})], bind_time=1))
+    create_signed(kube_api, bound_pod("other", [("c", False, [(U[1], 1000, 10)], {})], bind_time=2))
+    (d,) = kubelet.admit("deep", [("c", [f"{U[0]}::0"])])
+    (o,) = kubelet.admit("other", [("c", [f"{U[1]}::0"])])
+    deep, other = cache_dir(d.response), cache_dir(o.response)
+    deep_tree(deep)
+    (deep / "escape").symlink_to(host, target_is_directory=True)
+    (deep / ".kube-vgpu-rm-1").mkdir()
+    (deep / ".kube-vgpu-rm-1" / "escape").symlink_to(host / "shadow")
+    bottom = deep.joinpath(*["d"] * 10)
+    (bottom / "escape").symlink_to(host, target_is_directory=True)
+    (other / "f").write_text("x")
+    for name in ("deep", "other"):
+        kube_api.delete_object("pods", name, "default")
+        kubelet.remove(name)
+    pods = plugin.kube.list_node_pods(plugin.opts.node_name)
+    removed = plugin.clean_cache_dirs(pods)
+    for path in (deep, other):
+        assert str(path) in removed and str(path) + ".limits" in removed
+        assert not path.exists()
+    assert sorted(os.listdir(host)) == ["shadow"] and (host / "shadow").read_text() == "keep"
+
+
+def test_remove_tree_refuses_a_symlink_at_the_top(tmp_path: Path) -> None:
+    """The remover never starts through a link: a symlink in place of the directory is refused and
+    what it points to is left whole."""
+    target = tmp_path / "host"
+    target.mkdir()
+    (target / "f").write_text("keep")
+    link = tmp_path / "alloc-0000000000000001"
+    link.symlink_to(target, target_is_directory=True)
+    with pytest.raises(OSError):
+        remove_tree(str(link))
+    assert (target / "f").read_text() == "keep" and link.is_symlink()
+
+
+@pytest.fixture
+def dra_node() -> Iterator[Node]:
+    with running_node() as n:
+        yield n
+
+
+def test_a_claims_cache_tree_thousands_of_levels_deep_is_unprepared(dra_node: Node) -> None:
+    """The DRA path: the claim's tenant nests 3,000 directories in its cache directory; Unprepare
+    still removes the directories (it failed with RecursionError, every retry, so the claim stayed
+    prepared on the node for good)."""
+    c = dra_node.claim("c1", [result()])
+    uid = c["metadata"]["uid"]
+    assert dra_node.kubelet is not None
+    assert dra_node.kubelet.prepare(DRIVER_NAME, [(NS, uid, "c1")]).claims[uid].error == ""
+    cache = Path(dra_node.opts.cache_host_dir) / f"dra-{uid}"
+    deep_tree(cache)
+    assert dra_node.kubelet.unprepare(DRIVER_NAME, [(NS, uid, "c1")]).claims[uid].error == ""
+    assert not cache.exists() and not Path(f"{cache}.limits").exists()
+    assert dra_node.cdi_spec(uid) is None
