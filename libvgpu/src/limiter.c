@@ -494,11 +494,17 @@ LAUNCH_HOOK(cuLaunchCooperativeKernelMultiDevice, multi_blocks(list, n), list &&
             (CUDA_LAUNCH_PARAMS *list, unsigned int n, unsigned int flags), (list, n, flags))
 
 /* ------------------------------------------------------------------ graphs */
-static uint64_t graph_blocks(CUgraph g)
+/* Child graph levels walked below a graph (a child graph node's own children included): the same bound as
+ * the graph memory walk (memory.c). Deeper kernels are not counted. */
+#define GRAPH_WALK_DEPTH 8
+
+/* The blocks of graph g's kernel nodes, child graph nodes' kernels included (depth levels down). Runs at
+ * instantiation and update, never on the launch path: one node list per graph level, as the graph has. */
+static uint64_t graph_blocks(CUgraph g, int depth)
 {
     size_t n = 0;
-    if (!real_cuGraphGetNodes || !real_cuGraphNodeGetType || !real_cuGraphKernelNodeGetParams ||
-        real_cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS || n == 0)
+    if (depth > GRAPH_WALK_DEPTH || !real_cuGraphGetNodes || !real_cuGraphNodeGetType ||
+        !real_cuGraphKernelNodeGetParams || real_cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS || n == 0)
         return 0;
     CUgraphNode *nodes = calloc(n, sizeof *nodes);
     if (!nodes)
@@ -507,21 +513,40 @@ static uint64_t graph_blocks(CUgraph g)
     if (real_cuGraphGetNodes(g, nodes, &n) == CUDA_SUCCESS) {
         for (size_t i = 0; i < n; i++) {
             int type = -1;
-            CUDA_KERNEL_NODE_PARAMS p;
-            memset(&p, 0, sizeof p);
-            if (real_cuGraphNodeGetType(nodes[i], &type) == CUDA_SUCCESS && type == CU_GRAPH_NODE_TYPE_KERNEL &&
-                real_cuGraphKernelNodeGetParams(nodes[i], &p) == CUDA_SUCCESS)
-                blocks += (uint64_t)p.gridDimX * p.gridDimY * p.gridDimZ;
+            uint64_t b = 0;
+            if (real_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS)
+                continue;
+            if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
+                CUDA_KERNEL_NODE_PARAMS p;
+                memset(&p, 0, sizeof p);
+                if (real_cuGraphKernelNodeGetParams(nodes[i], &p) == CUDA_SUCCESS)
+                    b = (uint64_t)p.gridDimX * p.gridDimY * p.gridDimZ;
+            } else if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
+                CUgraph child = NULL;
+                if (real_cuGraphChildGraphNodeGetGraph &&
+                    real_cuGraphChildGraphNodeGetGraph(nodes[i], &child) == CUDA_SUCCESS && child)
+                    b = graph_blocks(child, depth + 1);
+            }
+            blocks = blocks + b < blocks ? UINT64_MAX : blocks + b;
         }
     }
     free(nodes);
     return blocks;
 }
 
+/* Records exec's launch cost: the blocks of the graph it runs. */
 static void graph_record(CUgraphExec exec, CUgraph g)
 {
-    uint64_t blocks = graph_blocks(g);
+    uint64_t blocks = graph_blocks(g, 0);
     track_put(TK_GRAPHEXEC, (uint64_t)(uintptr_t)exec, blocks ? blocks : 1, 0, NULL);
+}
+
+/* cuGraphExecUpdate(_v2) succeeded (memory.c): the executable runs the new graph's kernels (their grids
+ * included) from now on, so its cost is the new graph's. */
+void limiter_graph_updated(CUgraphExec exec, CUgraph graph)
+{
+    if (g_sm_active)
+        graph_record(exec, graph);
 }
 
 /* Every instantiation records the graph's launch cost (SM limit) and what its memory nodes can take

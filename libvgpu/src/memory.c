@@ -1772,7 +1772,7 @@ EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream s)
 }
 
 /* An updated executable takes the new graph's parameters, allocation sizes included: what it can take is
- * recorded again (never below what it was). */
+ * recorded again (never below what it was), and its launch cost (SM limit, limiter.c) is the new graph's. */
 EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, void *info)
 {
     ensure_cuda();
@@ -1780,6 +1780,8 @@ EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, void *info
     CUresult rc = real_cuGraphExecUpdate_v2(exec, graph, info);
     if (rc == CUDA_SUCCESS && vgpu_cfg->enabled)
         gmem_record(exec, graph, 1);
+    if (rc == CUDA_SUCCESS)
+        limiter_graph_updated(exec, graph);
     return rc;
 }
 
@@ -1790,6 +1792,8 @@ EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *
     CUresult rc = real_cuGraphExecUpdate(exec, graph, err, result);
     if (rc == CUDA_SUCCESS && vgpu_cfg->enabled)
         gmem_record(exec, graph, 1);
+    if (rc == CUDA_SUCCESS)
+        limiter_graph_updated(exec, graph);
     return rc;
 }
 

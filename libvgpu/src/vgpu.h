@@ -149,6 +149,7 @@ void memory_graph_exec_gone(CUgraphExec exec);
 int limiter_init(void);
 void limiter_start(void);
 void limiter_throttle(uint64_t blocks, CUstream s);
+void limiter_graph_updated(CUgraphExec exec, CUgraph graph); /* cuGraphExecUpdate(_v2) succeeded */
 
 /* ------------------------------------------------------------------ device mapping (core.c)
  * One mapping, by GPU UUID: a CUDA ordinal (this process's numbering, after its own

@@ -1885,6 +1885,45 @@ EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* Frees graph fg and the child graphs its child graph nodes own, every level down. Caller holds g_mu. */
+static void graph_free_locked(struct fgraph *fg, int depth)
+{
+    for (int i = 0; i < fg->n && depth < 8; i++)
+        if (fg->nodes[i].type == CU_GRAPH_NODE_TYPE_GRAPH && fg->nodes[i].child)
+            graph_free_locked(fg->nodes[i].child, depth + 1);
+    fg->used = fg->owned = 0;
+}
+
+/* A copy of graph src owned by a child graph node, its own child graphs copied too (every level down, as the
+ * driver clones a graph), or NULL when the graph table is full (nothing taken then). Caller holds g_mu. */
+static struct fgraph *graph_clone_locked(const struct fgraph *src, int depth)
+{
+    struct fgraph *copy = NULL;
+    for (int i = 0; i < MAX_GRAPH && !copy && depth < 8; i++)
+        if (!g_graph[i].used)
+            copy = &g_graph[i];
+    if (!copy)
+        return NULL;
+    memcpy(copy, src, sizeof(*copy));
+    copy->owned = 1;
+    copy->inst = 0;
+    for (int i = 0; i < copy->n; i++) {
+        struct fnode *n = &copy->nodes[i];
+        if (n->type != CU_GRAPH_NODE_TYPE_GRAPH || !n->child)
+            continue;
+        struct fgraph *c = graph_clone_locked(n->child, depth + 1);
+        if (!c) {
+            for (int k = 0; k < i; k++) /* give back what this copy took */
+                if (copy->nodes[k].type == CU_GRAPH_NODE_TYPE_GRAPH && copy->nodes[k].child)
+                    graph_free_locked(copy->nodes[k].child, depth + 1);
+            copy->used = copy->owned = 0;
+            return NULL;
+        }
+        n->child = c;
+    }
+    return copy;
+}
+
 EXPORT CUresult cuGraphDestroy(CUgraph g)
 {
     CHECK_INIT();
@@ -1892,10 +1931,7 @@ EXPORT CUresult cuGraphDestroy(CUgraph g)
     if (!fg || fg->owned) /* a moved child graph goes with its parent */
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
-    for (int i = 0; i < fg->n; i++) /* and so do its own children */
-        for (struct fgraph *c = fg->nodes[i].type == CU_GRAPH_NODE_TYPE_GRAPH ? fg->nodes[i].child : NULL; c; c = NULL)
-            c->used = c->owned = 0;
-    fg->used = 0;
+    graph_free_locked(fg, 0); /* and so do its own children, every level down */
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
@@ -2109,8 +2145,8 @@ static CUresult exec_fill_locked(struct fexec *fe, struct fgraph *fg)
     return exec_add_locked(fe, fg, 0);
 }
 
-/* The classic child graph node clones the child; a graph with memory nodes cannot be cloned (use
- * cuGraphAddNode with the ownership moved). */
+/* The classic child graph node clones the child (its own child graphs included); a graph with memory nodes
+ * cannot be cloned (use cuGraphAddNode with the ownership moved). */
 EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                          CUgraph child)
 {
@@ -2121,16 +2157,11 @@ EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g, const CUg
     if (!node || !fg || !fc || fc == fg || fc->mem)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
-    struct fgraph *copy = NULL;
-    for (int i = 0; i < MAX_GRAPH && !copy; i++)
-        if (!g_graph[i].used)
-            copy = &g_graph[i];
-    if (!copy || fg->n >= GRAPH_NODES) {
+    struct fgraph *copy = fg->n < GRAPH_NODES ? graph_clone_locked(fc, 0) : NULL;
+    if (!copy) {
         pthread_mutex_unlock(&g_mu);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    memcpy(copy, fc, sizeof(*copy));
-    copy->owned = 1;
     struct fnode *n = &fg->nodes[fg->n++];
     memset(n, 0, sizeof(*n));
     n->type = CU_GRAPH_NODE_TYPE_GRAPH;
