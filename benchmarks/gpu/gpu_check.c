@@ -9,7 +9,17 @@
  *   nvml              - nvmlDeviceGetMemoryInfo of NVML device 0
  *   hold <MiB>        - allocate, print held=<rc>, then wait to be killed
  *   alloc <MiB>       - allocate and print alloc=<rc>
- *   spin <warm_s> <s> - launch a spin kernel (about 100 us) back to back; print kernels per second after warm-up */
+ *   spin <warm_s> <s> - launch a spin kernel (about 100 us) back to back; print kernels per second after warm-up
+ *   graphmem <MiB>    - graph memory nodes (the driver's figures, cuDeviceGetGraphMemAttribute): a graph allocating
+ *                       MiB launched, the allocation freed with cuMemFreeAsync, cuDeviceGraphMemTrim; then a graph
+ *                       allocating and freeing MiB in itself (a free node), launched, trimmed
+ *   graphlimit <limit MiB> - (under the shim) a graph allocating and freeing half the limit launched, then one
+ *                       allocating the whole limit
+ *   vmmctx <MiB>      - with the primary context kept, a context created, MiB of cuMemCreate in it (half mapped,
+ *                       half not, neither released), the context destroyed: NVML used memory and cuMemGetInfo
+ *                       before, while held and after
+ *   retain <MiB>      - cuMemCreate MiB mapped, cuMemRetainAllocationHandle, unmapped, released twice: NVML used
+ *                       memory after each step */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -58,6 +68,22 @@ FN(cuMemAddressFree, CUresult, (CUdeviceptr, size_t));
 FN(cuMemMap, CUresult, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long));
 FN(cuMemUnmap, CUresult, (CUdeviceptr, size_t));
 FN(cuMemGetAllocationGranularity, CUresult, (size_t *, const CUmemAllocationProp *, int));
+/* the graph memory, VMM-context and retained-handle modes (loaded by those modes only) */
+FN(cuCtxCreate_v2, CUresult, (CUcontext *, unsigned, CUdevice));
+FN(cuCtxDestroy_v2, CUresult, (CUcontext));
+FN(cuStreamCreate, CUresult, (CUstream *, unsigned));
+FN(cuStreamSynchronize, CUresult, (CUstream));
+FN(cuMemFreeAsync, CUresult, (CUdeviceptr, CUstream));
+FN(cuMemRetainAllocationHandle, CUresult, (CUmemGenericAllocationHandle *, void *));
+FN(cuGraphCreate, CUresult, (CUgraph *, unsigned));
+FN(cuGraphDestroy, CUresult, (CUgraph));
+FN(cuGraphAddMemAllocNode, CUresult, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *));
+FN(cuGraphAddMemFreeNode, CUresult, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUdeviceptr));
+FN(cuGraphInstantiateWithFlags, CUresult, (CUgraphExec *, CUgraph, unsigned long long));
+FN(cuGraphLaunch, CUresult, (CUgraphExec, CUstream));
+FN(cuGraphExecDestroy, CUresult, (CUgraphExec));
+FN(cuDeviceGetGraphMemAttribute, CUresult, (CUdevice, int, void *));
+FN(cuDeviceGraphMemTrim, CUresult, (CUdevice));
 
 #define LOAD(name) p_##name = (__typeof__(p_##name))sym(#name)
 
@@ -213,6 +239,227 @@ static int mode_vmm(size_t limit)
     return 0;
 }
 
+/* ---- graph memory nodes, VMM memory of a destroyed context, retained handles */
+#define NVML_NA (~0ULL) /* NVML cannot tell */
+static nvmlDevice_t g_nvd;
+static nvmlReturn_t (*g_nvml_mem)(nvmlDevice_t, nvmlMemory_t *);
+
+/* NVML's used memory of device 0 in bytes (the whole GPU, every process), or ~0 when NVML cannot tell. */
+static unsigned long long nvml_used(void)
+{
+    if (!g_nvml_mem) {
+        void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+        nvmlReturn_t (*init)(void) = h ? (nvmlReturn_t (*)(void))dlsym(h, "nvmlInit_v2") : NULL;
+        nvmlReturn_t (*get)(unsigned, nvmlDevice_t *) =
+            h ? (nvmlReturn_t (*)(unsigned, nvmlDevice_t *))dlsym(h, "nvmlDeviceGetHandleByIndex_v2") : NULL;
+        if (!init || !get || init() || get(0, &g_nvd))
+            return NVML_NA;
+        g_nvml_mem = (nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t *))dlsym(h, "nvmlDeviceGetMemoryInfo");
+        if (!g_nvml_mem)
+            return NVML_NA;
+    }
+    nvmlMemory_t m;
+    return g_nvml_mem(g_nvd, &m) ? NVML_NA : (unsigned long long)m.used;
+}
+
+/* cuMemGetInfo's used memory (total - free) in the current context, or ~0. */
+static unsigned long long cu_used(void)
+{
+    size_t fr = 0, tot = 0;
+    return p_cuMemGetInfo_v2(&fr, &tot) ? ~0ULL : (unsigned long long)(tot - fr);
+}
+
+/* The graph pool of device 0 as the driver reports it: prints "<tag>_used=" and "<tag>_reserved=" (bytes, or
+ * -1 when the attribute cannot be read) and NVML's device used memory as "<tag>_nvml=". */
+static void graph_attrs(const char *tag)
+{
+    cuuint64_t u = 0, r = 0;
+    long long used = p_cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &u) ? -1 : (long long)u;
+    long long res =
+        p_cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &r) ? -1 : (long long)r;
+    printf("%s_used=%lld %s_reserved=%lld %s_nvml=%lld\n", tag, used, tag, res, tag, (long long)nvml_used());
+}
+
+/* A graph with one allocation node of `bytes` on device 0 (and, with `free_node`, a free node of it ordered after
+ * it), instantiated; 0, or the failing call's result. */
+static CUresult graph_alloc(size_t bytes, int free_node, CUgraph *g, CUgraphExec *e, CUdeviceptr *dptr)
+{
+    CUDA_MEM_ALLOC_NODE_PARAMS np;
+    memset(&np, 0, sizeof np);
+    np.poolProps.allocType = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    np.poolProps.location.id = 0;
+    np.bytesize = bytes;
+    CUgraphNode an, fn;
+    CUresult rc = p_cuGraphCreate(g, 0);
+    if (rc)
+        return rc;
+    rc = p_cuGraphAddMemAllocNode(&an, *g, NULL, 0, &np);
+    if (!rc && free_node)
+        rc = p_cuGraphAddMemFreeNode(&fn, *g, &an, 1, np.dptr); /* the free is ordered after the allocation */
+    if (!rc)
+        rc = p_cuGraphInstantiateWithFlags(e, *g, 0);
+    *dptr = np.dptr;
+    return rc;
+}
+
+static void load_graph_syms(void)
+{
+    LOAD(cuStreamCreate);
+    LOAD(cuStreamSynchronize);
+    LOAD(cuMemFreeAsync);
+    LOAD(cuGraphCreate);
+    LOAD(cuGraphDestroy);
+    LOAD(cuGraphAddMemAllocNode);
+    LOAD(cuGraphAddMemFreeNode);
+    LOAD(cuGraphInstantiateWithFlags);
+    LOAD(cuGraphLaunch);
+    LOAD(cuGraphExecDestroy);
+    LOAD(cuDeviceGetGraphMemAttribute);
+    LOAD(cuDeviceGraphMemTrim);
+}
+
+/* The driver's graph pool around launches, frees and trims (no shim): see the header. */
+static int mode_graphmem(size_t bytes)
+{
+    load_graph_syms();
+    if (ctx_up())
+        return 2;
+    CUstream s;
+    CK(p_cuStreamCreate(&s, 0));
+    CK(p_cuDeviceGraphMemTrim(0));
+    graph_attrs("base");
+    /* an allocation the graph does not free: it outlives the launch until cuMemFreeAsync */
+    CUgraph g;
+    CUgraphExec e;
+    CUdeviceptr d;
+    CK(graph_alloc(bytes, 0, &g, &e, &d));
+    CUresult launch = p_cuGraphLaunch(e, s);
+    CK(p_cuStreamSynchronize(s));
+    printf("launch=%d\n", launch);
+    graph_attrs("launched");
+    CUresult fr = launch ? launch : p_cuMemFreeAsync(d, s);
+    CK(p_cuStreamSynchronize(s));
+    printf("free_async=%d\n", fr);
+    graph_attrs("freed");
+    CUresult trim = p_cuDeviceGraphMemTrim(0);
+    printf("trim=%d\n", trim);
+    graph_attrs("trimmed");
+    p_cuGraphExecDestroy(e);
+    p_cuGraphDestroy(g);
+    /* an allocation the graph frees itself (a free node): the pool keeps the reserve after the launch */
+    CK(graph_alloc(bytes, 1, &g, &e, &d));
+    CUresult fn_launch = p_cuGraphLaunch(e, s);
+    CK(p_cuStreamSynchronize(s));
+    printf("fn_launch=%d\n", fn_launch);
+    graph_attrs("fn_launched");
+    CUresult fn_trim = p_cuDeviceGraphMemTrim(0);
+    printf("fn_trim=%d\n", fn_trim);
+    graph_attrs("fn_trimmed");
+    p_cuGraphExecDestroy(e);
+    p_cuGraphDestroy(g);
+    return 0;
+}
+
+/* Under the shim and a limit: a graph allocating (and freeing) half the limit runs; one allocating the whole
+ * limit is refused. */
+static int mode_graphlimit(size_t limit)
+{
+    load_graph_syms();
+    if (ctx_up())
+        return 2;
+    CUstream s;
+    CK(p_cuStreamCreate(&s, 0));
+    CUgraph g1, g2;
+    CUgraphExec e1, e2;
+    CUdeviceptr d1, d2;
+    CK(graph_alloc(limit / 2, 1, &g1, &e1, &d1));
+    CUresult half = p_cuGraphLaunch(e1, s);
+    CK(p_cuStreamSynchronize(s));
+    unsigned long long charged = cu_used();
+    CK(graph_alloc(limit, 1, &g2, &e2, &d2));
+    CUresult all = p_cuGraphLaunch(e2, s);
+    CK(p_cuStreamSynchronize(s));
+    printf("graph_half=%d graph_all=%d charged_after_half=%llu\n", half, all, charged);
+    p_cuGraphExecDestroy(e1);
+    p_cuGraphExecDestroy(e2);
+    p_cuGraphDestroy(g1);
+    p_cuGraphDestroy(g2);
+    p_cuDeviceGraphMemTrim(0);
+    return 0;
+}
+
+/* cuMemCreate of `bytes` on device 0 at granularity; 0 or the driver's result. */
+static CUresult vmm_create(size_t bytes, CUmemGenericAllocationHandle *h, size_t *size)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    size_t gran = 0;
+    CUresult rc = p_cuMemGetAllocationGranularity(&gran, &prop, 0);
+    if (rc)
+        return rc;
+    *size = (bytes + gran - 1) / gran * gran;
+    return p_cuMemCreate(h, *size, &prop, 0);
+}
+
+/* VMM memory of a destroyed context (no shim), the primary context kept alive meanwhile. */
+static int mode_vmmctx(size_t bytes)
+{
+    LOAD(cuCtxCreate_v2);
+    LOAD(cuCtxDestroy_v2);
+    if (ctx_up())
+        return 2;
+    CUcontext primary, c;
+    CK(p_cuDevicePrimaryCtxRetain(&primary, 0));
+    unsigned long long nv0 = nvml_used(), cu0 = cu_used();
+    CK(p_cuCtxCreate_v2(&c, 0, 0));
+    unsigned long long nv1 = nvml_used();
+    CUmemGenericAllocationHandle mapped, unmapped;
+    size_t sz1, sz2;
+    CUdeviceptr va;
+    CK(vmm_create(bytes / 2, &mapped, &sz1));
+    CK(p_cuMemAddressReserve(&va, sz1, 0, 0, 0));
+    CK(p_cuMemMap(va, sz1, 0, mapped, 0));
+    CK(vmm_create(bytes / 2, &unmapped, &sz2));
+    unsigned long long nv2 = nvml_used();
+    CUresult destroy = p_cuCtxDestroy_v2(c); /* neither handle released, one still mapped */
+    CK(p_cuCtxSetCurrent(primary));
+    CK(p_cuCtxSynchronize());
+    unsigned long long nv3 = nvml_used(), cu3 = cu_used();
+    printf("vmm_bytes=%zu destroy=%d nvml_before=%llu nvml_ctx=%llu nvml_held=%llu nvml_after=%llu cu_before=%llu "
+           "cu_after=%llu\n", sz1 + sz2, destroy, nv0, nv1, nv2, nv3, cu0, cu3);
+    return 0;
+}
+
+/* A retained handle (no shim): NVML used memory after each step. */
+static int mode_retain(size_t bytes)
+{
+    LOAD(cuMemRetainAllocationHandle);
+    if (ctx_up())
+        return 2;
+    CUmemGenericAllocationHandle h, h2 = 0;
+    size_t sz;
+    CUdeviceptr va;
+    unsigned long long nv0 = nvml_used();
+    CK(vmm_create(bytes, &h, &sz));
+    CK(p_cuMemAddressReserve(&va, sz, 0, 0, 0));
+    CK(p_cuMemMap(va, sz, 0, h, 0));
+    CUresult retain = p_cuMemRetainAllocationHandle(&h2, (void *)(uintptr_t)va);
+    CK(p_cuMemUnmap(va, sz));
+    unsigned long long nv1 = nvml_used();
+    CUresult rel1 = p_cuMemRelease(h);
+    unsigned long long nv2 = nvml_used();
+    CUresult rel2 = retain ? retain : p_cuMemRelease(h2);
+    unsigned long long nv3 = nvml_used();
+    p_cuMemAddressFree(va, sz);
+    printf("retain_bytes=%zu retain=%d same_handle=%d release1=%d release2=%d nvml_base=%llu nvml_unmapped=%llu "
+           "nvml_released_once=%llu nvml_released_twice=%llu\n", sz, retain, h2 == h, rel1, rel2, nv0, nv1, nv2, nv3);
+    return 0;
+}
+
 static int mode_nvml(void)
 {
     void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
@@ -289,7 +536,8 @@ int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) {
-        fprintf(stderr, "usage: %s procaddr|mem MIB|vmm MIB|nvml|hold MIB|alloc MIB|spin WARM_S SECONDS\n", argv[0]);
+        fprintf(stderr, "usage: %s procaddr|mem MIB|vmm MIB|nvml|hold MIB|alloc MIB|spin WARM_S SECONDS|graphmem MIB|"
+                        "graphlimit MIB|vmmctx MIB|retain MIB\n", argv[0]);
         return 64;
     }
     if (!strcmp(argv[1], "nvml"))
@@ -332,6 +580,14 @@ int main(int argc, char **argv)
         return mode_hold(strtoull(argv[2], NULL, 10), 0);
     if (!strcmp(argv[1], "spin") && argc > 3)
         return mode_spin(atof(argv[2]), atof(argv[3]));
+    if (!strcmp(argv[1], "graphmem") && argc > 2)
+        return mode_graphmem((size_t)strtoull(argv[2], NULL, 10) * MIB);
+    if (!strcmp(argv[1], "graphlimit") && argc > 2)
+        return mode_graphlimit((size_t)strtoull(argv[2], NULL, 10) * MIB);
+    if (!strcmp(argv[1], "vmmctx") && argc > 2)
+        return mode_vmmctx((size_t)strtoull(argv[2], NULL, 10) * MIB);
+    if (!strcmp(argv[1], "retain") && argc > 2)
+        return mode_retain((size_t)strtoull(argv[2], NULL, 10) * MIB);
     fprintf(stderr, "unknown mode %s\n", argv[1]);
     return 64;
 }

@@ -27,6 +27,14 @@ Rows (expected value -> measured):
 - memory limit through ``cuMemAlloc`` (``cudaMalloc``'s driver call), VMM (``cuMemCreate``/``cuMemMap``,
   released while mapped), the NVML view (and ``nvidia-smi`` when installed) inside the limit,
   ``kill -9`` reclaim.
+- graph memory nodes, without the shim: after a launch of a graph allocating ``GRAPH_MIB`` (and a stream
+  synchronisation) the driver's graph pool (``cuDeviceGetGraphMemAttribute``) reports at least that much used
+  and reserved; after ``cuMemFreeAsync`` (or a free node in the graph) less used but the reserve kept; after
+  ``cuDeviceGraphMemTrim`` the reserve given back. With the shim: a graph allocating half the limit runs, one
+  allocating the whole limit is refused with ``CUDA_ERROR_OUT_OF_MEMORY``.
+- VMM, without the shim: unreleased ``cuMemCreate`` memory (mapped or not) is freed when its context is
+  destroyed (NVML's used memory back to before the context, the primary context kept), and a handle
+  ``cuMemRetainAllocationHandle`` retained keeps the memory after the first ``cuMemRelease``, until the second.
 - PyTorch, when ``python3 -c "import torch"`` works with CUDA: the caching allocator and the
   ``cudaMallocAsync`` backend (``PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync``) both get half the
   limit and an out-of-memory error for the whole limit more.
@@ -296,6 +304,105 @@ except torch.cuda.OutOfMemoryError:
 """
 
 
+GRAPH_MIB = 1024  # MiB: each graph memory and VMM driver check's allocation
+#: graph memory and VMM rows (the driver's behaviour the shim's accounting relies on)
+GRAPH_LAUNCH = "graph memory: a launch fills the graph pool"
+GRAPH_FREE_ASYNC = "graph memory: cuMemFreeAsync keeps the reserve, trim gives it back"
+GRAPH_FREE_NODE = "graph memory: a free node keeps the reserve, trim gives it back"
+GRAPH_LIMIT = "graph memory under the limit: half, then all of it"
+VMM_CTX = "VMM: cuCtxDestroy frees its unreleased cuMemCreate memory"
+VMM_RETAIN = "VMM: a retained handle lives until its own cuMemRelease"
+
+
+def _num(kv: dict[str, str], key: str) -> int | None:
+    """An integer token of a probe's output; None when missing, unreadable or NVML's "cannot tell" (~0)."""
+    try:
+        v = int(kv[key])
+    except (KeyError, ValueError):
+        return None
+    return None if v < 0 or v >= 2**64 - 1 else v
+
+
+def graph_rows(s: Setup) -> list[Row]:
+    """Graph memory nodes: what the driver reports for its graph pool (cuDeviceGetGraphMemAttribute) around a
+    launch, a free and cuDeviceGraphMemTrim, without the shim; then under the shim, a graph allocating half the
+    limit runs and one allocating the whole limit is refused with CUDA_ERROR_OUT_OF_MEMORY."""
+    n = GRAPH_MIB * MIB
+    g = s.run(["graphmem", str(GRAPH_MIB)], s.env(False))
+    rows: list[Row] = []
+    keys = ("launched_used", "launched_reserved", "freed_used", "freed_reserved", "trimmed_reserved",
+            "fn_launched_used", "fn_launched_reserved", "fn_trimmed_reserved")
+    v = {k: _num(g, k) for k in keys}
+    missing = [k for k, x in v.items() if x is None]
+    if g["rc"] != "0" or missing:
+        err = g.get("error") or f"unreadable: {', '.join(missing)}"
+        rows += [Row(name, "runs", err, False) for name in (GRAPH_LAUNCH, GRAPH_FREE_ASYNC, GRAPH_FREE_NODE)]
+    else:
+        r = {k: x or 0 for k, x in v.items()}
+
+        def nv(tag: str) -> str:
+            x = _num(g, f"{tag}_nvml")
+            return "NVML n/a" if x is None else f"NVML {mib(x)}"
+
+        rows.append(Row(GRAPH_LAUNCH, f"launch 0; used and reserved >= {GRAPH_MIB} MiB",
+                        f"launch {g.get('launch')}; used {mib(r['launched_used'])}, reserved "
+                        f"{mib(r['launched_reserved'])} ({nv('base')} before, {nv('launched')})",
+                        g.get("launch") == "0" and r["launched_used"] >= n and r["launched_reserved"] >= n))
+        rows.append(Row(GRAPH_FREE_ASYNC, f"freed: used < {GRAPH_MIB} MiB, reserved >= {GRAPH_MIB} MiB; trimmed: "
+                        f"reserved < {GRAPH_MIB} MiB",
+                        f"free {g.get('free_async')}: used {mib(r['freed_used'])}, reserved {mib(r['freed_reserved'])};"
+                        f" trim {g.get('trim')}: reserved {mib(r['trimmed_reserved'])} ({nv('trimmed')})",
+                        g.get("free_async") == "0" and g.get("trim") == "0" and r["freed_used"] < n
+                        and r["freed_reserved"] >= n and r["trimmed_reserved"] < n))
+        rows.append(Row(GRAPH_FREE_NODE, f"launched: used < {GRAPH_MIB} MiB, reserved >= {GRAPH_MIB} MiB; "
+                        f"trimmed: reserved < {GRAPH_MIB} MiB",
+                        f"launch {g.get('fn_launch')}: used {mib(r['fn_launched_used'])}, reserved "
+                        f"{mib(r['fn_launched_reserved'])}; trim {g.get('fn_trim')}: reserved "
+                        f"{mib(r['fn_trimmed_reserved'])} ({nv('fn_trimmed')})",
+                        g.get("fn_launch") == "0" and g.get("fn_trim") == "0" and r["fn_launched_used"] < n
+                        and r["fn_launched_reserved"] >= n and r["fn_trimmed_reserved"] < n))
+    lim = s.run(["graphlimit", str(s.limit // MIB)], s.env(True, s.work / "graph.cache"))
+    if "graph_half" not in lim:
+        rows.append(Row(GRAPH_LIMIT, "runs", lim.get("error", "no output"), False))
+    else:
+        rows.append(Row(GRAPH_LIMIT, "0 then 2 (OUT_OF_MEMORY)",
+                        f"{lim['graph_half']} then {lim['graph_all']} (charged {mib(lim['charged_after_half'])} "
+                        "after the first)", (lim["graph_half"], lim["graph_all"]) == ("0", "2")))
+    return rows
+
+
+def vmm_driver_rows(s: Setup) -> list[Row]:
+    """Without the shim: the driver frees unreleased cuMemCreate memory (one handle mapped, one not) when the
+    context it was made in is destroyed while the primary context lives on, and a handle retained with
+    cuMemRetainAllocationHandle keeps its memory until the second cuMemRelease (NVML's used memory of the GPU)."""
+    n, tol = GRAPH_MIB * MIB, GRAPH_MIB * MIB // 4
+    rows: list[Row] = []
+    c = s.run(["vmmctx", str(GRAPH_MIB)], s.env(False))
+    before, held, after = (_num(c, k) for k in ("nvml_before", "nvml_held", "nvml_after"))
+    if c["rc"] != "0" or before is None or held is None or after is None:
+        rows.append(Row(VMM_CTX, "runs", c.get("error") or "NVML used memory unreadable", False))
+    else:
+        rows.append(Row(VMM_CTX, f"NVML used back to before the context (within {tol // MIB} MiB)",
+                        f"destroy {c.get('destroy')}; NVML before {mib(before)}, held {mib(held)}, after {mib(after)};"
+                        f" cuMemGetInfo used {mib(c.get('cu_before', 0))} -> {mib(c.get('cu_after', 0))}",
+                        c.get("destroy") == "0" and held >= before + n - tol and after <= before + tol))
+    r = s.run(["retain", str(GRAPH_MIB)], s.env(False))
+    vals = [_num(r, k) for k in ("nvml_base", "nvml_unmapped", "nvml_released_once", "nvml_released_twice")]
+    if r["rc"] != "0" or any(x is None for x in vals):
+        rows.append(Row(VMM_RETAIN, "runs", r.get("error") or "NVML used memory unreadable", False))
+    else:
+        base, unmapped, once, twice = (x or 0 for x in vals)
+        rows.append(Row(VMM_RETAIN, f"+{GRAPH_MIB} MiB after the first release, back (within {tol // MIB} MiB) after "
+                        "the second",
+                        f"retain {r.get('retain')} (same handle {r.get('same_handle')}); NVML +{mib(unmapped - base)}"
+                        f" unmapped, +{mib(once - base)} after release 1 ({r.get('release1')}), "
+                        f"{mib(twice - base) if twice >= base else '-' + mib(base - twice)} after release 2 "
+                        f"({r.get('release2')})",
+                        (r.get("retain"), r.get("release1"), r.get("release2")) == ("0", "0", "0")
+                        and unmapped >= base + n - tol and once >= base + n - tol and twice <= base + tol))
+    return rows
+
+
 def _torch_python(s: Setup) -> tuple[str | None, str]:
     """(python3 that imports torch with CUDA, "") or (None, why the PyTorch rows are n/a)."""
     py = shutil.which("python3")
@@ -472,8 +579,8 @@ def main() -> int:
     """Build, run every check, print the table; 0 when nothing missed, 1 otherwise."""
     with tempfile.TemporaryDirectory(prefix="vgpu-check-") as tmp:
         s = Setup(Path(tmp))
-        rows = (procaddr_rows(s) + memory_rows(s) + reclaim_rows(s) + torch_rows(s) + sm_rows(s)
-                + torch_sm_rows(s))
+        rows = (procaddr_rows(s) + memory_rows(s) + reclaim_rows(s) + graph_rows(s) + vmm_driver_rows(s)
+                + torch_rows(s) + sm_rows(s) + torch_sm_rows(s))
     print(f"libvgpu GPU check ({'fakes in ' + s.fakes if s.fakes else 'driver'}; limit {mib(s.limit)})")
     print(table(rows))
     missed = [r for r in rows if r.ok is False]

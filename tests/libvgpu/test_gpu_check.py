@@ -19,6 +19,14 @@ from tests.libvgpu.shim_helpers import Toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu" / "gpu_check.py"
+#: rows that check the driver (here the fake) without the shim: graph memory pool figures, VMM memory of a
+#: destroyed context, retained VMM handles
+DRIVER_ROWS = ("graph memory: a launch fills the graph pool",
+               "graph memory: cuMemFreeAsync keeps the reserve, trim gives it back",
+               "graph memory: a free node keeps the reserve, trim gives it back",
+               "VMM: cuCtxDestroy frees its unreleased cuMemCreate memory",
+               "VMM: a retained handle lives until its own cuMemRelease")
+GRAPH_LIMIT = "graph memory under the limit: half, then all of it"
 
 
 def _check(tc: Toolchain, **extra: str) -> tuple[int, dict[str, str], str]:
@@ -45,7 +53,7 @@ def test_gpu_check_passes_on_the_fakes(tc: Toolchain) -> None:
     for name in ("cuGetProcAddress (driver): exported addresses", "cuGetProcAddress reaches every hooked name",
                  "cuGetProcAddress (shim): hook of the driver's symbol", "cuMemGetInfo / cuDeviceTotalMem",
                  "cuMemAlloc: half the limit, then all of it", "VMM: 60% mapped, released while mapped",
-                 "NVML memory inside the limit"):
+                 "NVML memory inside the limit", *DRIVER_ROWS, GRAPH_LIMIT):
         assert rows.get(name) == "PASS", out
     assert any(k.startswith("kill -9 reclaim") and v == "PASS" for k, v in rows.items()), out
     sm = {k: v for k, v in rows.items() if k.startswith("SM ") and not _torch_row(k)}
@@ -68,7 +76,10 @@ def test_gpu_check_misses_with_a_shim_that_enforces_nothing(tc: Toolchain, tmp_p
     assert rows["VMM: 60% mapped, released while mapped"] == "MISS", out
     assert rows["NVML memory inside the limit"] == "MISS", out
     assert any(k.startswith("kill -9 reclaim") and v == "MISS" for k, v in rows.items()), out
+    assert rows[GRAPH_LIMIT] == "MISS", out  # the whole limit in a graph allocation ran
     assert rows["cuGetProcAddress (driver): exported addresses"] == "PASS", out  # the driver itself is fine
+    for name in DRIVER_ROWS:  # the driver's own behaviour, checked without a shim
+        assert rows[name] == "PASS", out
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
