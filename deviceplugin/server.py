@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -166,6 +167,40 @@ class Status:
     allocations: dict[str, int] = field(default_factory=lambda: {"ok": 0, "error": 0})
     prestarts: dict[str, int] = field(default_factory=lambda: {"ok": 0, "error": 0})
     started: float = field(default_factory=time.time)
+
+
+#: name prefix of a directory being removed: ``<prefix><8 hex>-<its name>``, in the same parent
+TRASH_PREFIX = ".removing-"
+_trash_lock = threading.Lock()  # one remover at a time (heartbeat, Unprepare calls)
+
+
+def _discard_dir(path: str) -> bool:
+    """Move the real directory ``path`` (never a symlink) out of its name at once, to a trash name in
+    the same directory (:data:`TRASH_PREFIX`), for :func:`_empty_trash` to remove later, outside any
+    lock: a tenant's directory may hold millions of files (seconds to minutes to remove), and no
+    Allocate, PreStart or Prepare of another pod may wait for that. True when moved. Raises OSError
+    when the rename fails."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return False
+    parent, name = os.path.split(path)
+    os.rename(path, os.path.join(parent, f"{TRASH_PREFIX}{secrets.token_hex(4)}-{name}"))
+    return True
+
+
+def _empty_trash(root: str) -> list[str]:
+    """Remove every directory :func:`_discard_dir` moved aside in ``root``; returns the paths they were
+    discarded from. A failure is logged and the directory kept for the next call."""
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(TRASH_PREFIX)]
+    except OSError as e:
+        log.warning("cannot list the cache directory", extra={"path": root, "error": str(e)})
+        return []
+    removed = []
+    with _trash_lock:
+        for name in sorted(names):
+            if _remove_dir(os.path.join(root, name), None):
+                removed.append(os.path.join(root, name[len(TRASH_PREFIX):].partition("-")[2]))
+    return removed
 
 
 def _remove_dir(path: str, uid: str | None) -> bool:
@@ -432,17 +467,25 @@ class DevicePlugin:
                 with self._alloc_lock:
                     self._refresh_keys()
                     self._pods = self.kube.list_node_pods(self.opts.node_name)
-                    self.clean_cache_dirs(self._pods)
+                    self._discard_gone_dirs(self._pods)
                     live = {PodView(p).uid for p in self._pods}
                     for uid in [u for u in self._written if u not in live]:
                         del self._written[uid]
+                _empty_trash(self.opts.cache_host_dir)  # the slow part, without the Allocate lock
             except Exception as e:  # noqa: BLE001
                 log.warning("listing pods (metrics, cache cleanup) failed", extra={"error": str(e)})
             self._inventory_due.wait(self.opts.heartbeat_seconds)
             self._inventory_due.clear()
 
     def clean_cache_dirs(self, pods: list[dict[str, Any]]) -> list[str]:
-        """Remove the cache and limits directories of containers that are gone.
+        """:meth:`_discard_gone_dirs`, then remove what it moved aside (and what earlier calls could not
+        remove). Returns the paths whose directories were removed. The heartbeat does the two steps
+        apart: only the first under the Allocate lock."""
+        self._discard_gone_dirs(pods)
+        return _empty_trash(self.opts.cache_host_dir)
+
+    def _discard_gone_dirs(self, pods: list[dict[str, Any]]) -> list[str]:
+        """Move aside (:func:`_discard_dir`) the cache and limits directories of containers that are gone.
 
         Allocation directories (``alloc-<16 hex>`` and ``alloc-<16 hex>.limits``): removed when their
         owner file names a pod uid that is neither in ``pods`` (a complete listing of this node's
@@ -454,7 +497,7 @@ class DevicePlugin:
 
         Only names of those forms are touched; anything else in the directory is left alone. A
         directory that vanishes meanwhile is fine; one that cannot be removed is logged and tried
-        again next time. Returns the removed paths. Call with the Allocate lock held (see the heartbeat).
+        again next time. Returns the paths moved aside. Call with the Allocate lock held (see the heartbeat).
         """
         live = {PodView(p).uid for p in pods} | set(self.arrivals.snapshot())
         live.discard("")
@@ -466,15 +509,15 @@ class DevicePlugin:
             return []
         removed = self._clean_alloc_dirs(names, live)
         for name in names:
-            if name.startswith(ALLOC_PREFIX):
+            if name.startswith((ALLOC_PREFIX, TRASH_PREFIX)):
                 continue
             uid, sep, ctr = name.partition("_")
             if not sep or not uid or not ctr or uid in live or cache_dir_name(uid, ctr) != name:
                 continue
             path = os.path.join(root, name)
-            if _remove_dir(path, uid):
+            if self._discard(path, uid):
                 removed.append(path)
-                log.info("removed the cache directory of a pod no longer on this node", extra={"path": path, "uid": uid})
+                log.info("removing the cache directory of a pod no longer on this node", extra={"path": path, "uid": uid})
         return removed
 
     def _clean_alloc_dirs(self, names: list[str], live: set[Any]) -> list[str]:
@@ -499,14 +542,23 @@ class DevicePlugin:
                 if age < self.opts.alloc_dir_grace_seconds:
                     continue
             for path in alloc_dirs(root, key):
-                if not _remove_dir(path, owner[0] if owner else None):
+                if not self._discard(path, owner[0] if owner else None):
                     continue
                 removed.append(path)
-                log.info("removed the allocation directory", extra={
+                log.info("removing the allocation directory", extra={
                     "path": path, "reason": "pod no longer on this node" if owner else "no container was identified for it",
                     "uid": owner[0] if owner else None})
         self._owners = owners
         return removed
+
+    @staticmethod
+    def _discard(path: str, uid: str | None) -> bool:
+        try:
+            return _discard_dir(path)
+        except OSError as e:
+            log.warning("cannot remove the cache directory of a gone pod or allocation",
+                        extra={"path": path, "uid": uid, "error": str(e)})
+            return False
 
     def cache_dir_for(self, uid: str, container: str) -> str | None:
         """The allocation directory name (``alloc-...``) of a pod's container, if known."""
@@ -849,7 +901,7 @@ class DevicePlugin:
                 if os.path.islink(m.host_path):  # never ours: drop the link, never what it points to
                     os.unlink(m.host_path)
                 elif os.path.lexists(m.host_path):
-                    _remove_dir(m.host_path, None)
+                    _discard_dir(m.host_path)  # removed by the next heartbeat, outside the lock
                 if os.path.lexists(m.host_path):
                     raise OSError(f"{m.host_path}: the previous holder's cache directory could not be removed")
                 os.makedirs(m.host_path, exist_ok=True)

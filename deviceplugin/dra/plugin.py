@@ -57,7 +57,14 @@ from .. import inventory as inv
 from ..gpuhealth import run_health_loop
 from ..nvml import NVML, GPUBackend, HealthTracker, NVMLError, PhysicalGPU
 from ..response import ContainerSpec, HostFile, alloc_dirs, alloc_mounts
-from ..server import NodeOptions, _remove_dir, discover_gpus, node_readiness, write_preload_file
+from ..server import (
+    NodeOptions,
+    _discard_dir,
+    _empty_trash,
+    discover_gpus,
+    node_readiness,
+    write_preload_file,
+)
 from ..shimcache import write_host_files
 from ..simgpu import SimulatedGPUs
 from . import cdi
@@ -330,6 +337,7 @@ class DRAPlugin:
                 log.error("claim not unprepared", extra={"uid": c.uid, "error": entry.error})
                 continue
             self.status.unprepared["ok"] += 1
+        _empty_trash(self.opts.cache_host_dir)  # the directories moved aside, removed without the lock
         return resp
 
     def _prepare_one(self, namespace: str, uid: str, name: str) -> PreparedClaim:
@@ -451,15 +459,17 @@ class DRAPlugin:
                  extra={"uid": uid})
 
     def _remove_files(self, uid: str) -> bool:
-        """Remove the claim's CDI spec and directories; True when a spec was there. Raises OSError
-        when something stays, ValueError for a uid unsafe in a path."""
+        """Remove the claim's CDI spec and directories (moved aside at once: their removal, which may take
+        long for a tenant's millions of files, is left to :func:`deviceplugin.server._empty_trash`,
+        outside the lock); True when a spec was there. Raises OSError when something stays, ValueError
+        for a uid unsafe in a path."""
         key = alloc_dir_name(uid)
         removed = cdi.remove_spec(self.opts.cdi_dir, uid)
         for path in alloc_dirs(self.opts.cache_host_dir, key):
             if os.path.islink(path):  # never ours: drop the link itself, never what it points to
                 os.unlink(path)
             elif os.path.lexists(path):
-                _remove_dir(path, uid)
+                _discard_dir(path)
             if os.path.lexists(path):
                 raise OSError(f"{path} could not be removed")
         return removed

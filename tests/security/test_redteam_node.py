@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,18 @@ from tests.dra.dra_node_helpers import NS, Node, result, running_node  # noqa: E
 
 #: deeper than Python's recursion limit (1000): shutil.rmtree raised RecursionError on such a tree
 DEPTH = 3000
+
+
+@pytest.fixture
+def deep_trees() -> Iterator[list[Path]]:
+    """Directories a test filled with :func:`deep_tree`: whatever the plugin left of them is removed
+    afterwards (pytest's own cleanup, shutil.rmtree, fails on them)."""
+    tops: list[Path] = []
+    yield tops
+    for top in tops:
+        for cand in [top, *top.parent.glob(f".removing-*-{top.name}")]:
+            if cand.is_dir() and not cand.is_symlink():
+                remove_tree(str(cand))
 
 
 def deep_tree(top: Path, depth: int = DEPTH) -> None:
@@ -83,10 +96,11 @@ def test_the_next_holder_of_the_same_device_ids_gets_an_empty_cache_directory(
 
 
 def test_a_cache_tree_thousands_of_levels_deep_with_symlinks_is_removed_and_the_cleanup_goes_on(
-        start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet, kube_api: Any, tmp_path: Path) -> None:
+        start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet, kube_api: Any, tmp_path: Path,
+        deep_trees: list[Path]) -> None:
     """A gone pod's tenant nested 3,000 directories in its cache directory and planted symlinks to a
-    host directory (at the top and at the bottom) and a directory named like the remover's own
-    temporary names. The cleanup removes the whole tree without following a link (the host's files
+    host directory (at the top and at the bottom), a directory named like the remover's own
+    temporary names, names that are not UTF-8 and a FIFO. The cleanup removes the whole tree without following a link (the host's files
     stay), and goes on to the other gone pods' directories (``shutil.rmtree`` raised RecursionError,
     which stopped the cleanup of every directory after it and left the tree for the slots' next holder)."""
     plugin = start_plugin(heartbeat_seconds=3600)
@@ -98,12 +112,16 @@ def test_a_cache_tree_thousands_of_levels_deep_with_symlinks_is_removed_and_the_
     (d,) = kubelet.admit("deep", [("c", [f"{U[0]}::0"])])
     (o,) = kubelet.admit("other", [("c", [f"{U[1]}::0"])])
     deep, other = cache_dir(d.response), cache_dir(o.response)
+    deep_trees.append(deep)
     deep_tree(deep)
     (deep / "escape").symlink_to(host, target_is_directory=True)
     (deep / ".kube-vgpu-rm-1").mkdir()
     (deep / ".kube-vgpu-rm-1" / "escape").symlink_to(host / "shadow")
     bottom = deep.joinpath(*["d"] * 10)
     (bottom / "escape").symlink_to(host, target_is_directory=True)
+    odd = os.path.join(os.fsencode(deep), b"\xff\xfe\nodd name")  # not UTF-8, a newline: names as bytes
+    os.mkdir(odd)
+    os.mkfifo(os.path.join(odd, b"fifo\x01"))  # a FIFO is unlinked, never opened
     (other / "f").write_text("x")
     for name in ("deep", "other"):
         kube_api.delete_object("pods", name, "default")
@@ -114,6 +132,49 @@ def test_a_cache_tree_thousands_of_levels_deep_with_symlinks_is_removed_and_the_
         assert str(path) in removed and str(path) + ".limits" in removed
         assert not path.exists()
     assert sorted(os.listdir(host)) == ["shadow"] and (host / "shadow").read_text() == "keep"
+
+
+def test_removing_a_tenants_huge_directory_never_holds_up_other_pods(
+        start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet, kube_api: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tenant fills its cache directory with millions of files (about 1.6 s per 100,000 to remove):
+    the removal ran under the Allocate lock (the heartbeat's cleanup, and a new holder's Allocate
+    emptying the directory), so every other pod's Allocate and PreStartContainer on the node waited
+    for it (kubelet gives PreStart 30 s). Played with a removal that does not end until released:
+    other pods are admitted and started meanwhile, and the same device IDs' next holder too."""
+    from deviceplugin import server
+
+    plugin = start_plugin()  # heartbeat every 0.5 s
+    entered, release = threading.Event(), threading.Event()
+    real = server.remove_tree
+
+    key = alloc_key([f"{U[0]}::0"])
+
+    def slow(path: str) -> None:
+        if os.path.basename(path).endswith(key):  # the tenant's allocation directory: "millions of files"
+            entered.set()
+            release.wait(60)
+        real(path)
+
+    monkeypatch.setattr(server, "remove_tree", slow)
+    try:
+        ids = [f"{U[0]}::0"]
+        create_signed(kube_api, bound_pod("huge", [("c", False, [(U[0], 1000, 10)], {})], bind_time=1))
+        (h,) = kubelet.admit("huge", [("c", ids)])
+        (cache_dir(h.response) / "f").write_text("x")
+        kube_api.delete_object("pods", "huge", "default")
+        kubelet.remove("huge")
+        assert entered.wait(30), "the heartbeat never started removing the gone pod's directory"
+        # while that removal runs: another pod, and the next holder of the same device IDs
+        create_signed(kube_api, bound_pod("other", [("c", False, [(U[1], 2000, 20)], {})], bind_time=2))
+        (o,) = kubelet.admit("other", [("c", [f"{U[1]}::0"])])
+        create_signed(kube_api, bound_pod("next", [("c", False, [(U[0], 3000, 30)], {})], bind_time=3))
+        (n,) = kubelet.admit("next", [("c", ids)])
+        assert o.started and n.started, (o.error, n.error)
+        assert os.listdir(cache_dir(n.response)) == []
+    finally:
+        release.set()
+    assert plugin.alive()
 
 
 def test_remove_tree_refuses_a_symlink_at_the_top(tmp_path: Path) -> None:
@@ -135,7 +196,7 @@ def dra_node() -> Iterator[Node]:
         yield n
 
 
-def test_a_claims_cache_tree_thousands_of_levels_deep_is_unprepared(dra_node: Node) -> None:
+def test_a_claims_cache_tree_thousands_of_levels_deep_is_unprepared(dra_node: Node, deep_trees: list[Path]) -> None:
     """The DRA path: the claim's tenant nests 3,000 directories in its cache directory; Unprepare
     still removes the directories (it failed with RecursionError, every retry, so the claim stayed
     prepared on the node for good)."""
@@ -144,6 +205,7 @@ def test_a_claims_cache_tree_thousands_of_levels_deep_is_unprepared(dra_node: No
     assert dra_node.kubelet is not None
     assert dra_node.kubelet.prepare(DRIVER_NAME, [(NS, uid, "c1")]).claims[uid].error == ""
     cache = Path(dra_node.opts.cache_host_dir) / f"dra-{uid}"
+    deep_trees.append(cache)
     deep_tree(cache)
     assert dra_node.kubelet.unprepare(DRIVER_NAME, [(NS, uid, "c1")]).claims[uid].error == ""
     assert not cache.exists() and not Path(f"{cache}.limits").exists()
