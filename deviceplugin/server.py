@@ -190,13 +190,13 @@ def _discard_dir(path: str) -> bool:
 def _empty_trash(root: str) -> list[str]:
     """Remove every directory :func:`_discard_dir` moved aside in ``root``; returns the paths they were
     discarded from. A failure is logged and the directory kept for the next call."""
-    try:
-        names = [n for n in os.listdir(root) if n.startswith(TRASH_PREFIX)]
-    except OSError as e:
-        log.warning("cannot list the cache directory", extra={"path": root, "error": str(e)})
-        return []
     removed = []
-    with _trash_lock:
+    with _trash_lock:  # listed under the lock: another caller may have removed what it listed
+        try:
+            names = [n for n in os.listdir(root) if n.startswith(TRASH_PREFIX)]
+        except OSError as e:
+            log.warning("cannot list the cache directory", extra={"path": root, "error": str(e)})
+            return []
         for name in sorted(names):
             if _remove_dir(os.path.join(root, name), None):
                 removed.append(os.path.join(root, name[len(TRASH_PREFIX):].partition("-")[2]))
