@@ -97,47 +97,61 @@ _HOIST_PREFIX = ".kube-vgpu-rm-"
 
 def remove_tree(path: str) -> None:
     """Remove the directory ``path`` and everything in it, never following a symlink, without
-    recursion and with at most two file descriptors open, however deep the tree (it is a tenant's:
-    a container can nest directories thousands of levels deep, which makes ``shutil.rmtree`` fail
-    with ``RecursionError`` or ``EMFILE`` and leave it in place for the next holder). Every
-    subdirectory is first moved up to ``path`` itself (``renameat`` within ``path``), emptied there
-    and removed. A symlink at ``path`` itself is refused (``ELOOP``/``ENOTDIR``).
+    recursion, with at most four file descriptors open and without holding a directory's listing in
+    memory, however deep or wide the tree (it is a tenant's: a container can nest directories
+    thousands of levels deep, which made ``shutil.rmtree`` fail with ``RecursionError`` or ``EMFILE``,
+    or put millions of names in one directory, whose listing would not fit in the plugin's memory).
+    Every subdirectory is moved up to ``path`` itself (``renameat`` within ``path``), emptied there and
+    removed; each directory is read again until it is empty (entries are removed while it is read).
+    A symlink at ``path`` itself is refused (``ELOOP``/``ENOTDIR``).
 
     Raises OSError when something cannot be removed (what was removed stays removed)."""
-    top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        queue: list[str] = []
-        n = 0
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    top = os.open(path, flags)
+    n = 0
 
-        def empty(dfd: int) -> None:
-            nonlocal n
-            with os.scandir(dfd) as it:
-                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-            for name, is_dir in entries:
-                if not is_dir:
-                    os.unlink(name, dir_fd=dfd)
-                elif dfd == top:
-                    queue.append(name)
-                else:
-                    while True:  # a name free in ``path``: the tenant may have used ours
-                        n += 1
-                        hoisted = f"{_HOIST_PREFIX}{n}"
-                        try:
-                            os.lstat(hoisted, dir_fd=top)
-                        except FileNotFoundError:
-                            break
-                    os.rename(name, hoisted, src_dir_fd=dfd, dst_dir_fd=top)
-                    queue.append(hoisted)
-
-        empty(top)
-        while queue:
-            name = queue.pop()
-            dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
+    def hoist(name: str, dfd: int) -> None:
+        nonlocal n
+        while True:  # a name free in ``path``: the tenant may have used ours
+            n += 1
+            hoisted = f"{_HOIST_PREFIX}{n}"
             try:
-                empty(dfd)
-            finally:
-                os.close(dfd)
-            os.rmdir(name, dir_fd=top)
+                os.lstat(hoisted, dir_fd=top)
+            except FileNotFoundError:
+                break
+        os.rename(name, hoisted, src_dir_fd=dfd, dst_dir_fd=top)
+
+    def empty(dfd: int) -> None:
+        """Unlink what is not a directory in ``dfd``, move its directories up to ``top``."""
+        while True:
+            seen = False
+            with os.scandir(dfd) as it:
+                for e in it:
+                    seen = True
+                    if e.is_dir(follow_symlinks=False):
+                        hoist(e.name, dfd)
+                    else:
+                        os.unlink(e.name, dir_fd=dfd)
+            if not seen:
+                return
+
+    try:
+        while True:
+            seen = False
+            with os.scandir(top) as it:
+                for e in it:
+                    seen = True
+                    if not e.is_dir(follow_symlinks=False):
+                        os.unlink(e.name, dir_fd=top)
+                        continue
+                    dfd = os.open(e.name, flags, dir_fd=top)
+                    try:
+                        empty(dfd)
+                    finally:
+                        os.close(dfd)
+                    os.rmdir(e.name, dir_fd=top)
+            if not seen:
+                break
     finally:
         os.close(top)
     os.rmdir(path)
