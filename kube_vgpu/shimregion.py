@@ -57,12 +57,25 @@ def _read_regular(path: str | os.PathLike[str], size: int) -> bytes:
     tenant) can write: it may be swapped for a symlink to ``/dev/zero``, a FIFO or a huge file, and
     the reader (the device plugin, on the node) must neither hang nor read without bound.
 
+    The file is first opened with ``O_PATH`` (which opens nothing: no driver is called) and checked to
+    be a regular file; only that same inode is then opened for reading (through ``/proc/self/fd``). A
+    device node the tenant created there (``mknod`` is in a container's default capabilities) is
+    never opened: on the node, outside the container's device rules, opening one can start a
+    watchdog (the node reboots), rewind a tape or take a terminal as the reader's controlling one.
+
     Raises OSError (also for a symlink, FIFO, device or directory: ``ELOOP`` / ``EINVAL``)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    pfd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        st = os.fstat(fd)
+        st = os.fstat(pfd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+        fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    finally:
+        os.close(pfd)
+    try:
+        st2 = os.fstat(fd)
+        if not stat.S_ISREG(st2.st_mode) or (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
+            raise OSError(errno.EINVAL, "not the regular file checked", str(path))
         chunks: list[bytes] = []
         left = size
         while left > 0:

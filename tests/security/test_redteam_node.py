@@ -8,6 +8,7 @@ directly in the host directory, as its container would make them through the mou
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -215,6 +216,60 @@ def test_remove_tree_refuses_a_symlink_at_the_top(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         remove_tree(str(link))
     assert (target / "f").read_text() == "keep" and link.is_symlink()
+
+
+class OpenWatch:
+    """inotify ``IN_OPEN`` on one path: the kernel queues the event while ``open`` runs (an ``O_PATH``
+    open, which calls no driver, queues none), so after a call it tells whether the file was opened."""
+
+    IN_OPEN, IN_NONBLOCK, IN_CLOEXEC = 0x20, 0o4000, 0o2000000
+
+    def __init__(self, path: Path) -> None:
+        import ctypes
+
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC)
+        assert self.fd >= 0, os.strerror(ctypes.get_errno())
+        assert self.libc.inotify_add_watch(self.fd, bytes(path), self.IN_OPEN) >= 0, os.strerror(ctypes.get_errno())
+
+    def opened(self) -> bool:
+        try:
+            return len(os.read(self.fd, 4096)) > 0
+        except BlockingIOError:
+            return False
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@pytest.mark.parametrize("kind", ["char device", "fifo"])
+def test_the_metrics_never_open_a_device_node_or_fifo_the_tenant_put_in_place_of_its_cache_file(
+        tmp_path: Path, kind: str) -> None:
+    """``mknod`` is among a container's default capabilities, and the device rules that keep the
+    container from opening a device do not bind the device plugin reading the tenant's directory on
+    the node: a ``vgpu.cache`` that is the node's watchdog (10:130) would be armed by a mere open (the
+    node reboots), a tape rewound, a terminal made the plugin's own. Played with a node of /dev/null's
+    numbers (1:3) and a FIFO: the metrics' reader (``read_container``) refuses them without opening
+    them (it opened them, non-blocking, and only then checked the type)."""
+    root = tmp_path / "containers"
+    cache = root / "alloc-00000000000000ab"
+    cache.mkdir(parents=True)
+    node = cache / "vgpu.cache"
+    if kind == "fifo":
+        os.mkfifo(node)
+    else:
+        try:
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("creating a device node needs CAP_MKNOD")
+    watch = OpenWatch(node)
+    try:
+        assert read_container(str(root), "uid-1", "c", cache.name) is None
+        assert not watch.opened(), f"the reader opened the tenant's {kind}"
+        os.close(os.open(node, os.O_RDONLY | os.O_NONBLOCK))  # the watch itself sees an open
+        assert watch.opened()
+    finally:
+        watch.close()
 
 
 @pytest.fixture
