@@ -568,10 +568,12 @@ def _check(cfg: Config) -> None:
         raise ConfigError("resourceNames", "names must be non-empty and distinct")
     wh = cfg.webhook
     if wh.runtime_class_name and wh.runtime_class_name not in wh.allowed_runtime_classes:
-        raise ConfigError("webhook.runtimeClassName",
-                          f"{wh.runtime_class_name!r} is not in webhook.allowedRuntimeClasses "
+        paths = {k.attr: k.path for k in next(s for s in sections() if s.cls is WebhookConfig).keys}
+        allowed = paths["allowed_runtime_classes"]
+        raise ConfigError(paths["runtime_class_name"],
+                          f"{wh.runtime_class_name!r} is not in {allowed} "
                           f"({', '.join(wh.allowed_runtime_classes) or 'none'}): the webhook would write a runtime "
-                          "class its own rules deny; allowed: one of webhook.allowedRuntimeClasses, or \"\"")
+                          f"class its own rules deny; allowed: one of {allowed}, or \"\"")
 
 
 def rfc3339_seconds(text: str) -> float:
