@@ -16,8 +16,8 @@
  *   graphlimit <limit MiB> - (under the shim) a graph allocating and freeing half the limit launched, then one
  *                       allocating the whole limit
  *   vmmctx <MiB>      - with the primary context kept, a context created, MiB of cuMemCreate in it (half mapped,
- *                       half not, neither released), the context destroyed: NVML used memory and cuMemGetInfo
- *                       before, while held and after
+ *                       half not, neither released), the context destroyed, then both unmapped and released from
+ *                       the primary context: NVML used memory before, while held, after each
  *   retain <MiB>      - cuMemCreate MiB mapped, cuMemRetainAllocationHandle, unmapped, released twice: NVML used
  *                       memory after each step */
 #define _GNU_SOURCE
@@ -405,7 +405,9 @@ static CUresult vmm_create(size_t bytes, CUmemGenericAllocationHandle *h, size_t
     return p_cuMemCreate(h, *size, &prop, 0);
 }
 
-/* VMM memory of a destroyed context (no shim), the primary context kept alive meanwhile. */
+/* VMM memory of a destroyed context (no shim), the primary context kept alive meanwhile: the driver documents
+ * that cuCtxDestroy does not free cuMemCreate memory (it belongs to no context); then unmapped and released from
+ * the primary context. */
 static int mode_vmmctx(size_t bytes)
 {
     LOAD(cuCtxCreate_v2);
@@ -414,7 +416,7 @@ static int mode_vmmctx(size_t bytes)
         return 2;
     CUcontext primary, c;
     CK(p_cuDevicePrimaryCtxRetain(&primary, 0));
-    unsigned long long nv0 = nvml_used(), cu0 = cu_used();
+    unsigned long long nv0 = nvml_used();
     CK(p_cuCtxCreate_v2(&c, 0, 0));
     unsigned long long nv1 = nvml_used();
     CUmemGenericAllocationHandle mapped, unmapped;
@@ -428,9 +430,14 @@ static int mode_vmmctx(size_t bytes)
     CUresult destroy = p_cuCtxDestroy_v2(c); /* neither handle released, one still mapped */
     CK(p_cuCtxSetCurrent(primary));
     CK(p_cuCtxSynchronize());
-    unsigned long long nv3 = nvml_used(), cu3 = cu_used();
-    printf("vmm_bytes=%zu destroy=%d nvml_before=%llu nvml_ctx=%llu nvml_held=%llu nvml_after=%llu cu_before=%llu "
-           "cu_after=%llu\n", sz1 + sz2, destroy, nv0, nv1, nv2, nv3, cu0, cu3);
+    unsigned long long nv3 = nvml_used();
+    CUresult unmap = p_cuMemUnmap(va, sz1);
+    CUresult rel1 = p_cuMemRelease(mapped), rel2 = p_cuMemRelease(unmapped);
+    p_cuMemAddressFree(va, sz1);
+    unsigned long long nv4 = nvml_used();
+    printf("vmm_bytes=%zu destroy=%d unmap=%d release_mapped=%d release_unmapped=%d nvml_before=%llu nvml_ctx=%llu "
+           "nvml_held=%llu nvml_destroyed=%llu nvml_released=%llu\n", sz1 + sz2, destroy, unmap, rel1, rel2, nv0, nv1,
+           nv2, nv3, nv4);
     return 0;
 }
 

@@ -35,11 +35,13 @@ struct ctx_drop {
     int pooled;
 };
 
-/* Called with the track lock held: 1 when e is memory owned by the context being destroyed. */
+/* Called with the track lock held: 1 when e is memory owned by the context being destroyed. VMM memory
+ * (cuMemCreate, TK_HANDLE) is not: the driver documents that cuCtxDestroy does not free it (it belongs to no
+ * context and stays allocated until released and unmapped, or the process exits), so it stays charged. */
 static int drop_if_ctx_locked(struct track_entry *e, void *arg)
 {
     struct ctx_drop *c = arg;
-    if (!((e->kind <= TK_HANDLE || e->kind == TK_LIMIT) && e->ctx == c->ctx))
+    if (!((e->kind < TK_HANDLE || e->kind == TK_LIMIT) && e->ctx == c->ctx))
         return 0;
     uint64_t b = e->pool ? pool_freed_locked(e->pool, e->size) : e->size;
     c->pooled |= e->pool != 0;

@@ -465,7 +465,9 @@ static void ctx_free(struct fctx *c)
     }
     c->used = 0;
     for (unsigned i = 0; i < ATAB;) {
-        if (g_alloc[i].key && g_alloc[i].ctx == c) {
+        if (g_alloc[i].key && g_alloc[i].ctx == c && g_alloc[i].kind == K_HANDLE) {
+            g_alloc[i].ctx = NULL; /* cuMemCreate memory belongs to no context: the driver keeps it */
+        } else if (g_alloc[i].key && g_alloc[i].ctx == c) {
             if (g_alloc[i].pool)
                 g_pool[g_alloc[i].pool - 1].in_use -= g_alloc[i].size;
             else if (g_alloc[i].gpool)

@@ -19,12 +19,12 @@ from tests.libvgpu.shim_helpers import Toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu" / "gpu_check.py"
-#: rows that check the driver (here the fake) without the shim: graph memory pool figures, VMM memory of a
-#: destroyed context, retained VMM handles
+#: rows that check the driver (here the fake) without the shim: graph memory pool figures, VMM memory that
+#: outlives its context, retained VMM handles
 DRIVER_ROWS = ("graph memory: a launch fills the graph pool",
                "graph memory: cuMemFreeAsync keeps the reserve, trim gives it back",
                "graph memory: a free node keeps the reserve, trim gives it back",
-               "VMM: cuCtxDestroy frees its unreleased cuMemCreate memory",
+               "VMM: cuMemCreate memory outlives its context until released",
                "VMM: a retained handle lives until its own cuMemRelease")
 GRAPH_LIMIT = "graph memory under the limit: half, then all of it"
 
