@@ -255,6 +255,7 @@ class DevicePlugin:
         self._version = 0
         self._stop = threading.Event()
         self._inventory_due = threading.Event()
+        self._trash_due = threading.Event()  # directories moved aside: remove them (own thread)
         self._alloc_lock = threading.Lock()
         self.podresources = PodResourcesClient(opts.pod_resources_socket)
         #: (pod uid, container) -> its allocation directory name (``alloc-...``), from PreStart and
@@ -291,7 +292,7 @@ class DevicePlugin:
             self._watcher.start()
         self._serve()
         for name, fn in (("supervisor", self._supervise), ("health", self._health_loop),
-                         ("heartbeat", self._heartbeat_loop)):
+                         ("heartbeat", self._heartbeat_loop), ("trash", self._trash_loop)):
             t = threading.Thread(target=fn, name=f"deviceplugin-{name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -300,6 +301,7 @@ class DevicePlugin:
         """Stop threads and the gRPC server, remove our socket, shut NVML down."""
         self._stop.set()
         self._inventory_due.set()
+        self._trash_due.set()
         with self._cond:
             self._cond.notify_all()
         if self._server is not None:
@@ -471,11 +473,24 @@ class DevicePlugin:
                     live = {PodView(p).uid for p in self._pods}
                     for uid in [u for u in self._written if u not in live]:
                         del self._written[uid]
-                _empty_trash(self.opts.cache_host_dir)  # the slow part, without the Allocate lock
+                self._trash_due.set()  # the slow part: its own thread, without the Allocate lock
             except Exception as e:  # noqa: BLE001
                 log.warning("listing pods (metrics, cache cleanup) failed", extra={"error": str(e)})
             self._inventory_due.wait(self.opts.heartbeat_seconds)
             self._inventory_due.clear()
+
+    def _trash_loop(self) -> None:
+        """Remove the directories moved aside (:func:`_empty_trash`), when told and every heartbeat
+        period: on a thread of its own, so that a tenant's millions of files delay neither an
+        Allocate nor the node inventory's heartbeat (a stale inventory takes the node out of
+        scheduling)."""
+        while not self._stop.is_set():
+            try:
+                _empty_trash(self.opts.cache_host_dir)
+            except Exception as e:  # noqa: BLE001 - tried again next period; the thread must live
+                log.warning("removing cache directories failed", extra={"error": str(e)})
+            self._trash_due.wait(self.opts.heartbeat_seconds)
+            self._trash_due.clear()
 
     def clean_cache_dirs(self, pods: list[dict[str, Any]]) -> list[str]:
         """:meth:`_discard_gone_dirs`, then remove what it moved aside (and what earlier calls could not
@@ -901,7 +916,8 @@ class DevicePlugin:
                 if os.path.islink(m.host_path):  # never ours: drop the link, never what it points to
                     os.unlink(m.host_path)
                 elif os.path.lexists(m.host_path):
-                    _discard_dir(m.host_path)  # removed by the next heartbeat, outside the lock
+                    _discard_dir(m.host_path)  # removed by the trash thread, outside the lock
+                    self._trash_due.set()
                 if os.path.lexists(m.host_path):
                     raise OSError(f"{m.host_path}: the previous holder's cache directory could not be removed")
                 os.makedirs(m.host_path, exist_ok=True)

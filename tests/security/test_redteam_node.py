@@ -11,6 +11,7 @@ import os
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,8 @@ def test_removing_a_tenants_huge_directory_never_holds_up_other_pods(
     the removal ran under the Allocate lock (the heartbeat's cleanup, and a new holder's Allocate
     emptying the directory), so every other pod's Allocate and PreStartContainer on the node waited
     for it (kubelet gives PreStart 30 s). Played with a removal that does not end until released:
-    other pods are admitted and started meanwhile, and the same device IDs' next holder too."""
+    other pods are admitted and started meanwhile, the same device IDs' next holder too, and the
+    node inventory's heartbeat goes on (it did the removal itself, for minutes on end)."""
     from deviceplugin import server
 
     plugin = start_plugin()  # heartbeat every 0.5 s
@@ -166,6 +168,12 @@ def test_removing_a_tenants_huge_directory_never_holds_up_other_pods(
         kube_api.delete_object("pods", "huge", "default")
         kubelet.remove("huge")
         assert entered.wait(30), "the heartbeat never started removing the gone pod's directory"
+        # the node inventory's heartbeat goes on (a stale one takes the node out of scheduling)
+        since = plugin.status.last_inventory_write
+        deadline = time.monotonic() + 30
+        while plugin.status.last_inventory_write <= since:
+            assert time.monotonic() < deadline, "no inventory heartbeat while the directory was being removed"
+            time.sleep(0.05)
         # while that removal runs: another pod, and the next holder of the same device IDs
         create_signed(kube_api, bound_pod("other", [("c", False, [(U[1], 2000, 20)], {})], bind_time=2))
         (o,) = kubelet.admit("other", [("c", [f"{U[1]}::0"])])
