@@ -125,3 +125,22 @@ def program_fixtures(src: Path, stem: str) -> tuple[Any, Any, Any]:
         return request.getfixturevalue("built" if request.param == "plain" else "built_asan")
 
     return built, built_asan, any_build
+
+
+def play_steps(build: tuple[Toolchain, Path], *argv: str, shim: bool = True,
+               timeout: float = 120) -> tuple[dict[str, tuple[int, int, int]], dict[str, str]]:
+    """Run a red-team program of :func:`program_fixtures` under a 1 GiB limit with contexts not
+    charged (``shim``: preloaded or not); it must exit 0. Returns each step's (rc, charged, peak), from
+    the lines ``name=rc:charged:peak``, and every ``name=value`` line it printed."""
+    tc, prog = build
+    env = tc.env(shim, CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1")
+    proc = subprocess.run([str(prog), *argv], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    out = parse(proc.stdout)
+    steps = {}
+    for k, v in out.items():
+        if v.count(":") == 2:
+            rc, used, peak = v.split(":")
+            steps[k] = (int(rc), int(used), int(peak))
+    return steps, out
+

@@ -14,7 +14,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.libvgpu.shim_helpers import MIB, Toolchain, parse, program_fixtures
+from tests.libvgpu.shim_helpers import MIB, Toolchain, parse, play_steps, program_fixtures
 
 SRC = Path(__file__).resolve().parent / "graphmem_redteam.c"
 CTX = 300 * MIB  # what a context takes on the fake driver (FAKE_CUDA_CTX_MIB's default)
@@ -28,17 +28,7 @@ built, built_asan, any_build = program_fixtures(SRC, "graphmem")
 def play(build: tuple[Toolchain, Path], *argv: str, shim: bool = True) -> tuple[dict[str, tuple[int, int, int]],
                                                                              dict[str, str]]:
     """Run the program under a 1 GiB limit (contexts not charged): each step's (rc, charged, peak), all lines."""
-    tc, prog = build
-    env = tc.env(shim, CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1")
-    proc = subprocess.run([str(prog), *argv], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    out = parse(proc.stdout)
-    steps = {}
-    for k, v in out.items():
-        if v.count(":") == 2:
-            rc, used, peak = v.split(":")
-            steps[k] = (int(rc), int(used), int(peak))
-    return steps, out
+    return play_steps(build, *argv, shim=shim)
 
 
 def test_the_fake_driver_allocates_graph_memory_at_launch(built: tuple[Toolchain, Path]) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.libvgpu.shim_helpers import MIB, Toolchain, parse, program_fixtures
+from tests.libvgpu.shim_helpers import MIB, Toolchain, parse, play_steps, program_fixtures
 
 SRC = Path(__file__).resolve().parent / "shim5_redteam.c"
 CTX = 300 * MIB  # what a context takes on the fake driver (FAKE_CUDA_CTX_MIB's default)
@@ -32,17 +32,7 @@ built, built_asan, any_build = program_fixtures(SRC, "shim5")
 
 def play(build: tuple[Toolchain, Path], *argv: str, shim: bool = True) -> dict[str, tuple[int, int, int]]:
     """Run the program under a 1 GiB limit (contexts not charged); each step's (rc, charged, peak)."""
-    tc, prog = build
-    env = tc.env(shim, CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1")
-    proc = subprocess.run([str(prog), *argv], env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    out = parse(proc.stdout)
-    steps = {}
-    for k, v in out.items():
-        if v.count(":") == 2:
-            rc, used, peak = v.split(":")
-            steps[k] = (int(rc), int(used), int(peak))
-    return steps
+    return play_steps(build, *argv, shim=shim, timeout=60)[0]
 
 
 def test_the_fake_driver_keeps_retained_and_exported_memory(built: tuple[Toolchain, Path]) -> None:
