@@ -51,7 +51,8 @@ typedef int CUdriverProcAddressQueryResult;
 #define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
 
 #define CU_GRAPH_NODE_TYPE_KERNEL 0
-#define CU_GRAPH_NODE_TYPE_GRAPH 1 /* a child graph */
+#define CU_GRAPH_NODE_TYPE_MEMCPY 1
+#define CU_GRAPH_NODE_TYPE_GRAPH 4 /* a child graph (CUgraphNodeType numbers it 4; 1 is a memcpy node) */
 #define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
 #define CU_GRAPH_NODE_TYPE_MEM_FREE 11
 

@@ -1961,6 +1961,31 @@ EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgr
     return cuGraphAddKernelNode(node, g, deps, ndeps, p);
 }
 
+/* The node types cuGraphNodeGetType reports are cuda.h's CUgraphNodeType numbers, whatever the shim's header
+ * says (a shim that took a memcpy node, 1, for a child graph node, 4, misread every graph with a copy). */
+#define FAKE_NODE_TYPE_MEMCPY 1
+_Static_assert(CU_GRAPH_NODE_TYPE_KERNEL == 0 && CU_GRAPH_NODE_TYPE_GRAPH == 4 && CU_GRAPH_NODE_TYPE_MEM_ALLOC == 10 &&
+                   CU_GRAPH_NODE_TYPE_MEM_FREE == 11,
+               "CUgraphNodeType values as cuda.h numbers them");
+
+/* A memcpy node (its CUDA_MEMCPY3D is not read: the fake copies nothing); it runs no kernel and allocates nothing. */
+EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                     const void *copyParams, CUcontext ctx)
+{
+    (void)deps;
+    (void)ndeps;
+    (void)ctx;
+    CHECK_INIT();
+    struct fgraph *fg = graph_of(g);
+    if (!node || !fg || !copyParams || fg->n >= GRAPH_NODES)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fnode *n = &fg->nodes[fg->n++];
+    memset(n, 0, sizeof(*n));
+    n->type = FAKE_NODE_TYPE_MEMCPY;
+    *node = (CUgraphNode)n;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *count)
 {
     CHECK_INIT();

@@ -1,0 +1,81 @@
+/*
+ * Driver for tests/libvgpu/test_shim_review.py: CUDA graphs as frameworks build them, on the fake libcuda with
+ * the shim preloaded. Each step prints "name=rc:charged" (the driver's result and what the shim charges on
+ * GPU 0, bytes).
+ *
+ *   review_graphs copychild BYTES   cuMemAlloc BYTES, then a graph holding a memcpy node and a child graph
+ *                                   (moved into it with cuGraphAddNode) that allocates BYTES: instantiate,
+ *                                   launch. Under a limit below 2 x BYTES the launch must be refused.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_abi.h"
+
+CUresult cuInit(unsigned int);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuGraphCreate(CUgraph *, unsigned int);
+CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+CUresult cuGraphAddMemcpyNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const void *, CUcontext);
+CUresult cuGraphAddNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraphNodeParams *);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+
+static unsigned long long charged(void)
+{
+    int (*get)(int, uint64_t *, uint64_t *) = (int (*)(int, uint64_t *, uint64_t *))dlsym(RTLD_DEFAULT,
+                                                                                          "vgpu_get_usage");
+    uint64_t used = 0;
+    if (!get || get(0, &used, NULL) != 0)
+        return (unsigned long long)-1;
+    return (unsigned long long)used;
+}
+
+static void show(const char *name, CUresult rc)
+{
+    printf("%s=%d:%llu\n", name, rc, charged());
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3 || cuInit(0) != CUDA_SUCCESS)
+        return 2;
+    CUcontext ctx = NULL;
+    if (cuCtxCreate_v2(&ctx, 0, 0) != CUDA_SUCCESS) {
+        printf("fail ctx\n");
+        return 2;
+    }
+    size_t bytes = strtoull(argv[2], NULL, 10);
+    if (strcmp(argv[1], "copychild") != 0)
+        return 2;
+    CUdeviceptr pre = 0;
+    show("pre", cuMemAlloc_v2(&pre, bytes));
+    CUgraph parent = NULL, child = NULL;
+    show("create", cuGraphCreate(&parent, 0) || cuGraphCreate(&child, 0) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS);
+    CUDA_MEM_ALLOC_NODE_PARAMS a;
+    memset(&a, 0, sizeof a);
+    a.poolProps.allocType = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    a.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.poolProps.location.id = 0;
+    a.bytesize = bytes;
+    CUgraphNode an = NULL, cn = NULL, gn = NULL;
+    show("alloc_node", cuGraphAddMemAllocNode(&an, child, NULL, 0, &a));
+    unsigned char copy[256]; /* a CUDA_MEMCPY3D the fake does not read */
+    memset(copy, 0, sizeof copy);
+    show("memcpy_node", cuGraphAddMemcpyNode(&cn, parent, NULL, 0, copy, ctx));
+    CUgraphNodeParams p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_GRAPH_NODE_TYPE_GRAPH;
+    p.u.graph.graph = child;
+    p.u.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+    show("child_node", cuGraphAddNode(&gn, parent, &cn, 1, &p));
+    CUgraphExec e = NULL;
+    show("instantiate", cuGraphInstantiateWithFlags(&e, parent, 0));
+    show("launch", cuGraphLaunch(e, NULL));
+    return 0;
+}

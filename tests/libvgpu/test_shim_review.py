@@ -1,0 +1,65 @@
+"""Review of the shim's CUDA graph accounting against the driver's ABI (docs/shim.md "CUDA graphs").
+
+The shim walks a graph's nodes (``cuGraphGetNodes``, ``cuGraphNodeGetType``) to find its allocation nodes and
+kernels, child graphs included. ``cuGraphNodeGetType`` answers with cuda.h's ``CUgraphNodeType`` numbers: a
+memcpy node is 1 and a child graph node is 4. A shim that took 1 for a child graph read every graph holding a
+copy (as nearly every captured PyTorch graph does) as unreadable: each such graph was checked at every launch
+under the graph-memory lock with two driver queries, a warning was logged per instantiation, and an allocation
+node inside a real child graph (4) was never counted, so its launch was let past the limit. The fake driver
+reports cuda.h's numbers (tests/fakes/fakecuda.c asserts them at build time).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from tests.libvgpu.shim_helpers import Toolchain, parse, program_fixtures
+
+SRC = Path(__file__).resolve().parent / "progs" / "review_graphs.c"
+HEADER = Path(__file__).resolve().parents[2] / "libvgpu" / "src" / "cuda_abi.h"
+MIB = 1024 * 1024
+OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
+
+#: cuda.h's values of the constants the shim's header declares for its graph hooks
+CUDA_H = {
+    "CU_GRAPH_NODE_TYPE_KERNEL": 0,
+    "CU_GRAPH_NODE_TYPE_MEMCPY": 1,
+    "CU_GRAPH_NODE_TYPE_GRAPH": 4,
+    "CU_GRAPH_NODE_TYPE_MEM_ALLOC": 10,
+    "CU_GRAPH_NODE_TYPE_MEM_FREE": 11,
+    "CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT": 0,
+    "CU_GRAPH_MEM_ATTR_USED_MEM_HIGH": 1,
+    "CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT": 2,
+    "CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH": 3,
+    "CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD": 2,
+    "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE": 910,
+    "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR": 1,
+    "CU_MEM_LOCATION_TYPE_DEVICE": 1,
+}
+
+built, built_asan, any_build = program_fixtures(SRC, "review")
+
+
+def test_graph_constants_are_cuda_h_values() -> None:
+    text = HEADER.read_text()
+    found = {m.group(1): int(m.group(2), 0) for m in re.finditer(r"^#define (\w+) (0x[0-9a-fA-F]+|\d+)\b", text, re.M)}
+    assert {k: found.get(k) for k in CUDA_H} == CUDA_H
+
+
+def test_a_graph_with_a_copy_and_an_allocating_child_graph_is_checked(any_build: tuple[Toolchain, Path]) -> None:
+    # 600 MiB held, then a graph of a memcpy node and a child graph allocating 600 MiB: under the 1 GiB limit
+    # the launch is refused before the driver is called, nothing more is charged, and the graph was read.
+    tc, prog = any_build
+    n = 600 * MIB
+    env = tc.env(CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="2")
+    proc = subprocess.run([str(prog), "copychild", str(n)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    out = parse(proc.stdout)
+    steps = {k: tuple(int(x) for x in v.split(":")) for k, v in out.items()}
+    for name in ("pre", "create", "alloc_node", "memcpy_node", "child_node", "instantiate"):
+        assert steps[name][0] == 0, (name, proc.stdout)
+    assert steps["pre"] == (0, n)
+    assert steps["launch"] == (OOM, n), proc.stdout
+    assert "cannot read the nodes of a graph" not in proc.stderr
