@@ -203,6 +203,21 @@ def _empty_trash(root: str) -> list[str]:
     return removed
 
 
+def run_trash_loop(root: str, due: threading.Event, stop: threading.Event, period: float) -> None:
+    """Remove the directories moved aside in ``root`` (:func:`_empty_trash`) at once, then whenever
+    ``due`` is set and at least every ``period`` seconds (what failed is retried), until ``stop`` is set
+    (set ``due`` too, to wake it). Meant for a thread of its own: a tenant's millions of files must
+    delay no kubelet call (Allocate, PreStart, NodePrepare/UnprepareResources) and no heartbeat.
+    Never raises (a failure is logged, the thread lives on)."""
+    while not stop.is_set():
+        due.clear()  # before listing: a directory moved aside after this is seen now or at the next wake-up
+        try:
+            _empty_trash(root)
+        except Exception as e:  # noqa: BLE001 - tried again next period; the thread must live
+            log.warning("removing cache directories failed", extra={"error": str(e)})
+        due.wait(period)
+
+
 def _remove_dir(path: str, uid: str | None) -> bool:
     """Remove the real directory ``path`` (never through a symlink; a tenant can write inside it).
     True when removed; a failure is logged with ``uid`` and the error, and False returned."""
@@ -484,13 +499,7 @@ class DevicePlugin:
         period: on a thread of its own, so that a tenant's millions of files delay neither an
         Allocate nor the node inventory's heartbeat (a stale inventory takes the node out of
         scheduling)."""
-        while not self._stop.is_set():
-            try:
-                _empty_trash(self.opts.cache_host_dir)
-            except Exception as e:  # noqa: BLE001 - tried again next period; the thread must live
-                log.warning("removing cache directories failed", extra={"error": str(e)})
-            self._trash_due.wait(self.opts.heartbeat_seconds)
-            self._trash_due.clear()
+        run_trash_loop(self.opts.cache_host_dir, self._trash_due, self._stop, self.opts.heartbeat_seconds)
 
     def clean_cache_dirs(self, pods: list[dict[str, Any]]) -> list[str]:
         """:meth:`_discard_gone_dirs`, then remove what it moved aside (and what earlier calls could not

@@ -60,9 +60,9 @@ from ..response import ContainerSpec, HostFile, alloc_dirs, alloc_mounts
 from ..server import (
     NodeOptions,
     _discard_dir,
-    _empty_trash,
     discover_gpus,
     node_readiness,
+    run_trash_loop,
     write_preload_file,
 )
 from ..shimcache import write_host_files
@@ -195,6 +195,7 @@ class DRAPlugin:
         self._health = HealthTracker((), opts.recovery_seconds)
         self._stop = threading.Event()
         self._publish_due = threading.Event()
+        self._trash_due = threading.Event()  # claim directories moved aside: remove them (own thread)
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -212,7 +213,8 @@ class DRAPlugin:
         self._discover()
         write_preload_file(self.opts.shim_host_path)
         os.makedirs(self.opts.cache_host_dir, exist_ok=True)
-        for name, fn in (("health", self._health_loop), ("publish", self._publish_loop)):
+        for name, fn in (("health", self._health_loop), ("publish", self._publish_loop),
+                         ("trash", self._trash_loop)):
             t = threading.Thread(target=fn, name=f"dra-{name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -225,6 +227,7 @@ class DRAPlugin:
         the Node's deletion removes them)."""
         self._stop.set()
         self._publish_due.set()
+        self._trash_due.set()
         for t in self._threads:
             t.join(timeout=5)
         self.nvml.shutdown()
@@ -259,6 +262,13 @@ class DRAPlugin:
     def devices(self) -> tuple[GPUDevice, ...]:
         """The node's GPUs as published (with health)."""
         return self._devices
+
+    def _trash_loop(self) -> None:
+        """Remove the claim directories Unprepare moved aside, on a thread of its own: a tenant's
+        millions of files must not hold an Unprepare call (kubelet times it out) nor, through the
+        server's threads, any other claim's Prepare or Unprepare. Also every resync period (a
+        removal that failed is retried; what a previous run left is removed at start)."""
+        run_trash_loop(self.opts.cache_host_dir, self._trash_due, self._stop, self.opts.resync_seconds)
 
     def _health_loop(self) -> None:
         run_health_loop(self.nvml, self._health, self._stop, poll_ms=self.opts.health_poll_ms,
@@ -337,7 +347,7 @@ class DRAPlugin:
                 log.error("claim not unprepared", extra={"uid": c.uid, "error": entry.error})
                 continue
             self.status.unprepared["ok"] += 1
-        _empty_trash(self.opts.cache_host_dir)  # the directories moved aside, removed without the lock
+        self._trash_due.set()  # the directories moved aside: removed on the trash thread, not in this call
         return resp
 
     def _prepare_one(self, namespace: str, uid: str, name: str) -> PreparedClaim:
@@ -460,9 +470,9 @@ class DRAPlugin:
 
     def _remove_files(self, uid: str) -> bool:
         """Remove the claim's CDI spec and directories (moved aside at once: their removal, which may take
-        long for a tenant's millions of files, is left to :func:`deviceplugin.server._empty_trash`,
-        outside the lock); True when a spec was there. Raises OSError when something stays, ValueError
-        for a uid unsafe in a path."""
+        long for a tenant's millions of files, is left to the trash thread, outside the lock and the
+        call); True when a spec was there. Raises OSError when something stays, ValueError for a uid
+        unsafe in a path."""
         key = alloc_dir_name(uid)
         removed = cdi.remove_spec(self.opts.cdi_dir, uid)
         for path in alloc_dirs(self.opts.cache_host_dir, key):

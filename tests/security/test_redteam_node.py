@@ -25,7 +25,7 @@ if _DP_TESTS not in sys.path:  # the device plugin tests' helpers and fixtures (
 from dp_helpers import FakeKubelet, bound_pod, create_signed, write_region  # noqa: E402
 
 from deviceplugin.response import alloc_key  # noqa: E402
-from deviceplugin.server import DevicePlugin  # noqa: E402
+from deviceplugin.server import TRASH_PREFIX, DevicePlugin, _empty_trash  # noqa: E402
 from deviceplugin.shimcache import read_container, remove_tree  # noqa: E402
 from kube_vgpu.dra import DRIVER_NAME  # noqa: E402
 from tests.deviceplugin.conftest import fake_nvml_lib, gpus, kube_api, kubelet, sockdir  # noqa: E402,F401
@@ -299,4 +299,7 @@ def test_a_claims_cache_tree_thousands_of_levels_deep_is_unprepared(dra_node: No
     deep_tree(cache)
     assert dra_node.kubelet.unprepare(DRIVER_NAME, [(NS, uid, "c1")]).claims[uid].error == ""
     assert not cache.exists() and not Path(f"{cache}.limits").exists()
+    # moved aside at once, removed on the plugin's trash thread: wait for it (same lock), then none is left
+    _empty_trash(dra_node.opts.cache_host_dir)
+    assert [n for n in os.listdir(dra_node.opts.cache_host_dir) if n.startswith(TRASH_PREFIX)] == []
     assert dra_node.cdi_spec(uid) is None
