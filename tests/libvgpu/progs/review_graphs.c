@@ -6,6 +6,9 @@
  *   review_graphs copychild BYTES   cuMemAlloc BYTES, then a graph holding a memcpy node and a child graph
  *                                   (moved into it with cuGraphAddNode) that allocates BYTES: instantiate,
  *                                   launch. Under a limit below 2 x BYTES the launch must be refused.
+ *   review_graphs sequence BYTES N  a graph of N allocations of BYTES, each freed in the graph before the next
+ *                                   is made (alloc, free, alloc, free, ...: at most BYTES live at once):
+ *                                   instantiate, launch twice.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -23,6 +26,7 @@ CUresult cuGraphCreate(CUgraph *, unsigned int);
 CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
 CUresult cuGraphAddMemcpyNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const void *, CUcontext);
 CUresult cuGraphAddNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraphNodeParams *);
+CUresult cuGraphAddMemFreeNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUdeviceptr);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 
@@ -51,6 +55,30 @@ int main(int argc, char **argv)
         return 2;
     }
     size_t bytes = strtoull(argv[2], NULL, 10);
+    if (!strcmp(argv[1], "sequence") && argc > 3) {
+        CUgraph g = NULL;
+        show("create", cuGraphCreate(&g, 0));
+        CUgraphNode last = NULL;
+        for (int i = 0; i < atoi(argv[3]); i++) {
+            CUDA_MEM_ALLOC_NODE_PARAMS a;
+            memset(&a, 0, sizeof a);
+            a.poolProps.allocType = 1;
+            a.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            a.bytesize = bytes;
+            CUgraphNode an = NULL, fn = NULL;
+            CUresult rc = cuGraphAddMemAllocNode(&an, g, last ? &last : NULL, last ? 1 : 0, &a);
+            if (rc == CUDA_SUCCESS)
+                rc = cuGraphAddMemFreeNode(&fn, g, &an, 1, a.dptr);
+            if (rc != CUDA_SUCCESS)
+                show("nodes", rc);
+            last = fn;
+        }
+        CUgraphExec e = NULL;
+        show("instantiate", cuGraphInstantiateWithFlags(&e, g, 0));
+        show("launch", cuGraphLaunch(e, NULL));
+        show("relaunch", cuGraphLaunch(e, NULL));
+        return 0;
+    }
     if (strcmp(argv[1], "copychild") != 0)
         return 2;
     CUdeviceptr pre = 0;
