@@ -176,3 +176,22 @@ def test_dra_unprepare_never_waits_for_a_tenants_slow_removal(
     assert done.wait(WAIT), "the slow claim's directory was never removed"
     root = Path(dra_node.opts.cache_host_dir)
     assert not (root / f"dra-{ua}").exists() and not (root / f"dra-{ub}").exists()
+
+
+def test_the_trash_threads_end_at_stop(start_plugin: Callable[..., DevicePlugin], kubelet: FakeKubelet,
+                                       kube_api: Any, dra_node: Node) -> None:
+    """stop() wakes both plugins' trash threads (they wait a whole period otherwise) and they end."""
+    plugin = start_plugin(heartbeat_seconds=3600)
+    (t,) = [t for t in plugin._threads if t.name == "deviceplugin-trash"]
+    assert t.is_alive()
+    plugin.stop()
+    t.join(WAIT)
+    assert not t.is_alive()
+    dra_node.stop_plugin()
+    dra_node.resync_seconds = 3600  # the trash thread's period: only stop() can wake it in time
+    dra = dra_node.start_plugin()
+    (d,) = [t for t in dra._threads if t.name == "dra-trash"]
+    assert d.is_alive()
+    dra_node.stop_plugin()
+    d.join(WAIT)
+    assert not d.is_alive()
