@@ -682,8 +682,9 @@ def test_cache_cleanup_tolerates_errors_and_never_removes_live_pods(start_plugin
     assert any("cannot remove the cache directory" in r.getMessage() and str(getattr(r, "path", "")).endswith("aaaa_c")
                and "Permission denied" in getattr(r, "error", "") for r in caplog.records)
     monkeypatch.setattr(server, "remove_tree", real)
-    assert plugin.clean_cache_dirs(pods) == [str(a)]
-    assert live.is_dir()
+    # the next removal takes it: this call's, or the plugin's removal thread's if it ran first
+    assert plugin.clean_cache_dirs(pods) in ([str(a)], [])
+    assert not any(n.endswith("-aaaa_c") for n in os.listdir(root)) and live.is_dir()
 
 
 # ------------------------------------------------------------------ exact identification at PreStartContainer
