@@ -1316,19 +1316,47 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 }
 
 /* The driver hands out the mapped handle again with one more reference, which needs its own cuMemRelease:
- * until then the physical memory stays allocated (and charged), unmapped or not. */
+ * until then the physical memory stays allocated (and charged), unmapped or not. The reference is counted
+ * before the driver's call (the handle of the mapping holding addr), so that another thread's unmap and
+ * release meanwhile cannot drop the handle the driver is handing out; given back if the call fails. */
 EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemRetainAllocationHandle);
-    CUresult rc = real_cuMemRetainAllocationHandle(handle, addr);
-    if (rc != CUDA_SUCCESS || !vgpu_cfg->enabled || !handle)
-        return rc;
+    if (!vgpu_cfg->enabled || !handle)
+        return real_cuMemRetainAllocationHandle(handle, addr);
+    uint64_t held = 0;
     track_lock();
-    struct track_entry *e = track_find_locked(TK_HANDLE, *handle);
+    struct track_entry *e = track_map_find_locked((uint64_t)(uintptr_t)addr, &held) ?
+                            track_find_locked(TK_HANDLE, held) : NULL;
     if (e && e->refs < UINT32_MAX)
         e->refs++;
+    else
+        held = 0;
     track_unlock();
+    CUresult rc = real_cuMemRetainAllocationHandle(handle, addr);
+    uint64_t size = 0;
+    int dev = -1, gone = 0;
+    track_lock();
+    if (held && (rc != CUDA_SUCCESS || *handle != held)) { /* the early reference was not the one handed out */
+        e = track_find_locked(TK_HANDLE, held);
+        if (e) { /* a release meanwhile may have taken the reference from refs, as cuMemRelease counts */
+            if (e->refs)
+                e->refs--;
+            else
+                e->released = 1;
+            gone = handle_gone_locked(e, &size, &dev);
+        }
+        held = 0;
+    }
+    if (rc == CUDA_SUCCESS && !held) {
+        e = track_find_locked(TK_HANDLE, *handle);
+        if (e && e->refs < UINT32_MAX)
+            e->refs++;
+    }
+    track_unlock();
+    if (gone)
+        region_release(dev, size);
     return rc;
 }
 

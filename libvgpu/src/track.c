@@ -175,6 +175,16 @@ int track_map_add_locked(uint64_t va, uint64_t size, uint64_t handle)
     return -1;
 }
 
+int track_map_find_locked(uint64_t va, uint64_t *handle)
+{
+    for (size_t i = 0; i < g_nmaps; i++)
+        if (va >= g_maps[i].va && va - g_maps[i].va < g_maps[i].size) {
+            *handle = g_maps[i].handle;
+            return 1;
+        }
+    return 0;
+}
+
 void track_unmap_range_locked(uint64_t va, uint64_t size, void (*unmapped)(uint64_t handle, void *arg), void *arg)
 {
     for (size_t i = 0; i < g_nmaps;) {

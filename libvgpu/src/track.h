@@ -47,6 +47,8 @@ void track_remove_locked(struct track_entry *e);
 void track_remove_if_locked(int (*drop)(struct track_entry *e, void *arg), void *arg);
 /* Records a mapping of handle at [va, va + size): 0, or -1 when it cannot be recorded (out of memory). */
 int track_map_add_locked(uint64_t va, uint64_t size, uint64_t handle);
+/* The handle of the recorded mapping holding address va: 1 (and *handle), or 0 when none does. */
+int track_map_find_locked(uint64_t va, uint64_t *handle);
 /* Forgets every mapping whose start lies in [va, va + size), calling unmapped(handle, arg) for each. */
 void track_unmap_range_locked(uint64_t va, uint64_t size, void (*unmapped)(uint64_t handle, void *arg), void *arg);
 

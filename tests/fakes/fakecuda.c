@@ -18,6 +18,8 @@
  * the others' contexts appear during their own creation, as with the real driver, where creating a
  * context takes a fraction of a second. FAKE_CUDA_CTX_GATE=PATH makes a new context say so on stderr and
  * wait (at most 60 s) until PATH exists.
+ * FAKE_CUDA_RETAIN_GATE=PATH: cuMemRetainAllocationHandle, its reference taken, creates PATH.in and waits
+ * (at most 60 s) until PATH exists.
  * fake_cuda_debug_peak_bytes(dev) (exported, test hook) returns the most device memory this process held
  * at once on a device, as NVML's per-process usage showed it.
  * Busy intervals go to the shared state so the fake NVML reports utilisation.
@@ -1287,6 +1289,21 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 
 /* The handle backing the mapping at addr (the same value that was mapped), with one more reference that
  * needs its own cuMemRelease, as the driver's. */
+/* FAKE_CUDA_RETAIN_GATE=PATH: a retain that took its reference creates PATH.in and waits, at most 60 s, until
+ * PATH exists before returning: a test plays what other threads do while the retain is in the driver. */
+static void retain_gate(void)
+{
+    const char *path = getenv("FAKE_CUDA_RETAIN_GATE");
+    char in[4096];
+    if (!path || !*path || snprintf(in, sizeof in, "%s.in", path) >= (int)sizeof in)
+        return;
+    int fd = open(in, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd >= 0)
+        close(fd);
+    for (uint64_t deadline = fg_now_ns() + 60000000000ull; access(path, F_OK) != 0 && fg_now_ns() < deadline;)
+        fg_sleep_until(fg_now_ns() + 1000000);
+}
+
 EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr)
 {
     CHECK_INIT();
@@ -1301,6 +1318,7 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, voi
             e->refs++;
             *h = g_map[k].handle;
             pthread_mutex_unlock(&g_mu);
+            retain_gate();
             return CUDA_SUCCESS;
         }
     }

@@ -83,3 +83,26 @@ def test_a_graph_reusing_memory_in_sequence_is_not_refused(built: tuple[Toolchai
     assert steps["instantiate"][0] == 0
     assert steps["launch"] == (0, 600 * MIB), proc.stdout
     assert steps["relaunch"] == (0, 600 * MIB), proc.stdout
+
+
+def test_a_handle_retained_while_another_thread_releases_it_stays_charged(
+    any_build: tuple[Toolchain, Path], tmp_path: Path
+) -> None:
+    # Thread A's cuMemRetainAllocationHandle has taken its reference in the driver (the fake holds it there)
+    # when thread B unmaps and releases the handle: the driver keeps the memory for A's reference, so it stays
+    # charged until A releases it. The shim counted the retain only after the driver returned, so B's release
+    # dropped the handle and uncharged memory the driver still held (for as long as A kept it).
+    tc, prog = any_build
+    n = 64 * MIB
+    gate = tmp_path / "gate"
+    env = tc.env(CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1",
+                 FAKE_CUDA_RETAIN_GATE=str(gate))
+    proc = subprocess.run([str(prog), "retainrace", str(n), str(gate)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    steps = {k: tuple(int(x) for x in v.split(":")) for k, v in parse(proc.stdout).items()}
+    assert steps["create"] == (0, n) and steps["map"] == (0, n)
+    assert steps["unmap"] == (0, n)
+    assert steps["release"] == (0, n), proc.stdout  # A's reference keeps it
+    assert steps["retained"] == (0, n)
+    assert steps["release_retained"] == (0, 0), proc.stdout

@@ -9,9 +9,16 @@
  *   review_graphs sequence BYTES N  a graph of N allocations of BYTES, each freed in the graph before the next
  *                                   is made (alloc, free, alloc, free, ...: at most BYTES live at once):
  *                                   instantiate, launch twice.
+ *   review_graphs retainrace BYTES GATE   cuMemCreate BYTES, mapped; a thread retains the handle
+ *                                   (cuMemRetainAllocationHandle) and the fake driver holds it in the call
+ *                                   (FAKE_CUDA_RETAIN_GATE=GATE) while this thread unmaps and releases the
+ *                                   handle; then the retained reference is released.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +34,13 @@ CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, siz
 CUresult cuGraphAddMemcpyNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const void *, CUcontext);
 CUresult cuGraphAddNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraphNodeParams *);
 CUresult cuGraphAddMemFreeNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUdeviceptr);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *, void *);
+CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 
@@ -45,6 +59,50 @@ static void show(const char *name, CUresult rc)
     printf("%s=%d:%llu\n", name, rc, charged());
 }
 
+struct retainer {
+    CUcontext ctx;
+    CUdeviceptr va;
+    CUmemGenericAllocationHandle h;
+    CUresult rc;
+};
+
+static void *retain_thread(void *arg)
+{
+    struct retainer *r = arg;
+    cuCtxSetCurrent(r->ctx);
+    r->rc = cuMemRetainAllocationHandle(&r->h, (void *)(uintptr_t)r->va);
+    return NULL;
+}
+
+static int retainrace(CUcontext ctx, size_t bytes, const char *gate)
+{
+    char in[4096];
+    snprintf(in, sizeof in, "%s.in", gate);
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemGenericAllocationHandle h = 0;
+    struct retainer r = {.ctx = ctx};
+    cuMemAddressReserve(&r.va, bytes, 0, 0, 0);
+    show("create", cuMemCreate(&h, bytes, &p, 0));
+    show("map", cuMemMap(r.va, bytes, 0, h, 0));
+    pthread_t t;
+    if (pthread_create(&t, NULL, retain_thread, &r) != 0)
+        return 2;
+    while (access(in, F_OK) != 0) /* the retain is in the driver, its reference taken there */
+        usleep(1000);
+    show("unmap", cuMemUnmap(r.va, bytes));
+    show("release", cuMemRelease(h));
+    int fd = open(gate, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd >= 0)
+        close(fd);
+    pthread_join(t, NULL);
+    show("retained", r.rc);
+    show("release_retained", cuMemRelease(r.h));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3 || cuInit(0) != CUDA_SUCCESS)
@@ -55,6 +113,8 @@ int main(int argc, char **argv)
         return 2;
     }
     size_t bytes = strtoull(argv[2], NULL, 10);
+    if (!strcmp(argv[1], "retainrace") && argc > 3)
+        return retainrace(ctx, bytes, argv[3]);
     if (!strcmp(argv[1], "sequence") && argc > 3) {
         CUgraph g = NULL;
         show("create", cuGraphCreate(&g, 0));
