@@ -1401,17 +1401,34 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
 {
     ensure_cuda();
     REAL_OR_FAIL(cuMemMap);
-    CUresult rc = real_cuMemMap(ptr, size, offset, handle, flags);
-    if (rc != CUDA_SUCCESS || !vgpu_cfg->enabled)
-        return rc;
+    if (!vgpu_cfg->enabled)
+        return real_cuMemMap(ptr, size, offset, handle, flags);
+    /* the mapping is counted before the driver's call, so that another thread's cuMemRelease meanwhile cannot
+     * drop a handle the driver is mapping; given back if the call fails */
     track_lock();
     struct track_entry *e = track_find_locked(TK_HANDLE, handle);
-    if (e) { /* handles the shim did not create (imported) are not charged here */
-        if (track_map_add_locked(ptr, size, handle) != 0)
+    int held = e && e->maps < UINT32_MAX; /* handles the shim did not create (imported) are not charged here */
+    if (held)
+        e->maps++;
+    track_unlock();
+    CUresult rc = real_cuMemMap(ptr, size, offset, handle, flags);
+    if (!held)
+        return rc;
+    uint64_t bytes = 0;
+    int dev = -1, gone = 0;
+    track_lock();
+    e = track_find_locked(TK_HANDLE, handle); /* kept while counted as mapped: found */
+    if (e && rc == CUDA_SUCCESS) {
+        if (track_map_add_locked(ptr, size, handle) != 0) /* never unmapped in our books: stays charged */
             LOG_ERROR("cannot record a mapping; its memory stays charged until the process exits");
-        e->maps++; /* unrecorded mappings are never unmapped in our books: stay charged, never under-counted */
+    } else if (e) {
+        if (e->maps)
+            e->maps--;
+        gone = handle_gone_locked(e, &bytes, &dev);
     }
     track_unlock();
+    if (gone)
+        region_release(dev, bytes);
     return rc;
 }
 

@@ -18,8 +18,8 @@
  * the others' contexts appear during their own creation, as with the real driver, where creating a
  * context takes a fraction of a second. FAKE_CUDA_CTX_GATE=PATH makes a new context say so on stderr and
  * wait (at most 60 s) until PATH exists.
- * FAKE_CUDA_RETAIN_GATE=PATH: cuMemRetainAllocationHandle, its reference taken, creates PATH.in and waits
- * (at most 60 s) until PATH exists.
+ * FAKE_CUDA_RETAIN_GATE=PATH (FAKE_CUDA_MAP_GATE=PATH): cuMemRetainAllocationHandle, its reference taken
+ * (cuMemMap, its mapping made), creates PATH.in and waits (at most 60 s) until PATH exists.
  * fake_cuda_debug_peak_bytes(dev) (exported, test hook) returns the most device memory this process held
  * at once on a device, as NVML's per-process usage showed it.
  * Busy intervals go to the shared state so the fake NVML reports utilisation.
@@ -1289,11 +1289,12 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 
 /* The handle backing the mapping at addr (the same value that was mapped), with one more reference that
  * needs its own cuMemRelease, as the driver's. */
-/* FAKE_CUDA_RETAIN_GATE=PATH: a retain that took its reference creates PATH.in and waits, at most 60 s, until
- * PATH exists before returning: a test plays what other threads do while the retain is in the driver. */
-static void retain_gate(void)
+/* FAKE_CUDA_RETAIN_GATE / FAKE_CUDA_MAP_GATE=PATH (env): a retain that took its reference, or a map that made
+ * its mapping, creates PATH.in and waits, at most 60 s, until PATH exists before returning: a test plays what
+ * other threads do while the call is in the driver. */
+static void call_gate(const char *env)
 {
-    const char *path = getenv("FAKE_CUDA_RETAIN_GATE");
+    const char *path = getenv(env);
     char in[4096];
     if (!path || !*path || snprintf(in, sizeof in, "%s.in", path) >= (int)sizeof in)
         return;
@@ -1318,7 +1319,7 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, voi
             e->refs++;
             *h = g_map[k].handle;
             pthread_mutex_unlock(&g_mu);
-            retain_gate();
+            call_gate("FAKE_CUDA_RETAIN_GATE");
             return CUDA_SUCCESS;
         }
     }
@@ -1454,6 +1455,8 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
     }
 out:
     pthread_mutex_unlock(&g_mu);
+    if (rc == CUDA_SUCCESS)
+        call_gate("FAKE_CUDA_MAP_GATE");
     return rc;
 }
 

@@ -106,3 +106,24 @@ def test_a_handle_retained_while_another_thread_releases_it_stays_charged(
     assert steps["release"] == (0, n), proc.stdout  # A's reference keeps it
     assert steps["retained"] == (0, n)
     assert steps["release_retained"] == (0, 0), proc.stdout
+
+
+def test_a_handle_mapped_while_another_thread_releases_it_stays_charged(
+    any_build: tuple[Toolchain, Path], tmp_path: Path
+) -> None:
+    # Thread A's cuMemMap has made its mapping in the driver (the fake holds it there) when thread B releases the
+    # handle: the mapping keeps the memory, so it stays charged until it is unmapped. The shim counted the
+    # mapping only after the driver returned, so B's release dropped the handle: mapped memory went uncharged.
+    tc, prog = any_build
+    n = 64 * MIB
+    gate = tmp_path / "gate"
+    env = tc.env(CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1",
+                 FAKE_CUDA_MAP_GATE=str(gate))
+    proc = subprocess.run([str(prog), "maprace", str(n), str(gate)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    steps = {k: tuple(int(x) for x in v.split(":")) for k, v in parse(proc.stdout).items()}
+    assert steps["create"] == (0, n)
+    assert steps["release"] == (0, n), proc.stdout  # the mapping keeps it
+    assert steps["mapped"] == (0, n)
+    assert steps["unmap"] == (0, 0), proc.stdout

@@ -13,6 +13,9 @@
  *                                   (cuMemRetainAllocationHandle) and the fake driver holds it in the call
  *                                   (FAKE_CUDA_RETAIN_GATE=GATE) while this thread unmaps and releases the
  *                                   handle; then the retained reference is released.
+ *   review_graphs maprace BYTES GATE   cuMemCreate BYTES; a thread maps it and the fake driver holds it in
+ *                                   cuMemMap (FAKE_CUDA_MAP_GATE=GATE) while this thread releases the handle;
+ *                                   then the mapping is unmapped.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -62,7 +65,7 @@ static void show(const char *name, CUresult rc)
 struct retainer {
     CUcontext ctx;
     CUdeviceptr va;
-    CUmemGenericAllocationHandle h;
+    CUmemGenericAllocationHandle h, h2; /* maprace: h is the size, h2 the handle */
     CUresult rc;
 };
 
@@ -72,6 +75,40 @@ static void *retain_thread(void *arg)
     cuCtxSetCurrent(r->ctx);
     r->rc = cuMemRetainAllocationHandle(&r->h, (void *)(uintptr_t)r->va);
     return NULL;
+}
+
+static void *map_thread(void *arg)
+{
+    struct retainer *r = arg;
+    cuCtxSetCurrent(r->ctx);
+    r->rc = cuMemMap(r->va, (size_t)r->h, 0, r->h2, 0);
+    return NULL;
+}
+
+static int maprace(CUcontext ctx, size_t bytes, const char *gate)
+{
+    char in[4096];
+    snprintf(in, sizeof in, "%s.in", gate);
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = 1;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    struct retainer r = {.ctx = ctx, .h = bytes};
+    cuMemAddressReserve(&r.va, bytes, 0, 0, 0);
+    show("create", cuMemCreate(&r.h2, bytes, &p, 0));
+    pthread_t t;
+    if (pthread_create(&t, NULL, map_thread, &r) != 0)
+        return 2;
+    while (access(in, F_OK) != 0) /* the mapping is made in the driver */
+        usleep(1000);
+    show("release", cuMemRelease(r.h2));
+    int fd = open(gate, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd >= 0)
+        close(fd);
+    pthread_join(t, NULL);
+    show("mapped", r.rc);
+    show("unmap", cuMemUnmap(r.va, bytes));
+    return 0;
 }
 
 static int retainrace(CUcontext ctx, size_t bytes, const char *gate)
@@ -113,6 +150,8 @@ int main(int argc, char **argv)
         return 2;
     }
     size_t bytes = strtoull(argv[2], NULL, 10);
+    if (!strcmp(argv[1], "maprace") && argc > 3)
+        return maprace(ctx, bytes, argv[3]);
     if (!strcmp(argv[1], "retainrace") && argc > 3)
         return retainrace(ctx, bytes, argv[3]);
     if (!strcmp(argv[1], "sequence") && argc > 3) {
