@@ -49,8 +49,11 @@ def test_long_kernels_are_charged_for_their_real_duration(tc: Toolchain, tmp_pat
                FAKE_GPU_STATE=str(tmp_path / "gpu.state"))
     windows = _windows(_out(p))
     assert len(windows) >= 2, windows
-    # one kernel is ~5 points of a 4 s window (measured 26-29); only the launches' estimates: 56-77
-    assert abs(windows[1] - 30) <= 10, windows
+    # one kernel is ~5 points of a 4 s window (measured 26-29); only the launches' estimates: 56-77.
+    # Steady state is every window after the first, together: on a loaded machine a first window's
+    # overrun (up to 44) is repaid in the next (down to 17), which is the limiter working
+    steady = windows[1:]
+    assert abs(sum(steady) / len(steady) - 30) <= 10, windows
 
 
 @pytest.mark.parametrize("shape", [("1", "1024"), ("1024", "1")], ids=["1-to-1024-blocks", "1024-to-1-blocks"])
