@@ -85,6 +85,20 @@ def test_a_graph_reusing_memory_in_sequence_is_not_refused(built: tuple[Toolchai
     assert steps["relaunch"] == (0, 600 * MIB), proc.stdout
 
 
+def _race(build: tuple[Toolchain, Path], tmp_path: Path, mode: str, gate_var: str,
+          n: int) -> tuple[dict[str, tuple[int, ...]], subprocess.CompletedProcess[str]]:
+    """Run the two-thread race ``mode`` of ``n`` bytes under a 1 GiB limit, the fake holding thread A in the
+    driver on the gate file named by ``gate_var``: each step's (rc, charged bytes) and the process."""
+    tc, prog = build
+    gate = tmp_path / "gate"
+    env = tc.env(CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1",
+                 **{gate_var: str(gate)})
+    proc = subprocess.run([str(prog), mode, str(n), str(gate)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return {k: tuple(int(x) for x in v.split(":")) for k, v in parse(proc.stdout).items()}, proc
+
+
 def test_a_handle_retained_while_another_thread_releases_it_stays_charged(
     any_build: tuple[Toolchain, Path], tmp_path: Path
 ) -> None:
@@ -92,15 +106,8 @@ def test_a_handle_retained_while_another_thread_releases_it_stays_charged(
     # when thread B unmaps and releases the handle: the driver keeps the memory for A's reference, so it stays
     # charged until A releases it. The shim counted the retain only after the driver returned, so B's release
     # dropped the handle and uncharged memory the driver still held (for as long as A kept it).
-    tc, prog = any_build
     n = 64 * MIB
-    gate = tmp_path / "gate"
-    env = tc.env(CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1",
-                 FAKE_CUDA_RETAIN_GATE=str(gate))
-    proc = subprocess.run([str(prog), "retainrace", str(n), str(gate)], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    steps = {k: tuple(int(x) for x in v.split(":")) for k, v in parse(proc.stdout).items()}
+    steps, proc = _race(any_build, tmp_path, "retainrace", "FAKE_CUDA_RETAIN_GATE", n)
     assert steps["create"] == (0, n) and steps["map"] == (0, n)
     assert steps["unmap"] == (0, n)
     assert steps["release"] == (0, n), proc.stdout  # A's reference keeps it
@@ -114,15 +121,8 @@ def test_a_handle_mapped_while_another_thread_releases_it_stays_charged(
     # Thread A's cuMemMap has made its mapping in the driver (the fake holds it there) when thread B releases the
     # handle: the mapping keeps the memory, so it stays charged until it is unmapped. The shim counted the
     # mapping only after the driver returned, so B's release dropped the handle: mapped memory went uncharged.
-    tc, prog = any_build
     n = 64 * MIB
-    gate = tmp_path / "gate"
-    env = tc.env(CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1",
-                 FAKE_CUDA_MAP_GATE=str(gate))
-    proc = subprocess.run([str(prog), "maprace", str(n), str(gate)], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    steps = {k: tuple(int(x) for x in v.split(":")) for k, v in parse(proc.stdout).items()}
+    steps, proc = _race(any_build, tmp_path, "maprace", "FAKE_CUDA_MAP_GATE", n)
     assert steps["create"] == (0, n)
     assert steps["release"] == (0, n), proc.stdout  # the mapping keeps it
     assert steps["mapped"] == (0, n)
