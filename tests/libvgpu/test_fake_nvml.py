@@ -78,10 +78,14 @@ ctx = c_void_p(); assert cuda.cuCtxCreate_v2(byref(ctx), 0, 0) == 0
 p = c_uint64(); assert cuda.cuMemAlloc_v2(byref(p), ctypes.c_size_t(1 << 30)) == 0
 mod = c_void_p(); f = c_void_p()
 cuda.cuModuleLoadData(byref(mod), b"x"); cuda.cuModuleGetFunction(byref(f), mod, b"k")
+# 1 s of simulated GPU work queued at once (the queue is deep enough to take it without waiting), so the
+# GPU stays busy however the host schedules this process; then wait until that work has covered NVML's
+# 200 ms window, and read it while the GPU is still busy
 t0 = time.monotonic()
-while time.monotonic() - t0 < 0.5:
-    cuda.cuLaunchKernel(f, 1000, 1, 1, 1, 1, 1, 0, None, None, None)
-cuda.cuCtxSynchronize()
+for _ in range(10):
+    assert cuda.cuLaunchKernel(f, 100000, 1, 1, 1, 1, 1, 0, None, None, None) == 0
+while time.monotonic() - t0 < 0.25:
+    time.sleep(0.01)
 n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
 procs = n.nvmlDeviceGetComputeRunningProcesses(h)
 print("used=%d util=%d procs=%s" % (n.nvmlDeviceGetMemoryInfo(h).used, n.nvmlDeviceGetUtilizationRates(h).gpu,
@@ -89,7 +93,8 @@ print("used=%d util=%d procs=%s" % (n.nvmlDeviceGetMemoryInfo(h).used, n.nvmlDev
 print("pid=%d" % os.getpid())
 """
     out = parse(run_python(tc, code, preload=False, FAKE_NVML_PATH=str(tc.built.libnvml), FAKE_GPU_STATE=str(state),
-                           FAKE_CUDA_CTX_MIB="300", FAKE_NVML_UTIL_WINDOW_MS="500").stdout)
+                           FAKE_CUDA_CTX_MIB="300", FAKE_NVML_UTIL_WINDOW_MS="200",
+                           FAKE_CUDA_MAX_QUEUE_US="2000000").stdout)
     assert int(out["used"]) == (1024 + 300) * 1024 * 1024
     assert int(out["util"]) >= 90
     assert out["procs"] == f"{out['pid']}:{(1024 + 300) * 1024 * 1024}"
