@@ -482,27 +482,46 @@ def _check_string(key: str, rule: Rule, v: str) -> None:
     if bad:
         raise ConfigError(key, f"{v!r} is not allowed; allowed: {rule.allowed}")
     if rule.choices is not None and v not in rule.choices:
-        raise ConfigError(key, f"{v!r} is not one of {', '.join(rule.choices)}")
+        raise ConfigError(key, f"{v!r} is not allowed; allowed: {' | '.join(rule.choices)}")
 
 
-def _typed(key: str, value: Any, kind: str) -> Any:
+def _allowed(k: Key) -> str:
+    """What key ``k`` allows, in words, for errors (``1..1024``, ``binpack | spread``, ...)."""
+    rule = k.rule
+    if k.kind == "ids":
+        return "a list of GPU UUIDs or indexes"
+    if k.kind == "strings":
+        return f"a list of strings, each {rule.items.allowed}" if rule.items and rule.items.allowed \
+            else "a list of non-empty strings"
+    if k.kind == "bool":
+        return "true or false"
+    if rule.choices:
+        return " | ".join(rule.choices)
+    if rule.allowed:
+        return rule.allowed
+    what = {"int": "an integer", "number": "a number"}.get(k.kind, "a string")
+    bounds = range_text(rule)
+    return f"{what} {bounds}" if bounds else what
+
+
+def _typed(key: str, value: Any, kind: str, allowed: str) -> Any:
     if kind == "bool":
         if not isinstance(value, bool):
-            raise ConfigError(key, f"{value!r} is not a boolean (true/false)")
+            raise ConfigError(key, f"{value!r} is not a boolean; allowed: {allowed}")
         return value
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"{value!r} is not an integer")
+            raise ConfigError(key, f"{value!r} is not an integer; allowed: {allowed}")
         return value
     if kind == "number":
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(key, f"{value!r} is not a number")
+            raise ConfigError(key, f"{value!r} is not a number; allowed: {allowed}")
         if value != value:
-            raise ConfigError(key, "NaN is not allowed")
+            raise ConfigError(key, f"NaN is not allowed; allowed: {allowed}")
         return float(value)
     if kind == "string":
         if not isinstance(value, str):
-            raise ConfigError(key, f"{value!r} is not a string")
+            raise ConfigError(key, f"{value!r} is not a string; allowed: {allowed}")
         return value
     raise AssertionError(kind)
 
@@ -512,11 +531,11 @@ def _value(k: Key, key: str, v: Any) -> Any:
     rule = k.rule
     if k.kind == "ids":
         if not isinstance(v, list) or not all(isinstance(x, str | int) for x in v):
-            raise ConfigError(key, "must be a list of GPU UUIDs or indexes")
+            raise ConfigError(key, f"{v!r} is not allowed; allowed: {_allowed(k)}")
         return tuple(str(x) for x in v)
     if k.kind == "strings":
         if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-            raise ConfigError(key, f"{v!r} is not a list of non-empty strings")
+            raise ConfigError(key, f"{v!r} is not allowed; allowed: {_allowed(k)}")
         if rule.items is not None:
             for x in v:
                 _check_string(key, rule.items, x)
@@ -526,13 +545,13 @@ def _value(k: Key, key: str, v: Any) -> Any:
         if not isinstance(v, datetime) or v.tzinfo is None:
             raise ConfigError(key, f"{str(v)!r} is not an RFC 3339 time with a zone (e.g. 2026-03-01T00:00:00Z)")
         v = v.isoformat()
-    v = _typed(key, v, k.kind)
+    v = _typed(key, v, k.kind, _allowed(k))
     if k.kind == "string":
         _check_string(key, rule, v)
     elif k.kind in ("int", "number"):
         lo, hi, xlo = rule.minimum, rule.maximum, rule.exclusive_minimum
         if (lo is not None and v < lo) or (hi is not None and v > hi) or (xlo is not None and v <= xlo):
-            raise ConfigError(key, f"{_num(v)} is not allowed; must be {range_text(rule)}")
+            raise ConfigError(key, f"{_num(v)} is not allowed; allowed: {range_text(rule)}")
     if rule.check is not None:
         err = rule.check(v)
         if err:
@@ -543,9 +562,10 @@ def _value(k: Key, key: str, v: Any) -> Any:
 def _load(cls: type, keys: tuple[Key, ...], raw: Any, prefix: str) -> Any:
     if raw is None:
         raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(prefix, f"must be a mapping, got {type(raw).__name__}")
     by_yaml = {k.rule.yaml: k for k in keys}
+    if not isinstance(raw, dict):
+        raise ConfigError(prefix, f"must be a mapping, got {type(raw).__name__}; allowed: a mapping of "
+                                  f"{', '.join(sorted(by_yaml))}")
     kwargs: dict[str, Any] = {}
     for name, v in raw.items():
         key = f"{prefix}.{name}"
@@ -565,7 +585,8 @@ def _check(cfg: Config) -> None:
     """The rules across keys (JSON Schema cannot state them; the docs table lists them)."""
     names = cfg.resource_names.all()
     if len(set(names)) != len(names) or not all(names):
-        raise ConfigError("resourceNames", "names must be non-empty and distinct")
+        raise ConfigError("resourceNames", f"{', '.join(names)}: names must be non-empty and distinct; allowed: "
+                                           "five different extended-resource names")
     wh = cfg.webhook
     if wh.runtime_class_name and wh.runtime_class_name not in wh.allowed_runtime_classes:
         paths = {k.attr: k.path for k in next(s for s in sections() if s.cls is WebhookConfig).keys}
@@ -599,11 +620,12 @@ def config_from_dict(raw: Any) -> Config:
     """
     if raw is None:
         raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError("(root)", f"must be a mapping, got {type(raw).__name__}")
     secs = sections()
     tops = top_keys()
     allowed = {*_TOP_ONLY, *(k.rule.yaml for k in tops), *(s.yaml for s in secs)}
+    if not isinstance(raw, dict):
+        raise ConfigError("(root)", f"must be a mapping, got {type(raw).__name__}; allowed: a mapping of "
+                                    f"{', '.join(sorted(allowed))}")
     for k in raw:
         if k not in allowed:
             raise ConfigError(str(k), f"unknown key; allowed: {', '.join(sorted(allowed))}")
@@ -619,7 +641,8 @@ def config_from_dict(raw: Any) -> Config:
         if s.many:
             items = raw.get(s.yaml) or []
             if not isinstance(items, list):
-                raise ConfigError(s.yaml, "must be a list")
+                raise ConfigError(s.yaml, f"must be a list, got {type(items).__name__}; allowed: a list of "
+                                          "mappings, one per node (- name: NODE ...)")
             kwargs[attr] = tuple(_load(s.cls, s.keys, n, f"{s.yaml}[{i}]") for i, n in enumerate(items))
         else:
             kwargs[attr] = _load(s.cls, s.keys, raw.get(s.yaml), s.yaml)
@@ -643,6 +666,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise ConfigError(str(key), f"given twice (line {key_node.start_mark.line + 1})")
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> Any:  # type: ignore[override]
+        """An unquoted time as YAML reads it, or, when it is no real date (``2026-02-30``), its text,
+        so the key's own rule names the key and the value (PyYAML raises a bare ValueError)."""
+        try:
+            return super().construct_yaml_timestamp(node)  # type: ignore[no-untyped-call]
+        except ValueError:
+            return self.construct_scalar(node)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", _UniqueKeyLoader.construct_yaml_timestamp)
 
 
 def load_config_text(text: str) -> Config:

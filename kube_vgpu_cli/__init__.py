@@ -49,6 +49,10 @@ def shim_path(argv: list[str]) -> int:
     """``kube-vgpu shim-path``: print the built shim's path; 1 if it was not built."""
     from libvgpu.__main__ import main as print_path
 
+    if argv in (["-h"], ["--help"]):
+        print("usage: kube-vgpu shim-path\n\nPrint the path of the built libvgpu.so shim (exit 1 when it was not "
+              "built). Takes no arguments.")
+        return 0
     if argv:
         print(f"kube-vgpu shim-path: takes no arguments, got {' '.join(argv)}", file=sys.stderr)
         return 2
@@ -74,8 +78,8 @@ def _policy_text(text: str) -> str:
 
     try:
         doc = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text  # the loader reports it, naming where
+    except (yaml.YAMLError, ValueError):  # ValueError: an unquoted time that is no real date
+        return text  # the loader reports it, naming where (or the key)
     if isinstance(doc, dict) and doc.get("kind") == "ConfigMap" and isinstance(doc.get("data"), dict) \
             and isinstance(doc["data"].get("config.yaml"), str):
         return str(doc["data"]["config.yaml"])

@@ -82,6 +82,19 @@ def test_every_subcommand_resolves() -> None:
         assert callable(getattr(importlib.import_module(mod), func)), name
 
 
+@pytest.mark.parametrize("cmd", sorted(SUBCOMMANDS))
+def test_every_subcommand_answers_help(cmd: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``kube-vgpu <command> --help`` (what the top-level usage tells a newcomer to run) prints that
+    command's usage and exits 0, also for a command without options (``shim-path`` once refused it)."""
+    rc: int | str | None
+    try:
+        rc = main([cmd, "--help"])
+    except SystemExit as e:  # argparse's --help
+        rc = e.code
+    assert rc == 0, cmd
+    assert "usage: kube-vgpu" in capsys.readouterr().out
+
+
 def test_replay_and_its_old_name_run_the_same_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert SUBCOMMANDS["simulate"][0] == SUBCOMMANDS["replay"][0]
     assert main(["--help"]) == 0
@@ -147,3 +160,12 @@ def test_check_config_reads_the_charts_configmap(tmp_path: Path, capsys: pytest.
     assert "config key 'devices.splitCount'" in capsys.readouterr().err
     cm.write_text(cm.read_text().replace("splitCount: 0", "splitCount: 4"))
     assert main(["check-config", str(cm)]) == 0
+
+
+def test_check_config_reports_an_unquoted_impossible_date(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unquoted time that is no real date is one error line naming the key, not a traceback."""
+    f = tmp_path / "config.yaml"
+    f.write_text("apiVersion: kube-vgpu.io/v1\nscheduling:\n  adoptUnsignedBefore: 2026-02-30T00:00:00Z\n")
+    assert main(["check-config", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert f"{f}: config key 'scheduling.adoptUnsignedBefore': '2026-02-30T00:00:00Z'" in err

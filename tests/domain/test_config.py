@@ -212,6 +212,45 @@ def test_bad_values_name_the_key(text: str, key: str, fragment: str) -> None:
     assert str(ei.value).startswith(f"config key {key!r}: ")
 
 
+@pytest.mark.parametrize(
+    ("text", "key", "value", "allowed"),
+    [
+        ("webhook: {shmSizeLimit: 0}", "webhook.shmSizeLimit", "0", "a quantity > 0"),
+        ("defaults: {gpuCount: 1.5}", "defaults.gpuCount", "1.5", "an integer 1..128"),
+        ("devices: {memoryScaling: x}", "devices.memoryScaling", "'x'", "a number > 0 and <= 100"),
+        ("scheduling: {inventoryStaleSeconds: .nan}", "scheduling.inventoryStaleSeconds", "NaN", "a number > 0"),
+        ("webhook: {mutateBareGpu: 1}", "webhook.mutateBareGpu", "1", "true or false"),
+        ("scheduling: {nodePolicy: worst}", "scheduling.nodePolicy", "'worst'", "binpack | spread | fgd"),
+        ("webhook: {privileged: true}", "webhook.privileged", "True", "deny | allow"),
+        ("devices: {splitCount: 0}", "devices.splitCount", "0", "1..1024"),
+        ("webhook: {systemUsers: x}", "webhook.systemUsers", "'x'", "a list of strings, each a non-empty string"),
+        ("nodes: [{name: a, excludeGPUs: GPU-1}]", "nodes[0].excludeGPUs", "'GPU-1'", "a list of GPU UUIDs or indexes"),
+        ("nodes: {name: a}", "nodes", "dict", "a list of mappings, one per node"),
+        ("scheduling: [1]", "scheduling", "list", "a mapping of adoptUnsignedBefore, bindHandoverSeconds"),
+        ("[1]", "(root)", "list", "a mapping of apiVersion, compat"),
+        ("resourceNames: {gpumem: nvidia.com/gpu}", "resourceNames", "nvidia.com/gpu, nvidia.com/gpu",
+         "five different extended-resource names"),
+    ],
+)
+def test_every_error_names_the_value_and_what_is_allowed(text: str, key: str, value: str, allowed: str) -> None:
+    """A wrong value is told what is allowed (a type error too, not only a range error)."""
+    with pytest.raises(ConfigError) as ei:
+        load_config_text(text)
+    msg = str(ei.value)
+    assert ei.value.key == key, msg
+    assert value in msg and f"allowed: {allowed}" in msg, msg
+
+
+@pytest.mark.parametrize("when", ["2026-02-30T00:00:00Z", "2026-02-30"])
+def test_unquoted_time_that_is_no_real_date_names_the_key(when: str) -> None:
+    """YAML reads an unquoted ``2026-02-30T00:00:00Z`` as a time and PyYAML raises a bare ValueError
+    for a day that does not exist: the loader turns it into the key's own error, not a traceback."""
+    with pytest.raises(ConfigError) as ei:
+        load_config_text(f"scheduling: {{adoptUnsignedBefore: {when}}}")
+    assert ei.value.key == "scheduling.adoptUnsignedBefore"
+    assert repr(when) in str(ei.value)
+
+
 @pytest.mark.parametrize("text", ["scheduling: {nodePolicy: [", "a: b: c", "defaults:\n  - x\n y: 1", "\t- x"])
 def test_yaml_syntax_error(text: str) -> None:
     with pytest.raises(ConfigError) as ei:
