@@ -266,8 +266,24 @@ def _env_rule(name: str, ctx: Context) -> tuple[str, str] | None:
                 f"unset, or one of {', '.join(sorted(NVIDIA_ENV_ALLOWED))} or NVIDIA_REQUIRE_*")
     if name in PROTECTED_ENV_NAMES or name.startswith(PROTECTED_ENV_PREFIXES):
         return ("it overrides the vGPU limits the device plugin sets from the scheduler's allocation",
-                "unset (the device plugin writes it)")
+                _limit_env_allowed(name, ctx.config.resource_names))
     return None
+
+
+def _limit_env_allowed(name: str, names: ResourceNames) -> str:
+    """What a container writes instead of limit env ``name`` (HAMi's shim reads these from the
+    container's own env; here the request decides, or the cluster's config)."""
+    if name.startswith(envcontract.MEMORY_LIMIT_PREFIX.rstrip("_")):
+        return f"unset; ask with {names.gpumem} (MiB per GPU) or {names.gpumem_percentage}"
+    if name.startswith(envcontract.SM_LIMIT):
+        return f"unset; ask with {names.gpucores} (percent of one GPU)"
+    if name == envcontract.TASK_PRIORITY:
+        return f"unset; ask with {names.priority} (0 high, 1 low)"
+    if name == CORE_POLICY_ENV:
+        return "unset; whether the SM limit is enforced is the cluster's choice (config devices.corePolicy, devices.coreSharing)"
+    if name == envcontract.SHARED_CACHE:
+        return "unset (the device plugin gives each container its own accounting file)"
+    return f"unset ({envcontract.LOG_LEVEL} is the only shim setting a container may set)"
 
 
 def _env_from_prefix_safe(prefix: str) -> bool:

@@ -464,10 +464,14 @@ def test_init_container_and_app_container(client: Client, cluster: DevicePlugin,
 
 @pytest.mark.parametrize("name,value,why", [
     ("CUDA_DISABLE_CONTROL", "true", "webhook.allowDisableControlNamespaces"),
-    ("GPU_CORE_UTILIZATION_POLICY", "disable", "the device plugin writes it"),
-    ("CUDA_DEVICE_MEMORY_LIMIT_0", "24000m", "the device plugin writes it"),
-    ("CUDA_DEVICE_SM_LIMIT", "100", "the device plugin writes it"),
-    ("CUDA_TASK_PRIORITY", "0", "the device plugin writes it"),
+    ("GPU_CORE_UTILIZATION_POLICY", "disable", "config devices.corePolicy"),
+    ("CUDA_DEVICE_MEMORY_LIMIT_0", "24000m", "ask with nvidia.com/gpumem (MiB per GPU) or nvidia.com/gpumem-percentage"),
+    ("CUDA_DEVICE_MEMORY_LIMIT", "24000m", "ask with nvidia.com/gpumem (MiB per GPU)"),
+    ("CUDA_DEVICE_SM_LIMIT", "100", "ask with nvidia.com/gpucores"),
+    ("CUDA_DEVICE_SM_LIMIT_1", "100", "ask with nvidia.com/gpucores"),
+    ("CUDA_TASK_PRIORITY", "0", "ask with nvidia.com/priority"),
+    ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/x", "its own accounting file"),
+    ("LIBVGPU_SM_WINDOW_MS", "1", "LIBVGPU_LOG_LEVEL is the only shim setting"),
 ])
 def test_env_hami_honours_from_the_tenant_is_denied_naming_it(name: str, value: str, why: str,
                                                               client: Client) -> None:
