@@ -587,6 +587,12 @@ def _check(cfg: Config) -> None:
     if len(set(names)) != len(names) or not all(names):
         raise ConfigError("resourceNames", f"{', '.join(names)}: names must be non-empty and distinct; allowed: "
                                            "five different extended-resource names")
+    first: dict[str, int] = {}
+    for i, n in enumerate(cfg.nodes):
+        if n.name in first:
+            raise ConfigError(f"nodes[{i}].name", f"{n.name!r} is also nodes[{first[n.name]}].name: only one "
+                                                  "entry would apply; allowed: one entry per node")
+        first[n.name] = i
     wh = cfg.webhook
     if wh.runtime_class_name and wh.runtime_class_name not in wh.allowed_runtime_classes:
         paths = {k.attr: k.path for k in next(s for s in sections() if s.cls is WebhookConfig).keys}

@@ -128,7 +128,7 @@ def docs_tables():
     for k in C.all_keys():
         lines.append(f"| `{k.path}` | {_type_text(k)} | {_default_text(k)} | {_cell(_allowed_text(k))} | {_cell(k.rule.doc)} |")
     lines += ["", "Across keys: the five `resourceNames` are distinct; `webhook.runtimeClassName`, when set, is one "
-              "of `webhook.allowedRuntimeClasses`. A key set to `null` in `nodes[]` means the `devices` default.", "", "Node policies (`scheduling.nodePolicy`, and the pod annotation "
+              "of `webhook.allowedRuntimeClasses`; each `nodes[].name` appears once. A key set to `null` in `nodes[]` means the `devices` default.", "", "Node policies (`scheduling.nodePolicy`, and the pod annotation "
               "`kube-vgpu.io/node-scheduler-policy`):", "", "| policy | needs | GPU policy | meaning |", "|---|---|---|---|"]
     for p in NODE_POLICY_SPECS:
         needs = "the workload's task shapes" if p.needs_shapes else "-"

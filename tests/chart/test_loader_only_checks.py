@@ -102,3 +102,25 @@ def test_runtime_class_written_must_be_allowed(renderer: Any, webhook: dict[str,
         assert err is not None and err.key == "webhook.runtimeClassName"
         assert f'config.webhook.runtimeClassName="{webhook["runtimeClassName"]}"' in r.stderr, r.stderr
         assert "allowed:" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("nodes", "dup"), [
+    ([{"name": "gpu-1", "splitCount": 2}, {"name": "gpu-2"}, {"name": "gpu-1", "splitCount": 4}], (2, 0)),
+    ([{"name": "gpu-1", "splitCount": 2}, {"name": "gpu-2", "splitCount": 4}], None),
+])
+def test_each_node_override_names_its_node_once(renderer: Any, nodes: list[dict[str, Any]],
+                                                dup: tuple[int, int] | None) -> None:
+    """Two ``nodes[]`` entries for one node: the device plugin would apply only the first, silently
+    dropping the other's values. The loader and the chart refuse it, naming both entries."""
+    doc = {"nodes": nodes}
+    err = _loader_error(doc)
+    r = renderer.template({"config": doc})
+    if dup is None:
+        assert err is None and r.returncode == 0, (err, r.stderr)
+        return
+    i, first = dup
+    assert err is not None and err.key == f"nodes[{i}].name", err
+    assert f"'gpu-1' is also nodes[{first}].name" in str(err) and "allowed: one entry per node" in str(err)
+    assert r.returncode != 0, "the chart renders two overrides for one node"
+    assert f'config.nodes[{i}].name="gpu-1" is also config.nodes[{first}].name' in r.stderr, r.stderr
+    assert "allowed: one entry per node" in r.stderr, r.stderr

@@ -241,6 +241,15 @@ def test_every_error_names_the_value_and_what_is_allowed(text: str, key: str, va
     assert value in msg and f"allowed: {allowed}" in msg, msg
 
 
+def test_a_node_named_twice_in_nodes_is_refused() -> None:
+    """Only the first override of a node would apply (``Config.node_override``): the second's values
+    would be dropped silently."""
+    with pytest.raises(ConfigError) as ei:
+        load_config_text("nodes: [{name: a, splitCount: 2}, {name: b}, {name: a, splitCount: 4}]")
+    assert ei.value.key == "nodes[2].name"
+    assert "'a' is also nodes[0].name" in str(ei.value) and "allowed: one entry per node" in str(ei.value)
+
+
 @pytest.mark.parametrize("when", ["2026-02-30T00:00:00Z", "2026-02-30"])
 def test_unquoted_time_that_is_no_real_date_names_the_key(when: str) -> None:
     """YAML reads an unquoted ``2026-02-30T00:00:00Z`` as a time and PyYAML raises a bare ValueError
@@ -305,12 +314,12 @@ NAMES = st.from_regex(r"[a-z]{1,8}\.io/[a-z]([a-z-]{0,8}[a-z])?", fullmatch=True
 def configs(draw: st.DrawFn) -> Config:
     names = draw(st.lists(NAMES, min_size=5, max_size=5, unique=True))
     nodes = tuple(
-        NodeOverride(name=draw(st.text(min_size=1, max_size=8)),
+        NodeOverride(name=name,
                      split_count=draw(st.none() | st.integers(1, 1024)),
                      memory_scaling=draw(st.none() | st.floats(0.01, 100)),
                      core_scaling=draw(st.none() | st.floats(0.01, 100)),
                      exclude_gpus=tuple(draw(st.lists(st.text(max_size=6), max_size=3))))
-        for _ in range(draw(st.integers(0, 3)))
+        for name in draw(st.lists(st.text(min_size=1, max_size=8), max_size=3, unique=True))  # one entry per node
     )
     return Config(
         scheduler_name=draw(st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?\Z")),

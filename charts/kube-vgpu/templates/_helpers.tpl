@@ -191,6 +191,14 @@ seccompProfile:
 {{- end -}}
 {{- $names = append $names $v -}}
 {{- end -}}
+{{- $firstNode := dict -}}
+{{- range $i, $n := ($.nodes | default list) -}}
+{{- $nn := toString (get $n "name") -}}
+{{- if hasKey $firstNode $nn -}}
+{{- fail (printf "config.nodes[%d].name=%q is also config.nodes[%v].name: only one entry would apply; allowed: one entry per node" $i $nn (get $firstNode $nn)) -}}
+{{- end -}}
+{{- $_ := set $firstNode $nn $i -}}
+{{- end -}}
 {{- $rc := toString (dig "webhook" "runtimeClassName" "" $) -}}
 {{- $allowedRc := dig "webhook" "allowedRuntimeClasses" (list) $ -}}
 {{- if and $rc (not (has $rc $allowedRc)) -}}
