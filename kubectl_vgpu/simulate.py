@@ -169,6 +169,8 @@ def render_table(sim: Simulation) -> str:
         out.append("REJECTED")
         for node, why in sorted(sim.rejected.items()):
             out += _wrap(f"  {node}: {why}")
+    elif not sim.nodes:  # nothing to place on: "no node rejected it" would read as if it fits
+        out.append("No node in the cluster (or the snapshot) to place the pod on.")
     else:
         out.append("No node rejected the pod.")
     return "\n".join(out) + "\n"

@@ -144,3 +144,15 @@ def test_what_if_is_the_name_and_simulate_its_alias(capsys: pytest.CaptureFixtur
         main(["--help"])
     out = capsys.readouterr().out
     assert "what-if" in out and "kube-vgpu replay" in out
+
+
+def test_an_empty_cluster_is_not_reported_as_rejecting_nothing(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """With no node at all, what-if says so (it once printed "No node rejected the pod." under six
+    "fits nowhere" lines) and exits 3 (fits nowhere)."""
+    snap = tmp_path / "empty.json"
+    snap.write_text(json.dumps({"nodes": {"items": []}, "pods": {"items": []}}))
+    assert main(["what-if", "-f", SMALL, "--snapshot", str(snap)]) == 3
+    out = capsys.readouterr().out
+    assert "No node in the cluster (or the snapshot) to place the pod on." in out
+    assert "No node rejected the pod." not in out
