@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
 import subprocess
@@ -169,3 +170,13 @@ def test_check_config_reports_an_unquoted_impossible_date(tmp_path: Path, capsys
     assert main(["check-config", str(f)]) == 1
     err = capsys.readouterr().err
     assert f"{f}: config key 'scheduling.adoptUnsignedBefore': '2026-02-30T00:00:00Z'" in err
+
+
+def test_webhook_help_states_every_default() -> None:
+    """``kube-vgpu webhook --help`` names the default of every flag that has one (the listener's
+    address and port once had no help at all)."""
+    from webhook.server import build_parser
+
+    for a in build_parser()._actions:
+        if a.option_strings and a.default not in (None, [], argparse.SUPPRESS):
+            assert "default" in (a.help or ""), a.option_strings

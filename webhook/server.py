@@ -537,17 +537,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kube-vgpu webhook", description="mutating admission webhook (HTTPS)")
     p.add_argument("--config", help="kube-vgpu config file (kube-vgpu.io/v1); default: built-in defaults")
     add_level_flag(p)
-    p.add_argument("--bind-address", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8443)
+    p.add_argument("--bind-address", default="0.0.0.0", help="address of the HTTPS listener (default %(default)s)")
+    p.add_argument("--port", type=int, default=8443, help="port of the HTTPS listener (default %(default)s)")
     p.add_argument("--tls-cert-file", required=True, help="PEM certificate chain (reloaded when it changes)")
     p.add_argument("--tls-key-file", required=True, help="PEM private key (reloaded when it changes)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
-                   help="largest accepted request body in bytes; larger ones get HTTP 400")
+                   help="largest accepted request body in bytes; larger ones get HTTP 400 (default %(default)s)")
     p.add_argument("--cert-check-seconds", type=float, default=2.0,
-                   help="how often the certificate files are checked for changes")
+                   help="how often the certificate files are checked for changes, seconds (default %(default)s)")
     for f in fields(Limits):
         p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
-                       help=f.metadata["help"])
+                       help=f.metadata["help"] + " (default %(default)s)")
     p.add_argument("--system-user", action="append", default=[],
                    help="a user name allowed to change system-owned pod annotations/labels, added to "
                         "webhook.systemUsers (repeat)")
