@@ -14,13 +14,19 @@ from typing import Any
 import pytest
 from dp_helpers import FakeGPUs, FakeKubelet, build_fake_nvml
 
+_LOADED: list[Path] = []
+
 
 @pytest.fixture(scope="session")
 def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fake NVML, loaded RTLD_GLOBAL in this process so pynvml's CDLL("libnvidia-ml.so.1") gets it."""
-    lib = build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
-    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
-    return lib
+    """The fake NVML, loaded RTLD_GLOBAL in this process so pynvml's CDLL("libnvidia-ml.so.1") gets it.
+    Built once per session: the modules that import this fixture each hold a definition of it, and
+    only the first library loaded under that soname is ever used."""
+    if not _LOADED:
+        lib = build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
+        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+        _LOADED.append(lib)
+    return _LOADED[0]
 
 
 @pytest.fixture

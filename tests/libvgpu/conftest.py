@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fakes import build as fakebuild
-from tests.libvgpu.shim_helpers import Toolchain, make_toolchain
+from tests.libvgpu.shim_helpers import Toolchain, shared_toolchain
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -43,7 +43,7 @@ def _need_gcc() -> None:
 def tc(tmp_path_factory: pytest.TempPathFactory) -> Toolchain:
     """Fakes, shim and scenario program, optimised build."""
     _need_gcc()
-    return make_toolchain(tmp_path_factory.mktemp("vgpu"))
+    return shared_toolchain(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +52,7 @@ def tc_asan(tmp_path_factory: pytest.TempPathFactory) -> Toolchain:
     _need_gcc()
     try:
         fakebuild.asan_runtime()
-        return make_toolchain(tmp_path_factory.mktemp("vgpu-asan"), asan=True)
+        return shared_toolchain(tmp_path_factory, asan=True)
     except fakebuild.BuildError as exc:  # pragma: no cover - toolchains without libasan
         pytest.skip(f"AddressSanitizer unavailable: {exc}")
 

@@ -49,6 +49,20 @@ def make_toolchain(out: Path, asan: bool = False) -> Toolchain:
     return Toolchain(built=built, prog=prog, tmp=out)
 
 
+_SHARED: dict[bool, Toolchain] = {}
+
+
+def shared_toolchain(factory: pytest.TempPathFactory, asan: bool = False) -> Toolchain:
+    """The fakes, shim and scenario program built once per test session for each variant (plain, or
+    AddressSanitizer + UndefinedBehaviorSanitizer when ``asan``): every test package and red-team
+    module runs on the same build, as every container of a node runs the same shim. Raises
+    BuildError (a failed build is not kept: the next caller tries again)."""
+    tc = _SHARED.get(asan)
+    if tc is None:
+        tc = _SHARED[asan] = make_toolchain(factory.mktemp("vgpu-asan" if asan else "vgpu"), asan=asan)
+    return tc
+
+
 def rc_usage(value: str) -> tuple[int, int]:
     """Split a ``<CUresult>:<usage bytes>`` value."""
     rc, used = value.split(":")
@@ -99,24 +113,26 @@ def preload_ns_command(tc: Toolchain, work: Path, argv: list[str]) -> list[str]:
 
 def program_fixtures(src: Path, stem: str) -> tuple[Any, Any, Any]:
     """The fixtures ``built``, ``built_asan`` and ``any_build`` of a test module driving the C
-    program ``src`` over the fakes and the shim: each a (toolchain, program) pair, optimised, with
+    program ``src`` over the fakes and the shim of :func:`shared_toolchain` (only the program is built
+    per module): each a (toolchain, program) pair, optimised, with
     AddressSanitizer and UndefinedBehaviorSanitizer (skipped where the toolchain has no libasan; any
     finding fails the process), and both in turn. ``stem`` names the build directories. Assign them
     to module names of the same name: ``built, built_asan, any_build = program_fixtures(SRC, "x")``."""
 
-    def build(out: Path, asan: bool) -> tuple[Toolchain, Path]:
-        tc = make_toolchain(out, asan=asan)
+    def build(factory: pytest.TempPathFactory, asan: bool) -> tuple[Toolchain, Path]:
+        tc = shared_toolchain(factory, asan=asan)
+        out = factory.mktemp(f"{stem}-asan" if asan else stem)
         return tc, fakebuild.build_prog(src, out / src.stem, tc.built.libdir, asan=asan)
 
     @pytest.fixture(scope="module")
     def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Toolchain, Path]:
-        return build(tmp_path_factory.mktemp(stem), asan=False)
+        return build(tmp_path_factory, asan=False)
 
     @pytest.fixture(scope="module")
     def built_asan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Toolchain, Path]:
         try:
             fakebuild.asan_runtime()
-            return build(tmp_path_factory.mktemp(f"{stem}-asan"), asan=True)
+            return build(tmp_path_factory, asan=True)
         except fakebuild.BuildError as exc:  # pragma: no cover - toolchains without libasan
             pytest.skip(f"AddressSanitizer unavailable: {exc}")
 
