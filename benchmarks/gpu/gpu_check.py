@@ -17,6 +17,8 @@ Environment:
   PID namespaces, but their timing on a loaded machine is not the GPU's).
 - ``VGPU_CHECK_SHIM=FILE``: check this shim instead of compiling ``libvgpu/src``.
 - ``VGPU_CHECK_LIMIT_MIB``: the memory limit under test, default 4096.
+- ``VGPU_CHECK_SM_SECONDS=WARM,MEASURE``: each SM tenant's warm-up and measured seconds, default ``3,8``
+  (the unlimited reference run: a third of the warm-up, 3/8 of the measurement).
 
 Rows (expected value -> measured):
 
@@ -68,6 +70,7 @@ SHIM_SRC = ROOT / "libvgpu" / "src"
 MIB = 1024 * 1024
 SM_TOLERANCE = 5.0  # percentage points
 SM_MIXES = ((30, 70), (30, 30))
+SM_WARM_S, SM_MEASURE_S = (os.environ.get("VGPU_CHECK_SM_SECONDS") or "3,8").split(",")
 #: task priority rows: a priority-0 and a priority-1 tenant, no SM limits, on one GPU
 PRIO_HIGH, PRIO_LOW = "SM priority 0 next to 1: the priority-0 tenant", "SM priority 0 next to 1: the priority-1 tenant"
 PRIO_HIGH_MIN, PRIO_LOW_MAX = 80.0, 15.0  # busy % of the unlimited rate
@@ -452,7 +455,7 @@ def _tenants(s: Setup, tag: str, envs: list[dict[str, str]], cmd: list[str] | No
         env = s.env(True, s.work / f"{tag}-{i}.cache", **extra)
         if s.fakes:
             env["FAKE_HOST_PROC"] = str(s.work / f"hostproc-{tag}-{i}")
-        procs.append(subprocess.Popen([*ns, *(cmd or [str(s.probe), "spin", "3", "8"])], env=env,
+        procs.append(subprocess.Popen([*ns, *(cmd or [str(s.probe), "spin", SM_WARM_S, SM_MEASURE_S])], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     results = []
     for p in procs:
@@ -547,7 +550,7 @@ def sm_rows(s: Setup) -> list[Row]:
         return [Row(n, "-", "fakes (VGPU_CHECK_FAKE_SM=1 runs them)", None) for n in names]
     if shutil.which("unshare") is None:
         return [Row(n, "-", "unshare not installed", False) for n in names]
-    base = s.run(["spin", "1", "3"], s.env(False))
+    base = s.run(["spin", f"{float(SM_WARM_S) / 3:g}", f"{float(SM_MEASURE_S) * 3 / 8:g}"], s.env(False))
     if "kernels_per_s" not in base:
         return [Row(n, "-", f"unlimited run failed: {base.get('error', '')}", False) for n in names]
     rate = float(base["kernels_per_s"])
