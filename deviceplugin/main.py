@@ -11,6 +11,7 @@ import logging
 import threading
 
 from kube_vgpu import jsonlog
+from kube_vgpu.cliflags import number_type
 from kube_vgpu.signing import KeyDir, SigningKeyError
 
 from . import startup
@@ -29,9 +30,10 @@ def parser() -> argparse.ArgumentParser:
                    help="kubelet's device plugin directory (holds kubelet.sock)")
     startup.add_shim_flags(p, cache_help="host directory for per-container shared cache directories")
     startup.add_metrics_flags(p, port=9394)
-    p.add_argument("--heartbeat-seconds", type=float, default=30.0,
+    p.add_argument("--heartbeat-seconds", type=number_type("a number of seconds > 0", above=0), default=30.0,
                    help="node inventory write interval (seconds)")
-    p.add_argument("--pending-stale-seconds", type=float, default=300.0,
+    p.add_argument("--pending-stale-seconds", type=number_type("a number of seconds >= 0 (0: never)", minimum=0),
+                   default=300.0,
                    help="a pod still waiting for Allocate this long after it was bound stops being the "
                         "target of GetPreferredAllocation while newer pods wait (0: never)")
     p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
@@ -57,9 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     except startup.StartError as e:
         return e.code
     cfg, gpus = start.config, start.gpus
-    if args.heartbeat_seconds <= 0:
-        log.error("--heartbeat-seconds must be > 0")
-        return 2
     try:
         keys = KeyDir(args.signing_keys_dir)
     except SigningKeyError as e:

@@ -4,6 +4,8 @@ loads neither the Kubernetes client nor the engine)."""
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
 from .jsonlog import LEVELS
 
@@ -20,3 +22,23 @@ def add_kubeconfig_flag(p: argparse.ArgumentParser, *, in_cluster_first: bool = 
     where = ("in-cluster, then $KUBECONFIG or ~/.kube/config" if in_cluster_first
              else "$KUBECONFIG or ~/.kube/config, then in-cluster")
     p.add_argument("--kubeconfig", metavar="FILE", help=f"kubeconfig file (default: {where})")
+
+
+def number_type(allowed: str, *, minimum: float | None = None, above: float | None = None,
+                maximum: float | None = None, integer: bool = False) -> Callable[[str], float]:
+    """An argparse ``type`` for a finite number (an integer with ``integer``) that is ``>= minimum``,
+    ``> above`` and ``<= maximum`` where given. A bad value is refused with ``'<value>' is not
+    allowed; allowed: <allowed>``, argparse naming the flag (exit 2). Raises argparse.ArgumentTypeError."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(int(text, 10)) if integer else float(text)
+        except ValueError:
+            v = math.nan
+        if not math.isfinite(v) or (minimum is not None and v < minimum) or (above is not None and v <= above) \
+                or (maximum is not None and v > maximum):
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: {allowed}")
+        return int(v) if integer else v
+
+    parse.__name__ = "number"  # argparse names the type in some errors
+    return parse

@@ -180,3 +180,21 @@ def test_webhook_help_states_every_default() -> None:
     for a in build_parser()._actions:
         if a.option_strings and a.default not in (None, [], argparse.SUPPRESS):
             assert "default" in (a.help or ""), a.option_strings
+
+
+@pytest.mark.parametrize(("module", "flag", "value", "allowed"), [
+    ("deviceplugin.main", "--heartbeat-seconds", "nan", "a number of seconds > 0"),
+    ("deviceplugin.main", "--heartbeat-seconds", "0", "a number of seconds > 0"),
+    ("deviceplugin.main", "--pending-stale-seconds", "-1", "a number of seconds >= 0"),
+    ("deviceplugin.main", "--metrics-port", "70000", "a port 0..65535"),
+    ("deviceplugin.dra.main", "--metrics-port", "1.5", "a port 0..65535"),
+])
+def test_node_plugin_numeric_flags_are_checked_at_parse(module: str, flag: str, value: str, allowed: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad number is a usage error naming the flag, the value and what is allowed, before anything
+    starts (``--heartbeat-seconds nan`` and ``--metrics-port 70000`` once got through to the run)."""
+    p = importlib.import_module(module).parser()
+    with pytest.raises(SystemExit) as ei:
+        p.parse_args([flag, value, "--signing-keys-dir", "/x"] if module == "deviceplugin.main" else [flag, value])
+    assert ei.value.code == 2
+    assert f"argument {flag}: {value!r} is not allowed; allowed: {allowed}" in capsys.readouterr().err
