@@ -19,7 +19,11 @@
  *                       half not, neither released), the context destroyed, then both unmapped and released from
  *                       the primary context: NVML used memory before, while held, after each
  *   retain <MiB>      - cuMemCreate MiB mapped, cuMemRetainAllocationHandle, unmapped, released twice: NVML used
- *                       memory after each step */
+ *                       memory after each step
+ *   modmem <MiB>      - a module (PTX) with a MiB `.global` array (a __device__ array) loaded and unloaded: NVML's
+ *                       used memory of this process (and of the GPU) before, loaded, unloaded
+ *   modlimit <limit MiB> - (under the shim) modules with a `.global` array of half the limit, then of 1.5x the
+ *                       limit: each load's result, what cuMemGetInfo shows used, NVML's figure for this process */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -441,6 +445,90 @@ static int mode_vmmctx(size_t bytes)
     return 0;
 }
 
+/* ---- module memory: a module's __device__ globals are device memory the driver allocates at load */
+FN(cuModuleUnload, CUresult, (CUmodule));
+static nvmlReturn_t (*g_nvml_procs)(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
+
+/* NVML's used memory of this process on device 0 (host pid: run without a PID namespace), 0 when not listed, or
+ * ~0 when NVML cannot tell. */
+static unsigned long long nvml_own(void)
+{
+    if (nvml_used() == NVML_NA)
+        return NVML_NA;
+    if (!g_nvml_procs) {
+        void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+        g_nvml_procs = h ? (nvmlReturn_t (*)(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *))dlsym(
+                               h, "nvmlDeviceGetComputeRunningProcesses_v3")
+                         : NULL;
+        if (!g_nvml_procs)
+            return NVML_NA;
+    }
+    static nvmlProcessInfo_t procs[512];
+    unsigned n = 512;
+    if (g_nvml_procs(g_nvd, &n, procs))
+        return NVML_NA;
+    for (unsigned i = 0; i < n; i++)
+        if (procs[i].pid == (unsigned)getpid())
+            return procs[i].usedGpuMemory;
+    return 0;
+}
+
+/* Loads a PTX module declaring a visible `.global` byte array of `bytes` (kept by the JIT: it can be looked up
+ * with cuModuleGetGlobal) and a kernel writing to it. */
+static CUresult load_big_module(size_t bytes, CUmodule *m)
+{
+    static char ptx[1024];
+    snprintf(ptx, sizeof ptx,
+             ".version 7.0\n.target sm_70\n.address_size 64\n"
+             ".visible .global .align 1 .b8 vgpu_big[%zu];\n"
+             ".visible .entry touch()\n{\n .reg .u64 a;\n .reg .u16 v;\n mov.u64 a, vgpu_big;\n"
+             " mov.u16 v, 1;\n st.global.u8 [a], v;\n ret;\n}\n", bytes);
+    return p_cuModuleLoadData(m, ptx);
+}
+
+/* Without the shim: NVML's used memory around a module load and unload. */
+static int mode_modmem(size_t bytes)
+{
+    LOAD(cuModuleUnload);
+    if (ctx_up())
+        return 2;
+    CK(p_cuCtxSynchronize());
+    unsigned long long own0 = nvml_own(), dev0 = nvml_used();
+    CUmodule m = NULL;
+    CUresult load = load_big_module(bytes, &m);
+    CK(p_cuCtxSynchronize());
+    unsigned long long own1 = nvml_own(), dev1 = nvml_used();
+    CUresult unload = load ? load : p_cuModuleUnload(m);
+    CK(p_cuCtxSynchronize());
+    unsigned long long own2 = nvml_own(), dev2 = nvml_used();
+    printf("module_load=%d module_unload=%d own_before=%llu own_loaded=%llu own_unloaded=%llu dev_before=%llu "
+           "dev_loaded=%llu dev_unloaded=%llu\n", load, unload, own0, own1, own2, dev0, dev1, dev2);
+    return 0;
+}
+
+/* Under the shim and a limit: a module holding half the limit is loaded and charged; one holding 1.5x the limit
+ * is refused with CUDA_ERROR_OUT_OF_MEMORY and leaves nothing behind. */
+static int mode_modlimit(size_t limit)
+{
+    LOAD(cuModuleUnload);
+    if (ctx_up())
+        return 2;
+    unsigned long long used0 = cu_used(), own0 = nvml_own();
+    CUmodule half = NULL, big = NULL;
+    CUresult rh = load_big_module(limit / 2, &half);
+    unsigned long long used1 = cu_used();
+    CUresult ru = rh ? rh : p_cuModuleUnload(half);
+    unsigned long long used2 = cu_used();
+    CUresult rb = load_big_module(limit + limit / 2, &big);
+    if (rb == CUDA_SUCCESS)
+        p_cuModuleUnload(big);
+    CK(p_cuCtxSynchronize());
+    unsigned long long own3 = nvml_own();
+    printf("mod_half=%d mod_unload=%d mod_big=%d used_before=%llu used_half=%llu used_unloaded=%llu own_before=%llu "
+           "own_after_big=%llu\n", rh, ru, rb, used0, used1, used2, own0, own3);
+    return 0;
+}
+
 /* A retained handle (no shim): NVML used memory after each step. */
 static int mode_retain(size_t bytes)
 {
@@ -544,7 +632,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) {
         fprintf(stderr, "usage: %s procaddr|mem MIB|vmm MIB|nvml|hold MIB|alloc MIB|spin WARM_S SECONDS|graphmem MIB|"
-                        "graphlimit MIB|vmmctx MIB|retain MIB\n", argv[0]);
+                        "graphlimit MIB|vmmctx MIB|retain MIB|modmem MIB|modlimit MIB\n", argv[0]);
         return 64;
     }
     if (!strcmp(argv[1], "nvml"))
@@ -595,6 +683,10 @@ int main(int argc, char **argv)
         return mode_vmmctx((size_t)strtoull(argv[2], NULL, 10) * MIB);
     if (!strcmp(argv[1], "retain") && argc > 2)
         return mode_retain((size_t)strtoull(argv[2], NULL, 10) * MIB);
+    if (!strcmp(argv[1], "modmem") && argc > 2)
+        return mode_modmem((size_t)strtoull(argv[2], NULL, 10) * MIB);
+    if (!strcmp(argv[1], "modlimit") && argc > 2)
+        return mode_modlimit((size_t)strtoull(argv[2], NULL, 10) * MIB);
     fprintf(stderr, "unknown mode %s\n", argv[1]);
     return 64;
 }

@@ -34,6 +34,10 @@ Rows (expected value -> measured):
   and reserved; after ``cuMemFreeAsync`` (or a free node in the graph) less used but the reserve kept; after
   ``cuDeviceGraphMemTrim`` the reserve given back. With the shim: a graph allocating half the limit runs, one
   allocating the whole limit is refused with ``CUDA_ERROR_OUT_OF_MEMORY``.
+- module memory: without the shim, a PTX module with a ``GRAPH_MIB`` ``.global`` array (a ``__device__`` array)
+  raises NVML's used memory of the process by that much when loaded, and unloading gives it back; with the shim,
+  a module holding half the limit is charged until unloaded, one holding 1.5x the limit is refused with
+  ``CUDA_ERROR_OUT_OF_MEMORY`` and leaves nothing allocated.
 - VMM, without the shim: unreleased ``cuMemCreate`` memory (mapped or not) stays allocated when its context is
   destroyed, as the driver documents (NVML's used memory, the primary context kept), until it is unmapped and
   released; a handle ``cuMemRetainAllocationHandle`` retained keeps the memory after the first
@@ -316,6 +320,9 @@ GRAPH_FREE_NODE = "graph memory: a free node keeps the reserve, trim gives it ba
 GRAPH_LIMIT = "graph memory under the limit: half, then all of it"
 VMM_CTX = "VMM: cuMemCreate memory outlives its context until released"
 VMM_RETAIN = "VMM: a retained handle lives until its own cuMemRelease"
+#: module memory rows: a module's __device__ globals are device memory the driver allocates when it is loaded
+MOD_DRIVER = "module: a __device__ array is allocated at load, freed at unload"
+MOD_LIMIT = "module under the limit: half charged, 1.5x refused"
 
 
 def _num(kv: dict[str, str], key: str) -> int | None:
@@ -409,6 +416,44 @@ def vmm_driver_rows(s: Setup) -> list[Row]:
                         f"({r.get('release2')})",
                         (r.get("retain"), r.get("release1"), r.get("release2")) == ("0", "0", "0")
                         and unmapped >= base + n - tol and once >= base + n - tol and twice <= base + tol))
+    return rows
+
+
+def module_rows(s: Setup) -> list[Row]:
+    """Module memory: without the shim, loading a PTX module with a ``GRAPH_MIB`` ``.global`` array (a
+    ``__device__`` array) raises NVML's used memory of the process by at least that much and unloading gives it
+    back (within a quarter of it); under the shim, a module holding half the limit is loaded and charged
+    (``cuMemGetInfo``'s used memory rises by at least that much, and falls back at unload), and one holding 1.5x the
+    limit is refused with ``CUDA_ERROR_OUT_OF_MEMORY``, leaving the process's NVML figure where it was."""
+    n, tol = GRAPH_MIB * MIB, GRAPH_MIB * MIB // 4
+    rows: list[Row] = []
+    d = s.run(["modmem", str(GRAPH_MIB)], s.env(False))
+    before, loaded, unloaded = (_num(d, k) for k in ("own_before", "own_loaded", "own_unloaded"))
+    if d["rc"] != "0" or before is None or loaded is None or unloaded is None:
+        rows.append(Row(MOD_DRIVER, "runs", d.get("error") or "NVML per-process used memory unreadable", False))
+    else:
+        rows.append(Row(MOD_DRIVER, f"load 0; NVML (this process) +{GRAPH_MIB} MiB loaded, back within "
+                        f"{tol // MIB} MiB unloaded",
+                        f"load {d.get('module_load')}, unload {d.get('module_unload')}; NVML before {mib(before)}, "
+                        f"loaded {mib(loaded)}, unloaded {mib(unloaded)} (GPU: {d.get('dev_before')} -> "
+                        f"{d.get('dev_loaded')} -> {d.get('dev_unloaded')} bytes)",
+                        (d.get("module_load"), d.get("module_unload")) == ("0", "0") and loaded >= before + n
+                        and unloaded <= before + tol))
+    lim = s.run(["modlimit", str(s.limit // MIB)], s.env(True, s.work / "mod.cache"))
+    used = [_num(lim, k) for k in ("used_before", "used_half", "used_unloaded")]
+    own0, own1 = _num(lim, "own_before"), _num(lim, "own_after_big")
+    if "mod_half" not in lim or any(x is None for x in used):
+        rows.append(Row(MOD_LIMIT, "runs", lim.get("error", "no output"), False))
+    else:
+        u0, u1, u2 = (x or 0 for x in used)
+        half = s.limit // 2
+        leak_ok = own0 is None or own1 is None or own1 <= own0 + tol  # NVML may not tell
+        rows.append(Row(MOD_LIMIT, f"0 (charged +{mib(half)}, back at unload) then 2 (OUT_OF_MEMORY), nothing left",
+                        f"{lim['mod_half']} (charged +{mib(u1 - u0) if u1 >= u0 else '0 MiB'}, "
+                        f"{mib(u2)} after unload) then {lim['mod_big']}; NVML (this process) {lim.get('own_before')} "
+                        f"-> {lim.get('own_after_big')} bytes",
+                        (lim["mod_half"], lim["mod_unload"], lim["mod_big"]) == ("0", "0", "2") and u1 >= u0 + half
+                        and u2 <= u0 and leak_ok))
     return rows
 
 
@@ -589,7 +634,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="vgpu-check-") as tmp:
         s = Setup(Path(tmp))
         rows = (procaddr_rows(s) + memory_rows(s) + reclaim_rows(s) + graph_rows(s) + vmm_driver_rows(s)
-                + torch_rows(s) + sm_rows(s) + torch_sm_rows(s))
+                + module_rows(s) + torch_rows(s) + sm_rows(s) + torch_sm_rows(s))
     print(f"libvgpu GPU check ({'fakes in ' + s.fakes if s.fakes else 'driver'}; limit {mib(s.limit)})")
     print(table(rows))
     missed = [r for r in rows if r.ok is False]

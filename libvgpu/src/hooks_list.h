@@ -103,6 +103,21 @@ HOOK(cuGraphExecUpdate, CUresult, (CUgraphExec exec, CUgraph graph, CUgraphNode 
      (exec, graph, err, result))
 HOOK(cuGraphExecUpdate_v2, CUresult, (CUgraphExec exec, CUgraph graph, void *info), (exec, graph, info))
 HOOK(cuDeviceGraphMemTrim, CUresult, (CUdevice dev), (dev))
+HOOK(cuModuleLoad, CUresult, (CUmodule *m, const char *fname), (m, fname))
+HOOK(cuModuleLoadData, CUresult, (CUmodule *m, const void *image), (m, image))
+HOOK(cuModuleLoadDataEx, CUresult, (CUmodule *m, const void *image, unsigned int n, int *opts, void **vals),
+     (m, image, n, opts, vals))
+HOOK(cuModuleLoadFatBinary, CUresult, (CUmodule *m, const void *fatbin), (m, fatbin))
+HOOK(cuModuleUnload, CUresult, (CUmodule m), (m))
+HOOK(cuLibraryLoadData, CUresult,
+     (CUlibrary *lib, const void *code, int *jitOptions, void **jitValues, unsigned int nJit, int *libOptions,
+      void **libValues, unsigned int nLib),
+     (lib, code, jitOptions, jitValues, nJit, libOptions, libValues, nLib))
+HOOK(cuLibraryLoadFromFile, CUresult,
+     (CUlibrary *lib, const char *fileName, int *jitOptions, void **jitValues, unsigned int nJit, int *libOptions,
+      void **libValues, unsigned int nLib),
+     (lib, fileName, jitOptions, jitValues, nJit, libOptions, libValues, nLib))
+HOOK(cuLibraryUnload, CUresult, (CUlibrary lib), (lib))
 
 /* called, never intercepted */
 REAL(cuCtxGetCurrent, CUresult, (CUcontext *pctx))

@@ -35,13 +35,15 @@ struct ctx_drop {
     int pooled;
 };
 
-/* Called with the track lock held: 1 when e is memory owned by the context being destroyed. VMM memory
- * (cuMemCreate, TK_HANDLE) is not: the driver documents that cuCtxDestroy does not free it (it belongs to no
- * context and stays allocated until released and unmapped, or the process exits), so it stays charged. */
+/* Called with the track lock held: 1 when e is memory owned by the context being destroyed (its modules and
+ * its copies of libraries included). VMM memory (cuMemCreate, TK_HANDLE) is not: the driver documents that
+ * cuCtxDestroy does not free it (it belongs to no context and stays allocated until released and unmapped, or
+ * the process exits), so it stays charged. */
 static int drop_if_ctx_locked(struct track_entry *e, void *arg)
 {
     struct ctx_drop *c = arg;
-    if (!((e->kind < TK_HANDLE || e->kind == TK_LIMIT) && e->ctx == c->ctx))
+    if (!((e->kind < TK_HANDLE || e->kind == TK_LIMIT || e->kind == TK_MODULE || e->kind == TK_LIBCTX) &&
+          e->ctx == c->ctx))
         return 0;
     uint64_t b = e->pool ? pool_freed_locked(e->pool, e->size) : e->size;
     c->pooled |= e->pool != 0;
@@ -387,6 +389,54 @@ static int list_procmem(int cdev, struct procmem *out)
     return 0;
 }
 
+/* ---- measuring what a driver call allocates implicitly (modules and libraries, below; a context created
+ * while libraries are loaded). One reading of CUDA ordinal ord: what NVML shows this process using there
+ * when its NVML pid is known (-1: not known, or the driver gives no per-process figure), the device's used
+ * memory (-1: unknown) and what this process has charged there. Caller holds g_cnew[ord] (g_cm_after[ord]
+ * is the listing's scratch space; no context of this process comes or goes meanwhile). */
+struct mem_reading {
+    unsigned pid; /* this process's NVML pid at the first reading (0: not known) */
+    int64_t own, dev;
+    uint64_t charged;
+};
+
+static void mem_read(int ord, struct mem_reading *r)
+{
+    int cdev = vgpu_dev_of_cuda(ord);
+    struct procmem *pm = &g_cm_after[ord];
+    r->own = -1;
+    if (r->pid && list_procmem(cdev, pm) == 0) {
+        r->own = 0; /* not listed: nothing on the device */
+        for (unsigned i = 0; i < pm->n; i++)
+            if (pm->pid[i] == r->pid)
+                r->own = pm->used[i] == UINT64_MAX ? -1 : (int64_t)pm->used[i];
+    }
+    r->dev = nvml_used(cdev);
+    /* read after NVML: a free the driver has done is then given back here too (as in ctx_created) */
+    r->charged = region_own(cdev);
+}
+
+/* What the driver allocated on ord between reading a and now: the rise of this process's own NVML figure
+ * (else the device's), less what this process's charge there rose meanwhile (its other threads'
+ * allocations; a fall, its frees, is added). 0 when NVML cannot tell. */
+static uint64_t mem_rise(int ord, const struct mem_reading *a)
+{
+    struct mem_reading b = {.pid = a->pid};
+    mem_read(ord, &b);
+    int64_t rise;
+    if (a->own >= 0 && b.own >= 0)
+        rise = b.own - a->own;
+    else if (a->dev >= 0 && b.dev >= 0)
+        rise = b.dev - a->dev;
+    else
+        return 0;
+    rise -= (int64_t)(b.charged - a->charged); /* two's complement: a fall adds */
+    return rise > 0 ? (uint64_t)rise : 0;
+}
+
+/* Libraries this process has loaded and not unloaded (see "modules and libraries"). */
+static int g_nlibs;
+
 /* What a context creation on a device carries from before the driver's call to after it. */
 struct ctx_token {
     int locked;     /* g_cnew[dev] is held */
@@ -396,12 +446,14 @@ struct ctx_token {
     uint64_t own;   /* what this process had charged on the device before it */
     uint64_t reserved; /* bytes reserved for it before the driver's call (its cost, when known) */
     int refused;    /* no room under the limit for it: CUDA_ERROR_OUT_OF_MEMORY, the driver not called */
+    int libs;       /* libraries are loaded: the copies the new context gets are measured (ctx_libs_charge) */
+    struct mem_reading lib_before;
 };
 
 /* Called before a context may be created on dev (api: the caller's name, for a refusal's log line). */
 static struct ctx_token ctx_before(int dev, const char *api)
 {
-    struct ctx_token t = {0, 0, 0, -1, 0, 0, 0};
+    struct ctx_token t = {.before = -1};
     if (!vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
         return t;
     int cdev = vgpu_dev_of_cuda(dev);
@@ -433,8 +485,37 @@ static struct ctx_token ctx_before(int dev, const char *api)
         t.own = region_own(cdev);
         list_procmem(cdev, &g_cm[dev]);
         t.before = nvml_used(cdev);
+    } else if (!t.refused && __atomic_load_n(&g_nlibs, __ATOMIC_ACQUIRE) > 0) {
+        /* its first context's measurement includes them in the unit; a later one's is measured here */
+        t.libs = 1;
+        t.lib_before.pid = (unsigned)hostpid_learned();
+        mem_read(dev, &t.lib_before);
     }
     return t;
+}
+
+/* A context created (ctx) while libraries are loaded holds a copy of each, which the driver allocated with
+ * it: what its creation added beyond the context's own cost is charged to it (freed with it, or when the
+ * last library is unloaded). 0, or -1 when that does not fit under the limit (the caller destroys it).
+ * Caller holds g_cnew[dev] (t->locked). */
+static int ctx_libs_charge(int dev, struct ctx_token *t, CUcontext ctx)
+{
+    if (!t->libs || !ctx)
+        return 0;
+    t->libs = 0;
+    pthread_mutex_lock(&g_cmu);
+    uint64_t unit = g_ctx_unit[dev];
+    pthread_mutex_unlock(&g_cmu);
+    uint64_t rise = mem_rise(dev, &t->lib_before);
+    if (rise <= unit)
+        return 0;
+    int cdev = vgpu_dev_of_cuda(dev);
+    if (reserve_as(cdev, rise - unit, "cuCtxCreate (loaded libraries)", 0) != CUDA_SUCCESS)
+        return -1;
+    if (track_put(TK_LIBCTX, (uint64_t)(uintptr_t)ctx, rise - unit, cdev, ctx) != 0)
+        LOG_ERROR("cannot record a context's libraries of %llu bytes; usage stays charged",
+                  (unsigned long long)(rise - unit));
+    return 0;
 }
 
 /* The smallest rise of a listed process across the creation, from the listing after it (whose figures
@@ -584,6 +665,7 @@ static void ctx_after_fork_child(void)
     memset(g_ctx_unit, 0, sizeof g_ctx_unit);
     memset(g_ctx_charged, 0, sizeof g_ctx_charged);
     memset(g_ctx_pending, 0, sizeof g_ctx_pending); /* a measurement another thread was making */
+    g_nlibs = 0; /* the child holds no context, and its table no library (track_after_fork_child) */
     for (int d = 0; d < VGPU_MAX_DEV; d++)
         g_cm[d].valid = 0;
 }
@@ -592,6 +674,14 @@ static void ctx_after_fork_child(void)
  * under the limit next to the context (it used to be made first: context + probe past the limit). */
 static CUresult ctx_after(CUresult rc, CUcontext *pctx, CUdevice dev, struct ctx_token t)
 {
+    if (rc == CUDA_SUCCESS && pctx && ctx_libs_charge(dev, &t, *pctx) != 0) { /* its libraries do not fit */
+        if (real_cuCtxDestroy_v2)
+            real_cuCtxDestroy_v2(*pctx);
+        else if (real_cuCtxDestroy)
+            real_cuCtxDestroy(*pctx);
+        *pctx = NULL;
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (rc == CUDA_SUCCESS && vgpu_cfg->enabled && pctx) {
         track_put(TK_CTX, (uint64_t)(uintptr_t)*pctx, 0, dev, *pctx);
         ctx_created(dev, &t);
@@ -694,7 +784,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     REAL_OR_FAIL(cuDevicePrimaryCtxRetain);
     if (!vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
         return real_cuDevicePrimaryCtxRetain(pctx, dev);
-    struct ctx_token t = {0, 0, 0, -1, 0, 0, 0};
+    struct ctx_token t = {.before = -1};
     pthread_mutex_lock(&g_cnew[dev]);
     pthread_mutex_lock(&g_cmu);
     int first = g_primary_refs[dev] == 0;
@@ -710,6 +800,15 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         t.refused = 0; /* retained already: what ctx_before reserved goes back in ctx_settle */
     }
     CUresult rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
+    if (rc == CUDA_SUCCESS && pctx && t.locked && ctx_libs_charge(dev, &t, *pctx) != 0) {
+        /* the copies of the loaded libraries it holds do not fit: this retain's reference goes again */
+        if (real_cuDevicePrimaryCtxRelease_v2)
+            real_cuDevicePrimaryCtxRelease_v2(dev);
+        else if (real_cuDevicePrimaryCtxRelease)
+            real_cuDevicePrimaryCtxRelease(dev);
+        *pctx = NULL;
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (rc == CUDA_SUCCESS && pctx) {
         pthread_mutex_lock(&g_cmu);
         first = g_primary_refs[dev]++ == 0;
@@ -766,6 +865,242 @@ PRIMARY_RELEASE_HOOK(cuDevicePrimaryCtxRelease_v2, 0)
 PRIMARY_RELEASE_HOOK(cuDevicePrimaryCtxRelease, 0)
 PRIMARY_RELEASE_HOOK(cuDevicePrimaryCtxReset_v2, 1)
 PRIMARY_RELEASE_HOOK(cuDevicePrimaryCtxReset, 1)
+
+/* ------------------------------------------------------------------ modules and libraries
+ * Loading a module (cuModuleLoad, cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary) makes the
+ * driver allocate device memory in the current context for the module's code and its static __device__
+ * globals (.nv.global, .bss): a cubin may declare gigabytes of them. Loading a library (cuLibraryLoadData,
+ * cuLibraryLoadFromFile, CUDA 12) does so in every context the process holds and in each one it creates
+ * while the library is loaded. The size is known only to the driver, so the shim measures it as it measures
+ * a context's cost: under the creation lock of each device concerned (g_cnew, so no context of the process
+ * comes or goes meanwhile), what NVML shows this process using there (its NVML pid known) else the device's
+ * used memory, before and after the driver's call, less what the process's own charge there moved meanwhile
+ * (mem_rise). That is charged to the module (to the library, per GPU); when it does not fit under the limit,
+ * what was just loaded is unloaded again and the call returns CUDA_ERROR_OUT_OF_MEMORY. The charge goes back
+ * at cuModuleUnload / cuLibraryUnload and, for a module, when its context is destroyed (the driver frees it
+ * with the context). A library's copies in contexts created later: ctx_libs_charge. */
+#define LIB_KEY(lib, slot) (((uint64_t)(uintptr_t)(lib) << 5) | (uint64_t)(slot)) /* slot <= VGPU_MAX_DEV */
+#define LIB_LIVE VGPU_MAX_DEV /* the slot of a library's own entry (0 bytes): the shim saw it loaded */
+
+struct load_meter {
+    uint32_t locked; /* CUDA ordinals whose g_cnew is held (a bit each) */
+    uint32_t mask;   /* those measured */
+    struct mem_reading before[VGPU_MAX_DEV];
+};
+
+/* Takes the creation lock of every ordinal in `lock` (in increasing order), then reads each ordinal in mask
+ * (mask(): computed once the locks are held; NULL: lock itself). */
+static void load_begin(struct load_meter *lm, uint32_t lock, uint32_t (*mask)(void))
+{
+    lm->locked = lock;
+    for (int d = 0; d < VGPU_MAX_DEV; d++)
+        if (lock & (1u << d))
+            pthread_mutex_lock(&g_cnew[d]);
+    lm->mask = mask ? mask() & lock : lock;
+    unsigned pid = (unsigned)hostpid_learned();
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        if (!(lm->mask & (1u << d)))
+            continue;
+        lm->before[d].pid = pid;
+        mem_read(d, &lm->before[d]);
+    }
+}
+
+static void load_unlock(struct load_meter *lm)
+{
+    for (int d = VGPU_MAX_DEV - 1; d >= 0; d--)
+        if (lm->locked & (1u << d))
+            pthread_mutex_unlock(&g_cnew[d]);
+    lm->locked = lm->mask = 0;
+}
+
+/* After the driver loaded something: reserves what each ordinal rose by (cost[d], container GPU cdev[d]).
+ * 0, or -1 (nothing kept reserved) when it does not fit under the limit. */
+static int load_charge(struct load_meter *lm, const char *api, uint64_t cost[VGPU_MAX_DEV], int cdev[VGPU_MAX_DEV])
+{
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        cost[d] = 0;
+        cdev[d] = vgpu_dev_of_cuda(d);
+        if (lm->mask & (1u << d))
+            cost[d] = mem_rise(d, &lm->before[d]);
+    }
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        if (cost[d] && reserve_as(cdev[d], cost[d], api, 0) != CUDA_SUCCESS) {
+            while (--d >= 0)
+                if (cost[d])
+                    region_release(cdev[d], cost[d]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Before a module load: 1 (and the current context in *ctx) when it is measured; the caller then calls
+ * module_loaded with the driver's result. */
+static int module_begin(CUmodule *m, struct load_meter *lm, CUcontext *ctx)
+{
+    CUdevice ord;
+    if (!vgpu_cfg->enabled || !m || !real_cuCtxGetDevice || real_cuCtxGetDevice(&ord) != CUDA_SUCCESS ||
+        ord < 0 || ord >= VGPU_MAX_DEV)
+        return 0;
+    if (!real_cuCtxGetCurrent || real_cuCtxGetCurrent(ctx) != CUDA_SUCCESS)
+        *ctx = NULL;
+    load_begin(lm, 1u << ord, NULL);
+    return 1;
+}
+
+static CUresult module_loaded(CUresult rc, CUmodule *m, struct load_meter *lm, CUcontext ctx, const char *api)
+{
+    uint64_t cost[VGPU_MAX_DEV];
+    int cdev[VGPU_MAX_DEV];
+    if (rc == CUDA_SUCCESS && load_charge(lm, api, cost, cdev) != 0) {
+        if (real_cuModuleUnload)
+            real_cuModuleUnload(*m); /* the driver frees it now */
+        *m = NULL;
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (rc == CUDA_SUCCESS) {
+        for (int d = 0; d < VGPU_MAX_DEV; d++)
+            if ((lm->mask & (1u << d)) &&
+                track_put(TK_MODULE, (uint64_t)(uintptr_t)*m, cost[d], cdev[d], ctx) != 0)
+                LOG_ERROR("cannot record a module of %llu bytes; usage stays charged", (unsigned long long)cost[d]);
+    }
+    load_unlock(lm);
+    return rc;
+}
+
+#define MODULE_LOAD_HOOK(name, params, args)                                  \
+    EXPORT CUresult name params                                             \
+    {                                                                       \
+        ensure_cuda();                                                      \
+        REAL_OR_FAIL(name);                                                 \
+        struct load_meter lm;                                               \
+        CUcontext ctx = NULL;                                               \
+        if (!module_begin(m, &lm, &ctx))                                    \
+            return real_##name args;                                        \
+        return module_loaded(real_##name args, m, &lm, ctx, #name);         \
+    }
+
+MODULE_LOAD_HOOK(cuModuleLoad, (CUmodule *m, const char *fname), (m, fname))
+MODULE_LOAD_HOOK(cuModuleLoadData, (CUmodule *m, const void *image), (m, image))
+MODULE_LOAD_HOOK(cuModuleLoadDataEx, (CUmodule *m, const void *image, unsigned int n, int *opts, void **vals),
+                 (m, image, n, opts, vals))
+MODULE_LOAD_HOOK(cuModuleLoadFatBinary, (CUmodule *m, const void *fatbin), (m, fatbin))
+
+EXPORT CUresult cuModuleUnload(CUmodule m)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuModuleUnload);
+    CUresult rc = real_cuModuleUnload(m);
+    uint64_t size = 0;
+    int dev = -1;
+    if (rc == CUDA_SUCCESS && vgpu_cfg->enabled && track_take(TK_MODULE, (uint64_t)(uintptr_t)m, &size, &dev) &&
+        size)
+        region_release(dev, size);
+    return rc;
+}
+
+/* The ordinals where this process holds a context. */
+static uint32_t ctx_mask(void)
+{
+    uint32_t mask = 0;
+    pthread_mutex_lock(&g_cmu);
+    for (int d = 0; d < VGPU_MAX_DEV; d++)
+        if (g_ctx_count[d] > 0)
+            mask |= 1u << d;
+    pthread_mutex_unlock(&g_cmu);
+    return mask;
+}
+
+/* Libraries: measured on every GPU where the process holds a context (the driver loads a copy into each),
+ * with context creations held off on every GPU, so that none is in the driver (getting a copy) unmeasured:
+ * one that begins after the load finds the library counted (g_nlibs, ctx_before). */
+static void library_begin(struct load_meter *lm)
+{
+    load_begin(lm, ~0u >> (32 - VGPU_MAX_DEV), ctx_mask);
+}
+
+static CUresult library_loaded(CUresult rc, CUlibrary *lib, struct load_meter *lm, const char *api)
+{
+    uint64_t cost[VGPU_MAX_DEV];
+    int cdev[VGPU_MAX_DEV];
+    if (rc == CUDA_SUCCESS && load_charge(lm, api, cost, cdev) != 0) {
+        if (real_cuLibraryUnload)
+            real_cuLibraryUnload(*lib);
+        *lib = NULL;
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (rc == CUDA_SUCCESS) {
+        for (int d = 0; d < VGPU_MAX_DEV; d++)
+            if (cost[d] && track_put(TK_LIBRARY, LIB_KEY(*lib, d), cost[d], cdev[d], NULL) != 0)
+                LOG_ERROR("cannot record a library of %llu bytes; usage stays charged", (unsigned long long)cost[d]);
+        track_put(TK_LIBRARY, LIB_KEY(*lib, LIB_LIVE), 0, -1, NULL);
+        /* from now on, a new context's copy of it is measured (ctx_before) */
+        __atomic_add_fetch(&g_nlibs, 1, __ATOMIC_ACQ_REL);
+    }
+    load_unlock(lm);
+    return rc;
+}
+
+EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, int *jitOptions, void **jitValues,
+                                  unsigned int nJit, int *libOptions, void **libValues, unsigned int nLib)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuLibraryLoadData);
+    if (!vgpu_cfg->enabled || !lib)
+        return real_cuLibraryLoadData(lib, code, jitOptions, jitValues, nJit, libOptions, libValues, nLib);
+    struct load_meter lm;
+    library_begin(&lm);
+    return library_loaded(real_cuLibraryLoadData(lib, code, jitOptions, jitValues, nJit, libOptions, libValues, nLib),
+                          lib, &lm, "cuLibraryLoadData");
+}
+
+EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *fileName, int *jitOptions, void **jitValues,
+                                      unsigned int nJit, int *libOptions, void **libValues, unsigned int nLib)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuLibraryLoadFromFile);
+    if (!vgpu_cfg->enabled || !lib)
+        return real_cuLibraryLoadFromFile(lib, fileName, jitOptions, jitValues, nJit, libOptions, libValues, nLib);
+    struct load_meter lm;
+    library_begin(&lm);
+    return library_loaded(real_cuLibraryLoadFromFile(lib, fileName, jitOptions, jitValues, nJit, libOptions, libValues,
+                                                     nLib),
+                          lib, &lm, "cuLibraryLoadFromFile");
+}
+
+/* Called with the track lock held: every context's copies of libraries (the last library is gone). */
+static int drop_libctx_locked(struct track_entry *e, void *arg)
+{
+    uint64_t *freed = arg;
+    if (e->kind != TK_LIBCTX)
+        return 0;
+    if (e->dev >= 0 && e->dev < VGPU_MAX_DEV)
+        freed[e->dev] += e->size;
+    return 1;
+}
+
+EXPORT CUresult cuLibraryUnload(CUlibrary lib)
+{
+    ensure_cuda();
+    REAL_OR_FAIL(cuLibraryUnload);
+    CUresult rc = real_cuLibraryUnload(lib);
+    if (rc != CUDA_SUCCESS || !vgpu_cfg->enabled)
+        return rc;
+    uint64_t size = 0;
+    int dev = -1;
+    for (int d = 0; d < VGPU_MAX_DEV; d++)
+        if (track_take(TK_LIBRARY, LIB_KEY(lib, d), &size, &dev) && size)
+            region_release(dev, size);
+    if (track_take(TK_LIBRARY, LIB_KEY(lib, LIB_LIVE), &size, &dev) &&
+        __atomic_sub_fetch(&g_nlibs, 1, __ATOMIC_ACQ_REL) == 0) {
+        /* no library is loaded any more: no context holds a copy of one */
+        uint64_t freed[VGPU_MAX_DEV] = {0};
+        track_lock();
+        track_remove_if_locked(drop_libctx_locked, freed);
+        track_unlock();
+        release_freed(freed);
+    }
+    return rc;
+}
 
 /* ------------------------------------------------------------------ allocations */
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)

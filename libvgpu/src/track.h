@@ -14,8 +14,12 @@
 #include "vgpu.h"
 
 /* kinds of tracked objects: allocations (memory.c), graph costs (limiter.c) and what an executable graph's
- * allocation nodes can take (TK_GRAPHMEM, memory.c: per CUDA ordinal, and the ordinals in the exec's own maps) */
-enum { TK_PTR = 1, TK_ARRAY, TK_MIPMAP, TK_HANDLE, TK_GRAPHEXEC, TK_POOL, TK_CTX, TK_LIMIT, TK_GRAPHMEM };
+ * allocation nodes can take (TK_GRAPHMEM, memory.c: per CUDA ordinal, and the ordinals in the exec's own maps);
+ * the device memory of loaded modules (TK_MODULE, per module), of loaded libraries (TK_LIBRARY, per library
+ * and container GPU) and of the copies of libraries a context created while they were loaded holds
+ * (TK_LIBCTX, per context), memory.c "modules and libraries" */
+enum { TK_PTR = 1, TK_ARRAY, TK_MIPMAP, TK_HANDLE, TK_GRAPHEXEC, TK_POOL, TK_CTX, TK_LIMIT, TK_GRAPHMEM,
+       TK_MODULE, TK_LIBRARY, TK_LIBCTX };
 
 struct track_entry {
     uint64_t key;

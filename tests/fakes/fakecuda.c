@@ -4,7 +4,8 @@
  * Simulates: devices with memory (from FAKE_NVML_CONFIG, see fakenvml.c; default one H200 of
  * 143771 MiB), contexts (primary and created; each costs FAKE_CUDA_CTX_MIB of device memory,
  * default 300), streams, memory pools, VMM handles, arrays, modules/functions, kernel launches
- * with simulated execution time, stream capture and CUDA graphs (graph memory nodes with a graph memory
+ * with simulated execution time, modules and libraries that take device memory (an image declares its
+ * size with a "FAKEMOD:<bytes>" header, see image_bytes), stream capture and CUDA graphs (graph memory nodes with a graph memory
  * pool per device, see tests/fakes/README.md), and cuGetProcAddress.
  *
  * Kernel time: a launch of gridDimX*gridDimY*gridDimZ blocks keeps its device busy for
@@ -26,7 +27,8 @@
  *
  * Errors follow the driver: calls before cuInit -> CUDA_ERROR_NOT_INITIALIZED, no current
  * context -> CUDA_ERROR_INVALID_CONTEXT, unknown or double free -> CUDA_ERROR_INVALID_VALUE,
- * beyond device memory -> CUDA_ERROR_OUT_OF_MEMORY.  Destroying a context frees its memory.
+ * beyond device memory -> CUDA_ERROR_OUT_OF_MEMORY.  Destroying a context frees its memory, its modules'
+ * included.
  *
  * Build: gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic (Bsymbolic: the addresses
  * cuGetProcAddress hands out are the fake's own, as with the real driver, not interposed ones).
@@ -211,10 +213,27 @@ struct fgpool {
 };
 static struct fgpool g_gpool[FG_MAX_DEV];
 
+/* A loaded module takes device memory in its context, as the driver's does for the module's code and its
+ * static __device__ globals: the size an image declares (image_bytes), charged to the context's device,
+ * freed at cuModuleUnload, at cuLibraryUnload for a library's modules, and with the context. */
+struct flib;
 struct fmod {
     int used;
+    struct fctx *ctx;  /* the context it is loaded into */
+    uint64_t bytes;    /* device memory it takes there */
+    struct flib *lib;  /* the library it was loaded for (NULL: cuModuleLoad*) */
 };
-static struct fmod g_mod[256];
+#define MAX_MOD 1024
+static struct fmod g_mod[MAX_MOD];
+/* cuLibraryLoadData / cuLibraryLoadFromFile (CUDA 12, context-independent loading) as with eager module
+ * loading: the library is loaded into every context of the process at once and into each later one. */
+struct flib {
+    int used;
+    uint64_t bytes; /* what each context's copy takes */
+};
+#define MAX_LIB 64
+static struct flib g_lib[MAX_LIB];
+static int lib_load_into(struct fctx *c);
 struct ffunc {
     int used;
     char name[64];
@@ -340,6 +359,22 @@ EXPORT unsigned long long fake_cuda_debug_peak_bytes(int dev)
     return v;
 }
 
+/* Test hook: the device memory (bytes) this process holds on device index dev now, as NVML's per-process
+ * usage shows it; 0 for an unknown device. */
+EXPORT unsigned long long fake_cuda_debug_held_bytes(int dev)
+{
+    if (dev < 0 || dev >= FG_MAX_DEV || !g_st)
+        return 0;
+    unsigned long long v = 0;
+    int me = fg_host_pid();
+    fg_lock(g_st);
+    for (int k = 0; k < FG_MAX_PROC; k++)
+        if (g_st->procs[k].pid == me && g_st->procs[k].dev == dev)
+            v += g_st->procs[k].used;
+    fg_unlock(g_st);
+    return v;
+}
+
 static void uncharge(int dev, uint64_t size)
 {
     fg_lock(g_st);
@@ -452,6 +487,11 @@ static struct fctx *ctx_new(int dev, int primary)
         c->used = 0;
         return NULL;
     }
+    if (lib_load_into(c) != 0) { /* the libraries loaded (a copy of each in every context) do not fit */
+        uncharge(dev, g_ctx_bytes[dev]);
+        c->used = 0;
+        return NULL;
+    }
     rendezvous(dev);
     gate();
     return c;
@@ -484,6 +524,12 @@ static void ctx_free(struct fctx *c)
     for (int i = 0; i < MAX_STREAM; i++)
         if (g_stream[i].used && g_stream[i].ctx == c)
             g_stream[i].used = 0;
+    for (int i = 0; i < MAX_MOD; i++) { /* its modules, libraries' copies included, go with it */
+        if (g_mod[i].used && g_mod[i].ctx == c) {
+            freed += g_mod[i].bytes;
+            g_mod[i].used = 0;
+        }
+    }
     pthread_mutex_unlock(&g_mu);
     uncharge(c->dev, freed + g_ctx_bytes[c->dev]);
 }
@@ -1702,46 +1748,256 @@ EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status)
     return cuStreamIsCapturing(s ? s : PTDS, status);
 }
 
-/* ------------------------------------------------------------------ modules, launches */
-EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image)
+/* ------------------------------------------------------------------ modules, libraries, launches */
+/* The bytes of the PTX `.global` arrays a text image declares (`.visible .global .align 1 .b8 big[N];`:
+ * element size from its .b/.u/.s/.f type, times N), as the driver allocates a module's __device__ globals;
+ * instructions such as `ld.global` are not declarations. Reads at most 1 MiB of text. */
+static uint64_t ptx_global_bytes(const char *p)
 {
-    (void)image;
+    uint64_t total = 0;
+    size_t len = strnlen(p, 1u << 20);
+    for (const char *g = p; (g = memmem(g, len - (size_t)(g - p), ".global", 7)) != NULL; g += 7) {
+        if (g != p && !isspace((unsigned char)g[-1]))
+            continue; /* ld.global, st.global, ... */
+        const char *end = memchr(g, ';', len - (size_t)(g - p));
+        const char *br = end ? memchr(g, '[', (size_t)(end - g)) : NULL;
+        if (!br)
+            continue;
+        uint64_t elem = 1;
+        for (const char *t = g; t < br; t++)
+            if (*t == '.' && strchr("busf", t[1]) && isdigit((unsigned char)t[2]))
+                elem = strtoull(t + 2, NULL, 10) / 8 ? strtoull(t + 2, NULL, 10) / 8 : 1;
+        uint64_t n = strtoull(br + 1, NULL, 10);
+        total += n > UINT64_MAX / elem / 2 ? UINT64_MAX / 2 : n * elem;
+    }
+    return total;
+}
+
+/* Device memory an image's module takes, rounded up to 2 MiB as the driver's allocations are: an image that
+ * starts with "FAKEMOD:" followed by a decimal byte count (the fake's stand-in for a cubin's code and
+ * .nv.global/.bss size, e.g. "FAKEMOD:1073741824\n") takes that many; PTX text its `.global` arrays
+ * (ptx_global_bytes); anything else ("fake") none. */
+#define MOD_MAGIC "FAKEMOD:"
+static uint64_t image_bytes(const void *image)
+{
+    const char *p = image;
+    if (!p)
+        return 0;
+    uint64_t v = strncmp(p, MOD_MAGIC, sizeof MOD_MAGIC - 1) ? ptx_global_bytes(p)
+                                                              : strtoull(p + sizeof MOD_MAGIC - 1, NULL, 10);
+    uint64_t page = 2 * MIB;
+    return v > UINT64_MAX - page ? UINT64_MAX : (v + page - 1) / page * page;
+}
+
+/* The first bytes of a file (NUL-terminated) for image_bytes: 0, or -1 when it cannot be read. */
+static int file_head(const char *path, char *buf, size_t len)
+{
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, len - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return 0;
+}
+
+/* Loads a module of `bytes` into context c (for library lib, or NULL): its memory is taken on c's device. */
+static CUresult mod_new(struct fctx *c, uint64_t bytes, struct flib *lib, struct fmod **out)
+{
+    pthread_mutex_lock(&g_mu);
+    struct fmod *fm = NULL;
+    for (int i = 0; i < MAX_MOD && !fm; i++)
+        if (!g_mod[i].used)
+            fm = &g_mod[i];
+    if (fm)
+        *fm = (struct fmod){.used = 1, .ctx = c, .bytes = 0, .lib = lib};
+    pthread_mutex_unlock(&g_mu);
+    if (!fm)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (bytes && charge(c->dev, bytes) != CUDA_SUCCESS) {
+        fm->used = 0;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    fm->bytes = bytes;
+    if (out)
+        *out = fm;
+    return CUDA_SUCCESS;
+}
+
+/* Unloads a module: its memory is free again. */
+static void mod_free(struct fmod *fm)
+{
+    pthread_mutex_lock(&g_mu);
+    int dev = fm->used && fm->ctx ? fm->ctx->dev : -1;
+    uint64_t bytes = fm->bytes;
+    fm->used = 0;
+    pthread_mutex_unlock(&g_mu);
+    if (dev >= 0 && bytes)
+        uncharge(dev, bytes);
+}
+
+static CUresult mod_load(CUmodule *m, uint64_t bytes)
+{
     NEED_CTX();
     if (!m)
         return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    for (int i = 0; i < 256; i++) {
-        if (!g_mod[i].used) {
-            g_mod[i].used = 1;
-            pthread_mutex_unlock(&g_mu);
-            *m = (CUmodule)&g_mod[i];
-            return CUDA_SUCCESS;
-        }
-    }
-    pthread_mutex_unlock(&g_mu);
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    struct fmod *fm = NULL;
+    CUresult rc = mod_new(t_cur, bytes, NULL, &fm);
+    if (rc == CUDA_SUCCESS)
+        *m = (CUmodule)fm;
+    return rc;
+}
+
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image)
+{
+    return mod_load(m, image_bytes(image));
+}
+
+EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, int *options, void **values)
+{
+    (void)options;
+    if (n && (!options || !values))
+        return CUDA_ERROR_INVALID_VALUE;
+    return mod_load(m, image_bytes(image));
+}
+
+EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *fatbin)
+{
+    return mod_load(m, image_bytes(fatbin));
 }
 
 EXPORT CUresult cuModuleLoad(CUmodule *m, const char *fname)
 {
-    return cuModuleLoadData(m, fname);
+    char head[64];
+    CHECK_INIT();
+    if (file_head(fname, head, sizeof head) != 0)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    return mod_load(m, image_bytes(head));
+}
+
+static struct fmod *mod_of(CUmodule m)
+{
+    struct fmod *fm = (struct fmod *)m;
+    return fm >= g_mod && fm < g_mod + MAX_MOD && fm->used ? fm : NULL;
 }
 
 EXPORT CUresult cuModuleUnload(CUmodule m)
 {
     CHECK_INIT();
-    struct fmod *fm = (struct fmod *)m;
-    if (fm < g_mod || fm >= g_mod + 256 || !fm->used)
+    struct fmod *fm = mod_of(m);
+    if (!fm || fm->lib) /* a library's module goes with the library */
         return CUDA_ERROR_INVALID_HANDLE;
-    fm->used = 0;
+    mod_free(fm);
     return CUDA_SUCCESS;
+}
+
+/* Loads every live library into a new context c: 0, or -1 (nothing of it kept) when one does not fit. */
+static int lib_load_into(struct fctx *c)
+{
+    for (int i = 0; i < MAX_LIB; i++) {
+        if (!g_lib[i].used)
+            continue;
+        if (mod_new(c, g_lib[i].bytes, &g_lib[i], NULL) != CUDA_SUCCESS) {
+            for (int k = 0; k < MAX_MOD; k++)
+                if (g_mod[k].used && g_mod[k].ctx == c && g_mod[k].lib)
+                    mod_free(&g_mod[k]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void lib_free(struct flib *fl)
+{
+    for (int k = 0; k < MAX_MOD; k++)
+        if (g_mod[k].used && g_mod[k].lib == fl)
+            mod_free(&g_mod[k]);
+    fl->used = 0;
+}
+
+/* jit and library options (CUjit_option, CUlibraryOption) are accepted and ignored */
+static CUresult lib_load(CUlibrary *l, uint64_t bytes)
+{
+    CHECK_INIT();
+    if (!l)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    struct flib *fl = NULL;
+    for (int i = 0; i < MAX_LIB && !fl; i++)
+        if (!g_lib[i].used)
+            fl = &g_lib[i];
+    if (fl)
+        *fl = (struct flib){.used = 1, .bytes = bytes};
+    int nctx = g_nctx;
+    pthread_mutex_unlock(&g_mu);
+    if (!fl)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int i = 0; i < nctx; i++) { /* a copy in every context the process holds */
+        if (g_ctx[i].used && mod_new(&g_ctx[i], bytes, fl, NULL) != CUDA_SUCCESS) {
+            lib_free(fl);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    *l = (CUlibrary)fl;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLibraryLoadData(CUlibrary *l, const void *code, int *jitOptions, void **jitValues,
+                                  unsigned int nJit, int *libOptions, void **libValues, unsigned int nLib)
+{
+    (void)jitOptions, (void)jitValues, (void)nJit, (void)libOptions, (void)libValues, (void)nLib;
+    if (!code)
+        return CUDA_ERROR_INVALID_VALUE;
+    return lib_load(l, image_bytes(code));
+}
+
+EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *fileName, int *jitOptions, void **jitValues,
+                                      unsigned int nJit, int *libOptions, void **libValues, unsigned int nLib)
+{
+    (void)jitOptions, (void)jitValues, (void)nJit, (void)libOptions, (void)libValues, (void)nLib;
+    char head[64];
+    CHECK_INIT();
+    if (file_head(fileName, head, sizeof head) != 0)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    return lib_load(l, image_bytes(head));
+}
+
+static struct flib *lib_of(CUlibrary l)
+{
+    struct flib *fl = (struct flib *)l;
+    return fl >= g_lib && fl < g_lib + MAX_LIB && fl->used ? fl : NULL;
+}
+
+EXPORT CUresult cuLibraryUnload(CUlibrary l)
+{
+    CHECK_INIT();
+    struct flib *fl = lib_of(l);
+    if (!fl)
+        return CUDA_ERROR_INVALID_HANDLE;
+    lib_free(fl);
+    return CUDA_SUCCESS;
+}
+
+/* The library's module in the current context. */
+EXPORT CUresult cuLibraryGetModule(CUmodule *m, CUlibrary l)
+{
+    NEED_CTX();
+    struct flib *fl = lib_of(l);
+    if (!m || !fl)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (int k = 0; k < MAX_MOD; k++) {
+        if (g_mod[k].used && g_mod[k].lib == fl && g_mod[k].ctx == t_cur) {
+            *m = (CUmodule)&g_mod[k];
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_NOT_FOUND;
 }
 
 EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 {
     CHECK_INIT();
-    struct fmod *fm = (struct fmod *)m;
-    if (!f || !name || fm < g_mod || fm >= g_mod + 256 || !fm->used)
+    if (!f || !name || !mod_of(m))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
     for (int i = 0; i < 1024; i++) {
@@ -2589,6 +2845,9 @@ static const struct procent g_proc[] = {
     PE(cuStreamEndCapture, 10000, cuStreamEndCapture), PT(cuStreamIsCapturing, 10000, cuStreamIsCapturing),
     PE(cuModuleLoad, 2000, cuModuleLoad), PE(cuModuleLoadData, 2000, cuModuleLoadData),
     PE(cuModuleUnload, 2000, cuModuleUnload), PE(cuModuleGetFunction, 2000, cuModuleGetFunction),
+    PE(cuModuleLoadDataEx, 2010, cuModuleLoadDataEx), PE(cuModuleLoadFatBinary, 2000, cuModuleLoadFatBinary),
+    PE(cuLibraryLoadData, 12000, cuLibraryLoadData), PE(cuLibraryLoadFromFile, 12000, cuLibraryLoadFromFile),
+    PE(cuLibraryUnload, 12000, cuLibraryUnload), PE(cuLibraryGetModule, 12000, cuLibraryGetModule),
     PT(cuLaunchKernel, 4000, cuLaunchKernel), PT(cuLaunchKernelEx, 11060, cuLaunchKernelEx),
     PT(cuLaunchCooperativeKernel, 9000, cuLaunchCooperativeKernel), PE(cuLaunchCooperativeKernelMultiDevice, 9000, cuLaunchCooperativeKernelMultiDevice),
     PE(cuFuncSetBlockShape, 2000, cuFuncSetBlockShape), PE(cuLaunch, 2000, cuLaunch), PE(cuLaunchGrid, 2000, cuLaunchGrid),

@@ -13,6 +13,7 @@ HOOKED = {
     "cuArrayDestroy", "cuMipmappedArrayCreate", "cuMipmappedArrayDestroy", "cuMemGetInfo_v2", "cuDeviceTotalMem_v2",
     "cuMemPoolCreate", "cuMemPoolDestroy", "cuLaunchKernel", "cuLaunchKernelEx", "cuGraphInstantiateWithFlags",
     "cuGraphLaunch", "cuGraphExecDestroy", "cuMemMap", "cuMemUnmap", "cuMemPoolTrimTo", "cuCtxSetLimit",
+    "cuModuleLoadData",
 }
 
 

@@ -1,0 +1,187 @@
+/*
+ * Red-team driver for module and library memory (tests/security/test_redteam_modmem.py). Linked against the
+ * fake libcuda, run with the shim preloaded (or not). Loading a module makes the driver allocate device memory
+ * for its code and static __device__ globals; on the fake driver an image "FAKEMOD:<bytes>" takes that many
+ * (tests/fakes/README.md). One scenario per run, on device 0 in a context of its own; each step prints
+ * "name=rc:charged:held" (the driver's result, what the shim charges on GPU 0, and the device memory this
+ * process holds on GPU 0 now, as NVML's per-process usage shows it, its context included), bytes.
+ *
+ *   modmem_redteam module HOW BYTES ALLOC   load a module of BYTES (HOW: data, dataex, fatbin, file, proc:
+ *                                     cuModuleLoadData, ...DataEx, ...FatBinary, cuModuleLoad of a file, or
+ *                                     cuModuleLoadData looked up with cuGetProcAddress), cuMemAlloc ALLOC,
+ *                                     unload the module, cuMemAlloc ALLOC again.
+ *   modmem_redteam loop N BYTES ALLOC  load and unload a module of BYTES N times (prints failed=, drift=: loads
+ *                                     or unloads that failed, and iterations whose charge after the load
+ *                                     differed from the first), then cuMemAlloc ALLOC.
+ *   modmem_redteam ctxgone BYTES ALLOC a second context, a module of BYTES loaded into it, the context destroyed
+ *                                     (the driver frees the module with it), then cuMemAlloc ALLOC.
+ *   modmem_redteam library HOW BYTES ALLOC  cuLibraryLoadData (HOW data, or file: cuLibraryLoadFromFile) of
+ *                                     BYTES while the context exists, cuMemAlloc ALLOC, cuLibraryUnload,
+ *                                     cuMemAlloc ALLOC again.
+ *   modmem_redteam libnoctx BYTES ALLOC [primary]   the context destroyed first: cuLibraryLoadData of BYTES with
+ *                                     no context (the driver allocates nothing yet), then a context created (the
+ *                                     driver loads the library into it; `primary`: the primary context retained),
+ *                                     cuMemAlloc ALLOC, cuLibraryUnload.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_abi.h"
+#include "redteam.h"
+
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuModuleLoad(CUmodule *, const char *);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleLoadDataEx(CUmodule *, const void *, unsigned int, int *, void **);
+CUresult cuModuleLoadFatBinary(CUmodule *, const void *);
+CUresult cuModuleUnload(CUmodule);
+CUresult cuLibraryLoadData(CUlibrary *, const void *, int *, void **, unsigned int, int *, void **, unsigned int);
+CUresult cuLibraryLoadFromFile(CUlibrary *, const char *, int *, void **, unsigned int, int *, void **,
+                               unsigned int);
+CUresult cuLibraryUnload(CUlibrary);
+CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
+unsigned long long fake_cuda_debug_held_bytes(int dev);
+
+static unsigned long long charged(void)
+{
+    int (*get)(int, uint64_t *, uint64_t *) = (int (*)(int, uint64_t *, uint64_t *))dlsym(RTLD_DEFAULT,
+                                                                                          "vgpu_get_usage");
+    uint64_t used = 0;
+    if (!get || get(0, &used, NULL) != 0)
+        return 0; /* no shim: nothing charged */
+    return (unsigned long long)used;
+}
+
+static void show(const char *name, CUresult rc)
+{
+    printf("%s=%d:%llu:%llu\n", name, rc, charged(), fake_cuda_debug_held_bytes(0));
+}
+
+/* The image of a module of `bytes` on the fake driver (a cubin's code and __device__ globals), and the same
+ * written to a file for the loads that take a path. */
+static char g_image[64];
+static char g_path[] = "/tmp/modmem_redteam.XXXXXX";
+
+static void make_image(unsigned long long bytes)
+{
+    snprintf(g_image, sizeof g_image, "FAKEMOD:%llu\n", bytes);
+    int fd = mkstemp(g_path);
+    if (fd < 0 || write(fd, g_image, strlen(g_image)) < 0)
+        printf("fail image file\n");
+    if (fd >= 0)
+        close(fd);
+}
+
+static CUresult load(const char *how, CUmodule *m)
+{
+    if (!strcmp(how, "dataex"))
+        return cuModuleLoadDataEx(m, g_image, 0, NULL, NULL);
+    if (!strcmp(how, "fatbin"))
+        return cuModuleLoadFatBinary(m, g_image);
+    if (!strcmp(how, "file"))
+        return cuModuleLoad(m, g_path);
+    if (!strcmp(how, "proc")) {
+        CUresult (*fn)(CUmodule *, const void *) = NULL;
+        CUresult rc = cuGetProcAddress("cuModuleLoadData", (void **)&fn, 12000, 0);
+        return rc != CUDA_SUCCESS ? rc : fn(m, g_image);
+    }
+    return cuModuleLoadData(m, g_image);
+}
+
+static CUresult load_library(const char *how, CUlibrary *l)
+{
+    if (!strcmp(how, "file"))
+        return cuLibraryLoadFromFile(l, g_path, NULL, NULL, 0, NULL, NULL, 0);
+    return cuLibraryLoadData(l, g_image, NULL, NULL, 0, NULL, NULL, 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 4 || rt_start() != 0)
+        return 2;
+    CUcontext ctx = NULL;
+    if (cuCtxCreate_v2(&ctx, 0, 0) != CUDA_SUCCESS) {
+        printf("fail ctx\n");
+        return 2;
+    }
+    const char *sc = argv[1];
+    CUmodule m = NULL;
+    CUlibrary l = NULL;
+    CUdeviceptr p = 0;
+    if (!strcmp(sc, "module") && argc > 4) {
+        size_t alloc = strtoull(argv[4], NULL, 10);
+        make_image(strtoull(argv[3], NULL, 10));
+        CUresult rc = load(argv[2], &m);
+        show("load", rc);
+        show("alloc", cuMemAlloc_v2(&p, alloc));
+        if (p)
+            cuMemFree_v2(p);
+        p = 0;
+        show("unload", rc == CUDA_SUCCESS ? cuModuleUnload(m) : CUDA_SUCCESS);
+        show("alloc_after", cuMemAlloc_v2(&p, alloc));
+    } else if (!strcmp(sc, "loop") && argc > 4) {
+        int n = atoi(argv[2]), failed = 0, drift = 0;
+        unsigned long long first = 0;
+        make_image(strtoull(argv[3], NULL, 10));
+        for (int i = 0; i < n; i++) {
+            failed += load("data", &m) != CUDA_SUCCESS;
+            if (i == 0)
+                first = charged();
+            else
+                drift += charged() != first;
+            failed += cuModuleUnload(m) != CUDA_SUCCESS;
+        }
+        printf("failed=%d\ndrift=%d\n", failed, drift);
+        show("end", CUDA_SUCCESS);
+        show("alloc", cuMemAlloc_v2(&p, strtoull(argv[4], NULL, 10)));
+    } else if (!strcmp(sc, "ctxgone")) {
+        CUcontext c2 = NULL;
+        make_image(strtoull(argv[2], NULL, 10));
+        show("ctx2", cuCtxCreate_v2(&c2, 0, 0));
+        show("load", cuModuleLoadData(&m, g_image));
+        show("destroy", cuCtxDestroy_v2(c2));
+        cuCtxSetCurrent(ctx);
+        show("alloc", cuMemAlloc_v2(&p, strtoull(argv[3], NULL, 10)));
+    } else if (!strcmp(sc, "library") && argc > 4) {
+        size_t alloc = strtoull(argv[4], NULL, 10);
+        make_image(strtoull(argv[3], NULL, 10));
+        CUresult rc = load_library(argv[2], &l);
+        show("load", rc);
+        show("alloc", cuMemAlloc_v2(&p, alloc));
+        if (p)
+            cuMemFree_v2(p);
+        p = 0;
+        show("unload", rc == CUDA_SUCCESS ? cuLibraryUnload(l) : CUDA_SUCCESS);
+        show("alloc_after", cuMemAlloc_v2(&p, alloc));
+    } else if (!strcmp(sc, "libnoctx")) {
+        make_image(strtoull(argv[2], NULL, 10));
+        show("destroy", cuCtxDestroy_v2(ctx));
+        CUresult rc = cuLibraryLoadData(&l, g_image, NULL, NULL, 0, NULL, NULL, 0);
+        printf("load=%d\n", rc);
+        CUcontext c2 = NULL;
+        int primary = argc > 4 && !strcmp(argv[4], "primary");
+        rc = primary ? cuDevicePrimaryCtxRetain(&c2, 0) : cuCtxCreate_v2(&c2, 0, 0);
+        if (primary && rc == CUDA_SUCCESS)
+            cuCtxSetCurrent(c2);
+        show("ctx", rc);
+        if (rc == CUDA_SUCCESS) {
+            show("alloc", cuMemAlloc_v2(&p, strtoull(argv[3], NULL, 10)));
+            if (p)
+                cuMemFree_v2(p);
+        }
+        show("unload", cuLibraryUnload(l));
+    } else {
+        printf("fail usage\n");
+        return 2;
+    }
+    if (g_path[strlen(g_path) - 1] != 'X')
+        unlink(g_path);
+    return 0;
+}

@@ -1,0 +1,140 @@
+"""Red team: device memory the driver allocates when a module or library is loaded (docs/shim.md "Modules
+and libraries").
+
+Loading a module makes the driver allocate device memory for its code and its static ``__device__`` globals
+(``.nv.global``/``.bss``): a cubin declaring ``__device__ char big[60ull << 30];`` holds 60 GiB as soon as it
+is loaded, with no allocation call the shim counted. A tenant under a 1 GiB limit loaded such a module and
+held 60 GiB of a shared GPU (its neighbours ran out of memory). ``cuLibraryLoadData`` (CUDA 12) does the same
+in every context the process holds and in each one it creates later. Each run is its own process on the fake
+driver and NVML (tests/fakes: an image ``FAKEMOD:<bytes>`` takes that many bytes, visible in NVML's
+per-process used memory), with the plain and the sanitised builds; the fake driver's behaviour is checked
+without the shim.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tests.libvgpu.shim_helpers import GIB, MIB, Toolchain, parse, program_fixtures
+
+SRC = Path(__file__).resolve().parent / "modmem_redteam.c"
+CTX = 300 * MIB  # what a context takes on the fake driver (FAKE_CUDA_CTX_MIB's default)
+HUGE = 60 * GIB  # the hostile module's __device__ array, far past the 1 GiB limit
+OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
+
+built, built_asan, any_build = program_fixtures(SRC, "modmem")
+
+
+def play(build: tuple[Toolchain, Path], tmp: Path, *argv: str, shim: bool = True, **env: str
+         ) -> tuple[dict[str, tuple[int, int, int]], dict[str, str]]:
+    """Run the program under a 1 GiB limit on a fake GPU whose memory NVML reports per process: each step's
+    (rc, charged, held), and every ``name=value`` line. Contexts are not charged unless ``env`` says so."""
+    tc, prog = build
+    e = tc.env(shim, CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_LOG_LEVEL="1", FAKE_GPU_STATE=str(tmp / "gpu.state"))
+    e.setdefault("LIBVGPU_CONTEXT_COST", "0")
+    e.update(env)
+    if e["LIBVGPU_CONTEXT_COST"] == "":
+        del e["LIBVGPU_CONTEXT_COST"]
+    proc = subprocess.run([str(prog), *argv], env=e, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    out = parse(proc.stdout)
+    steps: dict[str, tuple[int, int, int]] = {}
+    for k, v in out.items():
+        if v.count(":") == 2:
+            rc, charged, held = (int(x) for x in v.split(":"))
+            steps[k] = (rc, charged, held)
+    return steps, out
+
+
+def test_the_fake_driver_allocates_module_memory(built: tuple[Toolchain, Path], tmp_path: Path) -> None:
+    # Without the shim: each way of loading takes the module's memory on the GPU (NVML's per-process
+    # figure), and unloading gives it back; a 60 GiB module is loaded next to a 1 GiB "limit".
+    for how in ("data", "dataex", "fatbin", "file", "proc"):
+        s, _ = play(built, tmp_path, "module", how, str(HUGE), str(600 * MIB), shim=False)
+        assert s["load"] == (0, 0, CTX + HUGE), how
+        assert s["unload"] == (0, 0, CTX), how
+    s, _ = play(built, tmp_path, "library", "data", str(HUGE), str(600 * MIB), shim=False)
+    assert s["load"] == (0, 0, CTX + HUGE)
+    assert s["unload"] == (0, 0, CTX)
+    s, _ = play(built, tmp_path, "ctxgone", str(400 * MIB), str(600 * MIB), shim=False)
+    assert s["load"][2] == 2 * CTX + CTX + 400 * MIB - CTX  # two contexts and the module
+    assert s["destroy"][2] == CTX  # freed with its context
+    s, out = play(built, tmp_path, "libnoctx", str(HUGE), str(600 * MIB), shim=False)
+    assert out["load"] == "0" and s["destroy"][2] == 0  # nothing allocated without a context
+    assert s["ctx"] == (0, 0, CTX + HUGE)  # loaded into the new context
+
+
+def test_huge_module_is_refused(any_build: tuple[Toolchain, Path], tmp_path: Path) -> None:
+    # The attack: a module with a 60 GiB __device__ array under a 1 GiB limit, by every load entry point
+    # (cuGetProcAddress's included). The shim measures what the load took, finds it past the limit, unloads
+    # the module again and returns CUDA_ERROR_OUT_OF_MEMORY: nothing is left on the GPU beyond the context.
+    for how in ("data", "dataex", "fatbin", "file", "proc"):
+        s, _ = play(any_build, tmp_path, "module", how, str(HUGE), str(600 * MIB))
+        assert s["load"] == (OOM, 0, CTX), how
+        assert s["alloc"][:2] == (0, 600 * MIB), how
+
+
+def test_huge_module_is_refused_by_the_device_wide_figure(built: tuple[Toolchain, Path], tmp_path: Path) -> None:
+    # The driver gives no per-process figure (FAKE_NVML_USED_NA): the device's used-memory rise is charged.
+    s, _ = play(built, tmp_path, "module", "data", str(HUGE), str(600 * MIB), FAKE_NVML_USED_NA="1")
+    assert s["load"] == (OOM, 0, CTX)
+    s, _ = play(built, tmp_path, "module", "data", str(500 * MIB), str(600 * MIB), FAKE_NVML_USED_NA="1")
+    assert s["load"] == (0, 500 * MIB, CTX + 500 * MIB)
+    assert s["alloc"] == (OOM, 500 * MIB, CTX + 500 * MIB)
+
+
+def test_module_memory_is_charged_and_returned_at_unload(any_build: tuple[Toolchain, Path], tmp_path: Path) -> None:
+    # A legitimate 500 MiB module fits and is charged: 600 MiB more is refused while it is loaded, allowed
+    # once it is unloaded.
+    s, _ = play(any_build, tmp_path, "module", "data", str(500 * MIB), str(600 * MIB))
+    assert s["load"] == (0, 500 * MIB, CTX + 500 * MIB)
+    assert s["alloc"] == (OOM, 500 * MIB, CTX + 500 * MIB)
+    assert s["unload"] == (0, 0, CTX)
+    assert s["alloc_after"] == (0, 600 * MIB, CTX + 600 * MIB)
+
+
+def test_small_modules_load_and_unload_without_drift(any_build: tuple[Toolchain, Path], tmp_path: Path) -> None:
+    # 200 loads and unloads of a 4 MiB module: none fails, the charge is the same after every load and back
+    # to nothing at the end, and the whole limit can then be allocated.
+    s, out = play(any_build, tmp_path, "loop", "200", str(4 * MIB), str(1024 * MIB))
+    assert (out["failed"], out["drift"]) == ("0", "0"), out
+    assert s["end"] == (0, 0, CTX)
+    assert s["alloc"] == (0, 1024 * MIB, CTX + 1024 * MIB)
+
+
+def test_module_charge_goes_with_its_context(any_build: tuple[Toolchain, Path], tmp_path: Path) -> None:
+    # The driver frees a module with its context: destroying the context gives the charge back.
+    s, _ = play(any_build, tmp_path, "ctxgone", str(400 * MIB), str(1000 * MIB))
+    assert s["load"][:2] == (0, 400 * MIB)
+    assert s["destroy"][:2] == (0, 0)
+    assert s["alloc"][:2] == (0, 1000 * MIB)
+
+
+def test_huge_library_is_refused(any_build: tuple[Toolchain, Path], tmp_path: Path) -> None:
+    # cuLibraryLoadData / cuLibraryLoadFromFile load a copy into the context the process holds: 60 GiB is
+    # refused and unloaded again; 500 MiB is charged until cuLibraryUnload.
+    for how in ("data", "file"):
+        s, _ = play(any_build, tmp_path, "library", how, str(HUGE), str(600 * MIB))
+        assert s["load"] == (OOM, 0, CTX), how
+        s, _ = play(any_build, tmp_path, "library", how, str(500 * MIB), str(600 * MIB))
+        assert s["load"] == (0, 500 * MIB, CTX + 500 * MIB), how
+        assert s["alloc"] == (OOM, 500 * MIB, CTX + 500 * MIB), how
+        assert s["unload"] == (0, 0, CTX), how
+        assert s["alloc_after"] == (0, 600 * MIB, CTX + 600 * MIB), how
+
+
+def test_library_loaded_without_a_context_is_charged_in_the_next_one(any_build: tuple[Toolchain, Path],
+                                                                     tmp_path: Path) -> None:
+    # Loaded while the process holds no context, a library takes nothing; the driver loads it into the next
+    # context created. The shim measures that creation: a 60 GiB library makes the creation fail with
+    # CUDA_ERROR_OUT_OF_MEMORY (the context destroyed again); a 500 MiB one is charged to the context
+    # (contexts measured: 300 MiB each) and given back when the library is unloaded.
+    for how in ("created", "primary"):  # cuCtxCreate, or cuDevicePrimaryCtxRetain
+        s, out = play(any_build, tmp_path, "libnoctx", str(HUGE), str(600 * MIB), how, LIBVGPU_CONTEXT_COST="")
+        assert out["load"] == "0", how
+        assert s["ctx"] == (OOM, 0, 0), how
+        s, out = play(any_build, tmp_path, "libnoctx", str(500 * MIB), str(600 * MIB), how, LIBVGPU_CONTEXT_COST="")
+        assert s["ctx"] == (0, CTX + 500 * MIB, CTX + 500 * MIB), how
+        assert s["alloc"] == (OOM, CTX + 500 * MIB, CTX + 500 * MIB), how
+        assert s["unload"] == (0, CTX, CTX), how
