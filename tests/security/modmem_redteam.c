@@ -18,6 +18,9 @@
  *   modmem_redteam library HOW BYTES ALLOC  cuLibraryLoadData (HOW data, or file: cuLibraryLoadFromFile) of
  *                                     BYTES while the context exists, cuMemAlloc ALLOC, cuLibraryUnload,
  *                                     cuMemAlloc ALLOC again.
+ *   modmem_redteam race N BYTES        two threads N times each: one loads and unloads a library of BYTES, the
+ *                                     other creates a context, loads and unloads a module of BYTES in it and
+ *                                     destroys it (prints failed=: calls that failed); then "end".
  *   modmem_redteam libnoctx BYTES ALLOC [primary]   the context destroyed first: cuLibraryLoadData of BYTES with
  *                                     no context (the driver allocates nothing yet), then a context created (the
  *                                     driver loads the library into it; `primary`: the primary context retained),
@@ -25,6 +28,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +106,40 @@ static CUresult load_library(const char *how, CUlibrary *l)
     return cuLibraryLoadData(l, g_image, NULL, NULL, 0, NULL, NULL, 0);
 }
 
+struct racer {
+    int n, failed;
+};
+
+static void *race_libraries(void *arg)
+{
+    struct racer *r = arg;
+    for (int i = 0; i < r->n; i++) {
+        CUlibrary l = NULL;
+        if (cuLibraryLoadData(&l, g_image, NULL, NULL, 0, NULL, NULL, 0) != CUDA_SUCCESS ||
+            cuLibraryUnload(l) != CUDA_SUCCESS)
+            r->failed++;
+    }
+    return NULL;
+}
+
+static void *race_contexts(void *arg)
+{
+    struct racer *r = arg;
+    for (int i = 0; i < r->n; i++) {
+        CUcontext c = NULL;
+        CUmodule m = NULL;
+        if (cuCtxCreate_v2(&c, 0, 0) != CUDA_SUCCESS) {
+            r->failed++;
+            continue;
+        }
+        if (cuModuleLoadData(&m, g_image) != CUDA_SUCCESS || cuModuleUnload(m) != CUDA_SUCCESS)
+            r->failed++;
+        if (cuCtxDestroy_v2(c) != CUDA_SUCCESS)
+            r->failed++;
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4 || rt_start() != 0)
@@ -160,6 +198,17 @@ int main(int argc, char **argv)
         p = 0;
         show("unload", rc == CUDA_SUCCESS ? cuLibraryUnload(l) : CUDA_SUCCESS);
         show("alloc_after", cuMemAlloc_v2(&p, alloc));
+    } else if (!strcmp(sc, "race")) {
+        make_image(strtoull(argv[3], NULL, 10));
+        struct racer r[2] = {{atoi(argv[2]), 0}, {atoi(argv[2]), 0}};
+        pthread_t t[2];
+        pthread_create(&t[0], NULL, race_libraries, &r[0]);
+        pthread_create(&t[1], NULL, race_contexts, &r[1]);
+        for (int i = 0; i < 2; i++)
+            pthread_join(t[i], NULL);
+        cuCtxSetCurrent(ctx);
+        printf("failed=%d\n", r[0].failed + r[1].failed);
+        show("end", CUDA_SUCCESS);
     } else if (!strcmp(sc, "libnoctx")) {
         make_image(strtoull(argv[2], NULL, 10));
         show("destroy", cuCtxDestroy_v2(ctx));

@@ -138,3 +138,13 @@ def test_library_loaded_without_a_context_is_charged_in_the_next_one(any_build: 
         assert s["ctx"] == (0, CTX + 500 * MIB, CTX + 500 * MIB), how
         assert s["alloc"] == (OOM, CTX + 500 * MIB, CTX + 500 * MIB), how
         assert s["unload"] == (0, CTX, CTX), how
+
+
+def test_loads_racing_context_creations_keep_the_accounting_whole(any_build: tuple[Toolchain, Path],
+                                                                  tmp_path: Path) -> None:
+    # One thread loads and unloads a library while another creates a context, loads and unloads a module in
+    # it and destroys it, 100 times each: no deadlock (the measurements and context creations take the
+    # per-GPU creation locks in one order), nothing fails, and once all is gone nothing stays charged.
+    s, out = play(any_build, tmp_path, "race", "100", str(4 * MIB))
+    assert out["failed"] == "0", out
+    assert s["end"] == (0, 0, CTX)
