@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import logging
 import subprocess
 import sys
 import types
@@ -198,3 +199,37 @@ def test_node_plugin_numeric_flags_are_checked_at_parse(module: str, flag: str, 
         p.parse_args([flag, value, "--signing-keys-dir", "/x"] if module == "deviceplugin.main" else [flag, value])
     assert ei.value.code == 2
     assert f"argument {flag}: {value!r} is not allowed; allowed: {allowed}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value", "allowed"), [
+    ("--port", "70000", "a port 0..65535"),
+    ("--cert-check-seconds", "nan", "a number of seconds > 0"),
+    ("--max-body-bytes", "0", "a number of bytes >= 1"),
+])
+def test_webhook_numeric_flags_are_checked_at_parse(flag: str, value: str, allowed: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from webhook.server import build_parser
+
+    with pytest.raises(SystemExit) as ei:
+        build_parser().parse_args([flag, value, "--tls-cert-file", "c", "--tls-key-file", "k"])
+    assert ei.value.code == 2
+    assert f"argument {flag}: {value!r} is not allowed; allowed: {allowed}" in capsys.readouterr().err
+
+
+def test_webhook_names_the_certificate_file_it_cannot_read(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing certificate was reported as a bare "[Errno 2] No such file or directory"."""
+    from webhook.server import main as webhook_main
+
+    key = tmp_path / "tls.key"
+    key.write_text("x")
+    missing = tmp_path / "tls.crt"
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:  # main() routes the root logger to stderr as JSON: give pytest its handlers back after
+        assert webhook_main(["--tls-cert-file", str(missing), "--tls-key-file", str(key), "--port", "0"]) == 1
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+    err = capsys.readouterr().err
+    assert f"--tls-cert-file={str(missing)!r}: cannot read it (No such file or directory)" in err, err

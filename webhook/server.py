@@ -55,7 +55,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from kube_vgpu import jsonlog
-from kube_vgpu.cliflags import add_level_flag
+from kube_vgpu.cliflags import add_level_flag, number_type
 from kube_vgpu.config import Config, load_config
 from kube_vgpu.config import replace as config_replace
 from kube_vgpu.errors import ConfigError
@@ -538,12 +538,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="kube-vgpu config file (kube-vgpu.io/v1); default: built-in defaults")
     add_level_flag(p)
     p.add_argument("--bind-address", default="0.0.0.0", help="address of the HTTPS listener (default %(default)s)")
-    p.add_argument("--port", type=int, default=8443, help="port of the HTTPS listener (default %(default)s)")
+    p.add_argument("--port", type=number_type("a port 0..65535", minimum=0, maximum=65535, integer=True),
+                   default=8443, help="port of the HTTPS listener (default %(default)s)")
     p.add_argument("--tls-cert-file", required=True, help="PEM certificate chain (reloaded when it changes)")
     p.add_argument("--tls-key-file", required=True, help="PEM private key (reloaded when it changes)")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
+    p.add_argument("--max-body-bytes", type=number_type("a number of bytes >= 1", minimum=1, integer=True),
+                   default=DEFAULT_MAX_BODY,
                    help="largest accepted request body in bytes; larger ones get HTTP 400 (default %(default)s)")
-    p.add_argument("--cert-check-seconds", type=float, default=2.0,
+    p.add_argument("--cert-check-seconds", type=number_type("a number of seconds > 0", above=0), default=2.0,
                    help="how often the certificate files are checked for changes, seconds (default %(default)s)")
     for f in fields(Limits):
         p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
@@ -602,21 +604,27 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError) as e:
         log.error("cannot load config", extra={"error": str(e)})
         return 1
-    if args.max_body_bytes <= 0:
-        log.error("--max-body-bytes must be > 0")
-        return 1
     try:
         limits = limits_from_args(args)
         config = with_cli_lists(config, args)
     except ValueError as e:
         log.error("bad flag", extra={"error": str(e)})
         return 1
+    for flag, path in (("--tls-cert-file", args.tls_cert_file), ("--tls-key-file", args.tls_key_file)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            log.error(f"{flag}={path!r}: cannot read it ({e.strerror or e}); allowed: a readable PEM file")
+            return 1
     server = WebhookServer(config, args.tls_cert_file, args.tls_key_file, args.bind_address, args.port,
                            args.max_body_bytes, args.cert_check_seconds, limits)
     try:
         asyncio.run(_serve(server))
     except OSError as e:  # includes ssl.SSLError
-        log.error("cannot start webhook", extra={"error": str(e)})
+        log.error("cannot start webhook", extra={"error": str(e), "tlsCertFile": args.tls_cert_file,
+                                                  "tlsKeyFile": args.tls_key_file,
+                                                  "address": f"{args.bind_address}:{args.port}"})
         return 1
     return 0
 

@@ -255,4 +255,6 @@ def test_cli_errors(tmp_path: Path, tls_dir: Path) -> None:
     assert server_mod.main(base + ["--config", str(bad)]) == 1
     assert server_mod.main(["--tls-cert-file", str(tmp_path / "nope"), "--tls-key-file", str(tmp_path / "nope"),
                             "--port", "0"]) == 1
-    assert server_mod.main(base + ["--max-body-bytes", "0"]) == 1
+    with pytest.raises(SystemExit) as ei:  # a usage error, refused when parsed (tests/test_cli.py)
+        server_mod.main(base + ["--max-body-bytes", "0"])
+    assert ei.value.code == 2
