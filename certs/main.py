@@ -27,6 +27,7 @@ import argparse
 import ipaddress
 import logging
 import os
+import re
 import sys
 from typing import Any
 
@@ -39,6 +40,8 @@ from kube_vgpu.cliflags import add_kubeconfig_flag, add_level_flag
 from . import pki, store
 from .job import run_job
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
 log = logging.getLogger("kube_vgpu.certs")
 
 
@@ -168,8 +171,18 @@ def main(argv: list[str] | None = None) -> int:
         print("kube-vgpu certs: give --secret-name and/or --out-dir", file=sys.stderr)
         return 2
     if args.days < 1 or args.renew_before_days < 0 or args.renew_before_days >= args.days:
-        print("kube-vgpu certs: need --days >= 1 and 0 <= --renew-before-days < --days", file=sys.stderr)
+        print(f"kube-vgpu certs: --days={args.days} --renew-before-days={args.renew_before_days}: not allowed; "
+              "allowed: --days >= 1 and 0 <= --renew-before-days < --days", file=sys.stderr)
         return 2
+    for flag, value, rule, allowed in (
+            ("--service", args.service, _DNS_LABEL, "a Service name: a DNS label (lowercase letters, digits, '-', "
+                                                    "at most 63)"),
+            ("--namespace", args.namespace, _DNS_LABEL, "a namespace name: a DNS label (lowercase letters, digits, "
+                                                        "'-', at most 63)"),
+            ("--cluster-domain", args.cluster_domain, _DNS_SUBDOMAIN, "a DNS domain such as cluster.local")):
+        if not rule.fullmatch(value):  # it would become a certificate name no client asks for
+            print(f"kube-vgpu certs: {flag}={value!r} is not allowed; allowed: {allowed}", file=sys.stderr)
+            return 2
     try:
         for i in args.ip:
             ipaddress.ip_address(i)

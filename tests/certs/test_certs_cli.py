@@ -59,6 +59,21 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         certs_main.main(["--out-dir", str(tmp_path)])  # --service is required
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--days", "10"], "--days=10 --renew-before-days=30: not allowed; allowed: --days >= 1 and 0 <= "
+                       "--renew-before-days < --days"),
+    (["--cluster-domain", "..bad"], "--cluster-domain='..bad' is not allowed; allowed: a DNS domain"),
+    (["--namespace", "Team_A"], "--namespace='Team_A' is not allowed; allowed: a namespace name"),
+    (["--service", "Web_hook"], "--service='Web_hook' is not allowed; allowed: a Service name"),
+])
+def test_usage_errors_name_the_flag_the_value_and_what_is_allowed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str) -> None:
+    """A name that is no DNS name would become a certificate name no client asks for."""
+    assert certs_main.main(["--service", SVC, "--out-dir", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
 # --- Secret + caBundle against the fake API server ---------------------------------------------
 
 def _mwc(api: Any, webhooks: int = 2) -> None:
