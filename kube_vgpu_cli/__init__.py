@@ -113,7 +113,7 @@ def _usage() -> str:
     for name, (_, desc) in SUBCOMMANDS.items():
         lines.append(f"  {name:<14} {desc}")
     lines.append("")
-    lines.append("Run 'kube-vgpu <command> --help' for a command's options.")
+    lines.append("Run 'kube-vgpu <command> --help' for a command's options, 'kube-vgpu --version' for the version.")
     return "\n".join(lines)
 
 

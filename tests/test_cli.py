@@ -62,6 +62,11 @@ def test_version(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == kube_vgpu.__version__ == "0.1.0"
 
 
+def test_usage_names_the_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    assert "'kube-vgpu --version'" in capsys.readouterr().out
+
+
 def test_subcommand_targets_are_module_function() -> None:
     for target, desc in SUBCOMMANDS.values():
         mod, _, func = target.partition(":")
