@@ -233,10 +233,10 @@ def _policy(annotations: Mapping[str, Any], keys: tuple[str, str], allowed: tupl
         if key == HAMI_ANN_GPU_POLICY and isinstance(v, str) and v not in allowed:  # HAMI-ALIAS
             served = hami_gpu_policy(v)
             if served is None:
-                raise RequestError("(pod)", key, v, HAMI_GPU_POLICIES_ALLOWED, "annotation")
+                raise RequestError("(pod)", f"metadata.annotations[{key}]", v, HAMI_GPU_POLICIES_ALLOWED, "pod")
             return served
         if v not in allowed:
-            raise RequestError("(pod)", key, v, f"one of {', '.join(allowed)}", "annotation")
+            raise RequestError("(pod)", f"metadata.annotations[{key}]", v, f"one of {', '.join(allowed)}", "pod")
         return str(v)
     return None
 

@@ -340,7 +340,7 @@ def test_node_policy_annotation(key: str) -> None:
     assert req.node_policy == "spread"
     with pytest.raises(RequestError) as ei:
         parse_pod(pod([ctr(limits={GPU: 1})], annotations={key: "worst"}))
-    assert ei.value.resource == key and ei.value.value == "worst"
+    assert ei.value.resource == f"metadata.annotations[{key}]" and ei.value.value == "worst"
     assert "binpack" in str(ei.value) and "allowed" in str(ei.value)
 
 
@@ -498,5 +498,7 @@ def test_gpu_policy_values_not_served_are_refused_naming_what_is(key: str, value
     with pytest.raises(RequestError) as e:
         parse_pod(pod)
     assert key in str(e.value) and repr(value) in str(e.value) and "binpack, spread" in str(e.value)
+    # the same form as every other pod-level annotation error (it read "annotation '(pod)': <key>=...")
+    assert str(e.value).startswith(f"pod '(pod)': metadata.annotations[{key}]={value!r} is invalid; allowed: ")
     if key.startswith("hami.io"):
         assert "nvidia.com/gpucores: 100" in str(e.value)

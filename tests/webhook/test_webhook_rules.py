@@ -394,7 +394,7 @@ def test_invalid_policy_annotation_denied() -> None:
     pod = base_pod(limits(gpumem="1000"))
     pod["metadata"]["annotations"] = {"hami.io/node-scheduler-policy": "random"}
     d, _ = run(pod)
-    assert not d.allowed and "hami.io/node-scheduler-policy='random'" in d.message and "binpack" in d.message
+    assert not d.allowed and "metadata.annotations[hami.io/node-scheduler-policy]='random'" in d.message and "binpack" in d.message
 
 
 def test_hami_gpu_policy_values_we_serve_are_admitted_and_mutex_is_refused() -> None:
