@@ -73,16 +73,21 @@ def check_config_parser() -> argparse.ArgumentParser:
 
 def _policy_text(text: str) -> str:
     """The policy file in ``text``: the text itself, or a ConfigMap's ``data["config.yaml"]`` (as
-    ``kubectl get configmap <release>-kube-vgpu-config -o yaml`` prints it)."""
+    ``kubectl get configmap <release>-kube-vgpu-config -o yaml`` prints it). Raises ValueError for a
+    ConfigMap without that key (loaded as a policy file, it read as "unknown key 'metadata'")."""
     import yaml
 
     try:
         doc = yaml.safe_load(text)
     except (yaml.YAMLError, ValueError):  # ValueError: an unquoted time that is no real date
         return text  # the loader reports it, naming where (or the key)
-    if isinstance(doc, dict) and doc.get("kind") == "ConfigMap" and isinstance(doc.get("data"), dict) \
-            and isinstance(doc["data"].get("config.yaml"), str):
-        return str(doc["data"]["config.yaml"])
+    if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
+        data = doc.get("data")
+        if isinstance(data, dict) and isinstance(data.get("config.yaml"), str):
+            return str(data["config.yaml"])
+        keys = ", ".join(sorted(map(str, data))) if isinstance(data, dict) and data else "none"
+        raise ValueError(f"a ConfigMap without a data.config.yaml policy file (its data keys: {keys}); allowed: "
+                         "the chart's <release>-kube-vgpu-config, or the policy file itself")
     return text
 
 
@@ -100,7 +105,7 @@ def check_config(argv: list[str]) -> int:
         except OSError as e:
             print(f"{name}: cannot read: {e.strerror or e}", file=sys.stderr)
             failed += 1
-        except ConfigError as e:  # a YAML error included: one line, where and what
+        except (ConfigError, ValueError) as e:  # a YAML error included: one line, where and what
             print(f"{name}: {e}", file=sys.stderr)
             failed += 1
         else:

@@ -238,3 +238,13 @@ def test_webhook_names_the_certificate_file_it_cannot_read(tmp_path: Path,
         root.setLevel(saved[1])
     err = capsys.readouterr().err
     assert f"--tls-cert-file={str(missing)!r}: cannot read it (No such file or directory)" in err, err
+
+
+def test_check_config_names_a_configmap_without_the_policy_key(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A ConfigMap lacking data.config.yaml was loaded as a policy file itself ("unknown key 'metadata'")."""
+    f = tmp_path / "cm.yaml"
+    f.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: {config.yml: 'a: b'}\n")
+    assert main(["check-config", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert f"{f}: a ConfigMap without a data.config.yaml policy file (its data keys: config.yml); allowed: " in err
