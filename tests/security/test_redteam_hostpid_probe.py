@@ -379,7 +379,12 @@ def test_a_smaller_neighbour_starting_together_does_not_lower_the_tenants_contex
     info = t.cmd("meminfo")
     t.close()
     assert info == f"ok meminfo rc=0 used={500 * MIB} total={4096 * MIB}", (info, t.log())
-    assert "context costs 524288000 bytes (this process's own)" in t.log(), t.log()
+    # the cost it settles on is its own: measured so at once when the neighbour's context came up after
+    # the measurement, else corrected to it once the pid is known (which of the two depends on how the
+    # host schedules the two creations)
+    costs = re.findall(r"context costs (\d+) bytes( \(this process's own\))?", t.log())
+    assert costs and costs[-1][0] == str(500 * MIB), t.log()
+    assert costs[-1][1] or len(costs) == 1, t.log()
 
 
 def test_a_context_whose_pid_stays_unknown_is_charged_the_largest_rise(node: Node) -> None:
