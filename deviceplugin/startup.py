@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kube_vgpu.cliflags import add_kubeconfig_flag, add_level_flag, number_type
+from kube_vgpu.cliflags import PORT, add_kubeconfig_flag, add_level_flag
 from kube_vgpu.config import Config, load_config
 from kube_vgpu.errors import ConfigError
 
@@ -57,7 +57,7 @@ def node_parser(prog: str, description: str, *, node_help: str, simulate_help: s
 
 def add_metrics_flags(p: argparse.ArgumentParser, *, port: int) -> None:
     """Declare where a node component serves /metrics, /livez and /readyz."""
-    p.add_argument("--metrics-port", type=number_type("a port 0..65535", minimum=0, maximum=65535, integer=True),
+    p.add_argument("--metrics-port", type=PORT,
                    default=port,
                    help=f"port of /metrics, /livez and /readyz (default {port}; 0: any)")
     p.add_argument("--metrics-bind-address", default="0.0.0.0", help="address to serve them on")

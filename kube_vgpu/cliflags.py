@@ -42,3 +42,7 @@ def number_type(allowed: str, *, minimum: float | None = None, above: float | No
 
     parse.__name__ = "number"  # argparse names the type in some errors
     return parse
+
+
+#: argparse ``type`` of every port flag: an integer 0..65535 (0: the system picks a free port)
+PORT = number_type("a port 0..65535", minimum=0, maximum=65535, integer=True)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from kube_vgpu.cliflags import add_kubeconfig_flag, add_level_flag
+from kube_vgpu.cliflags import PORT, add_kubeconfig_flag, add_level_flag, number_type
 from kube_vgpu.config import load_config
 from kube_vgpu.errors import ConfigError
 from kube_vgpu.eventloop import loop_name, new_event_loop
@@ -51,10 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind-address", default="127.0.0.1",
                    help="address of the extender API (filter, prioritize, bind). It has no authentication: keep "
                         "it on loopback, where kube-scheduler in the same pod calls it (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8888)
+    p.add_argument("--port", type=PORT, default=8888,
+                   help="port of the extender API, which kube-scheduler calls (default %(default)s)")
     p.add_argument("--metrics-bind-address", default="0.0.0.0",
                    help="address of the --metrics-port listener")
-    p.add_argument("--metrics-port", type=int, default=0,
+    p.add_argument("--metrics-port", type=PORT, default=0,
                    help="serve /metrics, /livez, /readyz (and nothing else) on this port; 0: /metrics is "
                         "served on --port with the extender API")
     p.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
@@ -69,8 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-name", default=None,
                    help=f"default: {DEFAULT_LEASE['own']} with --leader-elect-mode=own, {DEFAULT_LEASE['follow']} "
                         "(kube-scheduler's) with follow")
-    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "kube-system")
-    p.add_argument("--resync-seconds", type=float, default=300.0, help="full relist period of nodes and pods")
+    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "kube-system",
+                   help="namespace of the Lease (default: $POD_NAMESPACE, else kube-system)")
+    p.add_argument("--resync-seconds", type=number_type("a number of seconds > 0", above=0), default=300.0,
+                   help="full relist period of nodes and pods (default %(default)s)")
     p.add_argument("--signing-keys-dir", required=True,
                    help="directory of the allocation signing keys: 'active' (the key id that signs) and one "
                         "'key.<kid>' file per key (>= 32 random bytes); reloaded when its files change")

@@ -221,6 +221,23 @@ def test_webhook_numeric_flags_are_checked_at_parse(flag: str, value: str, allow
     assert f"argument {flag}: {value!r} is not allowed; allowed: {allowed}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flag", "value", "allowed"), [
+    ("--port", "70000", "a port 0..65535"),
+    ("--metrics-port", "-1", "a port 0..65535"),
+    ("--resync-seconds", "nan", "a number of seconds > 0"),
+    ("--resync-seconds", "0", "a number of seconds > 0"),
+])
+def test_scheduler_numeric_flags_are_checked_at_parse(flag: str, value: str, allowed: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``--port 70000`` and ``--resync-seconds nan`` once got through to the run."""
+    from scheduler.server import build_parser
+
+    with pytest.raises(SystemExit) as ei:
+        build_parser().parse_args([flag, value, "--signing-keys-dir", "/x"])
+    assert ei.value.code == 2
+    assert f"argument {flag}: {value!r} is not allowed; allowed: {allowed}" in capsys.readouterr().err
+
+
 def test_webhook_names_the_certificate_file_it_cannot_read(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     """A missing certificate was reported as a bare "[Errno 2] No such file or directory"."""

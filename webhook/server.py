@@ -55,7 +55,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from kube_vgpu import jsonlog
-from kube_vgpu.cliflags import add_level_flag, number_type
+from kube_vgpu.cliflags import PORT, add_level_flag, number_type
 from kube_vgpu.config import Config, load_config
 from kube_vgpu.config import replace as config_replace
 from kube_vgpu.errors import ConfigError
@@ -538,7 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="kube-vgpu config file (kube-vgpu.io/v1); default: built-in defaults")
     add_level_flag(p)
     p.add_argument("--bind-address", default="0.0.0.0", help="address of the HTTPS listener (default %(default)s)")
-    p.add_argument("--port", type=number_type("a port 0..65535", minimum=0, maximum=65535, integer=True),
+    p.add_argument("--port", type=PORT,
                    default=8443, help="port of the HTTPS listener (default %(default)s)")
     p.add_argument("--tls-cert-file", required=True, help="PEM certificate chain (reloaded when it changes)")
     p.add_argument("--tls-key-file", required=True, help="PEM private key (reloaded when it changes)")
