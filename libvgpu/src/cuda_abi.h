@@ -25,6 +25,7 @@ typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUlib_st *CUlibrary; /* CUDA 12: context-independent loading (cuLibrary*) */
+typedef struct CUkern_st *CUkernel;  /* CUDA 12: a library's kernel, context-independent (cuLibraryGetKernel) */
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1

@@ -225,15 +225,28 @@ struct fmod {
 };
 #define MAX_MOD 1024
 static struct fmod g_mod[MAX_MOD];
-/* cuLibraryLoadData / cuLibraryLoadFromFile (CUDA 12, context-independent loading) as with eager module
- * loading: the library is loaded into every context of the process at once and into each later one. */
+/* cuLibraryLoadData / cuLibraryLoadFromFile (CUDA 12, context-independent loading). With eager loading
+ * (CUDA_MODULE_LOADING=EAGER at cuInit) the library is loaded into every context of the process at once and
+ * into each later one; with lazy loading (unset or LAZY, the driver's default since CUDA 12.2) into a context
+ * only at its first use there (lib_in: cuLibraryGetModule, cuKernelGetFunction, cuLibraryGetGlobal,
+ * cuLibraryGetManaged, a launch of a CUkernel). */
 struct flib {
     int used;
     uint64_t bytes; /* what each context's copy takes */
 };
 #define MAX_LIB 64
 static struct flib g_lib[MAX_LIB];
+static int g_lazy = 1; /* CUDA_MODULE_LOADING, read at cuInit */
 static int lib_load_into(struct fctx *c);
+/* A CUkernel (cuLibraryGetKernel): context-independent, a kernel of library lib. */
+struct fkern {
+    int used;
+    struct flib *lib;
+    char name[64];
+};
+#define MAX_KERN 256
+static struct fkern g_kern[MAX_KERN];
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name);
 struct ffunc {
     int used;
     char name[64];
@@ -612,6 +625,8 @@ EXPORT CUresult cuInit(unsigned int flags)
         }
         g_ns_per_block = env_u64("FAKE_CUDA_NS_PER_BLOCK", 1000);
         g_ns_per_launch = env_u64("FAKE_CUDA_NS_PER_LAUNCH", 0);
+        const char *ml = getenv("CUDA_MODULE_LOADING");
+        g_lazy = !(ml && !strcmp(ml, "EAGER"));
         /* one value for every GPU, or a comma-separated list, one per GPU index (the last repeats):
          * GPUs of different models have different context costs */
         const char *cm = getenv("FAKE_CUDA_CTX_MIB");
@@ -1891,10 +1906,11 @@ EXPORT CUresult cuModuleUnload(CUmodule m)
     return CUDA_SUCCESS;
 }
 
-/* Loads every live library into a new context c: 0, or -1 (nothing of it kept) when one does not fit. */
+/* Loads every live library into a new context c (eager loading only; lazy: nothing until a first use): 0, or
+ * -1 (nothing of it kept) when one does not fit. */
 static int lib_load_into(struct fctx *c)
 {
-    for (int i = 0; i < MAX_LIB; i++) {
+    for (int i = 0; i < MAX_LIB && !g_lazy; i++) {
         if (!g_lib[i].used)
             continue;
         if (mod_new(c, g_lib[i].bytes, &g_lib[i], NULL) != CUDA_SUCCESS) {
@@ -1912,7 +1928,29 @@ static void lib_free(struct flib *fl)
     for (int k = 0; k < MAX_MOD; k++)
         if (g_mod[k].used && g_mod[k].lib == fl)
             mod_free(&g_mod[k]);
+    for (int k = 0; k < MAX_KERN; k++)
+        if (g_kern[k].used && g_kern[k].lib == fl)
+            g_kern[k].used = 0;
     fl->used = 0;
+}
+
+/* The library's module in context c, loaded there now if it is not yet (its first use there, with lazy
+ * loading): CUDA_ERROR_OUT_OF_MEMORY when its memory does not fit. */
+static CUresult lib_in(struct flib *fl, struct fctx *c, struct fmod **out)
+{
+    static pthread_mutex_t once = PTHREAD_MUTEX_INITIALIZER; /* two threads' first uses load one copy */
+    pthread_mutex_lock(&once);
+    CUresult rc = CUDA_SUCCESS;
+    struct fmod *fm = NULL;
+    for (int k = 0; k < MAX_MOD && !fm; k++)
+        if (g_mod[k].used && g_mod[k].lib == fl && g_mod[k].ctx == c)
+            fm = &g_mod[k];
+    if (!fm)
+        rc = mod_new(c, fl->bytes, fl, &fm);
+    pthread_mutex_unlock(&once);
+    if (rc == CUDA_SUCCESS && out)
+        *out = fm;
+    return rc;
 }
 
 /* jit and library options (CUjit_option, CUlibraryOption) are accepted and ignored */
@@ -1932,7 +1970,7 @@ static CUresult lib_load(CUlibrary *l, uint64_t bytes)
     pthread_mutex_unlock(&g_mu);
     if (!fl)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    for (int i = 0; i < nctx; i++) { /* a copy in every context the process holds */
+    for (int i = 0; i < nctx && !g_lazy; i++) { /* eager: a copy in every context the process holds */
         if (g_ctx[i].used && mod_new(&g_ctx[i], bytes, fl, NULL) != CUDA_SUCCESS) {
             lib_free(fl);
             return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1978,20 +2016,86 @@ EXPORT CUresult cuLibraryUnload(CUlibrary l)
     return CUDA_SUCCESS;
 }
 
-/* The library's module in the current context. */
+/* The library's module in the current context (loaded there now, as the driver documents: it forces the load). */
 EXPORT CUresult cuLibraryGetModule(CUmodule *m, CUlibrary l)
 {
     NEED_CTX();
     struct flib *fl = lib_of(l);
     if (!m || !fl)
         return CUDA_ERROR_INVALID_VALUE;
-    for (int k = 0; k < MAX_MOD; k++) {
-        if (g_mod[k].used && g_mod[k].lib == fl && g_mod[k].ctx == t_cur) {
-            *m = (CUmodule)&g_mod[k];
+    struct fmod *fm = NULL;
+    CUresult rc = lib_in(fl, t_cur, &fm);
+    if (rc == CUDA_SUCCESS)
+        *m = (CUmodule)fm;
+    return rc;
+}
+
+/* A kernel of the library, context-independent: nothing is loaded until it is used in a context. */
+EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary l, const char *name)
+{
+    CHECK_INIT();
+    struct flib *fl = lib_of(l);
+    if (!k || !fl || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < MAX_KERN; i++) {
+        if (!g_kern[i].used) {
+            g_kern[i] = (struct fkern){.used = 1, .lib = fl};
+            snprintf(g_kern[i].name, sizeof g_kern[i].name, "%s", name);
+            pthread_mutex_unlock(&g_mu);
+            *k = (CUkernel)&g_kern[i];
             return CUDA_SUCCESS;
         }
     }
-    return CUDA_ERROR_NOT_FOUND;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static struct fkern *kern_of(const void *k)
+{
+    const struct fkern *fk = k;
+    return fk >= g_kern && fk < g_kern + MAX_KERN && fk->used ? (struct fkern *)fk : NULL;
+}
+
+/* The kernel's function in the current context: its library is loaded there now if it is not yet. */
+EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)
+{
+    NEED_CTX();
+    struct fkern *fk = kern_of(k);
+    if (!f || !fk)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fmod *fm = NULL;
+    CUresult rc = lib_in(fk->lib, t_cur, &fm);
+    return rc != CUDA_SUCCESS ? rc : cuModuleGetFunction(f, (CUmodule)fm, fk->name);
+}
+
+/* A __device__ (or __managed__) variable of the library in the current context, loaded there now: its
+ * address (a fake one, in the module's memory) and size (the whole module's). */
+static CUresult lib_var(CUdeviceptr *dptr, size_t *bytes, CUlibrary l, const char *name)
+{
+    NEED_CTX();
+    struct flib *fl = lib_of(l);
+    if (!fl || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fmod *fm = NULL;
+    CUresult rc = lib_in(fl, t_cur, &fm);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (dptr)
+        *dptr = ((CUdeviceptr)0x7e0000000000ull) + (CUdeviceptr)(fm - g_mod) * (CUdeviceptr)(1ull << 30);
+    if (bytes)
+        *bytes = (size_t)fl->bytes;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary l, const char *name)
+{
+    return lib_var(dptr, bytes, l, name);
+}
+
+EXPORT CUresult cuLibraryGetManaged(CUdeviceptr *dptr, size_t *bytes, CUlibrary l, const char *name)
+{
+    return lib_var(dptr, bytes, l, name);
 }
 
 EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
@@ -2021,6 +2125,12 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
         return CUDA_ERROR_INVALID_HANDLE;
     if (!gx || !gy || !gz || !bx || !by || !bz || !stream_valid(s))
         return CUDA_ERROR_INVALID_VALUE;
+    struct fkern *fk = kern_of(f); /* a CUkernel cast to CUfunction: its library loads here at first use */
+    if (fk) {
+        CUresult rc = lib_in(fk->lib, t_cur, NULL);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
     struct fstream *fs = stream_of(s);
     if (fs && fs->capturing) {
         struct fgraph *g = fs->cap;
@@ -2848,6 +2958,8 @@ static const struct procent g_proc[] = {
     PE(cuModuleLoadDataEx, 2010, cuModuleLoadDataEx), PE(cuModuleLoadFatBinary, 2000, cuModuleLoadFatBinary),
     PE(cuLibraryLoadData, 12000, cuLibraryLoadData), PE(cuLibraryLoadFromFile, 12000, cuLibraryLoadFromFile),
     PE(cuLibraryUnload, 12000, cuLibraryUnload), PE(cuLibraryGetModule, 12000, cuLibraryGetModule),
+    PE(cuLibraryGetKernel, 12000, cuLibraryGetKernel), PE(cuKernelGetFunction, 12000, cuKernelGetFunction),
+    PE(cuLibraryGetGlobal, 12000, cuLibraryGetGlobal), PE(cuLibraryGetManaged, 12000, cuLibraryGetManaged),
     PT(cuLaunchKernel, 4000, cuLaunchKernel), PT(cuLaunchKernelEx, 11060, cuLaunchKernelEx),
     PT(cuLaunchCooperativeKernel, 9000, cuLaunchCooperativeKernel), PE(cuLaunchCooperativeKernelMultiDevice, 9000, cuLaunchCooperativeKernelMultiDevice),
     PE(cuFuncSetBlockShape, 2000, cuFuncSetBlockShape), PE(cuLaunch, 2000, cuLaunch), PE(cuLaunchGrid, 2000, cuLaunchGrid),

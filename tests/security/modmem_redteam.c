@@ -25,6 +25,19 @@
  *                                     no context (the driver allocates nothing yet), then a context created (the
  *                                     driver loads the library into it; `primary`: the primary context retained),
  *                                     cuMemAlloc ALLOC, cuLibraryUnload.
+ *   modmem_redteam lazy USE BYTES ALLOC  cuLibraryLoadData of BYTES while the context exists ("load"), then its
+ *                                     first use in it ("use"; USE: launch: cuLaunchKernel of a CUkernel cast to
+ *                                     CUfunction, kernel: cuKernelGetFunction, global: cuLibraryGetGlobal,
+ *                                     managed: cuLibraryGetManaged, module: cuLibraryGetModule), cuMemAlloc
+ *                                     ALLOC, cuLibraryUnload, cuMemAlloc ALLOC again. With lazy loading (the
+ *                                     driver's default) the library takes its memory at the first use.
+ *   modmem_redteam lazyother BYTES ALLOC  a second context (not current) exists when the library is loaded in
+ *                                     the first; then a CUkernel of it is launched in the second ("use2"),
+ *                                     cuMemAlloc ALLOC, cuLibraryUnload.
+ *   modmem_redteam libfirst BYTES ALLOC [primary]  no context yet (as the CUDA runtime registers a program's
+ *                                     fatbins): cuLibraryLoadData of BYTES, the process's first context created
+ *                                     ("ctx"; primary: the primary context retained and made current), a
+ *                                     CUkernel launched ("use"), cuMemAlloc ALLOC, cuLibraryUnload.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -50,6 +63,13 @@ CUresult cuLibraryLoadData(CUlibrary *, const void *, int *, void **, unsigned i
 CUresult cuLibraryLoadFromFile(CUlibrary *, const char *, int *, void **, unsigned int, int *, void **,
                                unsigned int);
 CUresult cuLibraryUnload(CUlibrary);
+CUresult cuLibraryGetModule(CUmodule *, CUlibrary);
+CUresult cuLibraryGetKernel(CUkernel *, CUlibrary, const char *);
+CUresult cuKernelGetFunction(CUfunction *, CUkernel);
+CUresult cuLibraryGetGlobal(CUdeviceptr *, size_t *, CUlibrary, const char *);
+CUresult cuLibraryGetManaged(CUdeviceptr *, size_t *, CUlibrary, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                        void **, void **);
 CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
 unsigned long long fake_cuda_debug_held_bytes(int dev);
 
@@ -106,6 +126,28 @@ static CUresult load_library(const char *how, CUlibrary *l)
     return cuLibraryLoadData(l, g_image, NULL, NULL, 0, NULL, NULL, 0);
 }
 
+/* The first use of library l in the current context (see "lazy" above). */
+static CUresult use_library(const char *how, CUlibrary l)
+{
+    CUmodule m = NULL;
+    CUkernel k = NULL;
+    CUfunction f = NULL;
+    CUdeviceptr p = 0;
+    size_t n = 0;
+    if (!strcmp(how, "module"))
+        return cuLibraryGetModule(&m, l);
+    if (!strcmp(how, "global"))
+        return cuLibraryGetGlobal(&p, &n, l, "big");
+    if (!strcmp(how, "managed"))
+        return cuLibraryGetManaged(&p, &n, l, "big");
+    CUresult rc = cuLibraryGetKernel(&k, l, "touch_big");
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!strcmp(how, "kernel"))
+        return cuKernelGetFunction(&f, k);
+    return cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+}
+
 struct racer {
     int n, failed;
 };
@@ -140,10 +182,36 @@ static void *race_contexts(void *arg)
     return NULL;
 }
 
+/* "libfirst": the library loaded before the process's first context (see above). */
+static int lib_first(unsigned long long bytes, size_t alloc, int primary)
+{
+    CUlibrary l = NULL;
+    CUcontext c = NULL;
+    CUdeviceptr p = 0;
+    make_image(bytes);
+    printf("load=%d\n", cuLibraryLoadData(&l, g_image, NULL, NULL, 0, NULL, NULL, 0));
+    CUresult rc = primary ? cuDevicePrimaryCtxRetain(&c, 0) : cuCtxCreate_v2(&c, 0, 0);
+    if (primary && rc == CUDA_SUCCESS)
+        cuCtxSetCurrent(c);
+    show("ctx", rc);
+    if (rc == CUDA_SUCCESS) {
+        show("use", use_library("launch", l));
+        show("alloc", cuMemAlloc_v2(&p, alloc));
+        if (p)
+            cuMemFree_v2(p);
+    }
+    show("unload", cuLibraryUnload(l));
+    unlink(g_path);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4 || rt_start() != 0)
         return 2;
+    if (!strcmp(argv[1], "libfirst"))
+        return lib_first(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                         argc > 4 && !strcmp(argv[4], "primary"));
     CUcontext ctx = NULL;
     if (cuCtxCreate_v2(&ctx, 0, 0) != CUDA_SUCCESS) {
         printf("fail ctx\n");
@@ -198,6 +266,33 @@ int main(int argc, char **argv)
         p = 0;
         show("unload", rc == CUDA_SUCCESS ? cuLibraryUnload(l) : CUDA_SUCCESS);
         show("alloc_after", cuMemAlloc_v2(&p, alloc));
+    } else if (!strcmp(sc, "lazy") && argc > 4) {
+        size_t alloc = strtoull(argv[4], NULL, 10);
+        make_image(strtoull(argv[3], NULL, 10));
+        CUresult rc = cuLibraryLoadData(&l, g_image, NULL, NULL, 0, NULL, NULL, 0);
+        show("load", rc);
+        if (rc == CUDA_SUCCESS)
+            show("use", use_library(argv[2], l));
+        show("alloc", cuMemAlloc_v2(&p, alloc));
+        if (p)
+            cuMemFree_v2(p);
+        p = 0;
+        show("unload", rc == CUDA_SUCCESS ? cuLibraryUnload(l) : CUDA_SUCCESS);
+        show("alloc_after", cuMemAlloc_v2(&p, alloc));
+    } else if (!strcmp(sc, "lazyother")) {
+        CUcontext c2 = NULL;
+        make_image(strtoull(argv[2], NULL, 10));
+        show("ctx2", cuCtxCreate_v2(&c2, 0, 0));
+        cuCtxSetCurrent(ctx); /* the second context exists but is not current at the load */
+        CUresult rc = cuLibraryLoadData(&l, g_image, NULL, NULL, 0, NULL, NULL, 0);
+        show("load", rc);
+        cuCtxSetCurrent(c2);
+        if (rc == CUDA_SUCCESS)
+            show("use2", use_library("launch", l));
+        show("alloc", cuMemAlloc_v2(&p, strtoull(argv[3], NULL, 10)));
+        if (p)
+            cuMemFree_v2(p);
+        show("unload", rc == CUDA_SUCCESS ? cuLibraryUnload(l) : CUDA_SUCCESS);
     } else if (!strcmp(sc, "race")) {
         make_image(strtoull(argv[3], NULL, 10));
         struct racer r[2] = {{atoi(argv[2]), 0}, {atoi(argv[2]), 0}};
