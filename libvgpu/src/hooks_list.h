@@ -121,6 +121,7 @@ HOOK(cuLibraryUnload, CUresult, (CUlibrary lib), (lib))
 
 /* called, never intercepted */
 REAL(cuCtxGetCurrent, CUresult, (CUcontext *pctx))
+REAL(cuLibraryGetModule, CUresult, (CUmodule *m, CUlibrary lib))
 REAL(cuCtxPushCurrent_v2, CUresult, (CUcontext ctx))
 REAL(cuCtxPopCurrent_v2, CUresult, (CUcontext *pctx))
 REAL(cuCtxGetDevice, CUresult, (CUdevice *dev))

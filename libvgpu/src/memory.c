@@ -436,6 +436,8 @@ static uint64_t mem_rise(int ord, const struct mem_reading *a)
 
 /* Libraries this process has loaded and not unloaded (see "modules and libraries"). */
 static int g_nlibs;
+static int ctx_libs_force(int dev, CUcontext ctx);
+static CUresult primary_release_locked(cuDevicePrimaryCtxRelease_v2_fn fn, CUdevice dev, int reset);
 
 /* What a context creation on a device carries from before the driver's call to after it. */
 struct ctx_token {
@@ -448,6 +450,7 @@ struct ctx_token {
     int refused;    /* no room under the limit for it: CUDA_ERROR_OUT_OF_MEMORY, the driver not called */
     int libs;       /* libraries are loaded: the copies the new context gets are measured (ctx_libs_charge) */
     struct mem_reading lib_before;
+    int hold;       /* ctx_settle keeps g_cnew[dev] held (the caller loads the libraries into it, ctx_libs_force) */
 };
 
 /* Called before a context may be created on dev (api: the caller's name, for a refusal's log line). */
@@ -636,7 +639,8 @@ static void ctx_settle(int dev, struct ctx_token *t)
         region_release(cdev, t->reserved);
     t->reserved = 0;
     t->locked = 0;
-    pthread_mutex_unlock(&g_cnew[dev]);
+    if (!t->hold)
+        pthread_mutex_unlock(&g_cnew[dev]);
 }
 
 static void ctx_gone(int dev, CUcontext ctx)
@@ -687,7 +691,24 @@ static CUresult ctx_after(CUresult rc, CUcontext *pctx, CUdevice dev, struct ctx
         ctx_created(dev, &t);
     }
     hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL);
+    int held = t.locked;
+    t.hold = held;
     ctx_settle(dev, &t);
+    if (!held)
+        return rc;
+    /* still under g_cnew[dev]: the loaded libraries go into it now, measured (lazy loading) */
+    if (rc == CUDA_SUCCESS && pctx && ctx_libs_force(dev, *pctx) != 0) {
+        CUcontext gone = *pctx;
+        CUresult d = real_cuCtxDestroy_v2 ? real_cuCtxDestroy_v2(gone)
+                     : real_cuCtxDestroy ? real_cuCtxDestroy(gone) : CUDA_ERROR_NOT_SUPPORTED;
+        uint64_t unused;
+        int tdev = -1;
+        if (d == CUDA_SUCCESS && track_take(TK_CTX, (uint64_t)(uintptr_t)gone, &unused, &tdev))
+            ctx_gone(tdev, gone);
+        *pctx = NULL;
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&g_cnew[dev]);
     return rc;
 }
 
@@ -822,7 +843,18 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         return rc;
     }
     hostpid_after_ctx(rc == CUDA_SUCCESS, rc == CUDA_SUCCESS && pctx ? *pctx : NULL); /* after the charge */
+    t.hold = 1;
     ctx_settle(dev, &t);
+    /* still under g_cnew[dev]: the loaded libraries go into the new primary context now, measured */
+    if (rc == CUDA_SUCCESS && pctx && ctx_libs_force(dev, *pctx) != 0) {
+        cuDevicePrimaryCtxRelease_v2_fn rel =
+            real_cuDevicePrimaryCtxRelease_v2 ? real_cuDevicePrimaryCtxRelease_v2 : real_cuDevicePrimaryCtxRelease;
+        if (rel)
+            primary_release_locked(rel, dev, 0);
+        *pctx = NULL;
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&g_cnew[dev]);
     return rc;
 }
 
@@ -831,6 +863,14 @@ static CUresult primary_release(cuDevicePrimaryCtxRelease_v2_fn fn, CUdevice dev
     if (!vgpu_cfg->enabled || dev < 0 || dev >= VGPU_MAX_DEV)
         return fn(dev);
     pthread_mutex_lock(&g_cnew[dev]); /* see cuDevicePrimaryCtxRetain */
+    CUresult rc = primary_release_locked(fn, dev, reset);
+    pthread_mutex_unlock(&g_cnew[dev]);
+    return rc;
+}
+
+/* A primary context release or reset, with g_cnew[dev] held. */
+static CUresult primary_release_locked(cuDevicePrimaryCtxRelease_v2_fn fn, CUdevice dev, int reset)
+{
     CUresult rc = fn(dev);
     CUcontext ctx = NULL;
     int gone = 0;
@@ -848,7 +888,6 @@ static CUresult primary_release(cuDevicePrimaryCtxRelease_v2_fn fn, CUdevice dev
     pthread_mutex_unlock(&g_cmu);
     if (gone && ctx) /* before a retain can create it anew (the driver may hand out the same handle) */
         ctx_gone(dev, ctx);
-    pthread_mutex_unlock(&g_cnew[dev]);
     return rc;
 }
 
@@ -1019,11 +1058,144 @@ static void library_begin(struct load_meter *lm)
     load_begin(lm, ~0u >> (32 - VGPU_MAX_DEV), ctx_mask);
 }
 
+/* ---- lazy loading. With CUDA_MODULE_LOADING=LAZY (the driver's default since CUDA 12.2) the driver loads a
+ * library into a context only at its first use there: cuLibraryGetModule, cuLibraryGetKernel/cuKernelGetFunction,
+ * cuLibraryGetGlobal/GetManaged, or a launch of a CUkernel. A launch is the shim's hot path and is not
+ * measured, so a library's __device__ globals would come in unmeasured. Instead, the shim loads each library
+ * into every context it knows of inside the measurements: at the load (library_force_all, into each context
+ * the process holds) and at a context's creation (ctx_libs_force, every loaded library into the new one).
+ * cuLibraryGetModule is the driver's documented way to force that load into the current context; with
+ * eager loading the library is there already and it costs nothing. */
+
+/* A growable list of handles (contexts or libraries) collected under the track lock; failed: out of memory. */
+struct handle_list {
+    void **v;
+    size_t n, cap;
+    int failed;
+};
+
+static void handle_add(struct handle_list *l, void *h)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        void **v = realloc(l->v, cap * sizeof *v);
+        if (!v) {
+            l->failed = 1;
+            return;
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = h;
+}
+
+/* Called with the track lock held: collects (never removes) the contexts (TK_CTX) or the loaded libraries
+ * (TK_LIBRARY, their LIB_LIVE entry). */
+static int collect_ctx_locked(struct track_entry *e, void *arg)
+{
+    if (e->kind == TK_CTX && e->ctx)
+        handle_add(arg, e->ctx);
+    return 0;
+}
+
+static int collect_lib_locked(struct track_entry *e, void *arg)
+{
+    if (e->kind == TK_LIBRARY && (e->key & 31) == LIB_LIVE)
+        handle_add(arg, (void *)(uintptr_t)(e->key >> 5));
+    return 0;
+}
+
+static void collect(struct handle_list *l, int (*fn)(struct track_entry *, void *))
+{
+    track_lock();
+    track_remove_if_locked(fn, l);
+    track_unlock();
+}
+
+/* Loads library lib into context c (its first use there): the driver's result, CUDA_SUCCESS when c cannot
+ * be made current (destroyed meanwhile: nothing to load into). */
+static CUresult lib_force(CUlibrary lib, CUcontext c)
+{
+    if (!real_cuLibraryGetModule || !real_cuCtxPushCurrent_v2 || !real_cuCtxPopCurrent_v2)
+        return CUDA_SUCCESS;
+    if (real_cuCtxPushCurrent_v2(c) != CUDA_SUCCESS)
+        return CUDA_SUCCESS;
+    CUmodule m = NULL;
+    CUresult rc = real_cuLibraryGetModule(&m, lib);
+    CUcontext popped = NULL;
+    real_cuCtxPopCurrent_v2(&popped);
+    return rc;
+}
+
+/* After a library's load, with the creation lock of every GPU held (library_begin): loads it into every
+ * context the process holds (the contexts the shim saw created, and the retained primary ones), so that
+ * load_charge measures its copies. 0, or -1 when one does not fit on its GPU (or the list cannot be made):
+ * the caller unloads it. Only CUDA_ERROR_OUT_OF_MEMORY refuses: another error (say, no code for that GPU's
+ * architecture) loads nothing there, and a first use there fails the same way. */
+static int library_force_all(CUlibrary lib)
+{
+    struct handle_list l = {0};
+    collect(&l, collect_ctx_locked);
+    pthread_mutex_lock(&g_cmu);
+    for (int d = 0; d < VGPU_MAX_DEV; d++)
+        if (g_primary_refs[d] > 0 && g_primary_ctx[d])
+            handle_add(&l, g_primary_ctx[d]);
+    pthread_mutex_unlock(&g_cmu);
+    int rc = l.failed ? -1 : 0;
+    for (size_t i = 0; i < l.n && rc == 0; i++)
+        if (lib_force(lib, l.v[i]) == CUDA_ERROR_OUT_OF_MEMORY)
+            rc = -1;
+    free(l.v);
+    return rc;
+}
+
+/* A context ctx just created on ordinal dev while libraries are loaded, with g_cnew[dev] held and its own
+ * cost settled: loads every loaded library into it, measured as a load is (mem_rise), and charges that to
+ * the context (TK_LIBCTX: freed with it, or when the last library is unloaded). 0, or -1 when that does not
+ * fit under the limit or on the GPU (the caller destroys or releases the context). */
+static int ctx_libs_force(int dev, CUcontext ctx)
+{
+    if (!vgpu_cfg->enabled || !ctx || __atomic_load_n(&g_nlibs, __ATOMIC_ACQUIRE) <= 0)
+        return 0;
+    struct handle_list l = {0};
+    collect(&l, collect_lib_locked);
+    if (l.failed) {
+        free(l.v);
+        return -1;
+    }
+    struct mem_reading before = {.pid = (unsigned)hostpid_learned()};
+    mem_read(dev, &before);
+    int oom = 0;
+    for (size_t i = 0; i < l.n && !oom; i++)
+        oom = lib_force(l.v[i], ctx) == CUDA_ERROR_OUT_OF_MEMORY;
+    free(l.v);
+    uint64_t rise = mem_rise(dev, &before);
+    if (oom)
+        return -1;
+    if (!rise)
+        return 0;
+    int cdev = vgpu_dev_of_cuda(dev);
+    if (reserve_as(cdev, rise, "cuCtxCreate (loaded libraries)", 0) != CUDA_SUCCESS)
+        return -1;
+    uint64_t prev = 0;
+    int pdev = -1;
+    track_get(TK_LIBCTX, (uint64_t)(uintptr_t)ctx, &prev, &pdev);
+    if (track_put(TK_LIBCTX, (uint64_t)(uintptr_t)ctx, prev + rise, cdev, ctx) != 0)
+        LOG_ERROR("cannot record a context's libraries of %llu bytes; usage stays charged",
+                  (unsigned long long)rise);
+    return 0;
+}
+
 static CUresult library_loaded(CUresult rc, CUlibrary *lib, struct load_meter *lm, const char *api)
 {
     uint64_t cost[VGPU_MAX_DEV];
     int cdev[VGPU_MAX_DEV];
-    if (rc == CUDA_SUCCESS && load_charge(lm, api, cost, cdev) != 0) {
+    if (rc == CUDA_SUCCESS && library_force_all(*lib) != 0) { /* lazy loading: its copies come in now */
+        if (real_cuLibraryUnload)
+            real_cuLibraryUnload(*lib);
+        *lib = NULL;
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (rc == CUDA_SUCCESS && load_charge(lm, api, cost, cdev) != 0) {
         if (real_cuLibraryUnload)
             real_cuLibraryUnload(*lib);
         *lib = NULL;

@@ -31,9 +31,12 @@
  *                                     managed: cuLibraryGetManaged, module: cuLibraryGetModule), cuMemAlloc
  *                                     ALLOC, cuLibraryUnload, cuMemAlloc ALLOC again. With lazy loading (the
  *                                     driver's default) the library takes its memory at the first use.
- *   modmem_redteam lazyother BYTES ALLOC  a second context (not current) exists when the library is loaded in
- *                                     the first; then a CUkernel of it is launched in the second ("use2"),
- *                                     cuMemAlloc ALLOC, cuLibraryUnload.
+ *   modmem_redteam lazyother BYTES ALLOC created|primary [nocur]  a second context (not current; primary:
+ *                                     the primary context retained) exists when the library is loaded in the
+ *                                     first (nocur: with no context current at the load); then a CUkernel of
+ *                                     it is launched in the second ("use2"), cuMemAlloc ALLOC, cuLibraryUnload.
+ *   modmem_redteam libloop N BYTES ALLOC  N times: cuLibraryLoadData of BYTES, a CUkernel of it launched,
+ *                                     cuLibraryUnload (prints failed=, drift= as loop does); then cuMemAlloc ALLOC.
  *   modmem_redteam libfirst BYTES ALLOC [primary]  no context yet (as the CUDA runtime registers a program's
  *                                     fatbins): cuLibraryLoadData of BYTES, the process's first context created
  *                                     ("ctx"; primary: the primary context retained and made current), a
@@ -282,8 +285,10 @@ int main(int argc, char **argv)
     } else if (!strcmp(sc, "lazyother")) {
         CUcontext c2 = NULL;
         make_image(strtoull(argv[2], NULL, 10));
-        show("ctx2", cuCtxCreate_v2(&c2, 0, 0));
-        cuCtxSetCurrent(ctx); /* the second context exists but is not current at the load */
+        int primary = argc > 4 && !strcmp(argv[4], "primary");
+        show("ctx2", primary ? cuDevicePrimaryCtxRetain(&c2, 0) : cuCtxCreate_v2(&c2, 0, 0));
+        /* the second context exists but is not current at the load */
+        cuCtxSetCurrent(argc > 5 && !strcmp(argv[5], "nocur") ? NULL : ctx);
         CUresult rc = cuLibraryLoadData(&l, g_image, NULL, NULL, 0, NULL, NULL, 0);
         show("load", rc);
         cuCtxSetCurrent(c2);
@@ -293,6 +298,22 @@ int main(int argc, char **argv)
         if (p)
             cuMemFree_v2(p);
         show("unload", rc == CUDA_SUCCESS ? cuLibraryUnload(l) : CUDA_SUCCESS);
+    } else if (!strcmp(sc, "libloop") && argc > 4) {
+        int n = atoi(argv[2]), failed = 0, drift = 0;
+        unsigned long long first = 0;
+        make_image(strtoull(argv[3], NULL, 10));
+        for (int i = 0; i < n; i++) {
+            failed += cuLibraryLoadData(&l, g_image, NULL, NULL, 0, NULL, NULL, 0) != CUDA_SUCCESS;
+            failed += use_library("launch", l) != CUDA_SUCCESS;
+            if (i == 0)
+                first = charged();
+            else
+                drift += charged() != first;
+            failed += cuLibraryUnload(l) != CUDA_SUCCESS;
+        }
+        printf("failed=%d\ndrift=%d\n", failed, drift);
+        show("end", CUDA_SUCCESS);
+        show("alloc", cuMemAlloc_v2(&p, strtoull(argv[4], NULL, 10)));
     } else if (!strcmp(sc, "race")) {
         make_image(strtoull(argv[3], NULL, 10));
         struct racer r[2] = {{atoi(argv[2]), 0}, {atoi(argv[2]), 0}};
