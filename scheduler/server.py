@@ -145,9 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, OSError) as e:
         log.error("cannot load config", extra={"key": getattr(e, "key", "(file)"), "error": str(e)})
         return 2
-    if not 0 <= args.metrics_port <= 65535:
-        log.error("--metrics-port must be 0-65535", extra={"port": args.metrics_port})
-        return 2
     if args.metrics_port and args.metrics_port == args.port:
         log.error("--metrics-port must differ from --port", extra={"port": args.port})
         return 2

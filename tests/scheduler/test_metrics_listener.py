@@ -30,9 +30,15 @@ def test_flags_and_defaults() -> None:
     assert (ns.bind_address, ns.metrics_bind_address, ns.metrics_port) == ("0.0.0.0", "10.0.0.1", 8889)
 
 
-@pytest.mark.parametrize("argv", [["--port=9000", "--metrics-port=9000"], ["--metrics-port=70000"]])
-def test_bad_metrics_port_is_a_usage_error(argv: list[str], tmp_path: Path) -> None:
-    assert main([*argv, "--signing-keys-dir", str(write_keys(tmp_path / "keys"))]) == 2
+def test_metrics_port_equal_to_port_is_a_usage_error(tmp_path: Path) -> None:
+    assert main(["--port=9000", "--metrics-port=9000", "--signing-keys-dir", str(write_keys(tmp_path / "keys"))]) == 2
+
+
+def test_metrics_port_out_of_range_is_refused_by_the_parser(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ei:
+        main(["--metrics-port=70000", "--signing-keys-dir", str(write_keys(tmp_path / "keys"))])
+    assert ei.value.code == 2
+    assert "argument --metrics-port: '70000' is not allowed; allowed: a port 0..65535" in capsys.readouterr().err
 
 
 async def _status(session: aiohttp.ClientSession, method: str, url: str, **kw: Any) -> tuple[int, str]:
