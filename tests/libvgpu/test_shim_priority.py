@@ -38,12 +38,15 @@ def _tenant(tc: Toolchain, state: Path, cache: Path, **env: str) -> subprocess.P
 
 
 def _steady(p: subprocess.Popen[str]) -> tuple[float, str]:
-    """Mean busy % of the 2nd and 3rd 1 s windows (the first includes convergence), and stderr."""
+    """Mean busy % of the 2nd and 3rd 1 s windows (the first includes convergence), and stderr. A
+    window closes at the first launch after its second is up, so a throttled tenant on a loaded machine
+    may close only two in its 3.1 s: then the 2nd alone."""
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
     windows = [float(w) for w in re.findall(r"window util=([0-9.]+)", out)]
-    assert len(windows) >= 3, out
-    return sum(windows[1:3]) / 2, err
+    assert len(windows) >= 2, out
+    steady = windows[1:3]
+    return sum(steady) / len(steady), err
 
 
 def test_low_priority_tenant_gives_way_to_high_priority_tenant(tc: Toolchain, tmp_path: Path) -> None:

@@ -109,8 +109,10 @@ def test_a_cache_tree_thousands_of_levels_deep_with_symlinks_is_removed_and_the_
     host = tmp_path / "host-etc"
     host.mkdir()
     (host / "shadow").write_text("keep")
-    create_signed(kube_api, bound_pod("deep", [("c", False, [(U[0], 1000, 10)], {})], bind_time=1))
-    create_signed(kube_api, bound_pod("other", [("c", False, [(U[1], 1000, 10)], {})], bind_time=2))
+    uids = {create_signed(kube_api, bound_pod("deep", [("c", False, [(U[0], 1000, 10)], {})], bind_time=1))
+            ["metadata"]["uid"],
+            create_signed(kube_api, bound_pod("other", [("c", False, [(U[1], 1000, 10)], {})], bind_time=2))
+            ["metadata"]["uid"]}
     (d,) = kubelet.admit("deep", [("c", [f"{U[0]}::0"])])
     (o,) = kubelet.admit("other", [("c", [f"{U[1]}::0"])])
     deep, other = cache_dir(d.response), cache_dir(o.response)
@@ -128,6 +130,11 @@ def test_a_cache_tree_thousands_of_levels_deep_with_symlinks_is_removed_and_the_
     for name in ("deep", "other"):
         kube_api.delete_object("pods", name, "default")
         kubelet.remove(name)
+    # the cleanup keeps what the pod watch still knows: wait until it has seen both deletions
+    deadline = time.monotonic() + 30
+    while uids & set(plugin.arrivals.snapshot()):
+        assert time.monotonic() < deadline, "the pod watch never saw the deletions"
+        time.sleep(0.02)
     pods = plugin.kube.list_node_pods(plugin.opts.node_name)
     plugin.clean_cache_dirs(pods)  # its answer may miss what the trash thread removed meanwhile
     _empty_trash(plugin.opts.cache_host_dir)  # waits for the trash thread's removal (same lock)
