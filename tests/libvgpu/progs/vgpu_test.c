@@ -535,14 +535,18 @@ static int sc_sm(double seconds, unsigned blocks, double window, int use_ex)
     CUstream s;
     p_cuStreamCreate(&s, 0);
     double ns_per_block = getenv("FAKE_CUDA_NS_PER_BLOCK") ? atof(getenv("FAKE_CUDA_NS_PER_BLOCK")) : 1000.0;
-    double t0 = now_s(), wstart = t0;
+    /* Windows close at the first launch past t0 + k * window (fixed boundaries: a late close, the host
+     * having run something else, shortens the next window instead of pushing every later one back), and
+     * the run lasts `seconds` but at least until floor(seconds / window) windows have closed. */
+    double t0 = now_s(), wstart = t0, wnext = t0 + window;
+    unsigned closed = 0, want = (unsigned)(seconds / window);
     unsigned long long n = 0, total = 0;
     CUlaunchConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDimX = blocks;
     cfg.gridDimY = cfg.gridDimZ = cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
     cfg.hStream = s;
-    while (now_s() - t0 < seconds) {
+    while (now_s() - t0 < seconds || closed < want) {
         CUresult rc = use_ex ? p_cuLaunchKernelEx(&cfg, f, NULL, NULL)
                              : p_cuLaunchKernel(f, blocks, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
         if (rc) {
@@ -552,13 +556,17 @@ static int sc_sm(double seconds, unsigned blocks, double window, int use_ex)
         n++;
         total++;
         double t = now_s();
-        if (t - wstart >= window) {
+        if (t >= wnext) {
             p_cuStreamSynchronize(s);
             t = now_s();
             printf("window util=%.2f kernels=%llu\n", 100.0 * (double)n * blocks * ns_per_block / 1e9 / (t - wstart), n);
             fflush(stdout);
             n = 0;
             wstart = t;
+            closed++;
+            wnext += window;
+            if (wnext < t + window / 2) /* closed more than half a window late: the next one is whole */
+                wnext = t + window;
         }
     }
     printf("total_kernels=%llu\n", total);
