@@ -336,6 +336,9 @@ static uint64_t g_ctx_charged[VGPU_MAX_DEV]; /* bytes charged for them: g_ctx_co
 static pthread_mutex_t g_cmu = PTHREAD_MUTEX_INITIALIZER;
 /* held across a context creation on a device */
 static pthread_mutex_t g_cnew[VGPU_MAX_DEV] = {[0 ... VGPU_MAX_DEV - 1] = PTHREAD_MUTEX_INITIALIZER};
+/* Held by cuCtxDestroy across the driver's call and by a library load while it makes the process's contexts
+ * current in turn (library_force_all); taken after the g_cnew locks. */
+static pthread_mutex_t g_ctxuse = PTHREAD_MUTEX_INITIALIZER;
 
 /* Charges (or gives back) the difference between what dev's contexts cost and what is charged for
  * them. Caller holds g_cmu (the region's own lock nests inside it; nothing takes them the other way). */
@@ -663,6 +666,7 @@ static void ctx_after_fork_child(void)
     pthread_mutex_init(&g_cmu, NULL);
     for (int d = 0; d < VGPU_MAX_DEV; d++)
         pthread_mutex_init(&g_cnew[d], NULL);
+    pthread_mutex_init(&g_ctxuse, NULL);
     memset(g_primary_refs, 0, sizeof g_primary_refs);
     memset(g_primary_ctx, 0, sizeof g_primary_ctx);
     memset(g_ctx_count, 0, sizeof g_ctx_count);
@@ -764,8 +768,13 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
     return ctx_after(real_cuCtxCreate_v4(pctx, params, flags, dev), pctx, dev, before);
 }
 
+/* A context is destroyed under g_ctxuse, which a library load holds while it makes each context of the
+ * process current to load the library into it (library_force_all): the driver wants no call using a context
+ * while cuCtxDestroy runs. Not g_cnew: a destroy must not wait for a creation in the driver. */
 static CUresult ctx_destroy(cuCtxDestroy_v2_fn fn, CUcontext ctx)
 {
+    if (vgpu_cfg->enabled)
+        pthread_mutex_lock(&g_ctxuse);
     CUresult rc = fn(ctx);
     if (rc == CUDA_SUCCESS && vgpu_cfg->enabled) {
         uint64_t unused;
@@ -775,6 +784,8 @@ static CUresult ctx_destroy(cuCtxDestroy_v2_fn fn, CUcontext ctx)
         else
             drop_context_entries(ctx);
     }
+    if (vgpu_cfg->enabled)
+        pthread_mutex_unlock(&g_ctxuse);
     return rc;
 }
 
@@ -1135,6 +1146,7 @@ static CUresult lib_force(CUlibrary lib, CUcontext c)
 static int library_force_all(CUlibrary lib)
 {
     struct handle_list l = {0};
+    pthread_mutex_lock(&g_ctxuse); /* no context of the list is destroyed meanwhile */
     collect(&l, collect_ctx_locked);
     pthread_mutex_lock(&g_cmu);
     for (int d = 0; d < VGPU_MAX_DEV; d++)
@@ -1145,6 +1157,7 @@ static int library_force_all(CUlibrary lib)
     for (size_t i = 0; i < l.n && rc == 0; i++)
         if (lib_force(lib, l.v[i]) == CUDA_ERROR_OUT_OF_MEMORY)
             rc = -1;
+    pthread_mutex_unlock(&g_ctxuse);
     free(l.v);
     return rc;
 }
