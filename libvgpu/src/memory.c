@@ -403,10 +403,17 @@ struct mem_reading {
     uint64_t charged;
 };
 
-static void mem_read(int ord, struct mem_reading *r)
+/* closing: the reading after the driver's call (mem_rise); else the one before it. The charge is read before
+ * NVML's figures at the opening and after them at the closing: a free the driver does meanwhile (NVML
+ * falls first, then the charge) then makes the call look larger, never smaller. NVML's listing takes its
+ * figures at its start and may take milliseconds: with the charge read after it at the opening, a free
+ * done during it left the opening figure holding memory the charge no longer did (the rise read low). */
+static void mem_read_at(int ord, struct mem_reading *r, int closing)
 {
     int cdev = vgpu_dev_of_cuda(ord);
     struct procmem *pm = &g_cm_after[ord];
+    if (!closing)
+        r->charged = region_own(cdev);
     r->own = -1;
     if (r->pid && list_procmem(cdev, pm) == 0) {
         r->own = 0; /* not listed: nothing on the device */
@@ -415,17 +422,27 @@ static void mem_read(int ord, struct mem_reading *r)
                 r->own = pm->used[i] == UINT64_MAX ? -1 : (int64_t)pm->used[i];
     }
     r->dev = nvml_used(cdev);
-    /* read after NVML: a free the driver has done is then given back here too (as in ctx_created) */
-    r->charged = region_own(cdev);
+    if (closing) /* read after NVML: a free the driver has done is then given back here too (as in ctx_created) */
+        r->charged = region_own(cdev);
+}
+
+static void mem_read(int ord, struct mem_reading *r)
+{
+    mem_read_at(ord, r, 0);
 }
 
 /* What the driver allocated on ord between reading a and now: the rise of this process's own NVML figure
- * (else the device's), less what this process's charge there rose meanwhile (its other threads'
- * allocations; a fall, its frees, is added). 0 when NVML cannot tell. */
+ * (else the device's), plus what this process's charge there fell by meanwhile (its other threads' frees,
+ * which NVML shows as a fall). A rise of the charge (another thread's allocation) is not subtracted: the
+ * shim reserves an allocation's size before the driver's call, so the closing reading can count it while
+ * NVML does not show it yet (a large cuMemAlloc takes milliseconds in the driver), and subtracting it let a
+ * module that big come in uncharged. An allocation the driver completes during the load is therefore
+ * charged to the load as well (more than is held, until the module or library is unloaded). 0 when NVML
+ * cannot tell. */
 static uint64_t mem_rise(int ord, const struct mem_reading *a)
 {
     struct mem_reading b = {.pid = a->pid};
-    mem_read(ord, &b);
+    mem_read_at(ord, &b, 1);
     int64_t rise;
     if (a->own >= 0 && b.own >= 0)
         rise = b.own - a->own;
@@ -433,7 +450,8 @@ static uint64_t mem_rise(int ord, const struct mem_reading *a)
         rise = b.dev - a->dev;
     else
         return 0;
-    rise -= (int64_t)(b.charged - a->charged); /* two's complement: a fall adds */
+    if (b.charged < a->charged) /* frees: NVML's figure fell by as much */
+        rise += (int64_t)(a->charged - b.charged);
     return rise > 0 ? (uint64_t)rise : 0;
 }
 
@@ -1036,16 +1054,35 @@ MODULE_LOAD_HOOK(cuModuleLoadDataEx, (CUmodule *m, const void *image, unsigned i
                  (m, image, n, opts, vals))
 MODULE_LOAD_HOOK(cuModuleLoadFatBinary, (CUmodule *m, const void *fatbin), (m, fatbin))
 
+/* An unload holds off loads and context creations on every GPU (their creation locks, as a library load takes
+ * them) from the driver's call until its charge is given back: the driver may hand the same handle to a load
+ * as soon as it freed the old one, and that load's charge, recorded under the handle, would otherwise be the
+ * one this unload takes (the new module held uncharged, the old charge kept for nothing); a load measured
+ * meanwhile would also see the memory gone while it is still charged. */
+static uint32_t no_ordinal(void)
+{
+    return 0;
+}
+
+static void unload_begin(struct load_meter *lm)
+{
+    load_begin(lm, ~0u >> (32 - VGPU_MAX_DEV), no_ordinal); /* nothing measured */
+}
+
 EXPORT CUresult cuModuleUnload(CUmodule m)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuModuleUnload);
+    if (!vgpu_cfg->enabled)
+        return real_cuModuleUnload(m);
+    struct load_meter lm;
+    unload_begin(&lm);
     CUresult rc = real_cuModuleUnload(m);
     uint64_t size = 0;
     int dev = -1;
-    if (rc == CUDA_SUCCESS && vgpu_cfg->enabled && track_take(TK_MODULE, (uint64_t)(uintptr_t)m, &size, &dev) &&
-        size)
+    if (rc == CUDA_SUCCESS && track_take(TK_MODULE, (uint64_t)(uintptr_t)m, &size, &dev) && size)
         region_release(dev, size);
+    load_unlock(&lm);
     return rc;
 }
 
@@ -1267,9 +1304,15 @@ EXPORT CUresult cuLibraryUnload(CUlibrary lib)
 {
     ensure_cuda();
     REAL_OR_FAIL(cuLibraryUnload);
+    if (!vgpu_cfg->enabled)
+        return real_cuLibraryUnload(lib);
+    struct load_meter lm;
+    unload_begin(&lm); /* see cuModuleUnload */
     CUresult rc = real_cuLibraryUnload(lib);
-    if (rc != CUDA_SUCCESS || !vgpu_cfg->enabled)
+    if (rc != CUDA_SUCCESS) {
+        load_unlock(&lm);
         return rc;
+    }
     uint64_t size = 0;
     int dev = -1;
     for (int d = 0; d < VGPU_MAX_DEV; d++)
@@ -1284,6 +1327,7 @@ EXPORT CUresult cuLibraryUnload(CUlibrary lib)
         track_unlock();
         release_freed(freed);
     }
+    load_unlock(&lm);
     return rc;
 }
 

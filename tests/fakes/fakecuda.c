@@ -21,6 +21,8 @@
  * wait (at most 60 s) until PATH exists.
  * FAKE_CUDA_RETAIN_GATE=PATH (FAKE_CUDA_MAP_GATE=PATH): cuMemRetainAllocationHandle, its reference taken
  * (cuMemMap, its mapping made), creates PATH.in and waits (at most 60 s) until PATH exists.
+ * FAKE_CUDA_UNLOAD_GATE=PATH: the same for cuModuleUnload and cuLibraryUnload, the memory freed (the handle
+ * can be handed out again meanwhile).
  * fake_cuda_debug_peak_bytes(dev) (exported, test hook) returns the most device memory this process held
  * at once on a device, as NVML's per-process usage showed it.
  * Busy intervals go to the shared state so the fake NVML reports utilisation.
@@ -1903,6 +1905,7 @@ EXPORT CUresult cuModuleUnload(CUmodule m)
     if (!fm || fm->lib) /* a library's module goes with the library */
         return CUDA_ERROR_INVALID_HANDLE;
     mod_free(fm);
+    call_gate("FAKE_CUDA_UNLOAD_GATE");
     return CUDA_SUCCESS;
 }
 
@@ -2013,6 +2016,7 @@ EXPORT CUresult cuLibraryUnload(CUlibrary l)
     if (!fl)
         return CUDA_ERROR_INVALID_HANDLE;
     lib_free(fl);
+    call_gate("FAKE_CUDA_UNLOAD_GATE");
     return CUDA_SUCCESS;
 }
 

@@ -37,6 +37,21 @@
  *                                     it is launched in the second ("use2"), cuMemAlloc ALLOC, cuLibraryUnload.
  *   modmem_redteam libloop N BYTES ALLOC  N times: cuLibraryLoadData of BYTES, a CUkernel of it launched,
  *                                     cuLibraryUnload (prints failed=, drift= as loop does); then cuMemAlloc ALLOC.
+ *   modmem_redteam inflight BYTES ALLOC [free]  a module of BYTES loaded while another thread's cuMemAlloc of
+ *                                     ALLOC is in the driver (reserved by the shim, not yet on the GPU) at the
+ *                                     load's closing NVML reading: the fake NVML's listing gate (FAKE_NVML_LIST_GATE,
+ *                                     set once the context exists) holds each listing, its figures taken, until
+ *                                     the program's other thread (reading the fake's stderr notes through a pipe)
+ *                                     lets it pass; the second listing of the load passes only after the
+ *                                     allocation returned ("load", then "alloc": the allocation's result). free:
+ *                                     ALLOC is allocated before the load and freed by the other thread while the
+ *                                     load's opening listing is held (its figures taken with ALLOC still held).
+ *   modmem_redteam reuse KIND SMALL BIG ALLOC  KIND (library or module) of SMALL loaded, then unloaded by another
+ *                                     thread that the fake driver holds after the unload (FAKE_CUDA_UNLOAD_GATE,
+ *                                     set then) while this one loads one of BIG ("load2": the driver hands out the
+ *                                     same handle again; waited for up to 300 ms, then the unload is let go,
+ *                                     "same=1" when the handle was the same), cuMemAlloc ALLOC ("alloc"), the
+ *                                     second unloaded ("unload2").
  *   modmem_redteam libfirst BYTES ALLOC [primary]  no context yet (as the CUDA runtime registers a program's
  *                                     fatbins): cuLibraryLoadData of BYTES, the process's first context created
  *                                     ("ctx"; primary: the primary context retained and made current), a
@@ -44,11 +59,13 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_abi.h"
@@ -185,6 +202,182 @@ static void *race_contexts(void *arg)
     return NULL;
 }
 
+/* "inflight": see above. The opener thread lets the load's first listing pass, and the second (its figures
+ * taken before the allocation) only once cuMemAlloc returned. */
+struct inflight {
+    int rfd;
+    CUcontext ctx;
+    size_t alloc;
+    CUresult rc;
+    CUdeviceptr p;
+    int free_first; /* free p at the opening listing instead of allocating at the closing one */
+    char gate[64];
+};
+
+static void gate_open(const char *path)
+{
+    int fd = open(path, O_CREAT | O_WRONLY, 0600);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void *inflight_opener(void *arg)
+{
+    struct inflight *f = arg;
+    char buf[4096];
+    size_t have = 0;
+    int seen = 0;
+    cuCtxSetCurrent(f->ctx);
+    while (seen < 2) {
+        ssize_t n = read(f->rfd, buf + have, sizeof buf - 1 - have);
+        if (n <= 0)
+            break;
+        have += (size_t)n;
+        buf[have] = 0;
+        char *hit;
+        while ((hit = strstr(buf, "listing waits at the gate")) != NULL) {
+            size_t used = (size_t)(hit - buf) + strlen("listing waits at the gate");
+            memmove(buf, buf + used, have - used + 1);
+            have -= used;
+            if (++seen == 1 && f->free_first) { /* the load's opening reading: its figures are taken */
+                f->rc = cuMemFree_v2(f->p);
+                f->p = 0;
+            } else if (seen == 2 && !f->free_first) { /* the closing one: the allocation comes now */
+                f->rc = cuMemAlloc_v2(&f->p, f->alloc);
+            }
+            gate_open(f->gate);
+        }
+        if (have > sizeof buf / 2) { /* keep the tail: a note may straddle two reads */
+            memmove(buf, buf + have - 64, 65);
+            have = 64;
+        }
+    }
+    return NULL;
+}
+
+static int inflight(CUcontext ctx, unsigned long long bytes, size_t alloc, int free_first)
+{
+    struct inflight f = {.ctx = ctx, .alloc = alloc, .rc = (CUresult)999, .free_first = free_first};
+    if (free_first)
+        show("before", cuMemAlloc_v2(&f.p, alloc));
+    int pfd[2];
+    snprintf(f.gate, sizeof f.gate, "/tmp/modmem_gate.%d", (int)getpid());
+    unlink(f.gate);
+    make_image(bytes);
+    fflush(stderr);
+    int saved = dup(2);
+    if (pipe(pfd) != 0 || saved < 0 || dup2(pfd[1], 2) < 0)
+        return 2;
+    f.rfd = pfd[0];
+    setenv("FAKE_NVML_LIST_GATE", f.gate, 1);
+    pthread_t t;
+    pthread_create(&t, NULL, inflight_opener, &f);
+    CUmodule m = NULL;
+    CUresult rc = cuModuleLoadData(&m, g_image);
+    unsetenv("FAKE_NVML_LIST_GATE");
+    dup2(saved, 2);
+    close(pfd[1]); /* the opener sees the end if it did not see two listings */
+    pthread_join(t, NULL);
+    close(pfd[0]);
+    unlink(f.gate);
+    show("load", rc);
+    show("alloc", f.rc);
+    if (rc == CUDA_SUCCESS)
+        show("unload", cuModuleUnload(m));
+    if (f.p)
+        cuMemFree_v2(f.p);
+    show("end", CUDA_SUCCESS);
+    unlink(g_path);
+    return 0;
+}
+
+/* "reuse": see above. */
+struct reuser {
+    int lib;
+    CUcontext ctx;
+    void *h;
+    CUresult rc;
+    int done;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static void *reuse_unload(void *arg)
+{
+    struct reuser *r = arg;
+    cuCtxSetCurrent(r->ctx);
+    r->rc = r->lib ? cuLibraryUnload((CUlibrary)r->h) : cuModuleUnload((CUmodule)r->h);
+    return NULL;
+}
+
+static void *reuse_load(void *arg)
+{
+    struct reuser *r = arg;
+    cuCtxSetCurrent(r->ctx);
+    if (r->lib)
+        r->rc = cuLibraryLoadData((CUlibrary *)&r->h, g_image, NULL, NULL, 0, NULL, NULL, 0);
+    else
+        r->rc = cuModuleLoadData((CUmodule *)&r->h, g_image);
+    pthread_mutex_lock(&r->mu);
+    r->done = 1;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+static int reuse(CUcontext ctx, int lib, unsigned long long small, unsigned long long big, size_t alloc)
+{
+    struct reuser u = {.lib = lib, .ctx = ctx}, l = {.lib = lib, .ctx = ctx};
+    pthread_mutex_init(&l.mu, NULL);
+    pthread_cond_init(&l.cv, NULL);
+    char gate[64], in[80];
+    snprintf(gate, sizeof gate, "/tmp/modmem_unload.%d", (int)getpid());
+    snprintf(in, sizeof in, "%s.in", gate);
+    unlink(gate);
+    unlink(in);
+    make_image(small);
+    CUresult rc = lib ? cuLibraryLoadData((CUlibrary *)&u.h, g_image, NULL, NULL, 0, NULL, NULL, 0)
+                      : cuModuleLoadData((CUmodule *)&u.h, g_image);
+    show("load1", rc);
+    void *first = u.h;
+    snprintf(g_image, sizeof g_image, "FAKEMOD:%llu\n", big);
+    setenv("FAKE_CUDA_UNLOAD_GATE", gate, 1);
+    pthread_t tu, tl;
+    pthread_create(&tu, NULL, reuse_unload, &u);
+    while (access(in, F_OK) != 0) /* the unload is in the driver, the memory freed */
+        usleep(1000);
+    pthread_create(&tl, NULL, reuse_load, &l);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 300000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&l.mu); /* the load may wait for the unload: it is let go after 300 ms at most */
+    while (!l.done && pthread_cond_timedwait(&l.cv, &l.mu, &until) == 0)
+        ;
+    pthread_mutex_unlock(&l.mu);
+    gate_open(gate);
+    pthread_join(tu, NULL);
+    pthread_join(tl, NULL);
+    unsetenv("FAKE_CUDA_UNLOAD_GATE");
+    unlink(gate);
+    unlink(in);
+    show("unload1", u.rc);
+    show("load2", l.rc);
+    printf("same=%d\n", l.h == first);
+    CUdeviceptr p = 0;
+    show("alloc", cuMemAlloc_v2(&p, alloc));
+    if (p)
+        cuMemFree_v2(p);
+    if (l.rc == CUDA_SUCCESS)
+        show("unload2", lib ? cuLibraryUnload((CUlibrary)l.h) : cuModuleUnload((CUmodule)l.h));
+    show("end", CUDA_SUCCESS);
+    unlink(g_path);
+    return 0;
+}
+
 /* "libfirst": the library loaded before the process's first context (see above). */
 static int lib_first(unsigned long long bytes, size_t alloc, int primary)
 {
@@ -221,6 +414,12 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *sc = argv[1];
+    if (!strcmp(sc, "reuse") && argc > 5)
+        return reuse(ctx, !strcmp(argv[2], "library"), strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10),
+                     strtoull(argv[5], NULL, 10));
+    if (!strcmp(sc, "inflight"))
+        return inflight(ctx, strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                        argc > 4 && !strcmp(argv[4], "free"));
     CUmodule m = NULL;
     CUlibrary l = NULL;
     CUdeviceptr p = 0;

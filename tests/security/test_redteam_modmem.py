@@ -235,3 +235,56 @@ def test_loads_racing_context_creations_keep_the_accounting_whole(any_build: tup
     s, out = play(any_build, tmp_path, "race", "100", str(4 * MIB))
     assert out["failed"] == "0", out
     assert s["end"] == (0, 0, CTX)
+
+
+def test_allocation_in_the_driver_during_a_load_does_not_shrink_its_measure(any_build: tuple[Toolchain, Path],
+                                                                          tmp_path: Path) -> None:
+    # The attack: while one thread loads a 1000 MiB module, another allocates 900 MiB. The shim reserves an
+    # allocation's size before the driver's call, so at the load's closing reading the allocation can be
+    # charged while NVML does not show it yet (a large cuMemAlloc takes milliseconds in the driver; the fake
+    # NVML's listing gate holds the closing listing, its figures taken, until the allocation returned). Its
+    # charge used to be subtracted from the load's rise as if the driver had already allocated it: the module
+    # was charged 100 MiB and the tenant held 1900 MiB under a 1 GiB limit. A rise of the process's own charge
+    # during the load is no longer subtracted (it may not be on the GPU yet): the module is measured whole and
+    # refused, and what the tenant holds stays within the limit.
+    s, _ = play(any_build, tmp_path, "inflight", str(1000 * MIB), str(900 * MIB))
+    assert s["alloc"][0] == 0  # the allocation fits on its own
+    assert s["load"][0] == OOM
+    assert s["load"][2] - CTX <= GIB
+    assert s["end"][1] == s["end"][2] - CTX  # charged what it holds (the context is not charged here)
+    # a module that fits next to the allocation is charged whole: 100 MiB + 900 MiB
+    s, _ = play(any_build, tmp_path, "inflight", str(100 * MIB), str(900 * MIB))
+    assert s["load"] == (0, 1000 * MIB, CTX + 1000 * MIB)
+    assert s["unload"] == (0, 900 * MIB, CTX + 900 * MIB)
+
+
+def test_free_during_a_loads_opening_reading_does_not_shrink_its_measure(any_build: tuple[Toolchain, Path],
+                                                                         tmp_path: Path) -> None:
+    # The attack: the tenant holds 900 MiB and frees it in another thread while the load's opening NVML
+    # reading is under way (the listing's figures, taken at its start, still show the 900 MiB; the free is
+    # done and its charge given back before the shim read its own charge). The opening reading then held
+    # 900 MiB in NVML's figure but not in the charge, so the rise read 900 MiB low: the 1000 MiB module was
+    # charged 100 MiB. The shim reads its own charge before NVML's figures at the opening reading (after them
+    # at the closing one), so a free in between makes the load look larger, never smaller.
+    s, _ = play(any_build, tmp_path, "inflight", str(1000 * MIB), str(900 * MIB), "free")
+    assert s["before"][:2] == (0, 900 * MIB)
+    assert s["alloc"][0] == 0  # the free
+    assert s["load"] == (0, 1000 * MIB, CTX + 1000 * MIB)  # charged whole
+
+
+@pytest.mark.parametrize("kind", ["library", "module"])
+def test_unload_racing_a_load_that_reuses_the_handle(any_build: tuple[Toolchain, Path], tmp_path: Path,
+                                                     kind: str) -> None:
+    # The attack: a 100 MiB library (module) is unloaded in one thread; the driver frees it and can hand the
+    # same handle to the next load, which another thread makes at once, 900 MiB, before the unload's thread
+    # gave the charge back. The load's charge was recorded under the handle over the old one's entry, then the
+    # unload took that entry and gave back 900 MiB: the new library was held uncharged (and, a library, no
+    # longer known as loaded, so later contexts would get their copies unmeasured) while 100 MiB stayed
+    # charged for nothing; 900 MiB more could then be allocated. An unload now holds off loads (the creation
+    # locks) until its charge is given back: the second load is charged whole and the allocation refused.
+    s, out = play(any_build, tmp_path, "reuse", kind, str(100 * MIB), str(900 * MIB), str(900 * MIB))
+    assert s["load1"] == (0, 100 * MIB, CTX + 100 * MIB)
+    assert s["unload1"][0] == 0 and s["load2"][0] == 0
+    assert s["alloc"][0] == OOM  # 900 MiB loaded and charged: no room for 900 MiB more
+    assert s["unload2"] == (0, 0, CTX)
+    assert s["end"] == (0, 0, CTX)
