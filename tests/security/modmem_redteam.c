@@ -52,6 +52,10 @@
  *                                     same handle again; waited for up to 300 ms, then the unload is let go,
  *                                     "same=1" when the handle was the same), cuMemAlloc ALLOC ("alloc"), the
  *                                     second unloaded ("unload2").
+ *   modmem_redteam twice BYTES ALLOC   double unloads: a library of BYTES loaded and unloaded twice ("lib1",
+ *                                     "lib2"); a module of BYTES loaded into a second context, the context
+ *                                     destroyed, then the module unloaded ("modgone") and again ("modgone2");
+ *                                     a module loaded and unloaded twice ("mod1", "mod2"); then cuMemAlloc ALLOC.
  *   modmem_redteam libfirst BYTES ALLOC [primary]  no context yet (as the CUDA runtime registers a program's
  *                                     fatbins): cuLibraryLoadData of BYTES, the process's first context created
  *                                     ("ctx"; primary: the primary context retained and made current), a
@@ -414,6 +418,28 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *sc = argv[1];
+    if (!strcmp(sc, "twice")) {
+        CUlibrary l = NULL;
+        CUmodule m = NULL;
+        CUcontext c2 = NULL;
+        CUdeviceptr p = 0;
+        make_image(strtoull(argv[2], NULL, 10));
+        show("libload", cuLibraryLoadData(&l, g_image, NULL, NULL, 0, NULL, NULL, 0));
+        show("lib1", cuLibraryUnload(l));
+        show("lib2", cuLibraryUnload(l));
+        show("ctx2", cuCtxCreate_v2(&c2, 0, 0));
+        show("modload", cuModuleLoadData(&m, g_image));
+        show("destroy", cuCtxDestroy_v2(c2));
+        cuCtxSetCurrent(ctx);
+        show("modgone", cuModuleUnload(m));
+        show("modgone2", cuModuleUnload(m));
+        show("modload2", cuModuleLoadData(&m, g_image));
+        show("mod1", cuModuleUnload(m));
+        show("mod2", cuModuleUnload(m));
+        show("alloc", cuMemAlloc_v2(&p, strtoull(argv[3], NULL, 10)));
+        unlink(g_path);
+        return 0;
+    }
     if (!strcmp(sc, "reuse") && argc > 5)
         return reuse(ctx, !strcmp(argv[2], "library"), strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10),
                      strtoull(argv[5], NULL, 10));

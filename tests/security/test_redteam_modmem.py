@@ -285,6 +285,25 @@ def test_unload_racing_a_load_that_reuses_the_handle(any_build: tuple[Toolchain,
     s, out = play(any_build, tmp_path, "reuse", kind, str(100 * MIB), str(900 * MIB), str(900 * MIB))
     assert s["load1"] == (0, 100 * MIB, CTX + 100 * MIB)
     assert s["unload1"][0] == 0 and s["load2"][0] == 0
+    assert out["same"] == "1"  # the driver handed the unloaded handle to the second load
     assert s["alloc"][0] == OOM  # 900 MiB loaded and charged: no room for 900 MiB more
     assert s["unload2"] == (0, 0, CTX)
     assert s["end"] == (0, 0, CTX)
+
+
+def test_double_unloads_give_back_nothing_twice(any_build: tuple[Toolchain, Path], tmp_path: Path) -> None:
+    # The attack: give a charge back twice to get room for more. A library unloaded twice, a module unloaded
+    # after its context was destroyed (the driver freed it with the context, which gave its charge back), and
+    # twice; a module unloaded twice. Each second unload is the driver's error and gives nothing back: the
+    # charge never falls below what is held, and the full limit is then all that can be allocated.
+    s, _ = play(any_build, tmp_path, "twice", str(200 * MIB), str(1024 * MIB))
+    assert s["libload"] == (0, 200 * MIB, CTX + 200 * MIB)
+    assert s["lib1"] == (0, 0, CTX)
+    assert s["lib2"][0] != 0 and s["lib2"][1:] == (0, CTX)
+    assert s["modload"] == (0, 200 * MIB, 2 * CTX + 200 * MIB)
+    assert s["destroy"] == (0, 0, CTX)
+    for step in ("modgone", "modgone2", "mod2"):
+        assert s[step][0] != 0 and s[step][1:] == (0, CTX), step
+    assert s["modload2"] == (0, 200 * MIB, CTX + 200 * MIB)
+    assert s["mod1"] == (0, 0, CTX)
+    assert s["alloc"] == (0, 1024 * MIB, CTX + 1024 * MIB)
