@@ -23,7 +23,13 @@
  *   modmem <MiB>      - a module (PTX) with a MiB `.global` array (a __device__ array) loaded and unloaded: NVML's
  *                       used memory of this process (and of the GPU) before, loaded, unloaded
  *   modlimit <limit MiB> - (under the shim) modules with a `.global` array of half the limit, then of 1.5x the
- *                       limit: each load's result, what cuMemGetInfo shows used, NVML's figure for this process */
+ *                       limit: each load's result, what cuMemGetInfo shows used, NVML's figure for this process
+ *   stack <bytes>     - a kernel (PTX) with a local array of `bytes` per thread launched once: its
+ *                       CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, the context's stack size (cuCtxGetLimit) and NVML's
+ *                       used memory of this process before and after
+ *   stacklimit <limit MiB> - (under the shim) the same with a frame taking a quarter of the limit over every
+ *                       resident thread, then one taking 1.5x the limit: each launch's result, what cuMemGetInfo
+ *                       shows used, NVML's figure for this process */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -529,6 +535,94 @@ static int mode_modlimit(size_t limit)
     return 0;
 }
 
+/* ---- stacks grown at launch: a kernel needing more local memory per thread than the stack grows it */
+FN(cuFuncGetAttribute, CUresult, (int *, int, CUfunction));
+FN(cuCtxGetLimit, CUresult, (size_t *, int));
+
+/* Loads a PTX kernel `deep` whose threads keep a local array of `bytes` (indexed by a parameter, so it stays in
+ * local memory). */
+static CUresult load_deep(size_t bytes, CUmodule *m, CUfunction *f)
+{
+    static char ptx[1024];
+    snprintf(ptx, sizeof ptx,
+             ".version 7.0\n.target sm_70\n.address_size 64\n"
+             ".visible .entry deep(.param .u64 out, .param .u32 idx)\n{\n"
+             " .local .align 8 .b8 buf[%zu];\n .reg .u64 a, b, o, off;\n .reg .u32 i, v;\n"
+             " ld.param.u64 o, [out];\n ld.param.u32 i, [idx];\n mov.u64 a, buf;\n cvt.u64.u32 off, i;\n"
+             " add.u64 b, a, off;\n st.local.u32 [b], i;\n ld.local.u32 v, [a];\n cvta.to.global.u64 o, o;\n"
+             " st.global.u32 [o], v;\n ret;\n}\n", bytes);
+    CUresult rc = p_cuModuleLoadData(m, ptx);
+    return rc ? rc : p_cuModuleGetFunction(f, *m, "deep");
+}
+
+/* One launch of deep (one block of one thread) writing to out, synchronised. */
+static CUresult launch_deep(CUfunction f, size_t bytes, CUdeviceptr out)
+{
+    unsigned idx = (unsigned)((bytes - 4) & ~(size_t)3);
+    void *args[] = {&out, &idx};
+    CUresult rc = p_cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL);
+    CUresult sync = p_cuCtxSynchronize();
+    return rc ? rc : sync;
+}
+
+/* Without the shim: the stack size and NVML's used memory around one launch of a `bytes` frame. */
+static int mode_stack(size_t bytes)
+{
+    LOAD(cuFuncGetAttribute);
+    LOAD(cuCtxGetLimit);
+    if (ctx_up())
+        return 2;
+    CUmodule m;
+    CUfunction f;
+    CUdeviceptr out;
+    CK(load_deep(bytes, &m, &f));
+    CK(p_cuMemAlloc_v2(&out, 4));
+    int local = -1, sms = 0, threads = 0;
+    size_t before = 0, after = 0;
+    p_cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f);
+    p_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0);
+    p_cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 0);
+    p_cuCtxGetLimit(&before, CU_LIMIT_STACK_SIZE);
+    CK(p_cuCtxSynchronize());
+    unsigned long long own0 = nvml_own();
+    CUresult rc = launch_deep(f, bytes, out);
+    unsigned long long own1 = nvml_own();
+    p_cuCtxGetLimit(&after, CU_LIMIT_STACK_SIZE);
+    printf("stack_launch=%d local=%d sms=%d threads=%d stack_before=%zu stack_after=%zu own_before=%llu "
+           "own_after=%llu\n", rc, local, sms, threads, before, after, own0, own1);
+    return 0;
+}
+
+/* Under the shim and a limit: a frame whose stack takes a quarter of the limit runs and is charged; one taking 1.5x
+ * the limit is refused with CUDA_ERROR_OUT_OF_MEMORY and the process's NVML figure stays. */
+static int mode_stacklimit(size_t limit)
+{
+    LOAD(cuFuncGetAttribute);
+    LOAD(cuCtxGetLimit);
+    if (ctx_up())
+        return 2;
+    int sms = 0, threads = 0;
+    CK(p_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0));
+    CK(p_cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 0));
+    size_t per = (size_t)sms * (size_t)threads;
+    size_t small = (limit / 4 / per) & ~(size_t)15, big = (limit + limit / 2) / per + 16;
+    CUmodule m1, m2;
+    CUfunction f1, f2;
+    CUdeviceptr out;
+    CK(load_deep(small, &m1, &f1));
+    CK(load_deep(big, &m2, &f2));
+    CK(p_cuMemAlloc_v2(&out, 4));
+    CK(p_cuCtxSynchronize());
+    unsigned long long used0 = cu_used(), own0 = nvml_own();
+    CUresult rs = launch_deep(f1, small, out);
+    unsigned long long used1 = cu_used(), own1 = nvml_own();
+    CUresult rb = launch_deep(f2, big, out);
+    unsigned long long used2 = cu_used(), own2 = nvml_own();
+    printf("stack_small=%d stack_big=%d frame_small=%zu frame_big=%zu used_before=%llu used_small=%llu used_big=%llu "
+           "own_before=%llu own_small=%llu own_big=%llu\n", rs, rb, small, big, used0, used1, used2, own0, own1, own2);
+    return 0;
+}
+
 /* A retained handle (no shim): NVML used memory after each step. */
 static int mode_retain(size_t bytes)
 {
@@ -687,6 +781,10 @@ int main(int argc, char **argv)
         return mode_modmem((size_t)strtoull(argv[2], NULL, 10) * MIB);
     if (!strcmp(argv[1], "modlimit") && argc > 2)
         return mode_modlimit((size_t)strtoull(argv[2], NULL, 10) * MIB);
+    if (!strcmp(argv[1], "stack") && argc > 2)
+        return mode_stack((size_t)strtoull(argv[2], NULL, 10));
+    if (!strcmp(argv[1], "stacklimit") && argc > 2)
+        return mode_stacklimit((size_t)strtoull(argv[2], NULL, 10) * MIB);
     fprintf(stderr, "unknown mode %s\n", argv[1]);
     return 64;
 }

@@ -38,6 +38,11 @@ Rows (expected value -> measured):
   raises NVML's used memory of the process by that much when loaded, and unloading gives it back; with the shim,
   a module holding half the limit is charged until unloaded, one holding 1.5x the limit is refused with
   ``CUDA_ERROR_OUT_OF_MEMORY`` and leaves nothing allocated.
+- stacks grown at launch: without the shim, one launch of a PTX kernel with a ``STACK_FRAME`` local array per
+  thread grows the context's stack (``cuCtxGetLimit``) to it and NVML's used memory of the process by about
+  (frame - old stack) x threads per SM x SMs, kept after the launch; with the shim, a frame whose stack takes a
+  quarter of the limit runs and is charged, one taking 1.5x the limit is refused with
+  ``CUDA_ERROR_OUT_OF_MEMORY`` and takes nothing.
 - VMM, without the shim: unreleased ``cuMemCreate`` memory (mapped or not) stays allocated when its context is
   destroyed, as the driver documents (NVML's used memory, the primary context kept), until it is unmapped and
   released; a handle ``cuMemRetainAllocationHandle`` retained keeps the memory after the first
@@ -323,6 +328,10 @@ VMM_RETAIN = "VMM: a retained handle lives until its own cuMemRelease"
 #: module memory rows: a module's __device__ globals are device memory the driver allocates when it is loaded
 MOD_DRIVER = "module: a __device__ array is allocated at load, freed at unload"
 MOD_LIMIT = "module under the limit: half charged, 1.5x refused"
+#: stack rows: a kernel needing more local memory per thread than the stack makes the driver grow it at launch
+STACK_FRAME = 64 * 1024  # bytes per thread of the driver check's kernel
+STACK_DRIVER = "stack: a big-frame launch grows and keeps the context's stack"
+STACK_LIMIT = "stack under the limit: a quarter charged, 1.5x refused"
 
 
 def _num(kv: dict[str, str], key: str) -> int | None:
@@ -454,6 +463,46 @@ def module_rows(s: Setup) -> list[Row]:
                         f"-> {lim.get('own_after_big')} bytes",
                         (lim["mod_half"], lim["mod_unload"], lim["mod_big"]) == ("0", "0", "2") and u1 >= u0 + half
                         and u2 <= u0 and leak_ok))
+    return rows
+
+
+def stack_rows(s: Setup) -> list[Row]:
+    """Stacks grown at launch: without the shim, one launch of a kernel with a ``STACK_FRAME`` local array per
+    thread reports that local size (``CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES``), leaves the context's stack size at
+    least that (``cuCtxGetLimit``) and NVML's used memory of the process at least half of (frame - old stack) x
+    threads per SM x SMs higher; under the shim, a frame taking a quarter of the limit runs and is charged
+    (``cuMemGetInfo``'s used memory rises by frame x threads x SMs), one taking 1.5x the limit is refused with
+    ``CUDA_ERROR_OUT_OF_MEMORY``, the process's NVML figure within 256 MiB of where it was."""
+    rows: list[Row] = []
+    d = s.run(["stack", str(STACK_FRAME)], s.env(False))
+    nums = {k: _num(d, k) for k in ("local", "sms", "threads", "stack_before", "stack_after", "own_before",
+                                    "own_after")}
+    if d["rc"] != "0" or any(v is None for v in nums.values()):
+        rows.append(Row(STACK_DRIVER, "runs", d.get("error") or "a figure unreadable (NVML per-process?)", False))
+    else:
+        n = {k: v or 0 for k, v in nums.items()}
+        grow = max(STACK_FRAME - n["stack_before"], 0) * n["sms"] * n["threads"]
+        rows.append(Row(STACK_DRIVER, f"launch 0; local >= {STACK_FRAME}; stack >= it; NVML +>= {mib(grow // 2)}",
+                        f"launch {d.get('stack_launch')}; local {n['local']}; stack {n['stack_before']} -> "
+                        f"{n['stack_after']}; NVML (this process) {mib(n['own_before'])} -> {mib(n['own_after'])}",
+                        d.get("stack_launch") == "0" and n["local"] >= STACK_FRAME
+                        and n["stack_after"] >= STACK_FRAME and n["own_after"] >= n["own_before"] + grow // 2))
+    lim = s.run(["stacklimit", str(s.limit // MIB)], s.env(True, s.work / "stack.cache"))
+    used = [_num(lim, k) for k in ("used_before", "used_small", "frame_small")]
+    if "stack_small" not in lim or any(x is None for x in used):
+        rows.append(Row(STACK_LIMIT, "runs", lim.get("error", "no output"), False))
+    else:
+        u0, u1, frame = (x or 0 for x in used)
+        threads = (_num(d, "sms") or 0) * (_num(d, "threads") or 0)
+        own1, own2 = _num(lim, "own_small"), _num(lim, "own_big")
+        tol = 256 * MIB
+        leak_ok = own1 is None or own2 is None or own2 <= own1 + tol  # NVML may not tell
+        rows.append(Row(STACK_LIMIT, f"0 (charged +{mib(frame * threads)}) then 2 (OUT_OF_MEMORY), nothing taken",
+                        f"{lim['stack_small']} (charged +{mib(u1 - u0) if u1 >= u0 else '0 MiB'}) then "
+                        f"{lim['stack_big']}; NVML (this process) {lim.get('own_small')} -> {lim.get('own_big')} "
+                        "bytes",
+                        (lim["stack_small"], lim["stack_big"]) == ("0", "2") and threads > 0
+                        and u1 >= u0 + frame * threads and leak_ok))
     return rows
 
 
@@ -634,7 +683,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="vgpu-check-") as tmp:
         s = Setup(Path(tmp))
         rows = (procaddr_rows(s) + memory_rows(s) + reclaim_rows(s) + graph_rows(s) + vmm_driver_rows(s)
-                + module_rows(s) + torch_rows(s) + sm_rows(s) + torch_sm_rows(s))
+                + module_rows(s) + stack_rows(s) + torch_rows(s) + sm_rows(s) + torch_sm_rows(s))
     print(f"libvgpu GPU check ({'fakes in ' + s.fakes if s.fakes else 'driver'}; limit {mib(s.limit)})")
     print(table(rows))
     missed = [r for r in rows if r.ok is False]

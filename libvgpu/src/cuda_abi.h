@@ -73,6 +73,8 @@ typedef int CUdriverProcAddressQueryResult;
 
 #define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 #define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
+#define CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES 3 /* CUfunction_attribute: local memory per thread (bytes) */
+#define CU_LIMIT_STACK_SIZE 0                /* CUlimit: stack size per thread (bytes) */
 
 typedef struct {
     unsigned char bytes[16];

@@ -137,3 +137,6 @@ REAL(cuGraphKernelNodeGetParams, CUresult, (CUgraphNode node, CUDA_KERNEL_NODE_P
 REAL(cuGraphMemAllocNodeGetParams, CUresult, (CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params))
 REAL(cuGraphChildGraphNodeGetGraph, CUresult, (CUgraphNode node, CUgraph *graph))
 REAL(cuDeviceGetGraphMemAttribute, CUresult, (CUdevice dev, int attr, void *value))
+REAL(cuFuncGetAttribute, CUresult, (int *pi, int attrib, CUfunction f))
+REAL(cuKernelGetAttribute, CUresult, (int *pi, int attrib, CUkernel kernel, CUdevice dev))
+REAL(cuStreamGetCtx, CUresult, (CUstream s, CUcontext *pctx))

@@ -433,38 +433,43 @@ void limiter_start(void)
 }
 
 /* ------------------------------------------------------------------ launch hooks */
-#define LAUNCH_HOOK(name, blocks, stream, params, args)       \
+/* stack: the check of the kernel's stack against the memory limit (memory.c memory_launch_stack), first: a
+ * refused launch never takes budget. */
+#define LAUNCH_HOOK(name, blocks, stream, stack, params, args) \
     EXPORT CUresult name params                                \
     {                                                          \
         ensure_cuda();                                         \
         if (UNLIKELY(!real_##name))                            \
             return CUDA_ERROR_NOT_INITIALIZED;                 \
+        CUresult src_ = stack;                                 \
+        if (UNLIKELY(src_ != CUDA_SUCCESS))                    \
+            return src_;                                       \
         if (UNLIKELY(g_sm_active))                             \
             limiter_throttle(blocks, stream);                  \
         return real_##name args;                               \
     }
 
-LAUNCH_HOOK(cuLaunchKernel, (uint64_t)gx * gy * gz, s,
+LAUNCH_HOOK(cuLaunchKernel, (uint64_t)gx * gy * gz, s, memory_launch_stack(f),
             (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
              unsigned int bz, unsigned int shmem, CUstream s, void **params, void **extra),
             (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra))
-LAUNCH_HOOK(cuLaunchKernel_ptsz, (uint64_t)gx * gy * gz, s,
+LAUNCH_HOOK(cuLaunchKernel_ptsz, (uint64_t)gx * gy * gz, s, memory_launch_stack(f),
             (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
              unsigned int bz, unsigned int shmem, CUstream s, void **params, void **extra),
             (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra))
-LAUNCH_HOOK(cuLaunchCooperativeKernel, (uint64_t)gx * gy * gz, s,
+LAUNCH_HOOK(cuLaunchCooperativeKernel, (uint64_t)gx * gy * gz, s, memory_launch_stack(f),
             (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
              unsigned int bz, unsigned int shmem, CUstream s, void **params),
             (f, gx, gy, gz, bx, by, bz, shmem, s, params))
-LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz, (uint64_t)gx * gy * gz, s,
+LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz, (uint64_t)gx * gy * gz, s, memory_launch_stack(f),
             (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
              unsigned int bz, unsigned int shmem, CUstream s, void **params),
             (f, gx, gy, gz, bx, by, bz, shmem, s, params))
 LAUNCH_HOOK(cuLaunchKernelEx, config ? (uint64_t)config->gridDimX * config->gridDimY * config->gridDimZ : 1,
-            config ? config->hStream : NULL,
+            config ? config->hStream : NULL, memory_launch_stack(f),
             (const CUlaunchConfig *config, CUfunction f, void **params, void **extra), (config, f, params, extra))
 LAUNCH_HOOK(cuLaunchKernelEx_ptsz, config ? (uint64_t)config->gridDimX * config->gridDimY * config->gridDimZ : 1,
-            config ? config->hStream : NULL,
+            config ? config->hStream : NULL, memory_launch_stack(f),
             (const CUlaunchConfig *config, CUfunction f, void **params, void **extra), (config, f, params, extra))
 
 /* The legacy launches (deprecated, still exported by the driver): cuLaunch runs one block, cuLaunchGrid(Async)
@@ -474,9 +479,9 @@ static uint64_t grid_blocks(int w, int h)
     return w > 0 && h > 0 ? (uint64_t)w * (uint64_t)h : 1;
 }
 
-LAUNCH_HOOK(cuLaunch, 1, NULL, (CUfunction f), (f))
-LAUNCH_HOOK(cuLaunchGrid, grid_blocks(w, h), NULL, (CUfunction f, int w, int h), (f, w, h))
-LAUNCH_HOOK(cuLaunchGridAsync, grid_blocks(w, h), s, (CUfunction f, int w, int h, CUstream s), (f, w, h, s))
+LAUNCH_HOOK(cuLaunch, 1, NULL, memory_launch_stack(f), (CUfunction f), (f))
+LAUNCH_HOOK(cuLaunchGrid, grid_blocks(w, h), NULL, memory_launch_stack(f), (CUfunction f, int w, int h), (f, w, h))
+LAUNCH_HOOK(cuLaunchGridAsync, grid_blocks(w, h), s, memory_launch_stack(f), (CUfunction f, int w, int h, CUstream s), (f, w, h, s))
 
 /* One kernel per device (at most one entry per device: more is the driver's error, and never read here): the
  * blocks of them all, charged to the current device. */
@@ -491,6 +496,7 @@ static uint64_t multi_blocks(const CUDA_LAUNCH_PARAMS *list, unsigned int n)
 }
 
 LAUNCH_HOOK(cuLaunchCooperativeKernelMultiDevice, multi_blocks(list, n), list && n ? list[0].hStream : NULL,
+            memory_launch_stack_multi(list, n),
             (CUDA_LAUNCH_PARAMS *list, unsigned int n, unsigned int flags), (list, n, flags))
 
 /* ------------------------------------------------------------------ graphs */
@@ -560,15 +566,41 @@ static void graph_instantiated(CUgraphExec *exec, CUgraph graph)
     memory_graph_instantiated(*exec, graph);
 }
 
+/* The new executable *exec is given up (its memory check or upload refused, or failed): forgotten and
+ * destroyed. */
+static void graph_abandon(CUgraphExec *exec)
+{
+    if (!exec || !real_cuGraphExecDestroy)
+        return;
+    CUgraphExec e = *exec;
+    memory_graph_exec_gone(e);
+    uint64_t s;
+    int d;
+    if (g_sm_active)
+        track_take(TK_GRAPHEXEC, (uint64_t)(uintptr_t)e, &s, &d);
+    real_cuGraphExecDestroy(e);
+}
+
+/* An instantiation the driver made (rc): recorded, and its kernels' stack charged (memory.c), which the
+ * driver grows at its launches; refused (the executable destroyed) with CUDA_ERROR_OUT_OF_MEMORY when that
+ * does not fit. */
+static CUresult graph_made(CUresult rc, CUgraphExec *exec, CUgraph graph)
+{
+    if (rc != CUDA_SUCCESS || !exec)
+        return rc;
+    graph_instantiated(exec, graph);
+    rc = memory_graph_stack(graph);
+    if (rc != CUDA_SUCCESS)
+        graph_abandon(exec);
+    return rc;
+}
+
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags)
 {
     ensure_cuda();
     if (!real_cuGraphInstantiateWithFlags)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real_cuGraphInstantiateWithFlags(exec, graph, flags);
-    if (rc == CUDA_SUCCESS)
-        graph_instantiated(exec, graph);
-    return rc;
+    return graph_made(real_cuGraphInstantiateWithFlags(exec, graph, flags), exec, graph);
 }
 
 EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *err, char *log, size_t logsz)
@@ -576,10 +608,7 @@ EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphN
     ensure_cuda();
     if (!real_cuGraphInstantiate_v2)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real_cuGraphInstantiate_v2(exec, graph, err, log, logsz);
-    if (rc == CUDA_SUCCESS)
-        graph_instantiated(exec, graph);
-    return rc;
+    return graph_made(real_cuGraphInstantiate_v2(exec, graph, err, log, logsz), exec, graph);
 }
 
 EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *err, char *log, size_t logsz)
@@ -587,10 +616,7 @@ EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode
     ensure_cuda();
     if (!real_cuGraphInstantiate)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real_cuGraphInstantiate(exec, graph, err, log, logsz);
-    if (rc == CUDA_SUCCESS)
-        graph_instantiated(exec, graph);
-    return rc;
+    return graph_made(real_cuGraphInstantiate(exec, graph, err, log, logsz), exec, graph);
 }
 
 /* CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD also uploads the graph, which reserves its allocations' memory: the
@@ -600,34 +626,24 @@ static CUresult instantiate_with_params(cuGraphInstantiateWithParams_fn fn, cuGr
                                         CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
     if (!params || !exec || !(params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) || !upload || !vgpu_cfg->enabled) {
-        CUresult rc = fn(exec, graph, params);
-        if (rc == CUDA_SUCCESS)
-            graph_instantiated(exec, graph);
-        return rc;
+        return graph_made(fn(exec, graph, params), exec, graph);
     }
     CUDA_GRAPH_INSTANTIATE_PARAMS q = *params;
     q.flags &= ~(cuuint64_t)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
     CUresult rc = fn(exec, graph, &q);
     params->hErrNode_out = q.hErrNode_out;
     params->result_out = q.result_out;
+    rc = graph_made(rc, exec, graph);
     if (rc != CUDA_SUCCESS)
         return rc;
-    graph_instantiated(exec, graph);
     struct gmem_launch t;
     rc = memory_graph_launch_begin(*exec, "cuGraphInstantiateWithParams", &t);
     if (rc == CUDA_SUCCESS) {
         rc = upload(*exec, q.hUploadStream);
         memory_graph_launch_end(&t, rc);
     }
-    if (rc != CUDA_SUCCESS && real_cuGraphExecDestroy) {
-        CUgraphExec e = *exec;
-        memory_graph_exec_gone(e);
-        uint64_t s;
-        int d;
-        if (g_sm_active)
-            track_take(TK_GRAPHEXEC, (uint64_t)(uintptr_t)e, &s, &d);
-        real_cuGraphExecDestroy(e);
-    }
+    if (rc != CUDA_SUCCESS)
+        graph_abandon(exec);
     return rc;
 }
 

@@ -1352,7 +1352,61 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
  * thread that can be resident (CU_LIMIT_STACK_SIZE, 0: bytes per thread x SMs x threads per SM) --
  * are charged like allocations, to the context (released when it goes), and refused with
  * CUDA_ERROR_OUT_OF_MEMORY when they would pass the limit. Raising a limit charges the difference;
- * lowering it gives the difference back once the driver took the new value. */
+ * lowering it gives the difference back once the driver took the new value. A kernel launch that makes
+ * the driver grow the stack is charged by the same rule (stack_cover). */
+static pthread_mutex_t g_limit_mu = PTHREAD_MUTEX_INITIALIZER; /* one limit change of the process at a time */
+
+/* The device memory limit `limit` set to `value` takes on dev (bytes). */
+static uint64_t limit_bytes(CUdevice dev, int limit, size_t value)
+{
+    if (limit != CU_LIMIT_STACK_SIZE)
+        return value;
+    int sms = 0, threads = 0;
+    if (!real_cuDeviceGetAttribute || real_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) ||
+        real_cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) ||
+        sms <= 0 || threads <= 0) {
+        sms = 256; /* unknown: assume a large GPU (never under-count) */
+        threads = 2048;
+    }
+    uint64_t per = (uint64_t)sms * (uint64_t)threads;
+    return value > UINT64_MAX / per ? UINT64_MAX : (uint64_t)value * per;
+}
+
+/* Charges context ctx's limit at value. driver: cuCtxSetLimit (the driver takes the new value; a lower one
+ * gives the difference back); else a launch about to make the driver grow it: only ever raises the charge,
+ * the driver not called. CUDA_ERROR_OUT_OF_MEMORY (nothing changed) when the rise does not fit. */
+static CUresult limit_charge(CUdevice dev, CUcontext ctx, int limit, size_t value, int driver, const char *api)
+{
+    uint64_t bytes = limit_bytes(dev, limit, value);
+    uint64_t key = (uint64_t)(uintptr_t)ctx + (uint64_t)limit; /* contexts are aligned: unique per limit */
+    uint64_t old = 0;
+    int odev = dev;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_limit_mu);
+    if (!track_get(TK_LIMIT, key, &old, &odev))
+        old = 0;
+    if (!driver && bytes <= old) {
+        pthread_mutex_unlock(&g_limit_mu);
+        return CUDA_SUCCESS; /* already charged */
+    }
+    if (bytes > old) {
+        rc = reserve(dev, bytes - old, api);
+        if (rc == CUDA_SUCCESS && driver) {
+            rc = real_cuCtxSetLimit(limit, value);
+            if (rc != CUDA_SUCCESS)
+                region_release(dev, bytes - old);
+        }
+    } else {
+        rc = real_cuCtxSetLimit(limit, value);
+        if (rc == CUDA_SUCCESS && old > bytes)
+            region_release(dev, old - bytes);
+    }
+    if (rc == CUDA_SUCCESS && track_put(TK_LIMIT, key, bytes, dev, ctx) != 0)
+        LOG_ERROR("cannot record a context limit of %llu bytes; it stays charged", (unsigned long long)bytes);
+    pthread_mutex_unlock(&g_limit_mu);
+    return rc;
+}
+
 EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 {
     ensure_cuda();
@@ -1361,42 +1415,121 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
     CUcontext ctx;
     if (!vgpu_cfg->enabled || limit < 0 || limit > 2 || current_device(&dev, &ctx))
         return real_cuCtxSetLimit(limit, value);
-    uint64_t bytes = value;
-    if (limit == 0) {
-        int sms = 0, threads = 0;
-        if (!real_cuDeviceGetAttribute || real_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) ||
-            real_cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) ||
-            sms <= 0 || threads <= 0) {
-            sms = 256; /* unknown: assume a large GPU (never under-count) */
-            threads = 2048;
-        }
-        uint64_t per = (uint64_t)sms * (uint64_t)threads;
-        bytes = value > UINT64_MAX / per ? UINT64_MAX : (uint64_t)value * per;
-    }
-    uint64_t key = (uint64_t)(uintptr_t)ctx + (uint64_t)limit; /* contexts are aligned: unique per limit */
-    uint64_t old = 0;
-    int odev = dev;
-    if (!track_get(TK_LIMIT, key, &old, &odev))
-        old = 0;
-    if (bytes > old) {
-        CUresult rc = reserve(dev, bytes - old, "cuCtxSetLimit");
-        if (rc)
-            return rc;
-        rc = real_cuCtxSetLimit(limit, value);
-        if (rc != CUDA_SUCCESS) {
-            region_release(dev, bytes - old);
-            return rc;
-        }
-    } else {
-        CUresult rc = real_cuCtxSetLimit(limit, value);
+    return limit_charge(dev, ctx, limit, value, 1, "cuCtxSetLimit");
+}
+
+/* ------------------------------------------------------------------ stacks grown at launch */
+/* A kernel whose threads need more local memory (CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: local arrays, a deep
+ * stack) than the context's stack size makes the driver grow the stack at launch, for every thread that can
+ * be resident, and keep it: the same memory cuCtxSetLimit(CU_LIMIT_STACK_SIZE) takes. Before such a launch
+ * the growth is charged to the context by cuCtxSetLimit's rule (limit_charge, kept until the context goes or
+ * the program sets a lower stack) or the launch is refused with CUDA_ERROR_OUT_OF_MEMORY. A kernel within
+ * the default stack costs one cuFuncGetAttribute: no lock, no I/O, no allocation. No per-function cache: a
+ * function's handle may be another kernel's after its module is unloaded. */
+#define STACK_DEFAULT 1024u /* the driver's default stack (bytes per thread): part of the context's cost */
+
+/* The local memory per thread of f (a CUfunction, or a CUkernel cast to one); 0 when the driver cannot tell
+ * (the launch then fails there). */
+static uint64_t func_local(CUfunction f)
+{
+    int local = 0;
+    if (real_cuFuncGetAttribute && real_cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) == CUDA_SUCCESS)
+        return local > 0 ? (uint64_t)local : 0;
+    CUdevice ord;
+    if (real_cuKernelGetAttribute && real_cuCtxGetDevice && real_cuCtxGetDevice(&ord) == CUDA_SUCCESS &&
+        real_cuKernelGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, (CUkernel)f, ord) == CUDA_SUCCESS)
+        return local > 0 ? (uint64_t)local : 0;
+    return 0;
+}
+
+/* Charges the current context's stack for `local` bytes per thread (api: for the log). */
+static CUresult stack_cover(uint64_t local, const char *api)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    if (local <= STACK_DEFAULT || current_device(&dev, &ctx))
+        return CUDA_SUCCESS;
+    return limit_charge(dev, ctx, CU_LIMIT_STACK_SIZE, (size_t)local, 0, api);
+}
+
+CUresult memory_launch_stack(CUfunction f)
+{
+    if (!vgpu_cfg->enabled || !f)
+        return CUDA_SUCCESS;
+    uint64_t local = func_local(f);
+    return UNLIKELY(local > STACK_DEFAULT) ? stack_cover(local, "a kernel launch (its stack)") : CUDA_SUCCESS;
+}
+
+/* cuLaunchCooperativeKernelMultiDevice: each entry's kernel in its stream's context (the current one for
+ * the NULL stream). */
+CUresult memory_launch_stack_multi(const CUDA_LAUNCH_PARAMS *list, unsigned int n)
+{
+    if (!vgpu_cfg->enabled || !list)
+        return CUDA_SUCCESS;
+    for (unsigned int i = 0; i < n && i < VGPU_MAX_DEV; i++) {
+        uint64_t local = func_local(list[i].function);
+        if (local <= STACK_DEFAULT)
+            continue;
+        CUcontext sc = NULL, cur = NULL;
+        int pushed = list[i].hStream && real_cuStreamGetCtx && real_cuStreamGetCtx(list[i].hStream, &sc) == CUDA_SUCCESS &&
+                     sc && real_cuCtxGetCurrent && real_cuCtxGetCurrent(&cur) == CUDA_SUCCESS && sc != cur &&
+                     real_cuCtxPushCurrent_v2 && real_cuCtxPopCurrent_v2 && real_cuCtxPushCurrent_v2(sc) == CUDA_SUCCESS;
+        CUresult rc = stack_cover(local, "cuLaunchCooperativeKernelMultiDevice (its stack)");
+        if (pushed)
+            real_cuCtxPopCurrent_v2(&cur);
         if (rc != CUDA_SUCCESS)
             return rc;
-        if (old > bytes)
-            region_release(dev, old - bytes);
     }
-    if (track_put(TK_LIMIT, key, bytes, dev, ctx) != 0)
-        LOG_ERROR("cannot record a context limit of %llu bytes; it stays charged", (unsigned long long)bytes);
     return CUDA_SUCCESS;
+}
+
+/* The most local memory per thread of graph g's kernel nodes (child graphs depth levels down, as the graph
+ * memory walk); *unread set when a level could not be read. */
+static uint64_t graph_local(CUgraph g, int depth, int *unread)
+{
+    size_t n = 0;
+    if (depth > 8 || !real_cuGraphGetNodes || !real_cuGraphNodeGetType || !real_cuGraphKernelNodeGetParams ||
+        real_cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS) {
+        *unread = 1;
+        return 0;
+    }
+    if (n == 0)
+        return 0;
+    CUgraphNode *nodes = calloc(n, sizeof *nodes);
+    uint64_t most = 0;
+    if (!nodes || real_cuGraphGetNodes(g, nodes, &n) != CUDA_SUCCESS) {
+        free(nodes);
+        *unread = 1;
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        int type = -1;
+        uint64_t local = 0;
+        if (real_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS)
+            continue;
+        if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
+            CUDA_KERNEL_NODE_PARAMS p;
+            memset(&p, 0, sizeof p);
+            if (real_cuGraphKernelNodeGetParams(nodes[i], &p) == CUDA_SUCCESS)
+                local = func_local(p.func);
+        } else if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
+            CUgraph child = NULL;
+            if (real_cuGraphChildGraphNodeGetGraph && real_cuGraphChildGraphNodeGetGraph(nodes[i], &child) == CUDA_SUCCESS &&
+                child)
+                local = graph_local(child, depth + 1, unread);
+        }
+        most = local > most ? local : most;
+    }
+    free(nodes);
+    return most;
+}
+
+CUresult memory_graph_stack(CUgraph graph)
+{
+    if (!vgpu_cfg->enabled || !graph)
+        return CUDA_SUCCESS;
+    int unread = 0;
+    return stack_cover(graph_local(graph, 0, &unread), "a graph instantiation (its kernels' stack)");
 }
 
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)

@@ -140,6 +140,12 @@ void memory_graph_instantiated(CUgraphExec exec, CUgraph graph);
 CUresult memory_graph_launch_begin(CUgraphExec exec, const char *api, struct gmem_launch *t);
 void memory_graph_launch_end(struct gmem_launch *t, CUresult rc);
 void memory_graph_exec_gone(CUgraphExec exec);
+/* Stacks grown at launch (memory.c): a kernel needing more local memory per thread than the context's stack
+ * has charged makes the driver grow it; charged before the launch (graph: at instantiation) or refused with
+ * CUDA_ERROR_OUT_OF_MEMORY. One cuFuncGetAttribute per kernel launched. */
+CUresult memory_launch_stack(CUfunction f);
+CUresult memory_launch_stack_multi(const CUDA_LAUNCH_PARAMS *list, unsigned int n);
+CUresult memory_graph_stack(CUgraph graph);
 /* the tracking table used for allocations and graph costs: track.h */
 
 /* ------------------------------------------------------------------ SM limiter (limiter.c) */

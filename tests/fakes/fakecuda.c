@@ -23,6 +23,7 @@
  * (cuMemMap, its mapping made), creates PATH.in and waits (at most 60 s) until PATH exists.
  * FAKE_CUDA_UNLOAD_GATE=PATH: the same for cuModuleUnload and cuLibraryUnload, the memory freed (the handle
  * can be handed out again meanwhile).
+ * FAKE_CUDA_DESTROY_GATE=PATH: the same for cuCtxDestroy_v2, the context and its memory freed.
  * fake_cuda_debug_peak_bytes(dev) (exported, test hook) returns the most device memory this process held
  * at once on a device, as NVML's per-process usage showed it.
  * Busy intervals go to the shared state so the fake NVML reports utilisation.
@@ -59,7 +60,11 @@ struct fctx {
     int refs;
     uint64_t tail_ns;
     size_t limits[3]; /* cuCtxSetLimit: stack (per thread), printf FIFO, malloc heap (bytes) */
+    uint64_t stack_bytes; /* local memory a launch grew the stack by (stack_grow), freed with the context */
 };
+/* The stack size (bytes per thread) a context starts with, as the driver's default: its memory is part of
+ * the context's (FAKE_CUDA_CTX_MIB). */
+#define STACK_DEFAULT 1024
 #define MAX_CTX 4096
 static struct fctx g_ctx[MAX_CTX];
 static int g_nctx;
@@ -199,6 +204,7 @@ struct fexec {
     int used;
     int n;
     uint64_t blocks;
+    uint64_t local; /* the most local memory per thread of its kernels */
     struct fgraph *g;
     int nmem;
     struct fmemop mem[EXEC_MEMOPS];
@@ -224,6 +230,11 @@ struct fmod {
     struct fctx *ctx;  /* the context it is loaded into */
     uint64_t bytes;    /* device memory it takes there */
     struct flib *lib;  /* the library it was loaded for (NULL: cuModuleLoad*) */
+    struct {
+        char name[32];
+        uint64_t local; /* bytes of `.local` arrays per thread (ptx_frames) */
+    } frames[8];
+    int nframes;
 };
 #define MAX_MOD 1024
 static struct fmod g_mod[MAX_MOD];
@@ -249,9 +260,11 @@ struct fkern {
 #define MAX_KERN 256
 static struct fkern g_kern[MAX_KERN];
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name);
+static uint64_t local_bytes(const char *name);
 struct ffunc {
     int used;
     char name[64];
+    uint64_t local; /* bytes of local memory per thread (FAKE_CUDA_LOCAL_BYTES) */
 };
 static struct ffunc g_func[1024];
 
@@ -497,6 +510,8 @@ static struct fctx *ctx_new(int dev, int primary)
     c->dev = dev;
     c->primary = primary;
     c->refs = 1;
+    c->limits[0] = STACK_DEFAULT;
+    c->stack_bytes = 0;
     pthread_mutex_unlock(&g_mu);
     if (charge(dev, g_ctx_bytes[dev]) != CUDA_SUCCESS) {
         c->used = 0;
@@ -545,6 +560,8 @@ static void ctx_free(struct fctx *c)
             g_mod[i].used = 0;
         }
     }
+    freed += c->stack_bytes; /* what launches grew its stack by */
+    c->stack_bytes = 0;
     pthread_mutex_unlock(&g_mu);
     uncharge(c->dev, freed + g_ctx_bytes[c->dev]);
 }
@@ -839,6 +856,8 @@ static struct fctx *ctx_of(CUcontext c)
     return f;
 }
 
+static void call_gate(const char *env);
+
 EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 {
     CHECK_INIT();
@@ -854,6 +873,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
         pthread_mutex_unlock(&g_mu);
     }
     ctx_free(f);
+    call_gate("FAKE_CUDA_DESTROY_GATE");
     return CUDA_SUCCESS;
 }
 
@@ -880,6 +900,41 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext c)
     return CUDA_SUCCESS;
 }
 
+/* Context c's stack size becomes `size` bytes per thread (lower: 0, only ever raised, as a launch grows it;
+ * 1, cuCtxSetLimit, also lowered). Its memory is taken for every thread that can be resident: (size - 1024)
+ * x 2048 threads per SM x SMs above the default (STACK_DEFAULT, part of the context's memory), kept by the
+ * context and freed with it; CUDA_ERROR_OUT_OF_MEMORY (nothing changed) when the device has no room. */
+static CUresult stack_set(struct fctx *c, uint64_t size, int lower)
+{
+    uint64_t per = (uint64_t)g_cfg.gpu[c->dev].sm_count * 2048u;
+    uint64_t want = size > STACK_DEFAULT ? size - STACK_DEFAULT : 0;
+    want = want > UINT64_MAX / per ? UINT64_MAX : want * per;
+    pthread_mutex_lock(&g_mu);
+    if (size <= c->limits[0] && !lower) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_SUCCESS;
+    }
+    uint64_t had = c->stack_bytes;
+    if (want > had) {
+        pthread_mutex_unlock(&g_mu);
+        CUresult rc = charge(c->dev, want - had);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        pthread_mutex_lock(&g_mu);
+        if (c->stack_bytes != had) { /* another thread changed it meanwhile: give back, retry */
+            pthread_mutex_unlock(&g_mu);
+            uncharge(c->dev, want - had);
+            return stack_set(c, size, lower);
+        }
+    }
+    c->stack_bytes = want;
+    c->limits[0] = size;
+    pthread_mutex_unlock(&g_mu);
+    if (had > want)
+        uncharge(c->dev, had - want);
+    return CUDA_SUCCESS;
+}
+
 /* cuCtxSetLimit / cuCtxGetLimit for the limits that take device memory: 0 stack size (per thread),
  * 1 printf FIFO size, 2 malloc heap size; like the driver, stored per context. */
 EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
@@ -889,6 +944,8 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (limit < 0 || limit > 2)
         return CUDA_ERROR_INVALID_VALUE;
+    if (limit == 0) /* the stack: its memory as a launch's growth takes it (stack_set) */
+        return stack_set(t_cur, value, 1);
     t_cur->limits[limit] = value;
     return CUDA_SUCCESS;
 }
@@ -1865,9 +1922,61 @@ static CUresult mod_load(CUmodule *m, uint64_t bytes)
     return rc;
 }
 
+/* The local memory per thread of the first 8 `.entry` kernels of a PTX text image: the bytes of the `.local`
+ * arrays each declares (`.local .align 8 .b8 buf[65536];`, element size times count, as ptx_global_bytes), as
+ * ptxas gives a kernel's local arrays a frame per thread. Reads at most 1 MiB of text. */
+static void ptx_frames(const char *p, struct fmod *fm)
+{
+    size_t len = strnlen(p, 1u << 20);
+    const char *end = p + len;
+    for (const char *e = memmem(p, len, ".entry", 6); e && fm->nframes < 8;) {
+        const char *n = e + 6;
+        while (n < end && isspace((unsigned char)*n))
+            n++;
+        size_t k = 0;
+        while (n + k < end && (isalnum((unsigned char)n[k]) || n[k] == '_' || n[k] == '$'))
+            k++;
+        const char *next = memmem(n, (size_t)(end - n), ".entry", 6);
+        const char *stop = next ? next : end;
+        uint64_t local = 0;
+        for (const char *l = n; (l = memmem(l, (size_t)(stop - l), ".local", 6)) != NULL; l += 6) {
+            const char *semi = memchr(l, ';', (size_t)(stop - l));
+            const char *br = semi ? memchr(l, '[', (size_t)(semi - l)) : NULL;
+            if (!br || (l != p && !isspace((unsigned char)l[-1])))
+                continue; /* st.local / ld.local, or no array */
+            uint64_t elem = 1;
+            for (const char *t = l; t < br; t++)
+                if (*t == '.' && strchr("busf", t[1]) && isdigit((unsigned char)t[2]))
+                    elem = strtoull(t + 2, NULL, 10) / 8 ? strtoull(t + 2, NULL, 10) / 8 : 1;
+            local += strtoull(br + 1, NULL, 10) * elem;
+        }
+        if (k && k < sizeof fm->frames[0].name) {
+            memcpy(fm->frames[fm->nframes].name, n, k);
+            fm->frames[fm->nframes].name[k] = 0;
+            fm->frames[fm->nframes++].local = local;
+        }
+        e = next;
+    }
+}
+
+/* A module from an image in memory: a PTX text image's kernels' frames recorded (ptx_frames). */
+static CUresult mod_load_image(CUmodule *m, const void *image)
+{
+    CUresult rc = mod_load(m, image_bytes(image));
+    const char *p = image;
+    if (rc == CUDA_SUCCESS && p && strncmp(p, MOD_MAGIC, sizeof MOD_MAGIC - 1)) {
+        struct fmod *fm = (struct fmod *)*m;
+        pthread_mutex_lock(&g_mu);
+        fm->nframes = 0;
+        ptx_frames(p, fm);
+        pthread_mutex_unlock(&g_mu);
+    }
+    return rc;
+}
+
 EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image)
 {
-    return mod_load(m, image_bytes(image));
+    return mod_load_image(m, image);
 }
 
 EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, int *options, void **values)
@@ -1875,7 +1984,7 @@ EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int 
     (void)options;
     if (n && (!options || !values))
         return CUDA_ERROR_INVALID_VALUE;
-    return mod_load(m, image_bytes(image));
+    return mod_load_image(m, image);
 }
 
 EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *fatbin)
@@ -2105,13 +2214,18 @@ EXPORT CUresult cuLibraryGetManaged(CUdeviceptr *dptr, size_t *bytes, CUlibrary 
 EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 {
     CHECK_INIT();
-    if (!f || !name || !mod_of(m))
+    struct fmod *fm = mod_of(m);
+    if (!f || !name || !fm)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
     for (int i = 0; i < 1024; i++) {
         if (!g_func[i].used) {
             g_func[i].used = 1;
             snprintf(g_func[i].name, sizeof g_func[i].name, "%s", name);
+            g_func[i].local = local_bytes(name);
+            for (int j = 0; j < fm->nframes && !g_func[i].local; j++)
+                if (!strcmp(fm->frames[j].name, name))
+                    g_func[i].local = fm->frames[j].local; /* its PTX's .local arrays */
             pthread_mutex_unlock(&g_mu);
             *f = (CUfunction)&g_func[i];
             return CUDA_SUCCESS;
@@ -2119,6 +2233,54 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
     }
     pthread_mutex_unlock(&g_mu);
     return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* FAKE_CUDA_LOCAL_BYTES ("name=bytes,name2=bytes"): the local memory per thread of the kernels of those
+ * names (a deep stack or a large local array: CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES); other kernels none. */
+static uint64_t local_bytes(const char *name)
+{
+    const char *v = getenv("FAKE_CUDA_LOCAL_BYTES");
+    size_t n = name ? strlen(name) : 0;
+    for (const char *p = v; p && *p && n;) {
+        const char *eq = strchr(p, '=');
+        if (!eq)
+            break;
+        if ((size_t)(eq - p) == n && !strncmp(p, name, n))
+            return strtoull(eq + 1, NULL, 10);
+        p = strchr(eq, ',');
+        p = p ? p + 1 : NULL;
+    }
+    return 0;
+}
+
+/* The local memory per thread of a CUfunction, or of a CUkernel cast to one. */
+static uint64_t func_local(CUfunction f)
+{
+    struct ffunc *ff = (struct ffunc *)f;
+    if (ff >= g_func && ff < g_func + 1024 && ff->used)
+        return ff->local;
+    struct fkern *fk = kern_of(f);
+    return fk ? local_bytes(fk->name) : 0;
+}
+
+/* Like the driver: a kernel needing more local memory per thread than context c's stack size grows it
+ * (stack_set, lower 0) before it runs. */
+static CUresult stack_grow(struct fctx *c, uint64_t local)
+{
+    return stack_set(c, local, 0);
+}
+
+/* cuFuncGetAttribute: CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES (3) reports the kernel's local memory per thread;
+ * the other attributes 0. A CUkernel cast to CUfunction is accepted, as the driver's launches accept it. */
+EXPORT CUresult cuFuncGetAttribute(int *v, int attr, CUfunction f)
+{
+    CHECK_INIT();
+    struct ffunc *ff = (struct ffunc *)f;
+    if (!v || attr < 0 || (!(ff >= g_func && ff < g_func + 1024 && ff->used) && !kern_of(f)))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t local = func_local(f);
+    *v = attr == 3 ? (int)(local > INT32_MAX ? INT32_MAX : local) : 0;
+    return CUDA_SUCCESS;
 }
 
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
@@ -2136,6 +2298,11 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
             return rc;
     }
     struct fstream *fs = stream_of(s);
+    if (!(fs && fs->capturing)) { /* a captured launch runs (and grows the stack) when its graph does */
+        CUresult rc = stack_grow(t_cur, func_local(f));
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
     if (fs && fs->capturing) {
         struct fgraph *g = fs->cap;
         if (g->n >= GRAPH_NODES)
@@ -2539,9 +2706,11 @@ static CUresult exec_add_locked(struct fexec *fe, const struct fgraph *fg, int d
 {
     for (int i = 0; i < fg->n; i++) {
         const struct fnode *n = &fg->nodes[i];
-        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL)
+        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
             fe->blocks += (uint64_t)n->p.gridDimX * n->p.gridDimY * n->p.gridDimZ;
-        else if (n->type == CU_GRAPH_NODE_TYPE_GRAPH && n->child && depth < 8) {
+            uint64_t local = func_local(n->p.func);
+            fe->local = local > fe->local ? local : fe->local;
+        } else if (n->type == CU_GRAPH_NODE_TYPE_GRAPH && n->child && depth < 8) {
             CUresult rc = exec_add_locked(fe, n->child, depth + 1);
             if (rc)
                 return rc;
@@ -2558,6 +2727,7 @@ static CUresult exec_add_locked(struct fexec *fe, const struct fgraph *fg, int d
 static CUresult exec_fill_locked(struct fexec *fe, struct fgraph *fg)
 {
     fe->blocks = 0;
+    fe->local = 0;
     fe->nmem = 0;
     fe->n = fg->n;
     return exec_add_locked(fe, fg, 0);
@@ -2817,7 +2987,10 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
     struct fexec *fe = exec_of(e);
     if (!fe || !stream_valid(s))
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = fe->nmem ? graph_mem_run(fe, 1) : CUDA_SUCCESS;
+    CUresult rc = stack_grow(t_cur, fe->local);
+    if (rc)
+        return rc;
+    rc = fe->nmem ? graph_mem_run(fe, 1) : CUDA_SUCCESS;
     if (rc)
         return rc;
     schedule(t_cur, stream_of(s), fe->blocks * g_ns_per_block);
@@ -2966,7 +3139,8 @@ static const struct procent g_proc[] = {
     PE(cuLibraryGetGlobal, 12000, cuLibraryGetGlobal), PE(cuLibraryGetManaged, 12000, cuLibraryGetManaged),
     PT(cuLaunchKernel, 4000, cuLaunchKernel), PT(cuLaunchKernelEx, 11060, cuLaunchKernelEx),
     PT(cuLaunchCooperativeKernel, 9000, cuLaunchCooperativeKernel), PE(cuLaunchCooperativeKernelMultiDevice, 9000, cuLaunchCooperativeKernelMultiDevice),
-    PE(cuFuncSetBlockShape, 2000, cuFuncSetBlockShape), PE(cuLaunch, 2000, cuLaunch), PE(cuLaunchGrid, 2000, cuLaunchGrid),
+    PE(cuFuncGetAttribute, 2020, cuFuncGetAttribute), PE(cuFuncSetBlockShape, 2000, cuFuncSetBlockShape),
+    PE(cuLaunch, 2000, cuLaunch), PE(cuLaunchGrid, 2000, cuLaunchGrid),
     PE(cuLaunchGridAsync, 2000, cuLaunchGridAsync), PE(cuGraphCreate, 10000, cuGraphCreate),
     PE(cuGraphDestroy, 10000, cuGraphDestroy), PE(cuGraphAddKernelNode, 10000, cuGraphAddKernelNode),
     PE(cuGraphAddKernelNode, 12000, cuGraphAddKernelNode_v2), PE(cuGraphGetNodes, 10000, cuGraphGetNodes),
