@@ -102,6 +102,10 @@ HOOK(cuGraphUpload_ptsz, CUresult, (CUgraphExec exec, CUstream s), (exec, s))
 HOOK(cuGraphExecUpdate, CUresult, (CUgraphExec exec, CUgraph graph, CUgraphNode *err, int *result),
      (exec, graph, err, result))
 HOOK(cuGraphExecUpdate_v2, CUresult, (CUgraphExec exec, CUgraph graph, void *info), (exec, graph, info))
+HOOK(cuGraphExecKernelNodeSetParams, CUresult, (CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *p),
+     (exec, node, p))
+HOOK(cuGraphExecKernelNodeSetParams_v2, CUresult, (CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *p),
+     (exec, node, p))
 HOOK(cuDeviceGraphMemTrim, CUresult, (CUdevice dev), (dev))
 HOOK(cuModuleLoad, CUresult, (CUmodule *m, const char *fname), (m, fname))
 HOOK(cuModuleLoadData, CUresult, (CUmodule *m, const void *image), (m, image))

@@ -681,6 +681,22 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
     return rc;
 }
 
+/* An executable graph's kernel node given another kernel (CUDA 10.1; _v2, CUDA 12, the same layout up to the
+ * function): the new kernel's stack is checked like a launch's (memory.c), before the driver takes it, as the
+ * graph's launches will grow the stack for it; refused with CUDA_ERROR_OUT_OF_MEMORY when it does not fit. */
+#define EXEC_KERNEL_HOOK(name)                                                                \
+    EXPORT CUresult name(CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *p) \
+    {                                                                                         \
+        ensure_cuda();                                                                        \
+        if (UNLIKELY(!real_##name))                                                           \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                \
+        CUresult rc = p ? memory_launch_stack(p->func) : CUDA_SUCCESS;                        \
+        return rc != CUDA_SUCCESS ? rc : real_##name(exec, node, p);                          \
+    }
+
+EXEC_KERNEL_HOOK(cuGraphExecKernelNodeSetParams)
+EXEC_KERNEL_HOOK(cuGraphExecKernelNodeSetParams_v2)
+
 static uint64_t exec_blocks(CUgraphExec exec)
 {
     uint64_t b = 1;

@@ -2521,7 +2521,10 @@ EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, void *info
 {
     ensure_cuda();
     REAL_OR_FAIL(cuGraphExecUpdate_v2);
-    CUresult rc = real_cuGraphExecUpdate_v2(exec, graph, info);
+    CUresult rc = memory_graph_stack(graph); /* the new kernels' stack, before the driver takes them */
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = real_cuGraphExecUpdate_v2(exec, graph, info);
     if (rc == CUDA_SUCCESS && vgpu_cfg->enabled)
         gmem_record(exec, graph, 1);
     if (rc == CUDA_SUCCESS)
@@ -2533,7 +2536,10 @@ EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *
 {
     ensure_cuda();
     REAL_OR_FAIL(cuGraphExecUpdate);
-    CUresult rc = real_cuGraphExecUpdate(exec, graph, err, result);
+    CUresult rc = memory_graph_stack(graph); /* the new kernels' stack, before the driver takes them */
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = real_cuGraphExecUpdate(exec, graph, err, result);
     if (rc == CUDA_SUCCESS && vgpu_cfg->enabled)
         gmem_record(exec, graph, 1);
     if (rc == CUDA_SUCCESS)

@@ -2981,6 +2981,27 @@ static CUresult graph_mem_run(struct fexec *fe, int run)
     return CUDA_SUCCESS;
 }
 
+/* An executable graph's kernel node given another kernel: its launches grow the stack for the new one too (the
+ * executable keeps the largest frame it ever had: the fake does not copy its nodes). */
+EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    CHECK_INIT();
+    struct fexec *fe = exec_of(e);
+    struct fnode *n = (struct fnode *)node;
+    if (!fe || !n || !p || !p->func || n->type != CU_GRAPH_NODE_TYPE_KERNEL)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t local = func_local(p->func);
+    pthread_mutex_lock(&g_mu);
+    fe->local = local > fe->local ? local : fe->local;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    return cuGraphExecKernelNodeSetParams(e, node, p);
+}
+
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
 {
     NEED_CTX();
@@ -3150,7 +3171,9 @@ static const struct procent g_proc[] = {
     PE(cuGraphInstantiate, 10000, cuGraphInstantiate), PE(cuGraphInstantiate, 11000, cuGraphInstantiate_v2),
     PE(cuGraphInstantiate, 12000, cuGraphInstantiateWithFlags),
     PT(cuGraphInstantiateWithParams, 12000, cuGraphInstantiateWithParams), PT(cuGraphUpload, 11010, cuGraphUpload),
-    PE(cuGraphExecUpdate, 12000, cuGraphExecUpdate_v2), PE(cuGraphAddMemAllocNode, 11040, cuGraphAddMemAllocNode),
+    PE(cuGraphExecUpdate, 12000, cuGraphExecUpdate_v2),
+    PE(cuGraphExecKernelNodeSetParams, 10010, cuGraphExecKernelNodeSetParams),
+    PE(cuGraphExecKernelNodeSetParams, 12000, cuGraphExecKernelNodeSetParams_v2), PE(cuGraphAddMemAllocNode, 11040, cuGraphAddMemAllocNode),
     PE(cuGraphAddMemFreeNode, 11040, cuGraphAddMemFreeNode),
     PE(cuGraphMemAllocNodeGetParams, 11040, cuGraphMemAllocNodeGetParams),
     PE(cuGraphMemFreeNodeGetParams, 11040, cuGraphMemFreeNodeGetParams),

@@ -9,7 +9,10 @@
  *   stackmem_redteam API KERNEL MORE   cuFuncGetAttribute(LOCAL_SIZE_BYTES) of KERNEL ("local=N"), one
  *        launch of it through API (kernel, kernel_ptsz, ex, ex_ptsz, coop, coop_ptsz, launch: cuLaunch, grid:
  *        cuLaunchGrid, gridasync: cuLaunchGridAsync, multi: cuLaunchCooperativeKernelMultiDevice, graph: a
- *        graph with one kernel node, instantiated then launched: step "instantiate"), a synchronisation
+ *        graph with one kernel node, instantiated then launched: step "instantiate"; graphset: the same graph of
+ *        the kernel "plain", its executable's node then given KERNEL by cuGraphExecKernelNodeSetParams: step
+ *        "setparams"; graphupdate: the executable of that graph updated by cuGraphExecUpdate_v2 to a graph of
+ *        KERNEL: step "update"), a synchronisation
  *        (step "launch"), the stack size the context reports ("stack=N"), cuMemAlloc of MORE bytes (step
  *        "more"), the same launch again (step "again"), then the context destroyed (step "destroy";
  *        "held=N": what the process holds on the GPU after it).
@@ -51,6 +54,8 @@ CUresult cuGraphCreate(CUgraph *, unsigned int);
 CUresult cuGraphAddKernelNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const CUDA_KERNEL_NODE_PARAMS *);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGraphExecKernelNodeSetParams(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *);
+CUresult cuGraphExecUpdate_v2(CUgraphExec, CUgraph, void *);
 unsigned long long fake_cuda_debug_peak_bytes(int dev);
 unsigned long long fake_cuda_debug_held_bytes(int dev);
 
@@ -105,7 +110,7 @@ static CUresult launch(const char *api, CUfunction f, CUstream s, CUgraphExec ex
         return cuLaunchGridAsync(f, 1, 1, s);
     if (!strcmp(api, "multi"))
         return cuLaunchCooperativeKernelMultiDevice(&lp, 1, 0);
-    if (!strcmp(api, "graph"))
+    if (!strcmp(api, "graph") || !strcmp(api, "graphset") || !strcmp(api, "graphupdate"))
         return exec ? cuGraphLaunch(exec, s) : CUDA_ERROR_INVALID_VALUE;
     return CUDA_ERROR_INVALID_VALUE;
 }
@@ -130,12 +135,17 @@ int main(int argc, char **argv)
     CUresult arc = cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f);
     printf("local=%d\nlocal_rc=%d\n", local, arc);
     CUgraphExec exec = NULL;
-    if (!strcmp(api, "graph")) {
+    int set = !strcmp(api, "graphset"), upd = !strcmp(api, "graphupdate");
+    if (!strcmp(api, "graph") || set || upd) {
         CUgraph g = NULL;
         CUgraphNode n;
         CUDA_KERNEL_NODE_PARAMS p;
         memset(&p, 0, sizeof p);
         p.func = f;
+        if ((set || upd) && cuModuleGetFunction(&p.func, m, "plain")) {
+            printf("fail plain\n");
+            return 1;
+        }
         p.gridDimX = p.gridDimY = p.gridDimZ = 1;
         p.blockDimX = p.blockDimY = p.blockDimZ = 1;
         if (cuGraphCreate(&g, 0) || cuGraphAddKernelNode(&n, g, NULL, 0, &p)) {
@@ -146,6 +156,20 @@ int main(int argc, char **argv)
         show("instantiate", rc);
         if (rc)
             exec = NULL;
+        if (set && exec) {
+            p.func = f;
+            show("setparams", cuGraphExecKernelNodeSetParams(exec, n, &p));
+        }
+        CUgraph g2 = NULL;
+        unsigned char info[64] = {0};
+        if (upd && exec) {
+            p.func = f;
+            if (cuGraphCreate(&g2, 0) || cuGraphAddKernelNode(&n, g2, NULL, 0, &p)) {
+                printf("fail graph2\n");
+                return 1;
+            }
+            show("update", cuGraphExecUpdate_v2(exec, g2, info));
+        }
     }
     CUresult rc = launch(api, f, s, exec);
     CUresult sync = cuCtxSynchronize();

@@ -25,7 +25,10 @@ DEEP = 64 * 1024  # the attack's local memory per thread
 MID = 2048  # a big frame that fits under 1 GiB: 2 KiB x THREADS = 528 MiB
 LOCAL = f"deep={DEEP},mid={MID}"
 APIS = ["kernel", "kernel_ptsz", "ex", "ex_ptsz", "coop", "coop_ptsz", "launch", "grid", "gridasync", "multi",
-        "graph"]
+        "graph", "graphset", "graphupdate"]
+# the step that meets the check: a graph's instantiation; an executable's kernel node given the kernel, or
+# the executable updated to a graph of it
+STEP = {"graph": "instantiate", "graphset": "setparams", "graphupdate": "update"}
 
 built, built_asan, any_build = program_fixtures(SRC, "stackmem")
 
@@ -49,7 +52,7 @@ def play(build: tuple[Toolchain, Path], api: str, kernel: str, more: int,
     return steps, out
 
 
-@pytest.mark.parametrize("api", ["kernel", "graph"])
+@pytest.mark.parametrize("api", ["kernel", "graph", "graphset", "graphupdate"])
 def test_the_fake_driver_grows_the_stack_at_launch(built: tuple[Toolchain, Path], api: str) -> None:
     # Without the shim: the launch grows the stack to the kernel's 64 KiB per thread (16 GiB above the
     # default 1 KiB), the context keeps it (cuCtxGetLimit reports it) and frees it when destroyed.
@@ -64,24 +67,26 @@ def test_the_fake_driver_grows_the_stack_at_launch(built: tuple[Toolchain, Path]
 @pytest.mark.parametrize("api", APIS)
 def test_a_launch_cannot_grow_the_stack_past_the_limit(built: tuple[Toolchain, Path], api: str) -> None:
     # The attack: one launch of a kernel with a 64 KiB frame under a 1 GiB limit took 16 GiB of the GPU,
-    # nothing charged. Now refused before the driver is called (graph: its instantiation), nothing held.
+    # nothing charged. Now refused before the driver is called (graph: its instantiation; an executable's
+    # kernel node given the kernel: that call), nothing held.
     s, out = play(built, api, "deep", 400 * MIB)
-    step = "instantiate" if api == "graph" else "launch"
+    step = STEP.get(api, "launch")
     assert s[step][:2] == (2, 0), s  # CUDA_ERROR_OUT_OF_MEMORY, nothing charged
     assert s[step][2] == CTX, s  # the driver never grew the stack
     assert out["stack"] == "1024"
     assert s["more"] == (0, 400 * MIB, CTX + 400 * MIB)
-    assert s["again"][:2] == (2 if api != "graph" else 1, 400 * MIB)  # graph: no executable to launch
+    assert s["again"][:2] == (1 if api == "graph" else 0 if api.startswith("graph") else 2, 400 * MIB), s
+    # graph: no executable to launch; graphset, graphupdate: the executable still runs its ordinary kernel
     assert s["destroy"][:2] == (0, 0)
 
 
-@pytest.mark.parametrize("api", ["kernel", "multi", "graph"])
+@pytest.mark.parametrize("api", ["kernel", "multi", "graph", "graphset", "graphupdate"])
 def test_a_big_frame_within_the_limit_is_charged_and_runs(any_build: tuple[Toolchain, Path], api: str) -> None:
     # A 2 KiB frame: charged by cuCtxSetLimit's rule (2 KiB x threads = 528 MiB) and run; the charge stays
     # with the context (the driver keeps the stack), so 600 MiB more does not fit; a relaunch costs
     # nothing more; the context's destruction gives it back.
     s, out = play(any_build, api, "mid", 600 * MIB)
-    step = "instantiate" if api == "graph" else "launch"
+    step = STEP.get(api, "launch")
     assert s[step][:2] == (0, MID * THREADS), s
     assert s["launch"][0] == 0 and s["launch"][2] == CTX + (MID - 1024) * THREADS, s
     assert out["stack"] == str(MID)
