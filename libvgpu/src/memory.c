@@ -786,9 +786,11 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
     return ctx_after(real_cuCtxCreate_v4(pctx, params, flags, dev), pctx, dev, before);
 }
 
-/* A context is destroyed under g_ctxuse, which a library load holds while it makes each context of the
- * process current to load the library into it (library_force_all): the driver wants no call using a context
- * while cuCtxDestroy runs. Not g_cnew: a destroy must not wait for a creation in the driver. */
+/* A context is destroyed under g_ctxuse, which a module or library load holds from its first reading to its
+ * charge (load_begin): it makes each context of the process current to load a library into it
+ * (library_force_all), and the driver wants no call using a context while cuCtxDestroy runs; and a destroy
+ * between the readings would make the load look smaller by all the context held. Not g_cnew: a destroy must
+ * not wait for a creation in the driver. */
 static CUresult ctx_destroy(cuCtxDestroy_v2_fn fn, CUcontext ctx)
 {
     if (vgpu_cfg->enabled)
@@ -956,14 +958,18 @@ struct load_meter {
     struct mem_reading before[VGPU_MAX_DEV];
 };
 
-/* Takes the creation lock of every ordinal in `lock` (in increasing order), then reads each ordinal in mask
- * (mask(): computed once the locks are held; NULL: lock itself). */
+/* Takes the creation lock of every ordinal in `lock` (in increasing order) and g_ctxuse, then reads each
+ * ordinal in mask (mask(): computed once the locks are held; NULL: lock itself). g_ctxuse holds off
+ * cuCtxDestroy until load_unlock: a context destroyed between the readings lowered NVML's figure by all it
+ * held before its charge was given back, and a load next to it was measured that much low (a 1000 MiB module
+ * charged nothing next to a 900 MiB context destroyed meanwhile). */
 static void load_begin(struct load_meter *lm, uint32_t lock, uint32_t (*mask)(void))
 {
     lm->locked = lock;
     for (int d = 0; d < VGPU_MAX_DEV; d++)
         if (lock & (1u << d))
             pthread_mutex_lock(&g_cnew[d]);
+    pthread_mutex_lock(&g_ctxuse);
     lm->mask = mask ? mask() & lock : lock;
     unsigned pid = (unsigned)hostpid_learned();
     for (int d = 0; d < VGPU_MAX_DEV; d++) {
@@ -976,6 +982,7 @@ static void load_begin(struct load_meter *lm, uint32_t lock, uint32_t (*mask)(vo
 
 static void load_unlock(struct load_meter *lm)
 {
+    pthread_mutex_unlock(&g_ctxuse);
     for (int d = VGPU_MAX_DEV - 1; d >= 0; d--)
         if (lm->locked & (1u << d))
             pthread_mutex_unlock(&g_cnew[d]);
@@ -1183,7 +1190,7 @@ static CUresult lib_force(CUlibrary lib, CUcontext c)
 static int library_force_all(CUlibrary lib)
 {
     struct handle_list l = {0};
-    pthread_mutex_lock(&g_ctxuse); /* no context of the list is destroyed meanwhile */
+    /* g_ctxuse is held (load_begin): no context of the list is destroyed meanwhile */
     collect(&l, collect_ctx_locked);
     pthread_mutex_lock(&g_cmu);
     for (int d = 0; d < VGPU_MAX_DEV; d++)
@@ -1194,7 +1201,6 @@ static int library_force_all(CUlibrary lib)
     for (size_t i = 0; i < l.n && rc == 0; i++)
         if (lib_force(lib, l.v[i]) == CUDA_ERROR_OUT_OF_MEMORY)
             rc = -1;
-    pthread_mutex_unlock(&g_ctxuse);
     free(l.v);
     return rc;
 }
@@ -1214,12 +1220,14 @@ static int ctx_libs_force(int dev, CUcontext ctx)
         return -1;
     }
     struct mem_reading before = {.pid = (unsigned)hostpid_learned()};
+    pthread_mutex_lock(&g_ctxuse); /* no other context destroyed between the readings (see load_begin) */
     mem_read(dev, &before);
     int oom = 0;
     for (size_t i = 0; i < l.n && !oom; i++)
         oom = lib_force(l.v[i], ctx) == CUDA_ERROR_OUT_OF_MEMORY;
     free(l.v);
     uint64_t rise = mem_rise(dev, &before);
+    pthread_mutex_unlock(&g_ctxuse);
     if (oom)
         return -1;
     if (!rise)

@@ -56,6 +56,11 @@
  *                                     "lib2"); a module of BYTES loaded into a second context, the context
  *                                     destroyed, then the module unloaded ("modgone") and again ("modgone2");
  *                                     a module loaded and unloaded twice ("mod1", "mod2"); then cuMemAlloc ALLOC.
+ *   modmem_redteam destroyrace BYTES ALLOC  a second context holding ALLOC is destroyed by another thread while a
+ *                                     module of BYTES is loaded in the first: the destroy starts while the load's
+ *                                     opening NVML listing is held at its gate (its figures taken; waited for up
+ *                                     to 300 ms to reach the driver), and the fake driver holds it after the
+ *                                     context is freed (FAKE_CUDA_DESTROY_GATE) until the load returned.
  *   modmem_redteam libfirst BYTES ALLOC [primary]  no context yet (as the CUDA runtime registers a program's
  *                                     fatbins): cuLibraryLoadData of BYTES, the process's first context created
  *                                     ("ctx"; primary: the primary context retained and made current), a
@@ -382,6 +387,103 @@ static int reuse(CUcontext ctx, int lib, unsigned long long small, unsigned long
     return 0;
 }
 
+/* "destroyrace": see above. */
+struct destroyer {
+    int rfd;
+    CUcontext victim;
+    CUresult rc;
+    char lgate[64], dgate[64], din[80];
+};
+
+static void *destroy_victim(void *arg)
+{
+    struct destroyer *d = arg;
+    d->rc = cuCtxDestroy_v2(d->victim);
+    return NULL;
+}
+
+static void *destroy_opener(void *arg)
+{
+    struct destroyer *d = arg;
+    char buf[4096];
+    size_t have = 0;
+    int seen = 0;
+    pthread_t t;
+    int started = 0;
+    while (seen < 2) {
+        ssize_t n = read(d->rfd, buf + have, sizeof buf - 1 - have);
+        if (n <= 0)
+            break;
+        have += (size_t)n;
+        buf[have] = 0;
+        char *hit;
+        while ((hit = strstr(buf, "listing waits at the gate")) != NULL) {
+            size_t used = (size_t)(hit - buf) + strlen("listing waits at the gate");
+            memmove(buf, buf + used, have - used + 1);
+            have -= used;
+            if (++seen == 1) { /* the opening reading's figures are taken: the destroy starts */
+                pthread_create(&t, NULL, destroy_victim, d);
+                started = 1;
+                for (int i = 0; i < 300 && access(d->din, F_OK) != 0; i++) /* in the driver, or held off */
+                    usleep(1000);
+            }
+            gate_open(d->lgate);
+        }
+        if (have > sizeof buf / 2) {
+            memmove(buf, buf + have - 64, 65);
+            have = 64;
+        }
+    }
+    if (started) /* finishes once the load returned (destroy_race opens its gate then) */
+        pthread_join(t, NULL);
+    return NULL;
+}
+
+static int destroy_race(CUcontext ctx, unsigned long long bytes, size_t alloc)
+{
+    struct destroyer d = {.rc = (CUresult)999};
+    CUdeviceptr p = 0;
+    snprintf(d.lgate, sizeof d.lgate, "/tmp/modmem_lgate.%d", (int)getpid());
+    snprintf(d.dgate, sizeof d.dgate, "/tmp/modmem_dgate.%d", (int)getpid());
+    snprintf(d.din, sizeof d.din, "%s.in", d.dgate);
+    unlink(d.lgate);
+    unlink(d.dgate);
+    unlink(d.din);
+    make_image(bytes);
+    show("ctx2", cuCtxCreate_v2(&d.victim, 0, 0));
+    show("alloc", cuMemAlloc_v2(&p, alloc));
+    cuCtxSetCurrent(ctx);
+    int pfd[2];
+    fflush(stderr);
+    int saved = dup(2);
+    if (pipe(pfd) != 0 || saved < 0 || dup2(pfd[1], 2) < 0)
+        return 2;
+    d.rfd = pfd[0];
+    setenv("FAKE_CUDA_DESTROY_GATE", d.dgate, 1);
+    setenv("FAKE_NVML_LIST_GATE", d.lgate, 1);
+    pthread_t t;
+    pthread_create(&t, NULL, destroy_opener, &d);
+    CUmodule m = NULL;
+    CUresult rc = cuModuleLoadData(&m, g_image);
+    unsetenv("FAKE_NVML_LIST_GATE");
+    gate_open(d.dgate); /* the load is over: the destroy may finish */
+    dup2(saved, 2);
+    close(pfd[1]);
+    pthread_join(t, NULL);
+    close(pfd[0]);
+    unsetenv("FAKE_CUDA_DESTROY_GATE");
+    unlink(d.lgate);
+    unlink(d.dgate);
+    unlink(d.din);
+    show("load", rc);
+    show("destroy", d.rc);
+    if (rc == CUDA_SUCCESS)
+        show("unload", cuModuleUnload(m));
+    show("end", CUDA_SUCCESS);
+    unlink(g_path);
+    return 0;
+}
+
 /* "libfirst": the library loaded before the process's first context (see above). */
 static int lib_first(unsigned long long bytes, size_t alloc, int primary)
 {
@@ -418,6 +520,8 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *sc = argv[1];
+    if (!strcmp(sc, "destroyrace"))
+        return destroy_race(ctx, strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
     if (!strcmp(sc, "twice")) {
         CUlibrary l = NULL;
         CUmodule m = NULL;

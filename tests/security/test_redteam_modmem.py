@@ -307,3 +307,19 @@ def test_double_unloads_give_back_nothing_twice(any_build: tuple[Toolchain, Path
     assert s["modload2"] == (0, 200 * MIB, CTX + 200 * MIB)
     assert s["mod1"] == (0, 0, CTX)
     assert s["alloc"] == (0, 1024 * MIB, CTX + 1024 * MIB)
+
+
+def test_context_destroyed_during_a_load_does_not_shrink_its_measure(any_build: tuple[Toolchain, Path],
+                                                                      tmp_path: Path) -> None:
+    # The attack: a second context holds 900 MiB; another thread destroys it while a 1000 MiB module is loaded
+    # in the first, its driver call landing between the load's two readings and its charge given back only
+    # after them (the fake driver holds the destroy there). NVML's figure fell by the context and its 900 MiB
+    # while the charge had not yet: the rise read negative and the module came in uncharged (1000 MiB held,
+    # nothing charged, once the destroy finished). A load now holds destroys off (the lock a library load's
+    # forcing already held) from its first reading to its charge: the destroy waits, the module is measured
+    # whole and refused next to the 900 MiB, then the destroy completes.
+    s, _ = play(any_build, tmp_path, "destroyrace", str(1000 * MIB), str(900 * MIB))
+    assert s["alloc"][:2] == (0, 900 * MIB)
+    assert s["destroy"][0] == 0
+    assert s["load"][0] == OOM
+    assert s["end"] == (0, 0, CTX)
