@@ -204,6 +204,7 @@ typedef struct {
             CUgraph graph;
             int ownership; /* CUgraphChildGraphNodeOwnership */
         } graph;
+        CUDA_KERNEL_NODE_PARAMS kernel; /* CU_GRAPH_NODE_TYPE_KERNEL (CUDA_KERNEL_NODE_PARAMS_v3: func first) */
     } u;
     long long reserved2;
 } CUgraphNodeParams;

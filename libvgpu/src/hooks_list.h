@@ -106,6 +106,7 @@ HOOK(cuGraphExecKernelNodeSetParams, CUresult, (CUgraphExec exec, CUgraphNode no
      (exec, node, p))
 HOOK(cuGraphExecKernelNodeSetParams_v2, CUresult, (CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *p),
      (exec, node, p))
+HOOK(cuGraphExecNodeSetParams, CUresult, (CUgraphExec exec, CUgraphNode node, CUgraphNodeParams *p), (exec, node, p))
 HOOK(cuDeviceGraphMemTrim, CUresult, (CUdevice dev), (dev))
 HOOK(cuModuleLoad, CUresult, (CUmodule *m, const char *fname), (m, fname))
 HOOK(cuModuleLoadData, CUresult, (CUmodule *m, const void *image), (m, image))

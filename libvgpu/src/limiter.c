@@ -697,6 +697,16 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 EXEC_KERNEL_HOOK(cuGraphExecKernelNodeSetParams)
 EXEC_KERNEL_HOOK(cuGraphExecKernelNodeSetParams_v2)
 
+/* CUDA 12.2's generic setter: a kernel node's parameters checked the same way. */
+EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNodeParams *p)
+{
+    ensure_cuda();
+    if (UNLIKELY(!real_cuGraphExecNodeSetParams))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = p && p->type == CU_GRAPH_NODE_TYPE_KERNEL ? memory_launch_stack(p->u.kernel.func) : CUDA_SUCCESS;
+    return rc != CUDA_SUCCESS ? rc : real_cuGraphExecNodeSetParams(exec, node, p);
+}
+
 static uint64_t exec_blocks(CUgraphExec exec)
 {
     uint64_t b = 1;

@@ -3002,6 +3002,14 @@ EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode nod
     return cuGraphExecKernelNodeSetParams(e, node, p);
 }
 
+/* CUDA 12.2's generic setter: kernel nodes only. */
+EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec e, CUgraphNode node, CUgraphNodeParams *p)
+{
+    if (!p || p->type != CU_GRAPH_NODE_TYPE_KERNEL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuGraphExecKernelNodeSetParams(e, node, &p->u.kernel);
+}
+
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
 {
     NEED_CTX();
@@ -3173,7 +3181,8 @@ static const struct procent g_proc[] = {
     PT(cuGraphInstantiateWithParams, 12000, cuGraphInstantiateWithParams), PT(cuGraphUpload, 11010, cuGraphUpload),
     PE(cuGraphExecUpdate, 12000, cuGraphExecUpdate_v2),
     PE(cuGraphExecKernelNodeSetParams, 10010, cuGraphExecKernelNodeSetParams),
-    PE(cuGraphExecKernelNodeSetParams, 12000, cuGraphExecKernelNodeSetParams_v2), PE(cuGraphAddMemAllocNode, 11040, cuGraphAddMemAllocNode),
+    PE(cuGraphExecKernelNodeSetParams, 12000, cuGraphExecKernelNodeSetParams_v2),
+    PE(cuGraphExecNodeSetParams, 12020, cuGraphExecNodeSetParams), PE(cuGraphAddMemAllocNode, 11040, cuGraphAddMemAllocNode),
     PE(cuGraphAddMemFreeNode, 11040, cuGraphAddMemFreeNode),
     PE(cuGraphMemAllocNodeGetParams, 11040, cuGraphMemAllocNodeGetParams),
     PE(cuGraphMemFreeNodeGetParams, 11040, cuGraphMemFreeNodeGetParams),

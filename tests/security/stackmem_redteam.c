@@ -12,7 +12,7 @@
  *        graph with one kernel node, instantiated then launched: step "instantiate"; graphset: the same graph of
  *        the kernel "plain", its executable's node then given KERNEL by cuGraphExecKernelNodeSetParams: step
  *        "setparams"; graphupdate: the executable of that graph updated by cuGraphExecUpdate_v2 to a graph of
- *        KERNEL: step "update"), a synchronisation
+ *        KERNEL: step "update"; graphnode: as graphset through cuGraphExecNodeSetParams), a synchronisation
  *        (step "launch"), the stack size the context reports ("stack=N"), cuMemAlloc of MORE bytes (step
  *        "more"), the same launch again (step "again"), then the context destroyed (step "destroy";
  *        "held=N": what the process holds on the GPU after it).
@@ -56,6 +56,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long)
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuGraphExecKernelNodeSetParams(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *);
 CUresult cuGraphExecUpdate_v2(CUgraphExec, CUgraph, void *);
+CUresult cuGraphExecNodeSetParams(CUgraphExec, CUgraphNode, CUgraphNodeParams *);
 unsigned long long fake_cuda_debug_peak_bytes(int dev);
 unsigned long long fake_cuda_debug_held_bytes(int dev);
 
@@ -110,7 +111,7 @@ static CUresult launch(const char *api, CUfunction f, CUstream s, CUgraphExec ex
         return cuLaunchGridAsync(f, 1, 1, s);
     if (!strcmp(api, "multi"))
         return cuLaunchCooperativeKernelMultiDevice(&lp, 1, 0);
-    if (!strcmp(api, "graph") || !strcmp(api, "graphset") || !strcmp(api, "graphupdate"))
+    if (!strncmp(api, "graph", 5))
         return exec ? cuGraphLaunch(exec, s) : CUDA_ERROR_INVALID_VALUE;
     return CUDA_ERROR_INVALID_VALUE;
 }
@@ -135,14 +136,14 @@ int main(int argc, char **argv)
     CUresult arc = cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f);
     printf("local=%d\nlocal_rc=%d\n", local, arc);
     CUgraphExec exec = NULL;
-    int set = !strcmp(api, "graphset"), upd = !strcmp(api, "graphupdate");
-    if (!strcmp(api, "graph") || set || upd) {
+    int set = !strcmp(api, "graphset"), upd = !strcmp(api, "graphupdate"), gen = !strcmp(api, "graphnode");
+    if (!strcmp(api, "graph") || set || upd || gen) {
         CUgraph g = NULL;
         CUgraphNode n;
         CUDA_KERNEL_NODE_PARAMS p;
         memset(&p, 0, sizeof p);
         p.func = f;
-        if ((set || upd) && cuModuleGetFunction(&p.func, m, "plain")) {
+        if ((set || upd || gen) && cuModuleGetFunction(&p.func, m, "plain")) {
             printf("fail plain\n");
             return 1;
         }
@@ -159,6 +160,14 @@ int main(int argc, char **argv)
         if (set && exec) {
             p.func = f;
             show("setparams", cuGraphExecKernelNodeSetParams(exec, n, &p));
+        }
+        if (gen && exec) {
+            CUgraphNodeParams np;
+            memset(&np, 0, sizeof np);
+            np.type = CU_GRAPH_NODE_TYPE_KERNEL;
+            np.u.kernel = p;
+            np.u.kernel.func = f;
+            show("setparams", cuGraphExecNodeSetParams(exec, n, &np));
         }
         CUgraph g2 = NULL;
         unsigned char info[64] = {0};

@@ -25,10 +25,10 @@ DEEP = 64 * 1024  # the attack's local memory per thread
 MID = 2048  # a big frame that fits under 1 GiB: 2 KiB x THREADS = 528 MiB
 LOCAL = f"deep={DEEP},mid={MID}"
 APIS = ["kernel", "kernel_ptsz", "ex", "ex_ptsz", "coop", "coop_ptsz", "launch", "grid", "gridasync", "multi",
-        "graph", "graphset", "graphupdate"]
+        "graph", "graphset", "graphupdate", "graphnode"]
 # the step that meets the check: a graph's instantiation; an executable's kernel node given the kernel, or
 # the executable updated to a graph of it
-STEP = {"graph": "instantiate", "graphset": "setparams", "graphupdate": "update"}
+STEP = {"graph": "instantiate", "graphset": "setparams", "graphupdate": "update", "graphnode": "setparams"}
 
 built, built_asan, any_build = program_fixtures(SRC, "stackmem")
 
@@ -52,7 +52,7 @@ def play(build: tuple[Toolchain, Path], api: str, kernel: str, more: int,
     return steps, out
 
 
-@pytest.mark.parametrize("api", ["kernel", "graph", "graphset", "graphupdate"])
+@pytest.mark.parametrize("api", ["kernel", "graph", "graphset", "graphupdate", "graphnode"])
 def test_the_fake_driver_grows_the_stack_at_launch(built: tuple[Toolchain, Path], api: str) -> None:
     # Without the shim: the launch grows the stack to the kernel's 64 KiB per thread (16 GiB above the
     # default 1 KiB), the context keeps it (cuCtxGetLimit reports it) and frees it when destroyed.
@@ -76,11 +76,12 @@ def test_a_launch_cannot_grow_the_stack_past_the_limit(built: tuple[Toolchain, P
     assert out["stack"] == "1024"
     assert s["more"] == (0, 400 * MIB, CTX + 400 * MIB)
     assert s["again"][:2] == (1 if api == "graph" else 0 if api.startswith("graph") else 2, 400 * MIB), s
-    # graph: no executable to launch; graphset, graphupdate: the executable still runs its ordinary kernel
+    # graph: no executable to launch; graphset, graphupdate, graphnode: the executable still runs its ordinary
+    # kernel
     assert s["destroy"][:2] == (0, 0)
 
 
-@pytest.mark.parametrize("api", ["kernel", "multi", "graph", "graphset", "graphupdate"])
+@pytest.mark.parametrize("api", ["kernel", "multi", "graph", "graphset", "graphupdate", "graphnode"])
 def test_a_big_frame_within_the_limit_is_charged_and_runs(any_build: tuple[Toolchain, Path], api: str) -> None:
     # A 2 KiB frame: charged by cuCtxSetLimit's rule (2 KiB x threads = 528 MiB) and run; the charge stays
     # with the context (the driver keeps the stack), so 600 MiB more does not fit; a relaunch costs
