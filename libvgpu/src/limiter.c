@@ -500,50 +500,34 @@ LAUNCH_HOOK(cuLaunchCooperativeKernelMultiDevice, multi_blocks(list, n), list &&
             (CUDA_LAUNCH_PARAMS *list, unsigned int n, unsigned int flags), (list, n, flags))
 
 /* ------------------------------------------------------------------ graphs */
-/* Child graph levels walked below a graph (a child graph node's own children included): the same bound as
- * the graph memory walk (memory.c). Deeper kernels are not counted. */
-#define GRAPH_WALK_DEPTH 8
-
-/* The blocks of graph g's kernel nodes, child graph nodes' kernels included (depth levels down). Runs at
- * instantiation and update, never on the launch path: one node list per graph level, as the graph has. */
-static uint64_t graph_blocks(CUgraph g, int depth)
+/* graph_walk visitor: adds a kernel node's blocks to *(uint64_t *)arg (saturating). */
+static int add_blocks(CUgraphNode node, int type, void *arg)
 {
-    size_t n = 0;
-    if (depth > GRAPH_WALK_DEPTH || !real_cuGraphGetNodes || !real_cuGraphNodeGetType ||
-        !real_cuGraphKernelNodeGetParams || real_cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS || n == 0)
+    uint64_t *blocks = arg, b;
+    if (type != CU_GRAPH_NODE_TYPE_KERNEL)
         return 0;
-    CUgraphNode *nodes = calloc(n, sizeof *nodes);
-    if (!nodes)
-        return 0;
+    CUDA_KERNEL_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    if (!real_cuGraphKernelNodeGetParams || real_cuGraphKernelNodeGetParams(node, &p) != CUDA_SUCCESS)
+        return -1;
+    b = (uint64_t)p.gridDimX * p.gridDimY * p.gridDimZ;
+    *blocks = *blocks + b < *blocks ? UINT64_MAX : *blocks + b;
+    return 0;
+}
+
+/* The blocks of graph g's kernel nodes, child graph nodes' kernels included (GRAPH_WALK_DEPTH levels down;
+ * what cannot be read counts nothing). */
+static uint64_t graph_blocks(CUgraph g)
+{
     uint64_t blocks = 0;
-    if (real_cuGraphGetNodes(g, nodes, &n) == CUDA_SUCCESS) {
-        for (size_t i = 0; i < n; i++) {
-            int type = -1;
-            uint64_t b = 0;
-            if (real_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS)
-                continue;
-            if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
-                CUDA_KERNEL_NODE_PARAMS p;
-                memset(&p, 0, sizeof p);
-                if (real_cuGraphKernelNodeGetParams(nodes[i], &p) == CUDA_SUCCESS)
-                    b = (uint64_t)p.gridDimX * p.gridDimY * p.gridDimZ;
-            } else if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
-                CUgraph child = NULL;
-                if (real_cuGraphChildGraphNodeGetGraph &&
-                    real_cuGraphChildGraphNodeGetGraph(nodes[i], &child) == CUDA_SUCCESS && child)
-                    b = graph_blocks(child, depth + 1);
-            }
-            blocks = blocks + b < blocks ? UINT64_MAX : blocks + b;
-        }
-    }
-    free(nodes);
+    graph_walk(g, add_blocks, &blocks);
     return blocks;
 }
 
 /* Records exec's launch cost: the blocks of the graph it runs. */
 static void graph_record(CUgraphExec exec, CUgraph g)
 {
-    uint64_t blocks = graph_blocks(g, 0);
+    uint64_t blocks = graph_blocks(g);
     track_put(TK_GRAPHEXEC, (uint64_t)(uintptr_t)exec, blocks ? blocks : 1, 0, NULL);
 }
 

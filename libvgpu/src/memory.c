@@ -1491,53 +1491,28 @@ CUresult memory_launch_stack_multi(const CUDA_LAUNCH_PARAMS *list, unsigned int 
     return CUDA_SUCCESS;
 }
 
-/* The most local memory per thread of graph g's kernel nodes (child graphs depth levels down, as the graph
- * memory walk); *unread set when a level could not be read. */
-static uint64_t graph_local(CUgraph g, int depth, int *unread)
+/* graph_walk visitor: raises *(uint64_t *)arg to a kernel node's local memory per thread. */
+static int most_local(CUgraphNode node, int type, void *arg)
 {
-    size_t n = 0;
-    if (depth > 8 || !real_cuGraphGetNodes || !real_cuGraphNodeGetType || !real_cuGraphKernelNodeGetParams ||
-        real_cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS) {
-        *unread = 1;
+    uint64_t *most = arg;
+    if (type != CU_GRAPH_NODE_TYPE_KERNEL)
         return 0;
-    }
-    if (n == 0)
-        return 0;
-    CUgraphNode *nodes = calloc(n, sizeof *nodes);
-    uint64_t most = 0;
-    if (!nodes || real_cuGraphGetNodes(g, nodes, &n) != CUDA_SUCCESS) {
-        free(nodes);
-        *unread = 1;
-        return 0;
-    }
-    for (size_t i = 0; i < n; i++) {
-        int type = -1;
-        uint64_t local = 0;
-        if (real_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS)
-            continue;
-        if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
-            CUDA_KERNEL_NODE_PARAMS p;
-            memset(&p, 0, sizeof p);
-            if (real_cuGraphKernelNodeGetParams(nodes[i], &p) == CUDA_SUCCESS)
-                local = func_local(p.func);
-        } else if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
-            CUgraph child = NULL;
-            if (real_cuGraphChildGraphNodeGetGraph && real_cuGraphChildGraphNodeGetGraph(nodes[i], &child) == CUDA_SUCCESS &&
-                child)
-                local = graph_local(child, depth + 1, unread);
-        }
-        most = local > most ? local : most;
-    }
-    free(nodes);
-    return most;
+    CUDA_KERNEL_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    if (!real_cuGraphKernelNodeGetParams || real_cuGraphKernelNodeGetParams(node, &p) != CUDA_SUCCESS)
+        return -1;
+    uint64_t local = func_local(p.func);
+    *most = local > *most ? local : *most;
+    return 0;
 }
 
 CUresult memory_graph_stack(CUgraph graph)
 {
     if (!vgpu_cfg->enabled || !graph)
         return CUDA_SUCCESS;
-    int unread = 0;
-    return stack_cover(graph_local(graph, 0, &unread), "a graph instantiation (its kernels' stack)");
+    uint64_t most = 0;
+    graph_walk(graph, most_local, &most); /* what cannot be read is not checked (docs/shim.md) */
+    return stack_cover(most, "a graph instantiation (its kernels' stack)");
 }
 
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
@@ -2256,7 +2231,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
  * g_gmu serialises the reads and the charge, and is held from the check of a launch (or upload) of a graph
  * with allocation nodes to the read after it, so that two launches never both count on the same unused
  * reserve; it is taken before the pools' lock, never after it. */
-#define GMEM_WALK_DEPTH 8
 static uint64_t g_gmem[VGPU_MAX_DEV]; /* bytes charged for the graph pool of CUDA ordinal d */
 static uint32_t g_gmem_seen;         /* ordinals whose graph pool this process may use (a bit each) */
 static pthread_mutex_t g_gmu = PTHREAD_MUTEX_INITIALIZER;
@@ -2310,43 +2284,29 @@ static void gmem_after_fork_child(void)
     g_gmem_seen = 0;
 }
 
-/* Adds the sizes of graph g's allocation nodes (and its child graphs', depth levels down) per CUDA ordinal
- * to per[]; returns -1 when the graph could not be read in full. */
-static int gmem_walk(CUgraph g, uint64_t per[VGPU_MAX_DEV], int depth)
+/* graph_walk visitor: adds an allocation node's size to its CUDA ordinal in (uint64_t *)arg (per ordinal). */
+static int add_alloc(CUgraphNode node, int type, void *arg)
 {
-    size_t n = 0;
-    if (depth > GMEM_WALK_DEPTH || !real_cuGraphGetNodes || !real_cuGraphNodeGetType ||
-        real_cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS)
-        return -1;
-    if (n == 0)
+    uint64_t *per = arg;
+    if (type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
         return 0;
-    CUgraphNode *nodes = calloc(n, sizeof *nodes);
-    if (!nodes)
+    CUDA_MEM_ALLOC_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    if (!real_cuGraphMemAllocNodeGetParams || real_cuGraphMemAllocNodeGetParams(node, &p) != CUDA_SUCCESS)
         return -1;
-    int rc = real_cuGraphGetNodes(g, nodes, &n) == CUDA_SUCCESS ? 0 : -1;
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        int type = -1;
-        if (real_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS) {
-            rc = -1;
-        } else if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
-            CUDA_MEM_ALLOC_NODE_PARAMS p;
-            memset(&p, 0, sizeof p);
-            if (!real_cuGraphMemAllocNodeGetParams || real_cuGraphMemAllocNodeGetParams(nodes[i], &p) != CUDA_SUCCESS)
-                rc = -1;
-            else if (p.poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE && p.poolProps.location.id >= 0 &&
-                     p.poolProps.location.id < VGPU_MAX_DEV) {
-                uint64_t *s = &per[p.poolProps.location.id];
-                *s = *s + p.bytesize < *s ? UINT64_MAX : *s + p.bytesize;
-            }
-        } else if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
-            CUgraph child = NULL;
-            if (!real_cuGraphChildGraphNodeGetGraph || real_cuGraphChildGraphNodeGetGraph(nodes[i], &child) != CUDA_SUCCESS ||
-                gmem_walk(child, per, depth + 1) != 0)
-                rc = -1;
-        }
+    if (p.poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE && p.poolProps.location.id >= 0 &&
+        p.poolProps.location.id < VGPU_MAX_DEV) {
+        uint64_t *s = &per[p.poolProps.location.id];
+        *s = *s + p.bytesize < *s ? UINT64_MAX : *s + p.bytesize;
     }
-    free(nodes);
-    return rc;
+    return 0;
+}
+
+/* Adds the sizes of graph g's allocation nodes (and its child graphs', GRAPH_WALK_DEPTH levels down) per
+ * CUDA ordinal to per[]; returns -1 when the graph could not be read in full. */
+static int gmem_walk(CUgraph g, uint64_t per[VGPU_MAX_DEV])
+{
+    return graph_walk(g, add_alloc, per);
 }
 
 /* The TK_GRAPHMEM key of exec's bound on CUDA ordinal d (exec's own key holds the ordinals, in maps). Handles
@@ -2363,7 +2323,7 @@ static void gmem_record(CUgraphExec exec, CUgraph graph, int merge)
 {
     uint64_t per[VGPU_MAX_DEV] = {0};
     uint32_t mask = 0;
-    int unread = gmem_walk(graph, per, 0) != 0;
+    int unread = gmem_walk(graph, per) != 0;
     for (int d = 0; d < VGPU_MAX_DEV; d++)
         if (per[d])
             mask |= 1u << d;

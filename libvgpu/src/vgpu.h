@@ -148,6 +148,17 @@ CUresult memory_launch_stack_multi(const CUDA_LAUNCH_PARAMS *list, unsigned int 
 CUresult memory_graph_stack(CUgraph graph);
 /* the tracking table used for allocations and graph costs: track.h */
 
+/* ------------------------------------------------------------------ graphs (graph.c) */
+/* Child graph levels walked below a graph (a child graph node's own children included); nodes deeper down are
+ * not visited and make the walk incomplete. */
+#define GRAPH_WALK_DEPTH 8
+/* Called for each node that is not a child graph node, with its CU_GRAPH_NODE_TYPE_*; nonzero: the node
+ * could not be read (the walk goes on, and reports it incomplete). */
+typedef int (*graph_visit_fn)(CUgraphNode node, int type, void *arg);
+/* Visits every node of g and of its child graphs, depth first in node order. 0, or -1 when some level or node
+ * could not be read in full (what could be read is still visited). */
+int graph_walk(CUgraph g, graph_visit_fn visit, void *arg);
+
 /* ------------------------------------------------------------------ SM limiter (limiter.c) */
 /* Decides from the configuration whether kernel launches are throttled (SM limit or low priority);
  * returns 1 when they are. core.c calls it once, before it publishes the driver as ready, and then

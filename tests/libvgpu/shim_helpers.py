@@ -144,12 +144,13 @@ def program_fixtures(src: Path, stem: str) -> tuple[Any, Any, Any]:
 
 
 def play_steps(build: tuple[Toolchain, Path], *argv: str, shim: bool = True,
-               timeout: float = 120) -> tuple[dict[str, tuple[int, int, int]], dict[str, str]]:
+               timeout: float = 120, **env_extra: str) -> tuple[dict[str, tuple[int, int, int]], dict[str, str]]:
     """Run a red-team program of :func:`program_fixtures` under a 1 GiB limit with contexts not
-    charged (``shim``: preloaded or not); it must exit 0. Returns each step's (rc, charged, peak), from
-    the lines ``name=rc:charged:peak``, and every ``name=value`` line it printed."""
+    charged (``shim``: preloaded or not; ``env_extra``: more variables, e.g. the fakes' knobs); it must
+    exit 0. Returns each step's (rc, charged, peak), from the lines ``name=rc:charged:peak``, and every
+    ``name=value`` line it printed."""
     tc, prog = build
-    env = tc.env(shim, CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1")
+    env = tc.env(shim, CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1", **env_extra)
     proc = subprocess.run([str(prog), *argv], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     out = parse(proc.stdout)

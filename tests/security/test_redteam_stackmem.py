@@ -11,12 +11,11 @@ grows and keeps the stack as described (checked without the shim), with the plai
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.libvgpu.shim_helpers import MIB, Toolchain, parse, program_fixtures
+from tests.libvgpu.shim_helpers import MIB, Toolchain, play_steps, program_fixtures
 
 SRC = Path(__file__).resolve().parent / "stackmem_redteam.c"
 CTX = 300 * MIB  # what a context takes on the fake driver (FAKE_CUDA_CTX_MIB's default)
@@ -37,19 +36,7 @@ def play(build: tuple[Toolchain, Path], api: str, kernel: str, more: int,
          shim: bool = True) -> tuple[dict[str, tuple[int, int, int]], dict[str, str]]:
     """Run the program under a 1 GiB limit (contexts not charged): each step's (rc, charged, peak), and
     every ``name=value`` line."""
-    tc, prog = build
-    env = tc.env(shim, CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1",
-                 FAKE_CUDA_LOCAL_BYTES=LOCAL)
-    proc = subprocess.run([str(prog), api, kernel, str(more)], env=env, capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    out = parse(proc.stdout)
-    steps = {}
-    for k, v in out.items():
-        if v.count(":") == 2:
-            rc, used, peak = v.split(":")
-            steps[k] = (int(rc), int(used), int(peak))
-    return steps, out
+    return play_steps(build, api, kernel, str(more), shim=shim, timeout=60, FAKE_CUDA_LOCAL_BYTES=LOCAL)
 
 
 @pytest.mark.parametrize("api", ["kernel", "graph", "graphset", "graphupdate", "graphnode"])
