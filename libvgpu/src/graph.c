@@ -6,6 +6,7 @@
 #include "vgpu.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static int walk(CUgraph g, int depth, graph_visit_fn visit, void *arg)
 {
@@ -42,4 +43,28 @@ static int walk(CUgraph g, int depth, graph_visit_fn visit, void *arg)
 int graph_walk(CUgraph g, graph_visit_fn visit, void *arg)
 {
     return walk(g, 0, visit, arg);
+}
+
+struct kernel_walk {
+    graph_kernel_fn fn;
+    void *arg;
+};
+
+static int kernel_node(CUgraphNode node, int type, void *arg)
+{
+    struct kernel_walk *k = arg;
+    if (type != CU_GRAPH_NODE_TYPE_KERNEL)
+        return 0;
+    CUDA_KERNEL_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    if (!real_cuGraphKernelNodeGetParams || real_cuGraphKernelNodeGetParams(node, &p) != CUDA_SUCCESS)
+        return -1;
+    k->fn(&p, k->arg);
+    return 0;
+}
+
+int graph_walk_kernels(CUgraph g, graph_kernel_fn fn, void *arg)
+{
+    struct kernel_walk k = {fn, arg};
+    return graph_walk(g, kernel_node, &k);
 }

@@ -500,19 +500,11 @@ LAUNCH_HOOK(cuLaunchCooperativeKernelMultiDevice, multi_blocks(list, n), list &&
             (CUDA_LAUNCH_PARAMS *list, unsigned int n, unsigned int flags), (list, n, flags))
 
 /* ------------------------------------------------------------------ graphs */
-/* graph_walk visitor: adds a kernel node's blocks to *(uint64_t *)arg (saturating). */
-static int add_blocks(CUgraphNode node, int type, void *arg)
+/* graph_walk_kernels visitor: adds a kernel node's blocks to *(uint64_t *)arg (saturating). */
+static void add_blocks(const CUDA_KERNEL_NODE_PARAMS *p, void *arg)
 {
-    uint64_t *blocks = arg, b;
-    if (type != CU_GRAPH_NODE_TYPE_KERNEL)
-        return 0;
-    CUDA_KERNEL_NODE_PARAMS p;
-    memset(&p, 0, sizeof p);
-    if (!real_cuGraphKernelNodeGetParams || real_cuGraphKernelNodeGetParams(node, &p) != CUDA_SUCCESS)
-        return -1;
-    b = (uint64_t)p.gridDimX * p.gridDimY * p.gridDimZ;
+    uint64_t *blocks = arg, b = (uint64_t)p->gridDimX * p->gridDimY * p->gridDimZ;
     *blocks = *blocks + b < *blocks ? UINT64_MAX : *blocks + b;
-    return 0;
 }
 
 /* The blocks of graph g's kernel nodes, child graph nodes' kernels included (GRAPH_WALK_DEPTH levels down;
@@ -520,7 +512,7 @@ static int add_blocks(CUgraphNode node, int type, void *arg)
 static uint64_t graph_blocks(CUgraph g)
 {
     uint64_t blocks = 0;
-    graph_walk(g, add_blocks, &blocks);
+    graph_walk_kernels(g, add_blocks, &blocks);
     return blocks;
 }
 

@@ -1491,19 +1491,12 @@ CUresult memory_launch_stack_multi(const CUDA_LAUNCH_PARAMS *list, unsigned int 
     return CUDA_SUCCESS;
 }
 
-/* graph_walk visitor: raises *(uint64_t *)arg to a kernel node's local memory per thread. */
-static int most_local(CUgraphNode node, int type, void *arg)
+/* graph_walk_kernels visitor: raises *(uint64_t *)arg to a kernel node's local memory per thread. */
+static void most_local(const CUDA_KERNEL_NODE_PARAMS *p, void *arg)
 {
     uint64_t *most = arg;
-    if (type != CU_GRAPH_NODE_TYPE_KERNEL)
-        return 0;
-    CUDA_KERNEL_NODE_PARAMS p;
-    memset(&p, 0, sizeof p);
-    if (!real_cuGraphKernelNodeGetParams || real_cuGraphKernelNodeGetParams(node, &p) != CUDA_SUCCESS)
-        return -1;
-    uint64_t local = func_local(p.func);
+    uint64_t local = func_local(p->func);
     *most = local > *most ? local : *most;
-    return 0;
 }
 
 CUresult memory_graph_stack(CUgraph graph)
@@ -1511,7 +1504,7 @@ CUresult memory_graph_stack(CUgraph graph)
     if (!vgpu_cfg->enabled || !graph)
         return CUDA_SUCCESS;
     uint64_t most = 0;
-    graph_walk(graph, most_local, &most); /* what cannot be read is not checked (docs/shim.md) */
+    graph_walk_kernels(graph, most_local, &most); /* what cannot be read is not checked (docs/shim.md) */
     return stack_cover(most, "a graph instantiation (its kernels' stack)");
 }
 

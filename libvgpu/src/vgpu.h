@@ -158,6 +158,10 @@ typedef int (*graph_visit_fn)(CUgraphNode node, int type, void *arg);
 /* Visits every node of g and of its child graphs, depth first in node order. 0, or -1 when some level or node
  * could not be read in full (what could be read is still visited). */
 int graph_walk(CUgraph g, graph_visit_fn visit, void *arg);
+/* The same over the kernel nodes only: fn gets each one's parameters (a kernel node that cannot be read makes
+ * the walk incomplete). */
+typedef void (*graph_kernel_fn)(const CUDA_KERNEL_NODE_PARAMS *p, void *arg);
+int graph_walk_kernels(CUgraph g, graph_kernel_fn fn, void *arg);
 
 /* ------------------------------------------------------------------ SM limiter (limiter.c) */
 /* Decides from the configuration whether kernel launches are throttled (SM limit or low priority);
