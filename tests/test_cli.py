@@ -188,52 +188,38 @@ def test_webhook_help_states_every_default() -> None:
             assert "default" in (a.help or ""), a.option_strings
 
 
-@pytest.mark.parametrize(("module", "flag", "value", "allowed"), [
-    ("deviceplugin.main", "--heartbeat-seconds", "nan", "a number of seconds > 0"),
-    ("deviceplugin.main", "--heartbeat-seconds", "0", "a number of seconds > 0"),
-    ("deviceplugin.main", "--pending-stale-seconds", "-1", "a number of seconds >= 0"),
-    ("deviceplugin.main", "--metrics-port", "70000", "a port 0..65535"),
-    ("deviceplugin.dra.main", "--metrics-port", "1.5", "a port 0..65535"),
+#: each command's parser (module, function) and the arguments it requires besides the flag under test
+_PARSERS = {
+    "device-plugin": ("deviceplugin.main", "parser", ["--signing-keys-dir", "/x"]),
+    "dra-plugin": ("deviceplugin.dra.main", "parser", []),
+    "webhook": ("webhook.server", "build_parser", ["--tls-cert-file", "c", "--tls-key-file", "k"]),
+    "scheduler": ("scheduler.server", "build_parser", ["--signing-keys-dir", "/x"]),
+}
+
+
+@pytest.mark.parametrize(("command", "flag", "value", "allowed"), [
+    ("device-plugin", "--heartbeat-seconds", "nan", "a number of seconds > 0"),
+    ("device-plugin", "--heartbeat-seconds", "0", "a number of seconds > 0"),
+    ("device-plugin", "--pending-stale-seconds", "-1", "a number of seconds >= 0"),
+    ("device-plugin", "--metrics-port", "70000", "a port 0..65535"),
+    ("dra-plugin", "--metrics-port", "1.5", "a port 0..65535"),
+    ("webhook", "--port", "70000", "a port 0..65535"),
+    ("webhook", "--cert-check-seconds", "nan", "a number of seconds > 0"),
+    ("webhook", "--max-body-bytes", "0", "a number of bytes >= 1"),
+    ("scheduler", "--port", "70000", "a port 0..65535"),
+    ("scheduler", "--metrics-port", "-1", "a port 0..65535"),
+    ("scheduler", "--resync-seconds", "nan", "a number of seconds > 0"),
+    ("scheduler", "--resync-seconds", "0", "a number of seconds > 0"),
 ])
-def test_node_plugin_numeric_flags_are_checked_at_parse(module: str, flag: str, value: str, allowed: str,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_numeric_flags_are_checked_at_parse(command: str, flag: str, value: str, allowed: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     """A bad number is a usage error naming the flag, the value and what is allowed, before anything
-    starts (``--heartbeat-seconds nan`` and ``--metrics-port 70000`` once got through to the run)."""
-    p = importlib.import_module(module).parser()
+    starts (``--heartbeat-seconds nan``, ``--resync-seconds nan`` and ports of 70000 once got through to
+    the run)."""
+    module, fn, required = _PARSERS[command]
+    p = getattr(importlib.import_module(module), fn)()
     with pytest.raises(SystemExit) as ei:
-        p.parse_args([flag, value, "--signing-keys-dir", "/x"] if module == "deviceplugin.main" else [flag, value])
-    assert ei.value.code == 2
-    assert f"argument {flag}: {value!r} is not allowed; allowed: {allowed}" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(("flag", "value", "allowed"), [
-    ("--port", "70000", "a port 0..65535"),
-    ("--cert-check-seconds", "nan", "a number of seconds > 0"),
-    ("--max-body-bytes", "0", "a number of bytes >= 1"),
-])
-def test_webhook_numeric_flags_are_checked_at_parse(flag: str, value: str, allowed: str,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from webhook.server import build_parser
-
-    with pytest.raises(SystemExit) as ei:
-        build_parser().parse_args([flag, value, "--tls-cert-file", "c", "--tls-key-file", "k"])
-    assert ei.value.code == 2
-    assert f"argument {flag}: {value!r} is not allowed; allowed: {allowed}" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(("flag", "value", "allowed"), [
-    ("--port", "70000", "a port 0..65535"),
-    ("--metrics-port", "-1", "a port 0..65535"),
-    ("--resync-seconds", "nan", "a number of seconds > 0"),
-    ("--resync-seconds", "0", "a number of seconds > 0"),
-])
-def test_scheduler_numeric_flags_are_checked_at_parse(flag: str, value: str, allowed: str,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    """``--port 70000`` and ``--resync-seconds nan`` once got through to the run."""
-    from scheduler.server import build_parser
-
-    with pytest.raises(SystemExit) as ei:
-        build_parser().parse_args([flag, value, "--signing-keys-dir", "/x"])
+        p.parse_args([flag, value, *required])
     assert ei.value.code == 2
     assert f"argument {flag}: {value!r} is not allowed; allowed: {allowed}" in capsys.readouterr().err
 

@@ -1270,32 +1270,22 @@ static CUresult library_loaded(CUresult rc, CUlibrary *lib, struct load_meter *l
     return rc;
 }
 
-EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, int *jitOptions, void **jitValues,
-                                  unsigned int nJit, int *libOptions, void **libValues, unsigned int nLib)
-{
-    ensure_cuda();
-    REAL_OR_FAIL(cuLibraryLoadData);
-    if (!vgpu_cfg->enabled || !lib)
-        return real_cuLibraryLoadData(lib, code, jitOptions, jitValues, nJit, libOptions, libValues, nLib);
-    struct load_meter lm;
-    library_begin(&lm);
-    return library_loaded(real_cuLibraryLoadData(lib, code, jitOptions, jitValues, nJit, libOptions, libValues, nLib),
-                          lib, &lm, "cuLibraryLoadData");
-}
+#define LIBRARY_LOAD_HOOK(name, src_t, src)                                                               \
+    EXPORT CUresult name(CUlibrary *lib, src_t src, int *jitOptions, void **jitValues, unsigned int nJit,        \
+                         int *libOptions, void **libValues, unsigned int nLib)                                  \
+    {                                                                                                           \
+        ensure_cuda();                                                                                          \
+        REAL_OR_FAIL(name);                                                                                     \
+        if (!vgpu_cfg->enabled || !lib)                                                                         \
+            return real_##name(lib, src, jitOptions, jitValues, nJit, libOptions, libValues, nLib);             \
+        struct load_meter lm;                                                                                   \
+        library_begin(&lm);                                                                                     \
+        return library_loaded(real_##name(lib, src, jitOptions, jitValues, nJit, libOptions, libValues, nLib),  \
+                              lib, &lm, #name);                                                                 \
+    }
 
-EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *fileName, int *jitOptions, void **jitValues,
-                                      unsigned int nJit, int *libOptions, void **libValues, unsigned int nLib)
-{
-    ensure_cuda();
-    REAL_OR_FAIL(cuLibraryLoadFromFile);
-    if (!vgpu_cfg->enabled || !lib)
-        return real_cuLibraryLoadFromFile(lib, fileName, jitOptions, jitValues, nJit, libOptions, libValues, nLib);
-    struct load_meter lm;
-    library_begin(&lm);
-    return library_loaded(real_cuLibraryLoadFromFile(lib, fileName, jitOptions, jitValues, nJit, libOptions, libValues,
-                                                     nLib),
-                          lib, &lm, "cuLibraryLoadFromFile");
-}
+LIBRARY_LOAD_HOOK(cuLibraryLoadData, const void *, code)
+LIBRARY_LOAD_HOOK(cuLibraryLoadFromFile, const char *, fileName)
 
 /* Called with the track lock held: every context's copies of libraries (the last library is gone). */
 static int drop_libctx_locked(struct track_entry *e, void *arg)

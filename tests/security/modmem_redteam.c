@@ -230,36 +230,50 @@ static void gate_open(const char *path)
         close(fd);
 }
 
+/* The fake driver's notes on stderr, read from a pipe: a note may straddle two reads. */
+#define GATE_NOTE "listing waits at the gate"
+struct notes {
+    int fd;
+    size_t have;
+    char buf[4096];
+};
+
+/* Waits for the next GATE_NOTE; 1 when one came, 0 at the end of the pipe. */
+static int next_gate_note(struct notes *n)
+{
+    for (;;) {
+        char *hit = strstr(n->buf, GATE_NOTE);
+        if (hit) {
+            size_t used = (size_t)(hit - n->buf) + strlen(GATE_NOTE);
+            memmove(n->buf, n->buf + used, n->have - used + 1);
+            n->have -= used;
+            return 1;
+        }
+        if (n->have > sizeof n->buf / 2) { /* keep the tail */
+            memmove(n->buf, n->buf + n->have - 64, 65);
+            n->have = 64;
+        }
+        ssize_t r = read(n->fd, n->buf + n->have, sizeof n->buf - 1 - n->have);
+        if (r <= 0)
+            return 0;
+        n->have += (size_t)r;
+        n->buf[n->have] = 0;
+    }
+}
+
 static void *inflight_opener(void *arg)
 {
     struct inflight *f = arg;
-    char buf[4096];
-    size_t have = 0;
-    int seen = 0;
+    struct notes nt = {.fd = f->rfd};
     cuCtxSetCurrent(f->ctx);
-    while (seen < 2) {
-        ssize_t n = read(f->rfd, buf + have, sizeof buf - 1 - have);
-        if (n <= 0)
-            break;
-        have += (size_t)n;
-        buf[have] = 0;
-        char *hit;
-        while ((hit = strstr(buf, "listing waits at the gate")) != NULL) {
-            size_t used = (size_t)(hit - buf) + strlen("listing waits at the gate");
-            memmove(buf, buf + used, have - used + 1);
-            have -= used;
-            if (++seen == 1 && f->free_first) { /* the load's opening reading: its figures are taken */
-                f->rc = cuMemFree_v2(f->p);
-                f->p = 0;
-            } else if (seen == 2 && !f->free_first) { /* the closing one: the allocation comes now */
-                f->rc = cuMemAlloc_v2(&f->p, f->alloc);
-            }
-            gate_open(f->gate);
+    for (int seen = 1; seen <= 2 && next_gate_note(&nt); seen++) {
+        if (seen == 1 && f->free_first) { /* the load's opening reading: its figures are taken */
+            f->rc = cuMemFree_v2(f->p);
+            f->p = 0;
+        } else if (seen == 2 && !f->free_first) { /* the closing one: the allocation comes now */
+            f->rc = cuMemAlloc_v2(&f->p, f->alloc);
         }
-        if (have > sizeof buf / 2) { /* keep the tail: a note may straddle two reads */
-            memmove(buf, buf + have - 64, 65);
-            have = 64;
-        }
+        gate_open(f->gate);
     }
     return NULL;
 }
@@ -405,34 +419,17 @@ static void *destroy_victim(void *arg)
 static void *destroy_opener(void *arg)
 {
     struct destroyer *d = arg;
-    char buf[4096];
-    size_t have = 0;
-    int seen = 0;
+    struct notes nt = {.fd = d->rfd};
     pthread_t t;
     int started = 0;
-    while (seen < 2) {
-        ssize_t n = read(d->rfd, buf + have, sizeof buf - 1 - have);
-        if (n <= 0)
-            break;
-        have += (size_t)n;
-        buf[have] = 0;
-        char *hit;
-        while ((hit = strstr(buf, "listing waits at the gate")) != NULL) {
-            size_t used = (size_t)(hit - buf) + strlen("listing waits at the gate");
-            memmove(buf, buf + used, have - used + 1);
-            have -= used;
-            if (++seen == 1) { /* the opening reading's figures are taken: the destroy starts */
-                pthread_create(&t, NULL, destroy_victim, d);
-                started = 1;
-                for (int i = 0; i < 300 && access(d->din, F_OK) != 0; i++) /* in the driver, or held off */
-                    usleep(1000);
-            }
-            gate_open(d->lgate);
+    for (int seen = 1; seen <= 2 && next_gate_note(&nt); seen++) {
+        if (seen == 1) { /* the opening reading's figures are taken: the destroy starts */
+            pthread_create(&t, NULL, destroy_victim, d);
+            started = 1;
+            for (int i = 0; i < 300 && access(d->din, F_OK) != 0; i++) /* in the driver, or held off */
+                usleep(1000);
         }
-        if (have > sizeof buf / 2) {
-            memmove(buf, buf + have - 64, 65);
-            have = 64;
-        }
+        gate_open(d->lgate);
     }
     if (started) /* finishes once the load returned (destroy_race opens its gate then) */
         pthread_join(t, NULL);
