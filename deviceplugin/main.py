@@ -10,7 +10,6 @@ import argparse
 import logging
 import threading
 
-from kube_vgpu import jsonlog
 from kube_vgpu.cliflags import number_type
 from kube_vgpu.signing import KeyDir, SigningKeyError
 
@@ -45,19 +44,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def setup_logging(level: str) -> None:
-    """JSON logs to stderr at ``level`` (the shared :mod:`kube_vgpu.jsonlog`)."""
-    jsonlog.setup(level)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run until SIGTERM/SIGINT. Returns the exit code."""
-    args = parser().parse_args(argv)
-    setup_logging(args.log_level)
-    try:
-        start = startup.node_start(args)
-    except startup.StartError as e:
-        return e.code
+def _serve(args: argparse.Namespace, start: startup.NodeStart) -> int:
+    """Serve the device plugin until SIGTERM/SIGINT. Returns the exit code."""
     cfg, gpus = start.config, start.gpus
     try:
         keys = KeyDir(args.signing_keys_dir)
@@ -94,3 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     plugin.stop()
     http_stop.join()
     return 0
+
+
+#: the command: ``main(argv)`` runs until SIGTERM/SIGINT and returns the exit code
+main = startup.node_main(parser, _serve)

@@ -62,7 +62,9 @@ OWNER_FILE = "owner"
 
 @dataclass(frozen=True, slots=True)
 class MountSpec:
-    """One bind mount: container path, host path, read-only flag."""
+    """One bind mount of a container: ``container_path`` where it appears in the container,
+    ``host_path`` what it shows from the host, ``read_only`` whether the container may write there
+    (the shim, the preload file and the limits directory are read-only; the cache directory is not)."""
 
     container_path: str
     host_path: str
@@ -142,12 +144,18 @@ def alloc_mounts(key: str, *, shim_host_path: str, cache_host_dir: str) -> tuple
     ``envcontract.CACHE_CONTAINER_DIR`` and ``<cache_host_dir>/<key>.limits`` read-only at
     ``envcontract.LIMITS_CONTAINER_DIR``. The device plugin's keys are :func:`alloc_key`; the DRA
     plugin's are per claim (``deviceplugin.dra``)."""
-    cache, limits = alloc_dirs(cache_host_dir, key)
+    return shim_mounts(shim_host_path, *alloc_dirs(cache_host_dir, key))
+
+
+def shim_mounts(shim_host_path: str, cache_dir: str, limits_dir: str) -> tuple[MountSpec, ...]:
+    """The four mounts every shimmed container gets: the shim and the preload file (read-only), the
+    host's ``cache_dir`` read-write at ``envcontract.CACHE_CONTAINER_DIR`` and its ``limits_dir``
+    read-only at ``envcontract.LIMITS_CONTAINER_DIR``."""
     return (
         MountSpec(envcontract.SHIM_CONTAINER_PATH, shim_host_path, True),
         MountSpec(envcontract.PRELOAD_CONTAINER_PATH, preload_host_path(shim_host_path), True),
-        MountSpec(envcontract.CACHE_CONTAINER_DIR, cache, False),
-        MountSpec(envcontract.LIMITS_CONTAINER_DIR, limits, True),
+        MountSpec(envcontract.CACHE_CONTAINER_DIR, cache_dir, False),
+        MountSpec(envcontract.LIMITS_CONTAINER_DIR, limits_dir, True),
     )
 
 
@@ -208,11 +216,6 @@ def container_spec(pc: PendingContainer, *, shim_host_path: str, cache_host_dir:
     limits = HostFile(os.path.join(limits_dir, envcontract.LIMITS_FILE_NAME),
                       envcontract.limits_file(pc.devices, cache_in_ctr, priority=pc.priority, core_policy=core_policy,
                                               core_sharing=core_sharing))
-    mounts = (
-        MountSpec(envcontract.SHIM_CONTAINER_PATH, shim_host_path, True),
-        MountSpec(envcontract.PRELOAD_CONTAINER_PATH, preload_host_path(shim_host_path), True),
-        MountSpec(envcontract.CACHE_CONTAINER_DIR,
-                  os.path.join(cache_host_dir, cache_dir_name(pc.uid, pc.container)), False),
-        MountSpec(envcontract.LIMITS_CONTAINER_DIR, limits_dir, True),
-    )
+    mounts = shim_mounts(shim_host_path, os.path.join(cache_host_dir, cache_dir_name(pc.uid, pc.container)),
+                         limits_dir)
     return ContainerSpec(envs=envs, mounts=mounts, files=(limits,))

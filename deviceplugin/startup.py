@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kube_vgpu import jsonlog
 from kube_vgpu.cliflags import PORT, add_kubeconfig_flag, add_level_flag
 from kube_vgpu.config import Config, load_config
 from kube_vgpu.errors import ConfigError
@@ -71,11 +72,14 @@ def add_shim_flags(p: argparse.ArgumentParser, *, cache_help: str) -> None:
     p.add_argument("--cache-host-dir", default=CACHE_HOST_DIR, help=cache_help)
 
 
-def node_start(args: argparse.Namespace) -> NodeStart:
-    """``args.node_name``, ``args.config`` and ``args.simulate_gpus`` checked and loaded.
+def node_start(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, NodeStart]:
+    """Parse ``argv``, start JSON logging at ``--log-level``, then check and load ``args.node_name``,
+    ``args.config`` and ``args.simulate_gpus``. Returns the parsed args and what they loaded.
 
     Raises StartError(2) after logging: no node name, a config that does not load or validate,
     a bad ``--simulate-gpus`` spec."""
+    args = parser.parse_args(argv)
+    jsonlog.setup(args.log_level)
     if not args.node_name:
         log.error("--node-name is required (or set env NODE_NAME)")
         raise StartError(2)
@@ -91,7 +95,24 @@ def node_start(args: argparse.Namespace) -> NodeStart:
         except SimulateSpecError as e:
             log.error("invalid --simulate-gpus", extra={"error": str(e)})
             raise StartError(2) from None
-    return NodeStart(cfg, gpus)
+    return args, NodeStart(cfg, gpus)
+
+
+def node_main(parser: Callable[[], argparse.ArgumentParser],
+              serve: Callable[[argparse.Namespace, NodeStart], int]) -> Callable[[list[str] | None], int]:
+    """A node command's ``main(argv)``: :func:`node_start` with ``parser()``, then ``serve(args,
+    start)`` until it returns the exit code (the exit code of a :class:`StartError` when the start
+    failed)."""
+
+    def main(argv: list[str] | None = None) -> int:
+        try:
+            args, start = node_start(parser(), argv)
+        except StartError as e:
+            return e.code
+        return serve(args, start)
+
+    main.__doc__ = "Run until SIGTERM/SIGINT. Returns the exit code."
+    return main
 
 
 def stop_on_signals() -> threading.Event:

@@ -117,6 +117,18 @@ class Rule:
     chart_doc: str = ""
 
 
+def _item(pattern: str, allowed: str, min_length: int | None = None, max_length: int | None = None) -> Rule:
+    """The rule of each item of a list key: a string matching ``pattern`` within the length bounds;
+    ``allowed`` says in words what is accepted."""
+    return Rule("item", "", pattern=pattern, min_length=min_length, max_length=max_length, allowed=allowed)
+
+
+_NONEMPTY = Rule("item", "", min_length=1, allowed="a non-empty string")
+_NAMESPACE_ITEM = _item(DNS_LABEL, max_length=63,
+                        allowed="a namespace name: a DNS label (lowercase letters, digits, '-', at most 63)")
+_MIG_PROFILE_ITEM = _item(MIG_PROFILE, max_length=32, allowed="a MIG profile name such as 1g.10gb, 3g.71gb or 1g.10gb+me")
+
+
 def _key(default: Any, rule: Rule) -> Any:
     """A config key: a dataclass field with ``default`` that carries its :class:`Rule`."""
     return field(default=default, metadata={"rule": rule})
@@ -220,8 +232,7 @@ class DeviceDefaults:
     mig_profiles: tuple[str, ...] = _key((), Rule(
         "migProfiles", "dynamic MIG: the profiles requests may be served by (e.g. 1g.18gb, 3g.71gb); empty = "
         "every profile of the GPU's model without media extensions",
-        items=Rule("item", "", pattern=MIG_PROFILE, max_length=32,
-                   allowed="a MIG profile name such as 1g.10gb, 3g.71gb or 1g.10gb+me")))
+        items=_MIG_PROFILE_ITEM))
 
 
 def _override(attr: str) -> Any:
@@ -244,9 +255,6 @@ class NodeOverride:
     exclude_gpus: tuple[str, ...] = _key((), Rule(
         "excludeGPUs", "GPU UUIDs or indexes that are never advertised", ids=True))
     mig_strategy: str | None = _override("mig_strategy")
-
-
-_NONEMPTY = Rule("item", "", min_length=1, allowed="a non-empty string")
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,17 +284,17 @@ class WebhookConfig:
         "systemUsers", "user names (request.userInfo.username, e.g. "
         "system:serviceaccount:kube-vgpu:kube-vgpu-extender) allowed to add, change or remove a pod's "
         "system-owned kube-vgpu.io/ annotations and labels; empty = nobody (the chart adds its own "
-        "service accounts)", items=_NONEMPTY))
+        "service accounts)",
+        items=_NONEMPTY))
     allow_disable_control_namespaces: tuple[str, ...] = _key((), Rule(
         "allowDisableControlNamespaces", "namespaces whose GPU containers may set CUDA_DISABLE_CONTROL "
         "(no vGPU limits at all); elsewhere it is denied",
-        items=Rule("item", "", pattern=DNS_LABEL, max_length=63,
-                   allowed="a namespace name: a DNS label (lowercase letters, digits, '-', at most 63)")))
+        items=_NAMESPACE_ITEM))
     allowed_runtime_classes: tuple[str, ...] = _key(("nvidia",), Rule(
         "allowedRuntimeClasses", "spec.runtimeClassName values a vGPU pod may name (unset is always allowed; "
         "a runtime without the NVIDIA hook would not enforce the allocated devices)",
-        items=Rule("item", "", pattern=DNS_SUBDOMAIN, min_length=1, max_length=253,
-                   allowed="a RuntimeClass name: a DNS subdomain")))
+        items=_item(DNS_SUBDOMAIN, min_length=1, max_length=253,
+                    allowed="a RuntimeClass name: a DNS subdomain")))
     runtime_class_name: str = _key("", Rule(
         "runtimeClassName", "spec.runtimeClassName written into every vGPU pod that names none (HAMi's "
         "runtimeClassName: a cluster whose default runtime is not NVIDIA's; must be in allowedRuntimeClasses); "
@@ -299,8 +307,7 @@ class WebhookConfig:
         "protectedHostPaths", "host paths vGPU pods' hostPath volumes may not reach (at, below or above), in "
         "addition to the built-in NVIDIA, driver, kubelet and kube-vgpu directories; a trailing * matches a "
         "name prefix",
-        items=Rule("item", "", pattern=r"^/[^*]*\*?$", min_length=1,
-                   allowed="an absolute path, optionally ending in '*'")))
+        items=_item(r"^/[^*]*\*?$", min_length=1, allowed="an absolute path, optionally ending in '*'")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,8 +325,8 @@ class CompatConfig:
     scheduler_aliases: tuple[str, ...] = _key((), Rule(
         "schedulerAliases", "spec.schedulerName values the webhook treats as ours and rewrites to schedulerName "
         "(e.g. hami-scheduler once HAMi's scheduler is gone); empty = none",
-        items=Rule("item", "", pattern=DNS_SUBDOMAIN, min_length=1, max_length=253,
-                   allowed="a scheduler name: a DNS subdomain")))
+        items=_item(DNS_SUBDOMAIN, min_length=1, max_length=253,
+                    allowed="a scheduler name: a DNS subdomain")))
     hami_metrics: bool = _key(False, Rule(
         "hamiMetrics", "the device plugins also export HAMi's metric names and labels (hami_* of v2.10 and the "
         "legacy names such as GPUDeviceMemoryAllocated, vGPU_device_memory_usage_in_bytes), computed from "

@@ -34,6 +34,7 @@ import ssl
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -588,6 +589,7 @@ class Gone(Exception):
     """The watch's resourceVersion is too old (HTTP 410 / Status code 410): relist."""
 
 
+@dataclass(eq=False)
 class Reflector:
     """List + watch one kind in a daemon thread.
 
@@ -601,31 +603,28 @@ class Reflector:
     ``reflector-<kind>``.
     """
 
-    def __init__(self, api: ListWatch, kind: str, on_replace: Callable[[list[Obj], str], None],
-                 on_event: Callable[[str, Obj], None], on_synced: Callable[[], None] | None = None,
-                 label_selector: str | None = None, resync_seconds: float = 300.0,
-                 field_selector: str | None = None,
-                 watch_timeout: int = 300, backoff: tuple[float, float] = (0.2, 10.0),
-                 on_list_start: Callable[[], None] | None = None, thread_name: str | None = None):
-        self.api = api
-        self.thread_name = thread_name or f"reflector-{kind}"
-        self.on_list_start = on_list_start
-        self.kind = kind
-        self.on_replace = on_replace
-        self.on_event = on_event
-        self.on_synced = on_synced
-        self.label_selector = label_selector
-        self.field_selector = field_selector
-        self.resync_seconds = resync_seconds
-        self.watch_timeout = watch_timeout
-        self.backoff = backoff
-        self.resource_version = ""
-        self.relists = 0
-        self.errors = 0
+    api: ListWatch
+    kind: str
+    on_replace: Callable[[list[Obj], str], None]
+    on_event: Callable[[str, Obj], None]
+    on_synced: Callable[[], None] | None = None
+    label_selector: str | None = None
+    resync_seconds: float = 300.0
+    field_selector: str | None = None
+    watch_timeout: int = 300
+    backoff: tuple[float, float] = (0.2, 10.0)
+    on_list_start: Callable[[], None] | None = None
+    thread_name: str = ""
+    resource_version: str = field(default="", init=False)
+    relists: int = field(default=0, init=False)
+    errors: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.thread_name = self.thread_name or f"reflector-{self.kind}"
         self._stop = threading.Event()
         self._resp: Any = None
         self._thread: threading.Thread | None = None
-        self._delay = backoff[0]  #: the wait after the next error
+        self._delay = self.backoff[0]  #: the wait after the next error
         self._need_list = True  #: relist before the next watch (first, after 410)
         self._first = True  #: no list has completed yet
         self._next_resync = 0.0  #: monotonic time of the next full relist
@@ -775,6 +774,7 @@ class AsyncListWatch(Protocol):
         ...
 
 
+@dataclass(eq=False)
 class AsyncReflector(Reflector):
     """:class:`Reflector` on an event loop: the same list, watch, bookmarks, 410 relist, backoff
     and resync, and the same callbacks and counters, but the watch streams on the loop
@@ -783,14 +783,10 @@ class AsyncReflector(Reflector):
     GIL). Only the list runs in a worker thread (lists are rare and large). :meth:`start` runs it
     as a task of the running loop; :meth:`astop` cancels it."""
 
-    def __init__(self, api: AsyncListWatch, kind: str, on_replace: Callable[[list[Obj], str], None],
-                 on_event: Callable[[str, Obj], None], on_synced: Callable[[], None] | None = None,
-                 label_selector: str | None = None, resync_seconds: float = 300.0,
-                 field_selector: str | None = None, watch_timeout: int = 300,
-                 backoff: tuple[float, float] = (0.2, 10.0), on_list_start: Callable[[], None] | None = None):
-        super().__init__(api, kind, on_replace, on_event, on_synced, label_selector, resync_seconds,  # type: ignore[arg-type]
-                         field_selector, watch_timeout, backoff, on_list_start)
-        self.aapi = api
+    api: AsyncListWatch  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -817,11 +813,11 @@ class AsyncReflector(Reflector):
                 if self._list_due():
                     if self.on_list_start is not None:
                         self.on_list_start()
-                    self._replace(*await loop.run_in_executor(None, self.aapi.list_objects, self.kind,
+                    self._replace(*await loop.run_in_executor(None, self.api.list_objects, self.kind,
                                                               self.label_selector, self.field_selector))
                     self._listed()
                 deadline = self._next_resync
-                async with contextlib.aclosing(self.aapi.watch_lines(
+                async with contextlib.aclosing(self.api.watch_lines(
                         self.kind, self.resource_version, self._watch_timeout(deadline), self.label_selector,
                         self.field_selector)) as lines:
                     async for line in lines:

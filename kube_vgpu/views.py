@@ -20,9 +20,10 @@ Which pod still holds GPUs (``status.phase``, ``metadata.deletionTimestamp``) is
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from operator import attrgetter
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from .errors import ShapeError
 from .podshape import key_path
@@ -34,6 +35,7 @@ FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 _V = TypeVar("_V", bound="ObjectView")
+_T = TypeVar("_T")
 
 
 def obj_field(value: Any, path: str) -> Mapping[str, Any]:
@@ -85,6 +87,43 @@ def str_field(value: Any, path: str) -> str:
     raise ShapeError(path, value, "a string")
 
 
+class Field(property, Generic[_T]):
+    """A field of a view's ``metadata``, ``spec`` or ``status`` read as a property: ``read(value,
+    path)`` of the field's value (None when absent) and its path (``metadata.uid``), e.g.
+    :func:`str_field` or :func:`obj_field`. One rule for every such accessor."""
+
+    def __init__(self, section: str, key: str, read: Callable[[Any, str], _T], doc: str):
+        of_section = attrgetter(section)
+        path = f"{'metadata' if section == 'meta' else section}.{key}"
+        get: Callable[[ObjectView], Any]
+        # metadata and spec strings (name, uid, resourceVersion, nodeName) are read for every watch
+        # event and request: their getters read the slot directly and inline str_field's check
+        if read is str_field and section == "meta":
+            def get(view: ObjectView) -> Any:
+                v = view.meta.get(key)
+                return v if type(v) is str else str_field(v, path)
+        elif read is str_field and section == "spec":
+            def get(view: ObjectView) -> Any:
+                v = view.spec.get(key)
+                return v if type(v) is str else str_field(v, path)
+        else:
+            def get(view: ObjectView) -> Any:
+                return read(of_section(view).get(key), path)
+        super().__init__(get)
+        self.__doc__ = doc  # (property(doc=...) drops it in a subclass with a docstring of its own)
+
+    if TYPE_CHECKING:
+        @overload  # type: ignore[override]
+        def __get__(self, view: None, owner: type | None = None) -> Field[_T]: ...
+        @overload
+        def __get__(self, view: ObjectView, owner: type | None = None) -> _T: ...
+        def __get__(self, view: ObjectView | None, owner: type | None = None) -> _T | Field[_T]: ...
+
+
+def _namespace_or_default(value: Any, path: str) -> str:
+    return str_field(value, path) or "default"
+
+
 class ObjectView:
     """Any Kubernetes object: its ``metadata`` (and ``spec`` / ``status`` as plain objects).
 
@@ -133,59 +172,21 @@ class ObjectView:
 
     # -- metadata ---------------------------------------------------------------------------------
 
-    # name, uid and resourceVersion are read for every watch event and request, so their getters
-    # inline _meta_str's two lines (a call less on the hot path); the others call it.
-    def _meta_str(self, key: str) -> str:
-        v = self.meta.get(key)
-        return v if type(v) is str else str_field(v, f"metadata.{key}")
+    name = Field("meta", "name", str_field, '``metadata.name`` ("" when absent).')
+    namespace = Field("meta", "namespace", str_field, '``metadata.namespace`` as written ("" when absent).')
+    generate_name = Field("meta", "generateName", str_field, '``metadata.generateName`` ("" when absent).')
+    uid = Field("meta", "uid", str_field, '``metadata.uid`` ("" when absent).')
+    resource_version = Field("meta", "resourceVersion", str_field,
+                             '``metadata.resourceVersion`` ("" when absent).')
+    creation_timestamp = Field("meta", "creationTimestamp", str_field,
+                               '``metadata.creationTimestamp`` (RFC 3339 text, "" when absent).')
+    deletion_timestamp = Field("meta", "deletionTimestamp", str_field,
+                               '``metadata.deletionTimestamp`` (RFC 3339 text, "" when absent: not being deleted).')
 
-    @property
-    def name(self) -> str:
-        """``metadata.name`` ("" when absent)."""
-        v = self.meta.get("name")
-        return v if type(v) is str else str_field(v, "metadata.name")
-
-    @property
-    def namespace(self) -> str:
-        """``metadata.namespace`` as written ("" when absent)."""
-        return self._meta_str("namespace")
-
-    @property
-    def generate_name(self) -> str:
-        """``metadata.generateName`` ("" when absent)."""
-        return self._meta_str("generateName")
-
-    @property
-    def uid(self) -> str:
-        """``metadata.uid`` ("" when absent)."""
-        v = self.meta.get("uid")
-        return v if type(v) is str else str_field(v, "metadata.uid")
-
-    @property
-    def resource_version(self) -> str:
-        """``metadata.resourceVersion`` ("" when absent)."""
-        v = self.meta.get("resourceVersion")
-        return v if type(v) is str else str_field(v, "metadata.resourceVersion")
-
-    @property
-    def creation_timestamp(self) -> str:
-        """``metadata.creationTimestamp`` (RFC 3339 text, "" when absent)."""
-        return self._meta_str("creationTimestamp")
-
-    @property
-    def deletion_timestamp(self) -> str:
-        """``metadata.deletionTimestamp`` (RFC 3339 text, "" when absent: not being deleted)."""
-        return self._meta_str("deletionTimestamp")
-
-    @property
-    def annotations(self) -> Mapping[str, Any]:
-        """``metadata.annotations`` (read-only use; values unchecked: see :meth:`annotation`)."""
-        return obj_field(self.meta.get("annotations"), "metadata.annotations")
-
-    @property
-    def labels(self) -> Mapping[str, Any]:
-        """``metadata.labels`` (read-only use; values unchecked: see :meth:`label`)."""
-        return obj_field(self.meta.get("labels"), "metadata.labels")
+    annotations = Field("meta", "annotations", obj_field,
+                        "``metadata.annotations`` (read-only use; values unchecked: see :meth:`annotation`).")
+    labels = Field("meta", "labels", obj_field,
+                   "``metadata.labels`` (read-only use; values unchecked: see :meth:`label`).")
 
     def annotation(self, key: str) -> str | None:
         """The annotation ``key``'s value, None when absent. Raises ShapeError when it is not a string."""
@@ -278,31 +279,17 @@ class PodView(ObjectView):
 
     __slots__ = ()
 
-    @property
-    def namespace(self) -> str:
-        """``metadata.namespace``, ``default`` when absent or empty."""
-        return self._meta_str("namespace") or "default"
+    namespace = Field("meta", "namespace", _namespace_or_default,
+                      "``metadata.namespace``, ``default`` when absent or empty.")
 
     @property
     def key(self) -> str:
         """``namespace/name``."""
         return f"{self.namespace}/{self.name}"
 
-    @property
-    def node_name(self) -> str:
-        """``spec.nodeName`` ("" while unbound)."""
-        v = self.spec.get("nodeName")
-        return v if type(v) is str else str_field(v, "spec.nodeName")
-
-    @property
-    def scheduler_name(self) -> str:
-        """``spec.schedulerName`` ("" when absent)."""
-        return str_field(self.spec.get("schedulerName"), "spec.schedulerName")
-
-    @property
-    def phase(self) -> str:
-        """``status.phase`` ("" when absent)."""
-        return str_field(self.status.get("phase"), "status.phase")
+    node_name = Field("spec", "nodeName", str_field, '``spec.nodeName`` ("" while unbound).')
+    scheduler_name = Field("spec", "schedulerName", str_field, '``spec.schedulerName`` ("" when absent).')
+    phase = Field("status", "phase", str_field, '``status.phase`` ("" when absent).')
 
     @property
     def priority(self) -> int:
@@ -379,15 +366,10 @@ class NodeView(ObjectView):
         """``spec.unschedulable`` is true (the node is cordoned)."""
         return self.spec.get("unschedulable") is True
 
-    @property
-    def allocatable(self) -> Mapping[str, Any]:
-        """``status.allocatable`` (resource name -> quantity as written)."""
-        return obj_field(self.status.get("allocatable"), "status.allocatable")
-
-    @property
-    def capacity(self) -> Mapping[str, Any]:
-        """``status.capacity`` (resource name -> quantity as written)."""
-        return obj_field(self.status.get("capacity"), "status.capacity")
+    allocatable = Field("status", "allocatable", obj_field,
+                        "``status.allocatable`` (resource name -> quantity as written).")
+    capacity = Field("status", "capacity", obj_field,
+                     "``status.capacity`` (resource name -> quantity as written).")
 
     @property
     def ready(self) -> bool | None:

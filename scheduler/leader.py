@@ -14,6 +14,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from kube_vgpu.kubeapi import api_error_text
@@ -36,22 +37,22 @@ def _parse_time(s: str | None) -> float:
     return dt.datetime.strptime(s, fmt).replace(tzinfo=dt.UTC).timestamp()
 
 
+@dataclass(eq=False)
 class _LeaseRole:
     """What both lease kinds share: the Lease they read (``namespace``/``name``), how they call the
     API (``api``, ``run_blocking``: runs a blocking call off the event loop), the round period
     (``retry_period`` seconds), the last holder read, the ``on_change`` callback and the round loop."""
 
-    def __init__(self, api: KubeAPI, namespace: str, name: str, run_blocking: Callable[..., Any],
-                 retry_period: float, clock: Callable[[], float]) -> None:
-        self.api = api
-        self.namespace = namespace
-        self.name = name
-        self.run_blocking = run_blocking
-        self.retry_period = retry_period
-        self.clock = clock
-        self.holder: str | None = None
-        self.on_change: Callable[[bool], None] | None = None
-        self._was_leader = False
+    api: KubeAPI
+    namespace: str
+    name: str
+    _: KW_ONLY
+    run_blocking: Callable[..., Any]
+    retry_period: float = 2.0
+    clock: Callable[[], float] = time.time
+    holder: str | None = field(default=None, init=False)
+    on_change: Callable[[bool], None] | None = field(default=None, init=False)
+    _was_leader: bool = field(default=False, init=False)
 
     @property
     def is_leader(self) -> bool:
@@ -80,6 +81,7 @@ class _LeaseRole:
                 pass
 
 
+@dataclass(eq=False)
 class LeaseElector(_LeaseRole):
     """Acquire and hold one Lease. ``is_leader`` is read by the bind handler.
 
@@ -88,14 +90,11 @@ class LeaseElector(_LeaseRole):
     the event loop (the service's executor).
     """
 
-    def __init__(self, api: KubeAPI, namespace: str, name: str, identity: str,
-                 run_blocking: Callable[..., Any], lease_duration: float = 15.0, renew_deadline: float = 10.0,
-                 retry_period: float = 2.0, clock: Callable[[], float] = time.time):
-        super().__init__(api, namespace, name, run_blocking, retry_period, clock)
-        self.identity = identity
-        self.lease_duration = lease_duration
-        self.renew_deadline = renew_deadline
-        self._last_renew = 0.0
+    identity: str
+    _: KW_ONLY
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    _last_renew: float = field(default=0.0, init=False)
 
     @property
     def is_leader(self) -> bool:
@@ -141,6 +140,7 @@ class LeaseElector(_LeaseRole):
         await self._rounds(self.try_acquire_or_renew, "lease round failed", stop, {})
 
 
+@dataclass(eq=False)
 class LeaseFollower(_LeaseRole):
     """Follow kube-scheduler's own leader election instead of running a second one.
 
@@ -154,11 +154,8 @@ class LeaseFollower(_LeaseRole):
     Same interface as :class:`LeaseElector` (``is_leader``, ``holder``, ``on_change``, ``run``).
     """
 
-    def __init__(self, api: KubeAPI, namespace: str, name: str, hostname: str,
-                 run_blocking: Callable[..., Any], retry_period: float = 2.0, clock: Callable[[], float] = time.time):
-        super().__init__(api, namespace, name, run_blocking, retry_period, clock)
-        self.hostname = hostname
-        self._valid_until = 0.0
+    hostname: str
+    _valid_until: float = field(default=0.0, init=False)
 
     @property
     def is_leader(self) -> bool:

@@ -316,10 +316,10 @@ class SchedulerService:
                 if self.opts.leader_mode == "follow":
                     self.elector = LeaseFollower(api, self.opts.lease_namespace, self.opts.lease_name,
                                                  self.opts.hostname or self.opts.identity.split("_")[0],
-                                                 self.run_blocking)
+                                                 run_blocking=self.run_blocking)
                 else:
                     self.elector = LeaseElector(api, self.opts.lease_namespace, self.opts.lease_name,
-                                                self.opts.identity, self.run_blocking)
+                                                self.opts.identity, run_blocking=self.run_blocking)
                 self.elector.on_change = lambda lead: self.metrics.is_leader.set(1 if lead else 0)
                 self._tasks.append(asyncio.create_task(self.elector.run(self._stop)))
         self._tasks.append(asyncio.create_task(self._event_loop()))

@@ -120,13 +120,13 @@ PROTECTED_HOST_PATHS = (
     "/var/lib/containers", "/run/docker.sock", "/var/run/docker.sock", "/var/lib/docker",
 )
 
-#: capability names (upper case, without ``CAP_``) that undo device isolation
-DENIED_CAPABILITIES = frozenset({"SYS_ADMIN", "ALL"})
-
 CONTAINER = "container"
 INIT = "init container"
 SIDECAR = "sidecar container"
 EPHEMERAL = "ephemeral container"
+
+#: capability names (upper case, without ``CAP_``) that undo device isolation
+DENIED_CAPABILITIES = frozenset({"SYS_ADMIN", "ALL"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 
-from kube_vgpu import jsonlog
 from kube_vgpu.dra import DRIVER_NAME
 
 from .. import startup
@@ -46,14 +45,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run until SIGTERM/SIGINT. Returns the exit code."""
-    args = parser().parse_args(argv)
-    jsonlog.setup(args.log_level)
-    try:
-        start = startup.node_start(args)
-    except startup.StartError as e:
-        return e.code
+def _serve(args: argparse.Namespace, start: startup.NodeStart) -> int:
+    """Serve the DRA plugin until SIGTERM/SIGINT. Returns the exit code."""
     cfg, gpus = start.config, start.gpus
     try:
         from deviceplugin.dra_publish import SlicePublisher
@@ -94,3 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     server.stop()
     plugin.stop()
     return 0
+
+
+#: the command: ``main(argv)`` runs until SIGTERM/SIGINT and returns the exit code
+main = startup.node_main(parser, _serve)

@@ -62,7 +62,8 @@ class _Entry:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The chosen node and plan for a pod, with the policy score."""
+    """The chosen node and plan for a pod, with the policy score: ``node`` the node's name, ``plan``
+    the GPUs each container gets there, ``score`` the node policy's score (higher is better)."""
 
     node: str
     plan: Plan

@@ -53,12 +53,10 @@ struct kernel_walk {
 static int kernel_node(CUgraphNode node, int type, void *arg)
 {
     struct kernel_walk *k = arg;
-    if (type != CU_GRAPH_NODE_TYPE_KERNEL)
-        return 0;
     CUDA_KERNEL_NODE_PARAMS p;
-    memset(&p, 0, sizeof p);
-    if (!real_cuGraphKernelNodeGetParams || real_cuGraphKernelNodeGetParams(node, &p) != CUDA_SUCCESS)
-        return -1;
+    int got = GRAPH_NODE_PARAMS(node, type, CU_GRAPH_NODE_TYPE_KERNEL, real_cuGraphKernelNodeGetParams, p);
+    if (got <= 0)
+        return got;
     k->fn(&p, k->arg);
     return 0;
 }

@@ -2271,12 +2271,10 @@ static void gmem_after_fork_child(void)
 static int add_alloc(CUgraphNode node, int type, void *arg)
 {
     uint64_t *per = arg;
-    if (type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
-        return 0;
     CUDA_MEM_ALLOC_NODE_PARAMS p;
-    memset(&p, 0, sizeof p);
-    if (!real_cuGraphMemAllocNodeGetParams || real_cuGraphMemAllocNodeGetParams(node, &p) != CUDA_SUCCESS)
-        return -1;
+    int got = GRAPH_NODE_PARAMS(node, type, CU_GRAPH_NODE_TYPE_MEM_ALLOC, real_cuGraphMemAllocNodeGetParams, p);
+    if (got <= 0)
+        return got;
     if (p.poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE && p.poolProps.location.id >= 0 &&
         p.poolProps.location.id < VGPU_MAX_DEV) {
         uint64_t *s = &per[p.poolProps.location.id];

@@ -158,6 +158,11 @@ typedef int (*graph_visit_fn)(CUgraphNode node, int type, void *arg);
 /* Visits every node of g and of its child graphs, depth first in node order. 0, or -1 when some level or node
  * could not be read in full (what could be read is still visited). */
 int graph_walk(CUgraph g, graph_visit_fn visit, void *arg);
+/* In a graph_visit_fn: 0 when the node's type is not `want`; else reads the node's parameters into the struct
+ * `p` with `getter` (a real_cuGraph*NodeGetParams, which may be unresolved): 1 when read, -1 when not. */
+#define GRAPH_NODE_PARAMS(node, type, want, getter, p)                                                          \
+    ((type) != (want) ? 0                                                                                      \
+                      : (memset(&(p), 0, sizeof(p)), (getter) && (getter)((node), &(p)) == CUDA_SUCCESS ? 1 : -1))
 /* The same over the kernel nodes only: fn gets each one's parameters (a kernel node that cannot be read makes
  * the walk incomplete). */
 typedef void (*graph_kernel_fn)(const CUDA_KERNEL_NODE_PARAMS *p, void *arg);

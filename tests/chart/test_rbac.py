@@ -233,14 +233,14 @@ def _lease_calls(docs: list[dict[str, Any]], fake: FakeKubeAPI) -> set[Call]:
         return fn(*a)
     fake.clear_requests()
     if opts["leader-elect-mode"] == "follow":
-        follower = LeaseFollower(k, opts["lease-namespace"], opts["lease-name"], "host", blocking)
+        follower = LeaseFollower(k, opts["lease-namespace"], opts["lease-name"], "host", run_blocking=blocking)
         follower.check()
         fake.create_object("leases", {"metadata": {"name": opts["lease-name"]}, "spec": {
             "holderIdentity": "host_1", "leaseDurationSeconds": 15,
             "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())}}, namespace=opts["lease-namespace"])
         assert follower.check()
     else:
-        elector = LeaseElector(k, opts["lease-namespace"], opts["lease-name"], "me", blocking)
+        elector = LeaseElector(k, opts["lease-namespace"], opts["lease-name"], "me", run_blocking=blocking)
         assert elector.try_acquire_or_renew() and elector.try_acquire_or_renew()
     return recorded(fake)
 

@@ -370,13 +370,10 @@ static int reuse(CUcontext ctx, int lib, unsigned long long small, unsigned long
     while (access(in, F_OK) != 0) /* the unload is in the driver, the memory freed */
         usleep(1000);
     pthread_create(&tl, NULL, reuse_load, &l);
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 300000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    long long ns = now.tv_nsec + 300000000LL; /* 300 ms from now */
+    struct timespec until = {.tv_sec = now.tv_sec + (time_t)(ns / 1000000000LL), .tv_nsec = (long)(ns % 1000000000LL)};
     pthread_mutex_lock(&l.mu); /* the load may wait for the unload: it is let go after 300 ms at most */
     while (!l.done && pthread_cond_timedwait(&l.cv, &l.mu, &until) == 0)
         ;
