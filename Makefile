@@ -25,7 +25,7 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/python charts/tools/gen_schema.py --check
-	$(BIN)/mypy kube_vgpu kube_vgpu_cli replay scheduler webhook deviceplugin certs kubectl_vgpu libvgpu
+	$(BIN)/mypy kube_vgpu kube_vgpu_cli replay scheduler webhook deviceplugin certs kubectl_vgpu libvgpu benchmarks
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py

@@ -30,7 +30,7 @@ def main() -> int:
         print("shim_accuracy: skipped (needs root and unshare for PID namespaces)")
         return 0
     from tests.libvgpu.shim_helpers import make_toolchain
-    from tests.libvgpu.test_shim_hostpid import _result, _tenant
+    from tests.libvgpu.test_shim_hostpid import _result, _started
 
     with tempfile.TemporaryDirectory(prefix="kv-shim-acc-") as d:
         tmp = Path(d)
@@ -40,7 +40,7 @@ def main() -> int:
         for k, mix in enumerate(MIXES):
             run = tmp / f"mix{k}"
             run.mkdir()
-            procs = [_tenant(tc, run, f"t{i}", lim, run / "gpu.state") for i, lim in enumerate(mix)]
+            procs = [_started(tc, run, f"t{i}", lim, run / "gpu.state") for i, lim in enumerate(mix)]
             for lim, (windows, _) in zip(mix, [_result(p) for p in procs], strict=True):
                 steady = sum(windows[1:]) / max(1, len(windows) - 1)
                 worst = max(worst, abs(steady - lim))

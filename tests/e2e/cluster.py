@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import ipaddress
 import json
 import os
@@ -161,6 +162,13 @@ class Proc:
             self.p.wait(timeout=10)
 
 
+def _alive_and_ok(proc: Proc, url: str) -> bool:
+    """For ``wait_for``: raises (retried until the deadline, then reported with the log tail) while
+    ``proc`` has exited; otherwise whether ``url`` answers."""
+    proc.check()
+    return _https_ok(url)
+
+
 def kube_vgpu(*args: str) -> list[str]:
     return [sys.executable, "-m", "kube_vgpu_cli", *args]
 
@@ -259,9 +267,11 @@ def create_gpu_nodes(core: Any, names: list[str], gpus: int, memory_mib: int, sp
             "status": {"capacity": alloc, "allocatable": alloc,
                        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                        "message": "fake"}]}})
+    def untainted(name: str) -> bool:
+        return bool(core.patch_node(name, {"spec": {"taints": []}})) and not core.read_node(name).spec.taints
+
     for name in names:
-        wait_for(lambda name=name: core.patch_node(name, {"spec": {"taints": []}}) and
-                 not core.read_node(name).spec.taints, 20, f"{name} without taints")
+        wait_for(functools.partial(untainted, name), 20, f"{name} without taints")
 
 
 def create_namespace(core: Any, ns: str) -> None:
@@ -344,7 +354,7 @@ class Components:
             "webhook", "--config", str(self.policy), "--bind-address", "127.0.0.1", "--port",
             str(self.webhook_port), "--tls-cert-file", str(out / "tls.crt"), "--tls-key-file", str(out / "tls.key")),
             self.dir)
-        wait_for(lambda: self.procs["webhook"].check() or _https_ok(f"https://127.0.0.1:{self.webhook_port}/readyz"),
+        wait_for(lambda: _alive_and_ok(self.procs["webhook"], f"https://127.0.0.1:{self.webhook_port}/readyz"),
                  30, "webhook /readyz")
 
     def webhook_configuration(self, namespace: str) -> dict[str, Any]:
@@ -370,7 +380,7 @@ class Components:
             str(self.extender_port), "--kubeconfig", str(self.cp.kubeconfig), "--log-level", "info",
             "--signing-keys-dir", str(self.signing_keys),
             "--leader-elect=false", *extra), self.dir)  # one replica, restarted with SIGKILL: no Lease to wait out
-        wait_for(lambda: self.procs["extender"].check() or _https_ok(f"http://127.0.0.1:{self.extender_port}/readyz"),
+        wait_for(lambda: _alive_and_ok(self.procs["extender"], f"http://127.0.0.1:{self.extender_port}/readyz"),
                  60, "extender /readyz")
 
     def extender_bookings(self) -> int:
@@ -399,7 +409,7 @@ class Components:
         self.procs["kube-scheduler"] = Proc("kube-scheduler", [
             binary, f"--config={cfg}", "--bind-address=127.0.0.1", f"--secure-port={port}",
             f"--feature-gates={DRA_FEATURE_GATES}"], self.dir)
-        wait_for(lambda: self.procs["kube-scheduler"].check() or _https_ok(f"https://127.0.0.1:{port}/readyz"),
+        wait_for(lambda: _alive_and_ok(self.procs["kube-scheduler"], f"https://127.0.0.1:{port}/readyz"),
                  60, "kube-scheduler /readyz")
 
     def start_device_plugin(self, node: str, fake_nvml_dir: Path, nvml_config: Path, sockdir: str,

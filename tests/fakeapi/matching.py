@@ -74,7 +74,9 @@ class LabelSelector:
 
 
 def _split_top_level(s: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in s:
         if ch == "(":
             depth += 1

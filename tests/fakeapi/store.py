@@ -9,6 +9,7 @@ the watch history stay valid.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import copy
 import random
 import re
@@ -497,13 +498,13 @@ class Store:
 
     def _validate_name(self, rt: ResourceType, name: str) -> None:
         if rt.kind == "Namespace":
-            ok = len(name) <= 63 and _DNS_LABEL.match(name)
+            ok = len(name) <= 63 and bool(_DNS_LABEL.match(name))
             what = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-'"
         elif rt.kind == "Event":
             ok = len(name) <= 253 and bool(name) and "/" not in name
             what = "may not contain '/'"
         else:
-            ok = len(name) <= 253 and _DNS_SUBDOMAIN.match(name)
+            ok = len(name) <= 253 and bool(_DNS_SUBDOMAIN.match(name))
             what = (
                 "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
                 "and must start and end with an alphanumeric character"
@@ -608,7 +609,7 @@ class Store:
 
     def _validate_pod_update(self, old: JSON, new: JSON) -> None:
         """Pod spec is immutable apart from a few fields (images, tolerations additions, ...)."""
-        def strip(spec: JSON) -> JSON:
+        def strip(spec: JSON | None) -> JSON:
             s = copy.deepcopy(spec or {})
             for cname in ("containers", "initContainers"):
                 for c in s.get(cname) or []:
@@ -924,7 +925,9 @@ class Store:
                     400, "the namespace of the provided object does not match the namespace sent on the request"
                 )
             target = binding.get("target")
-            node = target.get("name") if isinstance(target, dict) else None
+            if not isinstance(target, dict):
+                target = {}
+            node = target.get("name")
             if not node:
                 raise ApiError(
                     422, f'Binding "{name}" is invalid: target.name: Required value',
@@ -963,7 +966,7 @@ class Store:
             return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
     # ------------------------------------------------------------------ watch
-    def register_watch(self, w: Watcher, resource_version: str | None) -> list[tuple[str, JSON]]:
+    def register_watch(self, w: Watcher, resource_version: str | None) -> builtins.list[tuple[str, JSON]]:
         """Register a watcher; returns the initial events to send. Raises ApiError(410) if too old."""
         with self.lock:
             initial: list[tuple[str, JSON]] = []
