@@ -34,6 +34,8 @@ With config ``compat.hamiMetrics: true`` the same state is also exported under H
 from __future__ import annotations
 
 import logging
+import socket
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +57,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kube_vgpu.deviceplugin.metrics")
 MIB = 1024 * 1024
+
+#: open connections of the /livez, /readyz, /metrics listener (:class:`BoundedHTTPServer`)
+MAX_CONNECTIONS = 64
+#: seconds a connection of that listener may take to send its request or read its answer
+CONNECTION_TIMEOUT = 10.0
 
 #: labels of a per-GPU series, in order
 GPU_LABELS = ["node", "gpu_uuid", "gpu_index", "model"]
@@ -243,16 +250,90 @@ class Probed(Protocol):
     def ready(self) -> tuple[bool, str]: ...
 
 
-class HealthServer:
-    """A small threaded HTTP server for /livez, /readyz, /metrics. ``port`` 0 picks a free port.
-    registry: what /metrics exports (default: the device plugin's, :func:`make_registry`; the DRA
-    plugin passes its own)."""
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A :class:`ThreadingHTTPServer` whose threads are bounded: the port is reachable from the
+    pod network, and the plain server gave every connection a thread for as long as its client
+    kept it open without sending a request (about 26 KiB each: 10,000 idle connections from a
+    tenant outgrew the plugin's memory limit, and a pid limit stopped its gRPC threads).
 
-    def __init__(self, plugin: Probed, bind: str, port: int, registry: CollectorRegistry | None = None) -> None:
+    * Every connection reads and writes under the handler's ``timeout`` (its socket timeout).
+    * At most ``max_connections`` are open. A new one beyond that closes the connection that has
+      waited longest for its request line and headers (a probe's request comes within
+      milliseconds, so an idle flood evicts itself, not kubelet's probes); when every open one is
+      being answered, the new one is closed at once."""
+
+    daemon_threads = True
+    #: the listen backlog (socketserver's default, 5, dropped the SYN of a probe behind a few
+    #: connections the accept loop had not taken yet: kubelet's probe waited 1 s for the retry)
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 max_connections: int) -> None:
+        self.max_connections = max_connections
+        self._lock = threading.Lock()
+        #: open connections, oldest first: socket -> True while still waiting for its request
+        self._open: dict[socket.socket, bool] = {}
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            if len(self._open) >= self.max_connections:
+                idle = next((s for s, waiting in self._open.items() if waiting), None)
+                if idle is None:
+                    self.shutdown_request(request)
+                    return
+                del self._open[idle]
+                _wake(idle)  # its thread's read ends; the thread closes it
+            self._open[request] = True
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._lock:
+                self._open.pop(request, None)
+
+    def answering(self, request: Any) -> bool:
+        """The connection's request has been read: it is being answered, never evicted. False if
+        it was evicted meanwhile (its read ended by the eviction: nothing is to be answered)."""
+        with self._lock:
+            if request not in self._open:
+                return False
+            self._open[request] = False
+            return True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (reset, timed out): one debug line, not a traceback on stderr."""
+        log.debug("http connection error", extra={"error": repr(sys.exc_info()[1])[:200]})
+
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+
+def _wake(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+class HealthServer:
+    """A small threaded HTTP server for /livez, /readyz, /metrics (:class:`BoundedHTTPServer`: at
+    most ``max_connections`` open, each read and written under ``timeout`` seconds). ``port`` 0
+    picks a free port. registry: what /metrics exports (default: the device plugin's,
+    :func:`make_registry`; the DRA plugin passes its own)."""
+
+    def __init__(self, plugin: Probed, bind: str, port: int, registry: CollectorRegistry | None = None,
+                 max_connections: int = MAX_CONNECTIONS, timeout: float = CONNECTION_TIMEOUT) -> None:
         reg = registry if registry is not None else make_registry(cast("DevicePlugin", plugin))
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server API
+                if not cast(BoundedHTTPServer, self.server).answering(self.request):
+                    self.close_connection = True
+                    return
                 path = self.path.split("?", 1)[0]
                 if path == "/livez":
                     ok = plugin.alive()
@@ -275,8 +356,8 @@ class HealthServer:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 log.debug("http request", extra={"line": format % args})
 
-        self.httpd = ThreadingHTTPServer((bind, port), Handler)
-        self.httpd.daemon_threads = True
+        Handler.timeout = timeout
+        self.httpd = BoundedHTTPServer((bind, port), Handler, max_connections)
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="deviceplugin-http", daemon=True)
 

@@ -1,0 +1,131 @@
+"""Red team: a hostile tenant who edits its own pods and reaches the ports the project exposes on
+the pod network (the device plugin's and DRA plugin's /livez, /readyz, /metrics listener, the
+extender's metrics listener). Each test plays one attack against the real component over its
+real protocol; see docs/security.md for the table of threats."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from deviceplugin.metrics import MAX_CONNECTIONS, HealthServer
+
+
+class _Probed:
+    def alive(self) -> bool:
+        return True
+
+    def ready(self) -> tuple[bool, str]:
+        return True, "ok"
+
+
+def _server_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.is_alive() and "process_request_thread" in t.name)
+
+
+def _get(url: str, timeout: float = 5.0) -> int:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback test server
+        r.read()
+        return int(r.status)
+
+
+@pytest.fixture
+def sockets() -> Iterator[list[socket.socket]]:
+    held: list[socket.socket] = []
+    yield held
+    for s in held:
+        s.close()
+
+
+def _idle(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"GET /metrics HTTP/1.1\r\n")  # a request line, never the end of the headers
+    return s
+
+
+def test_idle_connections_to_the_device_plugins_metrics_port_hold_no_thread_each(
+        sockets: list[socket.socket]) -> None:
+    """Attack: open hundreds of connections to the device plugin's metrics port (0.0.0.0 in the
+    chart) and never finish a request. The plain threaded server kept a thread per connection for
+    as long as the client liked (about 26 KiB each: 10,000 outgrew the plugin's 256 MiB limit).
+    Held: at most MAX_CONNECTIONS are open, the longest-waiting one is closed for a new one, and
+    kubelet's probe is still answered in the middle of the flood."""
+    http = HealthServer(_Probed(), "127.0.0.1", 0, registry=CollectorRegistry())
+    http.start()
+    try:
+        base = f"http://127.0.0.1:{http.port}"
+        before = _server_threads()
+        for _ in range(3 * MAX_CONNECTIONS):
+            sockets.append(_idle(http.port))
+        assert _get(base + "/livez") == 200
+        deadline = time.monotonic() + 5
+        while _server_threads() - before > MAX_CONNECTIONS + 1:
+            assert time.monotonic() < deadline, f"{_server_threads() - before} handler threads for idle connections"
+            time.sleep(0.01)
+        # the evicted connections were closed by the server: the oldest read EOF
+        sockets[0].settimeout(5)
+        assert sockets[0].recv(1) == b""
+    finally:
+        http.stop()
+
+
+def test_an_idle_connection_is_closed_after_the_timeout(sockets: list[socket.socket]) -> None:
+    http = HealthServer(_Probed(), "127.0.0.1", 0, registry=CollectorRegistry(), timeout=0.3)
+    http.start()
+    try:
+        s = _idle(http.port)
+        sockets.append(s)
+        s.settimeout(5)
+        t0 = time.monotonic()
+        assert s.recv(1) == b""
+        assert time.monotonic() - t0 < 4
+    finally:
+        http.stop()
+
+
+class _Blocking(Collector):
+    def __init__(self) -> None:
+        self.entered = threading.Semaphore(0)
+        self.release = threading.Event()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        self.entered.release()
+        self.release.wait(10)
+        yield GaugeMetricFamily("x", "x", value=1)
+
+
+def test_connections_being_answered_are_never_evicted_and_a_new_one_beyond_the_cap_is_closed(
+        sockets: list[socket.socket]) -> None:
+    reg = CollectorRegistry(auto_describe=False)
+    col = _Blocking()
+    reg.register(col)
+    http = HealthServer(_Probed(), "127.0.0.1", 0, registry=reg, max_connections=2)
+    http.start()
+    try:
+        for _ in range(2):
+            s = socket.create_connection(("127.0.0.1", http.port), timeout=5)
+            s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            sockets.append(s)
+        for _ in range(2):
+            assert col.entered.acquire(timeout=5)
+        extra = socket.create_connection(("127.0.0.1", http.port), timeout=5)
+        sockets.append(extra)
+        extra.sendall(b"GET /livez HTTP/1.0\r\n\r\n")
+        assert extra.recv(1) == b""  # closed at once: both slots are answering
+        col.release.set()
+        for s in sockets[:2]:
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            assert data.startswith(b"HTTP/1.0 200")
+    finally:
+        col.release.set()
+        http.stop()
