@@ -192,6 +192,16 @@ typedef struct {
     CUdeviceptr dptr; /* out: the allocation's address, fixed across instantiations and launches */
 } CUDA_MEM_ALLOC_NODE_PARAMS;
 
+/* cuGraphGetEdges_v2 (CUDA 12.3): an edge's data; all zero for an ordinary dependency (the downstream node starts
+ * once the upstream one has completed). A programmatic edge (type CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC, or a
+ * kernel's programmatic or launch-order out-port) lets it start earlier. */
+typedef struct {
+    unsigned char from_port;
+    unsigned char to_port;
+    unsigned char type;
+    unsigned char reserved[5];
+} CUgraphEdgeData;
+
 /* cuGraphAddNode (the fakes take CU_GRAPH_NODE_TYPE_GRAPH only): a child graph, cloned or moved into the parent */
 #define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE 0
 #define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE 1

@@ -532,14 +532,16 @@ void limiter_graph_updated(CUgraphExec exec, CUgraph graph)
 }
 
 /* Every instantiation records the graph's launch cost (SM limit) and what its memory nodes can take
- * (memory.c). */
-static void graph_instantiated(CUgraphExec *exec, CUgraph graph)
+ * (memory.c; pre: the graph's order read before the driver's call, taken). */
+static void graph_instantiated(CUgraphExec *exec, CUgraph graph, struct gmem_order *pre)
 {
-    if (!exec)
+    if (!exec) {
+        memory_graph_order_free(pre);
         return;
+    }
     if (g_sm_active)
         graph_record(*exec, graph);
-    memory_graph_instantiated(*exec, graph);
+    memory_graph_instantiated(*exec, graph, pre);
 }
 
 /* The new executable *exec is given up (its memory check or upload refused, or failed): forgotten and
@@ -560,11 +562,13 @@ static void graph_abandon(CUgraphExec *exec)
 /* An instantiation the driver made (rc): recorded, and its kernels' stack charged (memory.c), which the
  * driver grows at its launches; refused (the executable destroyed) with CUDA_ERROR_OUT_OF_MEMORY when that
  * does not fit. */
-static CUresult graph_made(CUresult rc, CUgraphExec *exec, CUgraph graph)
+static CUresult graph_made(CUresult rc, CUgraphExec *exec, CUgraph graph, struct gmem_order *pre)
 {
-    if (rc != CUDA_SUCCESS || !exec)
+    if (rc != CUDA_SUCCESS || !exec) {
+        memory_graph_order_free(pre);
         return rc;
-    graph_instantiated(exec, graph);
+    }
+    graph_instantiated(exec, graph, pre);
     rc = memory_graph_stack(graph);
     if (rc != CUDA_SUCCESS)
         graph_abandon(exec);
@@ -576,7 +580,8 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, un
     ensure_cuda();
     if (!real_cuGraphInstantiateWithFlags)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return graph_made(real_cuGraphInstantiateWithFlags(exec, graph, flags), exec, graph);
+    struct gmem_order *pre = memory_graph_order(graph);
+    return graph_made(real_cuGraphInstantiateWithFlags(exec, graph, flags), exec, graph, pre);
 }
 
 EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *err, char *log, size_t logsz)
@@ -584,7 +589,8 @@ EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphN
     ensure_cuda();
     if (!real_cuGraphInstantiate_v2)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return graph_made(real_cuGraphInstantiate_v2(exec, graph, err, log, logsz), exec, graph);
+    struct gmem_order *pre = memory_graph_order(graph);
+    return graph_made(real_cuGraphInstantiate_v2(exec, graph, err, log, logsz), exec, graph, pre);
 }
 
 EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *err, char *log, size_t logsz)
@@ -592,7 +598,8 @@ EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode
     ensure_cuda();
     if (!real_cuGraphInstantiate)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return graph_made(real_cuGraphInstantiate(exec, graph, err, log, logsz), exec, graph);
+    struct gmem_order *pre = memory_graph_order(graph);
+    return graph_made(real_cuGraphInstantiate(exec, graph, err, log, logsz), exec, graph, pre);
 }
 
 /* CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD also uploads the graph, which reserves its allocations' memory: the
@@ -601,15 +608,16 @@ EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode
 static CUresult instantiate_with_params(cuGraphInstantiateWithParams_fn fn, cuGraphUpload_fn upload,
                                         CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
+    struct gmem_order *pre = memory_graph_order(graph);
     if (!params || !exec || !(params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) || !upload || !vgpu_cfg->enabled) {
-        return graph_made(fn(exec, graph, params), exec, graph);
+        return graph_made(fn(exec, graph, params), exec, graph, pre);
     }
     CUDA_GRAPH_INSTANTIATE_PARAMS q = *params;
     q.flags &= ~(cuuint64_t)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
     CUresult rc = fn(exec, graph, &q);
     params->hErrNode_out = q.hErrNode_out;
     params->result_out = q.result_out;
-    rc = graph_made(rc, exec, graph);
+    rc = graph_made(rc, exec, graph, pre);
     if (rc != CUDA_SUCCESS)
         return rc;
     struct gmem_launch t;

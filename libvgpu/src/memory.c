@@ -2204,8 +2204,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
  * made; the pool keeps what it reserved (device memory the process holds) until cuDeviceGraphMemTrim, and an
  * allocation the graph does not free stays allocated after the launch until cuMemFree / cuMemFreeAsync.
  * Two rules, per CUDA ordinal:
- * - before a launch or upload, what its allocation nodes can take on the device (their sizes summed at
- *   instantiation, TK_GRAPHMEM; child graphs walked) beyond what the pool has reserved and unused is reserved under the
+ * - before a launch or upload, what its allocation nodes can take on the device (recorded at instantiation,
+ *   TK_GRAPHMEM: the most they can hold at once over the graph's order, see "the peak of a graph's allocations",
+ *   else their sizes summed; child graphs walked) beyond what the pool has reserved and unused is reserved under the
  *   limit, or the call is refused with CUDA_ERROR_OUT_OF_MEMORY: never more than the limit on the GPU;
  * - the pool's reserve, read from the driver (cuDeviceGetGraphMemAttribute RESERVED_MEM_CURRENT) after every
  *   launch, upload, trim, executable graph destroyed, context destroyed, free of memory the shim did not
@@ -2267,27 +2268,314 @@ static void gmem_after_fork_child(void)
     g_gmem_seen = 0;
 }
 
-/* graph_walk visitor: adds an allocation node's size to its CUDA ordinal in (uint64_t *)arg (per ordinal). */
+/* An allocation node on a device: the node, its size and CUDA ordinal. */
+struct gmem_alloc {
+    CUgraphNode node;
+    uint64_t size;
+    int dev;
+};
+
+/* What a walk of a graph's allocation nodes gathers: their sizes summed per CUDA ordinal and, when list is set,
+ * the nodes themselves (n counts them all; the first cap are in list). */
+struct gmem_sum {
+    uint64_t per[VGPU_MAX_DEV];
+    struct gmem_alloc *list;
+    size_t n, cap;
+};
+
+/* graph_walk visitor: an allocation node on a device is added to the struct gmem_sum at arg. */
 static int add_alloc(CUgraphNode node, int type, void *arg)
 {
-    uint64_t *per = arg;
+    struct gmem_sum *sum = arg;
     CUDA_MEM_ALLOC_NODE_PARAMS p;
     int got = GRAPH_NODE_PARAMS(node, type, CU_GRAPH_NODE_TYPE_MEM_ALLOC, real_cuGraphMemAllocNodeGetParams, p);
     if (got <= 0)
         return got;
     if (p.poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE && p.poolProps.location.id >= 0 &&
         p.poolProps.location.id < VGPU_MAX_DEV) {
-        uint64_t *s = &per[p.poolProps.location.id];
+        uint64_t *s = &sum->per[p.poolProps.location.id];
         *s = *s + p.bytesize < *s ? UINT64_MAX : *s + p.bytesize;
+        if (sum->list && sum->n < sum->cap)
+            sum->list[sum->n] = (struct gmem_alloc){node, p.bytesize, p.poolProps.location.id};
+        sum->n++;
     }
     return 0;
 }
 
 /* Adds the sizes of graph g's allocation nodes (and its child graphs', GRAPH_WALK_DEPTH levels down) per
- * CUDA ordinal to per[]; returns -1 when the graph could not be read in full. */
-static int gmem_walk(CUgraph g, uint64_t per[VGPU_MAX_DEV])
+ * CUDA ordinal to sum; returns -1 when the graph could not be read in full. */
+static int gmem_walk(CUgraph g, struct gmem_sum *sum)
 {
-    return graph_walk(g, add_alloc, per);
+    return graph_walk(g, add_alloc, sum);
+}
+
+/* ---- the peak of a graph's allocations
+ * Allocation A is freed before allocation B when A's free node (in the graph) precedes B's allocation node in the
+ * graph's dependency order (graph_dag): A's memory is given back before B's is taken, so the two are never live
+ * together. Every other pair may be: an allocation the graph does not free (or frees from a node that its own
+ * allocation node does not precede, or that an address shared with another allocation node makes ambiguous) stays
+ * live to the end of the launch and after it. "Freed before" is a partial order (transitive: A's free precedes B's
+ * allocation, which precedes B's free, which precedes C's allocation), and the allocations live at any moment of a
+ * launch are pairwise unordered: an antichain. The bound on a device is the heaviest antichain of its allocations,
+ * by Dilworth's theorem the total size less the most that chains can pair up (a maximum flow from each allocation to
+ * those freed after it): the peak of a graph that frees each allocation before the next is made, never less than what
+ * can be live at once. Bounded: GMEM_ORDER_ALLOCS allocation nodes in a graph (and graph_dag's bounds); beyond them,
+ * or when the order cannot be read, the sum. */
+#define GMEM_ORDER_ALLOCS 128
+#define GMEM_ORDER_WORDS (GMEM_ORDER_ALLOCS / 64)
+
+struct gmem_order {
+    uint64_t bound[VGPU_MAX_DEV]; /* per CUDA ordinal */
+    size_t n;
+    struct gmem_alloc a[GMEM_ORDER_ALLOCS]; /* the allocation nodes it was computed for, by node */
+};
+
+/* Maximum flow (Dinic) in a network of at most 2 * GMEM_ORDER_ALLOCS + 2 vertices. */
+struct flow {
+    uint32_t na;
+    uint32_t *head, *next, *to, *it, *queue;
+    int32_t *level;
+    uint64_t *cap;
+};
+#define FLOW_NONE UINT32_MAX
+
+static void flow_arc(struct flow *f, uint32_t u, uint32_t v, uint64_t c)
+{
+    f->to[f->na] = v;
+    f->cap[f->na] = c;
+    f->next[f->na] = f->head[u];
+    f->head[u] = f->na++;
+    f->to[f->na] = u;
+    f->cap[f->na] = 0;
+    f->next[f->na] = f->head[v];
+    f->head[v] = f->na++;
+}
+
+static int flow_levels(struct flow *f, uint32_t nv, uint32_t s, uint32_t t)
+{
+    for (uint32_t v = 0; v < nv; v++) {
+        f->level[v] = -1;
+        f->it[v] = f->head[v];
+    }
+    uint32_t qh = 0, qt = 0;
+    f->level[s] = 0;
+    f->queue[qt++] = s;
+    while (qh < qt) {
+        uint32_t v = f->queue[qh++];
+        for (uint32_t a = f->head[v]; a != FLOW_NONE; a = f->next[a])
+            if (f->cap[a] && f->level[f->to[a]] < 0) {
+                f->level[f->to[a]] = f->level[v] + 1;
+                f->queue[qt++] = f->to[a];
+            }
+    }
+    return f->level[t] >= 0;
+}
+
+/* One augmenting path from v along the levels (recursion at most as deep as the network has vertices). */
+static uint64_t flow_push(struct flow *f, uint32_t v, uint32_t t, uint64_t lim)
+{
+    if (v == t)
+        return lim;
+    for (; f->it[v] != FLOW_NONE; f->it[v] = f->next[f->it[v]]) {
+        uint32_t a = f->it[v], w = f->to[a];
+        if (!f->cap[a] || f->level[w] != f->level[v] + 1)
+            continue;
+        uint64_t got = flow_push(f, w, t, lim < f->cap[a] ? lim : f->cap[a]);
+        if (got) {
+            f->cap[a] -= got;
+            f->cap[a ^ 1] += got;
+            return got;
+        }
+    }
+    return 0;
+}
+
+/* The heaviest antichain of the m allocations ix[] (weights w[], ordered by before[]): their total less the
+ * maximum flow from source -> left(i) (w[i]) -> right(j) (i freed before j) -> sink (w[j]). The total when the
+ * network cannot be allocated, or the sizes overflow. */
+static uint64_t gmem_peak(const uint64_t *w, const uint64_t (*before)[GMEM_ORDER_WORDS], const uint32_t *ix,
+                          uint32_t m)
+{
+    uint64_t sum = 0;
+    size_t pairs = 0;
+    for (uint32_t i = 0; i < m; i++) {
+        if (sum + w[ix[i]] < sum)
+            return UINT64_MAX;
+        sum += w[ix[i]];
+        for (uint32_t j = 0; j < m; j++)
+            pairs += (before[ix[i]][ix[j] / 64] >> (ix[j] % 64)) & 1;
+    }
+    if (!pairs)
+        return sum;
+    uint32_t nv = 2 * m + 2, s = 0, t = 1;
+    size_t na = 2 * (pairs + 2 * (size_t)m);
+    struct flow f = {0};
+    f.head = malloc(nv * sizeof *f.head);
+    f.it = malloc(nv * sizeof *f.it);
+    f.queue = malloc(nv * sizeof *f.queue);
+    f.level = malloc(nv * sizeof *f.level);
+    f.next = malloc(na * sizeof *f.next);
+    f.to = malloc(na * sizeof *f.to);
+    f.cap = malloc(na * sizeof *f.cap);
+    uint64_t flow = 0;
+    if (f.head && f.it && f.queue && f.level && f.next && f.to && f.cap) {
+        for (uint32_t v = 0; v < nv; v++)
+            f.head[v] = FLOW_NONE;
+        for (uint32_t i = 0; i < m; i++) {
+            flow_arc(&f, s, 2 + i, w[ix[i]]);
+            flow_arc(&f, 2 + m + i, t, w[ix[i]]);
+            for (uint32_t j = 0; j < m; j++)
+                if ((before[ix[i]][ix[j] / 64] >> (ix[j] % 64)) & 1)
+                    flow_arc(&f, 2 + i, 2 + m + j, UINT64_MAX);
+        }
+        while (flow_levels(&f, nv, s, t))
+            for (uint64_t got; (got = flow_push(&f, s, t, UINT64_MAX)) != 0;)
+                flow += got;
+    }
+    free(f.head);
+    free(f.it);
+    free(f.queue);
+    free(f.level);
+    free(f.next);
+    free(f.to);
+    free(f.cap);
+    return sum - flow;
+}
+
+/* The vertices reachable from `from` in d (from included) are marked in seen[]. */
+static void dag_reach(const struct graph_dag *d, uint32_t from, uint8_t *seen, uint32_t *queue)
+{
+    memset(seen, 0, d->n);
+    uint32_t qh = 0, qt = 0;
+    seen[from] = 1;
+    queue[qt++] = from;
+    while (qh < qt) {
+        uint32_t v = queue[qh++];
+        for (uint32_t e = d->first[v]; e < d->first[v + 1]; e++)
+            if (!seen[d->succ[e]]) {
+                seen[d->succ[e]] = 1;
+                queue[qt++] = d->succ[e];
+            }
+    }
+}
+
+static int cmp_gmem_alloc(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)((const struct gmem_alloc *)a)->node, y = (uintptr_t)((const struct gmem_alloc *)b)->node;
+    return x < y ? -1 : x > y;
+}
+
+/* o->bound (and o->a) from graph's order: 0, or -1 when it cannot be read or is over the bounds. */
+static int gmem_analyse(CUgraph graph, struct gmem_order *o)
+{
+    struct graph_dag d;
+    if (graph_dag(graph, &d) != 0)
+        return -1;
+    static const int64_t UNFREED = -1;
+    uint32_t vert[GMEM_ORDER_ALLOCS], m = 0;
+    int64_t freev[GMEM_ORDER_ALLOCS];
+    CUdeviceptr ptr[GMEM_ORDER_ALLOCS];
+    uint64_t w[GMEM_ORDER_ALLOCS];
+    uint64_t(*before)[GMEM_ORDER_WORDS] = calloc(GMEM_ORDER_ALLOCS, sizeof *before);
+    uint8_t *seen = malloc(d.n);
+    uint32_t *queue = malloc(d.n * sizeof *queue);
+    int rc = -1;
+    if (!before || !seen || !queue || !real_cuGraphMemAllocNodeGetParams)
+        goto out;
+    for (uint32_t v = 0; v < d.n; v++) {
+        CUDA_MEM_ALLOC_NODE_PARAMS p;
+        int got = GRAPH_NODE_PARAMS(d.node[v], d.type[v], CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+                                    real_cuGraphMemAllocNodeGetParams, p);
+        if (got < 0)
+            goto out;
+        if (got == 0 || p.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE || p.poolProps.location.id < 0 ||
+            p.poolProps.location.id >= VGPU_MAX_DEV)
+            continue;
+        if (m == GMEM_ORDER_ALLOCS)
+            goto out;
+        o->a[m] = (struct gmem_alloc){d.node[v], p.bytesize, p.poolProps.location.id};
+        w[m] = p.bytesize;
+        vert[m] = v;
+        ptr[m] = p.dptr;
+        freev[m++] = UNFREED;
+    }
+    /* each free node frees the one allocation node of its address; a free that cannot be read, of an address no
+     * allocation node here (or more than one) returned, or a second free of one: not taken (the longer life) */
+    for (uint32_t v = 0; v < d.n && real_cuGraphMemFreeNodeGetParams; v++) {
+        CUdeviceptr p = 0;
+        if (d.type[v] != CU_GRAPH_NODE_TYPE_MEM_FREE || !d.node[v] ||
+            real_cuGraphMemFreeNodeGetParams(d.node[v], &p) != CUDA_SUCCESS)
+            continue;
+        uint32_t hits = 0, k = 0;
+        for (uint32_t i = 0; i < m; i++)
+            if (ptr[i] == p) {
+                hits++;
+                k = i;
+            }
+        for (uint32_t i = 0; hits > 1 && i < m; i++)
+            if (ptr[i] == p)
+                freev[i] = -2;
+        if (hits == 1)
+            freev[k] = freev[k] == UNFREED ? (int64_t)v : -2;
+    }
+    for (uint32_t i = 0; i < m; i++) { /* a free its allocation does not precede is not taken */
+        if (freev[i] < 0)
+            continue;
+        dag_reach(&d, vert[i], seen, queue);
+        if (!seen[freev[i]])
+            freev[i] = UNFREED;
+    }
+    for (uint32_t i = 0; i < m; i++) {
+        if (freev[i] < 0)
+            continue;
+        dag_reach(&d, (uint32_t)freev[i], seen, queue);
+        for (uint32_t j = 0; j < m; j++)
+            if (j != i && seen[vert[j]])
+                before[i][j / 64] |= 1ull << (j % 64);
+    }
+    for (int dev = 0; dev < VGPU_MAX_DEV; dev++) {
+        uint32_t ix[GMEM_ORDER_ALLOCS], k = 0;
+        for (uint32_t i = 0; i < m; i++)
+            if (o->a[i].dev == dev)
+                ix[k++] = i;
+        o->bound[dev] = k ? gmem_peak(w, (const uint64_t(*)[GMEM_ORDER_WORDS])before, ix, k) : 0;
+    }
+    o->n = m;
+    qsort(o->a, m, sizeof o->a[0], cmp_gmem_alloc);
+    rc = 0;
+out:
+    free(before);
+    free(seen);
+    free(queue);
+    graph_dag_free(&d);
+    return rc;
+}
+
+struct gmem_order *memory_graph_order(CUgraph graph)
+{
+    if (!vgpu_cfg->enabled || !graph)
+        return NULL;
+    struct gmem_order *o = calloc(1, sizeof *o);
+    if (!o)
+        return NULL;
+    /* worth it only where a device has two allocation nodes or more (one: its size is the peak) */
+    struct gmem_sum sum = {.list = o->a, .cap = GMEM_ORDER_ALLOCS};
+    int worth = 0;
+    if (gmem_walk(graph, &sum) == 0 && sum.n <= GMEM_ORDER_ALLOCS)
+        for (size_t i = 0; i < sum.n && !worth; i++)
+            for (size_t j = 0; j < i && !worth; j++)
+                worth = o->a[i].dev == o->a[j].dev;
+    memset(o, 0, sizeof *o);
+    if (!worth || gmem_analyse(graph, o) != 0) {
+        free(o);
+        return NULL;
+    }
+    return o;
+}
+
+void memory_graph_order_free(struct gmem_order *pre)
+{
+    free(pre);
 }
 
 /* The TK_GRAPHMEM key of exec's bound on CUDA ordinal d (exec's own key holds the ordinals, in maps). Handles
@@ -2298,13 +2586,25 @@ static uint64_t gmem_key(CUgraphExec exec, int d)
 }
 
 /* Records (merge: with what exec already had, never less, for an update) what exec's allocation nodes can
- * take on each device: the sum of their sizes there. A graph that could not be read is recorded on the
+ * take on each device: the peak pre found before the instantiation when the graph's allocation nodes are still the
+ * ones it was found for, else the sum of their sizes there. A graph that could not be read is recorded on the
  * current device with nothing to check before a launch; its pool is still charged after. */
-static void gmem_record(CUgraphExec exec, CUgraph graph, int merge)
+static void gmem_record(CUgraphExec exec, CUgraph graph, int merge, const struct gmem_order *pre)
 {
-    uint64_t per[VGPU_MAX_DEV] = {0};
+    struct gmem_alloc now[GMEM_ORDER_ALLOCS];
+    struct gmem_sum sum = {.list = pre ? now : NULL, .cap = GMEM_ORDER_ALLOCS};
+    uint64_t *per = sum.per;
     uint32_t mask = 0;
-    int unread = gmem_walk(graph, per) != 0;
+    int unread = gmem_walk(graph, &sum) != 0;
+    if (pre && !unread && sum.n == pre->n) {
+        qsort(now, sum.n, sizeof now[0], cmp_gmem_alloc);
+        int same = 1;
+        for (size_t i = 0; i < sum.n && same; i++)
+            same = now[i].node == pre->a[i].node && now[i].size == pre->a[i].size && now[i].dev == pre->a[i].dev;
+        for (int d = 0; same && d < VGPU_MAX_DEV; d++)
+            if (pre->bound[d] < per[d])
+                per[d] = pre->bound[d];
+    }
     for (int d = 0; d < VGPU_MAX_DEV; d++)
         if (per[d])
             mask |= 1u << d;
@@ -2346,10 +2646,11 @@ static void gmem_record(CUgraphExec exec, CUgraph graph, int merge)
         LOG_ERROR("cannot record a graph's memory nodes; what it allocates is charged after each launch");
 }
 
-void memory_graph_instantiated(CUgraphExec exec, CUgraph graph)
+void memory_graph_instantiated(CUgraphExec exec, CUgraph graph, struct gmem_order *pre)
 {
     if (vgpu_cfg->enabled && exec)
-        gmem_record(exec, graph, 0);
+        gmem_record(exec, graph, 0, pre);
+    memory_graph_order_free(pre);
 }
 
 void memory_graph_exec_gone(CUgraphExec exec)
@@ -2475,7 +2776,7 @@ EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, void *info
         return rc;
     rc = real_cuGraphExecUpdate_v2(exec, graph, info);
     if (rc == CUDA_SUCCESS && vgpu_cfg->enabled)
-        gmem_record(exec, graph, 1);
+        gmem_record(exec, graph, 1, NULL);
     if (rc == CUDA_SUCCESS)
         limiter_graph_updated(exec, graph);
     return rc;
@@ -2490,7 +2791,7 @@ EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *
         return rc;
     rc = real_cuGraphExecUpdate(exec, graph, err, result);
     if (rc == CUDA_SUCCESS && vgpu_cfg->enabled)
-        gmem_record(exec, graph, 1);
+        gmem_record(exec, graph, 1, NULL);
     if (rc == CUDA_SUCCESS)
         limiter_graph_updated(exec, graph);
     return rc;

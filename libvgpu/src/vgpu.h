@@ -136,7 +136,12 @@ struct gmem_launch {
     uint64_t need[VGPU_MAX_DEV];    /* reserved for the call, per ordinal */
     uint64_t before[VGPU_MAX_DEV];  /* the pool's charge before it */
 };
-void memory_graph_instantiated(CUgraphExec exec, CUgraph graph);
+/* Read before the driver instantiates graph (its order then can only grow: edges cannot be removed from a graph with
+ * memory nodes); NULL when there is nothing to gain over the sum. memory_graph_instantiated takes (and frees) it. */
+struct gmem_order;
+struct gmem_order *memory_graph_order(CUgraph graph);
+void memory_graph_instantiated(CUgraphExec exec, CUgraph graph, struct gmem_order *pre);
+void memory_graph_order_free(struct gmem_order *pre);
 CUresult memory_graph_launch_begin(CUgraphExec exec, const char *api, struct gmem_launch *t);
 void memory_graph_launch_end(struct gmem_launch *t, CUresult rc);
 void memory_graph_exec_gone(CUgraphExec exec);
@@ -167,6 +172,24 @@ int graph_walk(CUgraph g, graph_visit_fn visit, void *arg);
  * the walk incomplete). */
 typedef void (*graph_kernel_fn)(const CUDA_KERNEL_NODE_PARAMS *p, void *arg);
 int graph_walk_kernels(CUgraph g, graph_kernel_fn fn, void *arg);
+/* A graph's dependency order, child graphs flattened into it: a vertex per node, and a child graph node is two, its
+ * entry (before every node of its graph) and its exit (after them). v's successors are succ[first[v] ..
+ * first[v + 1]); u runs before v when v is reachable from u. Only edges that order their nodes (cuGraphGetEdges_v2,
+ * else cuGraphGetEdges; an edge with data, such as a programmatic one, is left out) are taken: the order is never
+ * stronger than the driver's. Bounded: at most GRAPH_DAG_NODES vertices and GRAPH_DAG_EDGES edges. */
+#define GRAPH_DAG_NODES 2048
+#define GRAPH_DAG_EDGES 8192
+struct graph_dag {
+    uint32_t n;
+    CUgraphNode *node; /* the node of each vertex (a child graph node's exit: NULL) */
+    int *type;         /* its CU_GRAPH_NODE_TYPE_* (an exit: CU_GRAPH_NODE_TYPE_GRAPH) */
+    uint32_t *first;
+    uint32_t *succ;
+};
+/* 0, or -1 when g could not be read in full, is over the bounds, or the driver lists no edges (d is empty then).
+ * graph_dag_free releases what a 0 gave. */
+int graph_dag(CUgraph g, struct graph_dag *d);
+void graph_dag_free(struct graph_dag *d);
 
 /* ------------------------------------------------------------------ SM limiter (limiter.c) */
 /* Decides from the configuration whether kernel launches are throttled (SM limit or low priority);

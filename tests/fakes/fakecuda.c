@@ -149,6 +149,7 @@ struct fstream {
     uint64_t tail_ns;
     int capturing;
     struct fgraph *cap;
+    int cap_last; /* the node last captured from the stream (an index in cap), -1: none yet */
 };
 #define MAX_STREAM 4096
 static struct fstream g_stream[MAX_STREAM];
@@ -167,8 +168,10 @@ static struct fpool g_pool[MAX_POOL]; /* index < FG_MAX_DEV: default pools */
 static void pools_sync(int dev);
 static void pool_trim(struct fpool *fp, uint64_t keep);
 struct fgraph;
-static CUresult graph_mem_alloc(struct fgraph *fg, int dev, uint64_t bytes, CUdeviceptr *dptr, CUgraphNode *node);
-static CUresult graph_mem_free(struct fgraph *fg, CUdeviceptr dptr, CUgraphNode *node);
+static CUresult graph_mem_alloc(struct fgraph *fg, int dev, uint64_t bytes, CUdeviceptr *dptr, CUgraphNode *node,
+                                const CUgraphNode *deps, size_t ndeps, struct fstream *cs);
+static CUresult graph_mem_free(struct fgraph *fg, CUdeviceptr dptr, CUgraphNode *node, const CUgraphNode *deps,
+                               size_t ndeps, struct fstream *cs);
 
 struct fnode {
     int type;
@@ -180,6 +183,10 @@ struct fnode {
     struct fgraph *child; /* CU_GRAPH_NODE_TYPE_GRAPH: the child graph (owned by this node) */
 };
 #define GRAPH_NODES 4096
+#define GRAPH_EDGES 8192
+/* A graph's dependency edges, as the driver keeps them: node to[i] runs after node from[i] has completed (indices in
+ * nodes[]). A node's dependencies are given when it is added (or, captured from a stream, the node captured before
+ * it); cuGraphGetEdges(_v2) lists them. Nodes run in the order they were added, which respects every edge. */
 struct fgraph {
     int used;
     int n;
@@ -187,13 +194,49 @@ struct fgraph {
     int inst; /* executables of it alive */
     int owned; /* moved into a child graph node: its parent owns it */
     struct fnode nodes[GRAPH_NODES];
+    int nedge;
+    struct {
+        int from, to;
+    } edges[GRAPH_EDGES];
 };
 #define MAX_GRAPH 16
 static struct fgraph g_graph[MAX_GRAPH];
 
+/* 1 when each of deps is a node of fg and the edges a new node adds fit (captured from stream cs: one edge from the
+ * node captured before it). */
+static int deps_ok(const struct fgraph *fg, const CUgraphNode *deps, size_t ndeps, const struct fstream *cs)
+{
+    size_t need = cs ? (cs->cap_last >= 0) : ndeps;
+    if ((ndeps && !deps) || need > (size_t)(GRAPH_EDGES - fg->nedge))
+        return 0;
+    for (size_t i = 0; !cs && i < ndeps; i++) {
+        const struct fnode *d = (const struct fnode *)deps[i];
+        if (d < fg->nodes || d >= fg->nodes + fg->n)
+            return 0;
+    }
+    return 1;
+}
+
+/* Node k of fg depends on deps, or (captured from stream cs) on the node captured before it. deps_ok was true. */
+static void node_link(struct fgraph *fg, int k, const CUgraphNode *deps, size_t ndeps, struct fstream *cs)
+{
+    if (cs) {
+        if (cs->cap_last >= 0) {
+            fg->edges[fg->nedge].from = cs->cap_last;
+            fg->edges[fg->nedge++].to = k;
+        }
+        cs->cap_last = k;
+        return;
+    }
+    for (size_t i = 0; i < ndeps; i++) {
+        fg->edges[fg->nedge].from = (int)((const struct fnode *)deps[i] - fg->nodes);
+        fg->edges[fg->nedge++].to = k;
+    }
+}
+
 /* An executable graph keeps its memory nodes in order: each launch allocates (alloc nodes) and frees
  * (free nodes) in the device's graph memory pool. */
-#define EXEC_MEMOPS 64
+#define EXEC_MEMOPS 320
 struct fmemop {
     int type; /* CU_GRAPH_NODE_TYPE_MEM_ALLOC or _MEM_FREE */
     int dev;
@@ -1282,7 +1325,7 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s)
         ord++;
     struct fstream *cs = cap_stream(s);
     if (cs && cs->capturing) /* recorded as an allocation node: the graph allocates at each launch */
-        return size ? graph_mem_alloc(cs->cap, c->dev, size, p, NULL) : CUDA_ERROR_INVALID_VALUE;
+        return size ? graph_mem_alloc(cs->cap, c->dev, size, p, NULL, NULL, 0, cs) : CUDA_ERROR_INVALID_VALUE;
     CUmemoryPool def;
     cuDeviceGetDefaultMemPool(&def, ord); /* the device's current pool */
     return pool_alloc(p, size, pool_of(def), c);
@@ -1301,7 +1344,7 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPoo
         return CUDA_ERROR_INVALID_VALUE;
     struct fstream *cs = cap_stream(s);
     if (cs && cs->capturing)
-        return size ? graph_mem_alloc(cs->cap, fp->dev, size, p, NULL) : CUDA_ERROR_INVALID_VALUE;
+        return size ? graph_mem_alloc(cs->cap, fp->dev, size, p, NULL, NULL, 0, cs) : CUDA_ERROR_INVALID_VALUE;
     return pool_alloc(p, size, fp, t_cur);
 }
 
@@ -1317,7 +1360,7 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
         return CUDA_ERROR_INVALID_VALUE;
     struct fstream *cs = cap_stream(s);
     if (cs && cs->capturing) /* a free node: only a graph's allocation can be freed by one */
-        return graph_mem_free(cs->cap, p, NULL);
+        return graph_mem_free(cs->cap, p, NULL, NULL, 0, cs);
     return free_alloc(p, K_PTR);
 }
 
@@ -1779,8 +1822,9 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
         if (!g_graph[i].used) {
             g_graph[i].used = 1;
             g_graph[i].n = 0;
-            g_graph[i].mem = g_graph[i].inst = g_graph[i].owned = 0;
+            g_graph[i].mem = g_graph[i].inst = g_graph[i].owned = g_graph[i].nedge = 0;
             fs->cap = &g_graph[i];
+            fs->cap_last = -1;
             fs->capturing = 1;
             pthread_mutex_unlock(&g_mu);
             return CUDA_SUCCESS;
@@ -2305,10 +2349,11 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     }
     if (fs && fs->capturing) {
         struct fgraph *g = fs->cap;
-        if (g->n >= GRAPH_NODES)
+        if (g->n >= GRAPH_NODES || !deps_ok(g, NULL, 0, fs))
             return CUDA_ERROR_OUT_OF_MEMORY;
         struct fnode *n = &g->nodes[g->n++];
         memset(n, 0, sizeof(*n));
+        node_link(g, g->n - 1, NULL, 0, fs);
         n->type = CU_GRAPH_NODE_TYPE_KERNEL;
         n->p.func = f;
         n->p.gridDimX = gx;
@@ -2435,7 +2480,7 @@ EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
         if (!g_graph[i].used) {
             g_graph[i].used = 1;
             g_graph[i].n = 0;
-            g_graph[i].mem = g_graph[i].inst = g_graph[i].owned = 0;
+            g_graph[i].mem = g_graph[i].inst = g_graph[i].owned = g_graph[i].nedge = 0;
             pthread_mutex_unlock(&g_mu);
             *g = (CUgraph)&g_graph[i];
             return CUDA_SUCCESS;
@@ -2499,14 +2544,13 @@ EXPORT CUresult cuGraphDestroy(CUgraph g)
 EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                      const CUDA_KERNEL_NODE_PARAMS *p)
 {
-    (void)deps;
-    (void)ndeps;
     CHECK_INIT();
     struct fgraph *fg = graph_of(g);
-    if (!node || !fg || !p || fg->n >= GRAPH_NODES)
+    if (!node || !fg || !p || fg->n >= GRAPH_NODES || !deps_ok(fg, deps, ndeps, NULL))
         return CUDA_ERROR_INVALID_VALUE;
     struct fnode *n = &fg->nodes[fg->n++];
     memset(n, 0, sizeof(*n));
+    node_link(fg, fg->n - 1, deps, ndeps, NULL);
     n->type = CU_GRAPH_NODE_TYPE_KERNEL;
     memcpy(&n->p, p, offsetof(CUDA_KERNEL_NODE_PARAMS, v2_kern));
     *node = (CUgraphNode)n;
@@ -2530,15 +2574,14 @@ _Static_assert(CU_GRAPH_NODE_TYPE_KERNEL == 0 && CU_GRAPH_NODE_TYPE_GRAPH == 4 &
 EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                      const void *copyParams, CUcontext ctx)
 {
-    (void)deps;
-    (void)ndeps;
     (void)ctx;
     CHECK_INIT();
     struct fgraph *fg = graph_of(g);
-    if (!node || !fg || !copyParams || fg->n >= GRAPH_NODES)
+    if (!node || !fg || !copyParams || fg->n >= GRAPH_NODES || !deps_ok(fg, deps, ndeps, NULL))
         return CUDA_ERROR_INVALID_VALUE;
     struct fnode *n = &fg->nodes[fg->n++];
     memset(n, 0, sizeof(*n));
+    node_link(fg, fg->n - 1, deps, ndeps, NULL);
     n->type = FAKE_NODE_TYPE_MEMCPY;
     *node = (CUgraphNode)n;
     return CUDA_SUCCESS;
@@ -2559,6 +2602,38 @@ EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *count)
         nodes[i] = (CUgraphNode)&fg->nodes[i];
     *count = n;
     return CUDA_SUCCESS;
+}
+
+/* The graph's edges (this level's: a child graph's own edges are its graph's), as the driver lists them: from and to
+ * both NULL: the count; else up to *num edges, the entries past the last edge NULL and *num the edges given. The
+ * fake's edges carry default (zeroed) data. */
+static CUresult get_edges(CUgraph g, CUgraphNode *from, CUgraphNode *to, CUgraphEdgeData *data, size_t *num)
+{
+    CHECK_INIT();
+    struct fgraph *fg = graph_of(g);
+    if (!fg || !num || !from != !to || (data && !from))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    size_t ne = (size_t)fg->nedge, k = from && *num < ne ? *num : ne;
+    for (size_t i = 0; from && i < *num; i++) {
+        from[i] = i < k ? (CUgraphNode)&fg->nodes[fg->edges[i].from] : NULL;
+        to[i] = i < k ? (CUgraphNode)&fg->nodes[fg->edges[i].to] : NULL;
+        if (data)
+            memset(&data[i], 0, sizeof data[i]);
+    }
+    *num = k;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphGetEdges(CUgraph g, CUgraphNode *from, CUgraphNode *to, size_t *num)
+{
+    return get_edges(g, from, to, NULL, num);
+}
+
+EXPORT CUresult cuGraphGetEdges_v2(CUgraph g, CUgraphNode *from, CUgraphNode *to, CUgraphEdgeData *data, size_t *num)
+{
+    return get_edges(g, from, to, data, num);
 }
 
 EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, int *type)
@@ -2593,17 +2668,23 @@ EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE
  * device's graph pool at each launch (or cuGraphUpload) and, when the graph does not free it, stays
  * allocated after the launch until cuMemFree / cuMemFreeAsync (or a free node of another graph). A graph
  * launched while its allocation from a previous launch is still allocated fails (the address is taken). */
-static CUresult graph_mem_alloc(struct fgraph *fg, int dev, uint64_t bytes, CUdeviceptr *dptr, CUgraphNode *node)
+static CUresult graph_mem_alloc(struct fgraph *fg, int dev, uint64_t bytes, CUdeviceptr *dptr, CUgraphNode *node,
+                                const CUgraphNode *deps, size_t ndeps, struct fstream *cs)
 {
     if (!fg || !dptr || !bytes)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
+    if (!deps_ok(fg, deps, ndeps, cs)) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     if (fg->n >= GRAPH_NODES) {
         pthread_mutex_unlock(&g_mu);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     struct fnode *n = &fg->nodes[fg->n++];
     memset(n, 0, sizeof(*n));
+    node_link(fg, fg->n - 1, deps, ndeps, cs);
     n->type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
     n->dptr = next_addr(bytes);
     n->bytes = bytes;
@@ -2626,7 +2707,8 @@ static struct fnode *alloc_node_of_locked(CUdeviceptr dptr)
     return NULL;
 }
 
-static CUresult graph_mem_free(struct fgraph *fg, CUdeviceptr dptr, CUgraphNode *node)
+static CUresult graph_mem_free(struct fgraph *fg, CUdeviceptr dptr, CUgraphNode *node, const CUgraphNode *deps,
+                               size_t ndeps, struct fstream *cs)
 {
     if (!fg)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2635,12 +2717,14 @@ static CUresult graph_mem_free(struct fgraph *fg, CUdeviceptr dptr, CUgraphNode 
     int twice = 0;
     for (int k = 0; k < fg->n; k++)
         twice |= fg->nodes[k].type == CU_GRAPH_NODE_TYPE_MEM_FREE && fg->nodes[k].dptr == dptr;
-    if (!a || twice || fg->n >= GRAPH_NODES) { /* not an allocation node's address, or freed twice */
+    if (!a || twice || fg->n >= GRAPH_NODES || !deps_ok(fg, deps, ndeps, cs)) { /* not an allocation node's
+                                                                                    address, or freed twice */
         pthread_mutex_unlock(&g_mu);
         return CUDA_ERROR_INVALID_VALUE;
     }
     struct fnode *n = &fg->nodes[fg->n++];
     memset(n, 0, sizeof(*n));
+    node_link(fg, fg->n - 1, deps, ndeps, cs);
     n->type = CU_GRAPH_NODE_TYPE_MEM_FREE;
     n->dptr = dptr;
     n->bytes = a->bytes;
@@ -2655,25 +2739,21 @@ static CUresult graph_mem_free(struct fgraph *fg, CUdeviceptr dptr, CUgraphNode 
 EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                        CUDA_MEM_ALLOC_NODE_PARAMS *p)
 {
-    (void)deps;
-    (void)ndeps;
     CHECK_INIT();
     struct fgraph *fg = graph_of(g);
     if (!node || !fg || !p || !p->bytesize || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
         !dev_ok(p->poolProps.location.id))
         return CUDA_ERROR_INVALID_VALUE;
-    return graph_mem_alloc(fg, PH(p->poolProps.location.id), p->bytesize, &p->dptr, node);
+    return graph_mem_alloc(fg, PH(p->poolProps.location.id), p->bytesize, &p->dptr, node, deps, ndeps, NULL);
 }
 
 EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                       CUdeviceptr dptr)
 {
-    (void)deps;
-    (void)ndeps;
     CHECK_INIT();
     if (!node)
         return CUDA_ERROR_INVALID_VALUE;
-    return graph_mem_free(graph_of(g), dptr, node);
+    return graph_mem_free(graph_of(g), dptr, node, deps, ndeps, NULL);
 }
 
 EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *p)
@@ -2738,11 +2818,9 @@ static CUresult exec_fill_locked(struct fexec *fe, struct fgraph *fg)
 EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                          CUgraph child)
 {
-    (void)deps;
-    (void)ndeps;
     CHECK_INIT();
     struct fgraph *fg = graph_of(g), *fc = graph_of(child);
-    if (!node || !fg || !fc || fc == fg || fc->mem)
+    if (!node || !fg || !fc || fc == fg || fc->mem || !deps_ok(fg, deps, ndeps, NULL))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
     struct fgraph *copy = fg->n < GRAPH_NODES ? graph_clone_locked(fc, 0) : NULL;
@@ -2752,6 +2830,7 @@ EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g, const CUg
     }
     struct fnode *n = &fg->nodes[fg->n++];
     memset(n, 0, sizeof(*n));
+    node_link(fg, fg->n - 1, deps, ndeps, NULL);
     n->type = CU_GRAPH_NODE_TYPE_GRAPH;
     n->child = copy;
     pthread_mutex_unlock(&g_mu);
@@ -2772,7 +2851,7 @@ EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *
     if (p->u.graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE)
         return cuGraphAddChildGraphNode(node, g, deps, ndeps, p->u.graph.graph);
     struct fgraph *fg = graph_of(g), *fc = graph_of(p->u.graph.graph);
-    if (!fg || !fc || fc == fg || fc->owned || fc->inst)
+    if (!fg || !fc || fc == fg || fc->owned || fc->inst || !deps_ok(fg, deps, ndeps, NULL))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
     if (fg->n >= GRAPH_NODES) {
@@ -2783,6 +2862,7 @@ EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *
     fg->mem |= fc->mem;
     struct fnode *n = &fg->nodes[fg->n++];
     memset(n, 0, sizeof(*n));
+    node_link(fg, fg->n - 1, deps, ndeps, NULL);
     n->type = CU_GRAPH_NODE_TYPE_GRAPH;
     n->child = fc;
     pthread_mutex_unlock(&g_mu);

@@ -7,15 +7,23 @@ copy (as nearly every captured PyTorch graph does) as unreadable: each such grap
 under the graph-memory lock with two driver queries, a warning was logged per instantiation, and an allocation
 node inside a real child graph (4) was never counted, so its launch was let past the limit. The fake driver
 reports cuda.h's numbers (tests/fakes/fakecuda.c asserts them at build time).
+
+A graph's launch is checked against the most its allocation nodes can hold at once over the graph's dependency
+order (``cuGraphGetEdges``): the attacks below build graphs whose allocations can be live together (parallel
+branches, frees that order nothing, child graphs, allocations the graph does not free) and must be charged
+together, and random graphs are checked against a brute-force peak.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.libvgpu.shim_helpers import Toolchain, parse, program_fixtures
 
@@ -67,22 +75,174 @@ def test_a_graph_with_a_copy_and_an_allocating_child_graph_is_checked(any_build:
     assert "cannot read the nodes of a graph" not in proc.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="known: a graph's bound is the sum of its allocation nodes, not its peak")
-def test_a_graph_reusing_memory_in_sequence_is_not_refused(built: tuple[Toolchain, Path]) -> None:
+def _steps(build: tuple[Toolchain, Path], *args: object, limit: str = "1g") -> tuple[dict[str, tuple[int, ...]], str]:
+    """Run the graph program with ``args`` under ``limit``: each step's (rc, charged bytes), and stdout."""
+    tc, prog = build
+    env = tc.env(CUDA_DEVICE_MEMORY_LIMIT=limit, LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1")
+    proc = subprocess.run([str(prog), *map(str, args)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return {k: tuple(int(x) for x in v.split(":")) for k, v in parse(proc.stdout).items()}, proc.stdout
+
+
+def _constant(path: Path, name: str) -> int:
+    match = re.search(rf"^#define {name} (\d+)\b", path.read_text(), re.M)
+    assert match, name
+    return int(match.group(1))
+
+
+def test_a_graph_reusing_memory_in_sequence_is_not_refused(any_build: tuple[Toolchain, Path]) -> None:
     # Four 600 MiB allocations each freed in the graph before the next is made: the driver reuses the memory
     # within the graph (the fake reserves the peak, 600 MiB), so under a 1 GiB limit both launches fit. The
-    # shim checks a launch against the sum of the graph's allocation nodes (2.4 GiB) and refuses it: a false
-    # out-of-memory for graphs captured with cudaMallocAsync (PyTorch's cudaMallocAsync backend frees its
-    # temporaries in the graph). A tighter bound (the peak over the graph's order, cuGraphGetEdges) is needed.
-    tc, prog = built
-    env = tc.env(CUDA_DEVICE_MEMORY_LIMIT="1g", LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1")
-    proc = subprocess.run([str(prog), "sequence", str(600 * MIB), "4"], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    steps = {k: tuple(int(x) for x in v.split(":")) for k, v in parse(proc.stdout).items()}
+    # shim used to check a launch against the sum of the graph's allocation nodes (2.4 GiB) and refused it: a
+    # false out-of-memory for graphs captured with cudaMallocAsync (PyTorch's cudaMallocAsync backend frees its
+    # temporaries in the graph). Its bound is now the peak over the graph's dependency order.
+    steps, out = _steps(any_build, "sequence", 600 * MIB, 4)
     assert steps["instantiate"][0] == 0
-    assert steps["launch"] == (0, 600 * MIB), proc.stdout
-    assert steps["relaunch"] == (0, 600 * MIB), proc.stdout
+    assert steps["launch"] == (0, 600 * MIB), out
+    assert steps["relaunch"] == (0, 600 * MIB), out
+
+
+def test_allocations_captured_from_a_stream_in_sequence_are_charged_their_peak(
+    any_build: tuple[Toolchain, Path]
+) -> None:
+    # cuMemAllocAsync / cuMemFreeAsync captured from one stream: each captured node follows the one before it.
+    steps, out = _steps(any_build, "capture", 600 * MIB, 4)
+    assert steps["nodes"][0] == 0 and steps["end"][0] == 0
+    assert steps["launch"] == (0, 600 * MIB), out
+    assert steps["relaunch"] == (0, 600 * MIB), out
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "parallel",  # two branches, each freeing its own allocation: both live at once
+        "unordered",  # B made after A, not after A's free: both live at once
+        "early",  # A's free does not follow A's allocation: it orders nothing
+        "childpar",  # a child graph's allocation and a parent's not ordered after the child graph node
+        "unfreed",  # A not freed in the graph: live when B is made
+    ],
+)
+def test_allocations_that_can_be_live_together_are_charged_together(
+    any_build: tuple[Toolchain, Path], mode: str
+) -> None:
+    # Two 600 MiB allocations that the graph's order lets be live at the same time: 1.2 GiB under the 1 GiB
+    # limit, so the launch is refused before the driver is called and nothing is charged.
+    steps, out = _steps(any_build, mode, 600 * MIB, 2)
+    assert steps["nodes"][0] == 0 and steps["instantiate"][0] == 0, out
+    assert steps["launch"] == (OOM, 0), out
+
+
+def test_branches_after_a_free_are_charged_their_peak_not_their_sum(any_build: tuple[Toolchain, Path]) -> None:
+    # A (1000 MiB) is freed, then two branches of 500 MiB each: both branches can be live together (1000 MiB),
+    # never with A. The sum (2000 MiB) would refuse the launch under the 1 GiB limit; the peak is 1000 MiB.
+    steps, out = _steps(any_build, "diamond", 1000 * MIB)
+    assert steps["launch"] == (0, 1000 * MIB), out
+
+
+UNIT_MIB = 64
+
+
+@st.composite
+def _graphs(draw: st.DrawFn) -> list[str]:
+    """A graph for the program's ``spec`` mode: allocations (of 1-8 units), frees of some of them, memcpy
+    nodes, each after a few earlier nodes."""
+    tokens: list[str] = []
+    unfreed: list[int] = []
+    for i in range(draw(st.integers(2, 14))):
+        kind = draw(st.sampled_from(["a", "a", "k", "f"] if unfreed else ["a", "k"]))
+        deps = ",".join(map(str, sorted(draw(st.sets(st.integers(0, i - 1), max_size=3)) if i else [])))
+        if kind == "a":
+            tokens.append(f"a{draw(st.integers(1, 8))}:{deps}")
+            unfreed.append(i)
+        elif kind == "f":
+            target = draw(st.sampled_from(unfreed))
+            unfreed.remove(target)
+            tokens.append(f"f{target}:{deps}")
+        else:
+            tokens.append(f"k:{deps}")
+    return tokens
+
+
+def _peak_units(tokens: list[str]) -> int:
+    """The most the graph's allocations can hold at once, by brute force: the heaviest set of allocations no
+    two of which are ordered (A before B: A's free follows A's allocation and precedes B's allocation)."""
+    succ: dict[int, set[int]] = {i: set() for i in range(len(tokens))}
+    for i, tok in enumerate(tokens):
+        for d in filter(None, tok.split(":")[1].split(",")):
+            succ[int(d)].add(i)
+
+    def reach(u: int) -> set[int]:
+        seen, todo = {u}, [u]
+        while todo:
+            for w in succ[todo.pop()] - seen:
+                seen.add(w)
+                todo.append(w)
+        return seen
+
+    size = {i: int(t[1:].split(":")[0]) for i, t in enumerate(tokens) if t[0] == "a"}
+    free = {int(t[1:].split(":")[0]): i for i, t in enumerate(tokens) if t[0] == "f"}
+    before = {(a, b) for a in size for b in size
+              if a != b and a in free and free[a] in reach(a) and b in reach(free[a])}
+    best = 0
+    for r in range(1, len(size) + 1):
+        for group in itertools.combinations(size, r):
+            if not any((a, b) in before for a in group for b in group):
+                best = max(best, sum(size[a] for a in group))
+    return best
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tokens=_graphs())
+def test_a_graph_is_charged_exactly_the_most_its_allocations_can_hold_at_once(
+    any_build: tuple[Toolchain, Path], tokens: list[str]
+) -> None:
+    # Random graphs of allocations, frees and other nodes: the launch fits a limit of exactly the most that can
+    # be live at once (brute force over the graph's order) and is refused one byte below it: never less (an
+    # undercount would let it past the lower limit), and no more for what the order keeps apart.
+    peak = _peak_units(tokens) * UNIT_MIB * MIB
+    if not peak:
+        return
+    steps, out = _steps(any_build, "spec", UNIT_MIB * MIB, *tokens, limit=str(peak))
+    assert steps["nodes"][0] == 0 and steps["instantiate"][0] == 0, out
+    assert steps["launch"][0] == 0, (tokens, out)
+    steps, out = _steps(any_build, "spec", UNIT_MIB * MIB, *tokens, limit=str(peak - 1))
+    assert steps["launch"] == (OOM, 0), (tokens, out)
+
+
+def test_a_child_graph_freeing_before_the_parent_allocates_is_charged_its_peak(
+    any_build: tuple[Toolchain, Path]
+) -> None:
+    # The child graph's allocation is freed inside it; the parent's allocation follows the child graph node.
+    steps, out = _steps(any_build, "childseq", 600 * MIB)
+    assert steps["launch"] == (0, 600 * MIB), out
+
+
+def test_an_allocation_the_graph_does_not_free_stays_charged(any_build: tuple[Toolchain, Path]) -> None:
+    # A (400 MiB) is not freed by the graph; B (400 MiB) is made and freed after it: 800 MiB at the peak, within
+    # the limit. After the launch A stays allocated: a trim of the graph pool keeps it charged.
+    n = 400 * MIB
+    steps, out = _steps(any_build, "unfreed", n)
+    assert steps["launch"] == (0, 2 * n), out
+    assert steps["trim"] == (0, n), out
+
+
+def test_a_graph_over_the_order_bounds_is_charged_the_sum(any_build: tuple[Toolchain, Path]) -> None:
+    # The order is read for at most GRAPH_DAG_NODES nodes and GMEM_ORDER_ALLOCS allocation nodes; beyond either,
+    # the bound is the sum of the allocations (two 600 MiB in sequence: refused under 1 GiB; within the bounds the
+    # same graph fits).
+    nodes = _constant(HEADER.parent / "vgpu.h", "GRAPH_DAG_NODES")
+    allocs = _constant(HEADER.parent / "memory.c", "GMEM_ORDER_ALLOCS")
+    steps, out = _steps(any_build, "long", 600 * MIB, 16)
+    assert steps["launch"] == (0, 600 * MIB), out
+    steps, out = _steps(any_build, "long", 600 * MIB, nodes)
+    assert steps["nodes"][0] == 0 and steps["instantiate"][0] == 0, out
+    assert steps["launch"] == (OOM, 0), out
+    small = 8 * MIB  # allocs + 1 of them sum to more than 1 GiB
+    assert (allocs + 1) * small > 1024 * MIB >= allocs * small
+    steps, out = _steps(any_build, "sequence", small, allocs)
+    assert steps["launch"] == (0, small), out
+    steps, out = _steps(any_build, "sequence", small, allocs + 1)
+    assert steps["launch"] == (OOM, 0), out
 
 
 def _race(build: tuple[Toolchain, Path], tmp_path: Path, mode: str, gate_var: str,

@@ -9,6 +9,29 @@
  *   review_graphs sequence BYTES N  a graph of N allocations of BYTES, each freed in the graph before the next
  *                                   is made (alloc, free, alloc, free, ...: at most BYTES live at once):
  *                                   instantiate, launch twice.
+ *   review_graphs parallel BYTES N  N branches, each an allocation of BYTES and its free, not ordered among
+ *                                   themselves (all N can be live at once): instantiate, launch.
+ *   review_graphs unordered BYTES   allocation A, its free; allocation B after A (not after A's free), its free:
+ *                                   both can be live at once. Instantiate, launch.
+ *   review_graphs early BYTES       allocation A, its free made with no dependency (not after A); allocation B
+ *                                   after that free, its free: A's free need not follow A, so A can be live
+ *                                   with B.
+ *   review_graphs diamond BYTES     allocation A of BYTES and its free, then two branches after that free, each
+ *                                   an allocation of BYTES / 2 and its free: at most BYTES live at once.
+ *   review_graphs childseq BYTES    a child graph (moved in) allocating and freeing BYTES, then in the parent an
+ *                                   allocation of BYTES after the child graph node and its free: one at a time.
+ *   review_graphs childpar BYTES    the same, the parent's allocation not after the child graph node.
+ *   review_graphs unfreed BYTES     allocation A that the graph does not free; allocation B after it and B's free:
+ *                                   both live at once. Instantiate, launch, then trim the graph pool
+ *                                   (cuDeviceGraphMemTrim): A stays allocated.
+ *   review_graphs long BYTES N      a chain of N memcpy nodes, then two allocations of BYTES in sequence (each
+ *                                   freed before the next is made) after it: instantiate, launch.
+ *   review_graphs capture BYTES N   N allocations of BYTES captured from a stream (cuMemAllocAsync, cuMemFreeAsync
+ *                                   before the next): instantiate, launch twice.
+ *   review_graphs spec UNIT NODE... a graph made of the NODEs in order, each `TYPE:DEPS` with DEPS a comma-separated
+ *                                   list of earlier nodes' positions (maybe empty): TYPE aN an allocation of
+ *                                   N x UNIT bytes, fI a free of node I's allocation, k a memcpy node.
+ *                                   Instantiate, launch.
  *   review_graphs retainrace BYTES GATE   cuMemCreate BYTES, mapped; a thread retains the handle
  *                                   (cuMemRetainAllocationHandle) and the fake driver holds it in the call
  *                                   (FAKE_CUDA_RETAIN_GATE=GATE) while this thread unmaps and releases the
@@ -46,6 +69,12 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *, void *);
 CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuStreamCreate(CUstream *, unsigned int);
+CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuStreamEndCapture(CUstream, CUgraph *);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuDeviceGraphMemTrim(CUdevice);
 
 static unsigned long long charged(void)
 {
@@ -140,6 +169,162 @@ static int retainrace(CUcontext ctx, size_t bytes, const char *gate)
     return 0;
 }
 
+/* An allocation node of `bytes` on GPU 0 after deps[0..n): its address in *dptr. */
+static CUresult alloc_node(CUgraph g, const CUgraphNode *deps, size_t n, size_t bytes, CUgraphNode *node,
+                           CUdeviceptr *dptr)
+{
+    CUDA_MEM_ALLOC_NODE_PARAMS a;
+    memset(&a, 0, sizeof a);
+    a.poolProps.allocType = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    a.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.bytesize = bytes;
+    CUresult rc = cuGraphAddMemAllocNode(node, g, n ? deps : NULL, n, &a);
+    *dptr = a.dptr;
+    return rc;
+}
+
+/* Instantiates g and launches it `launches` times, showing each step. */
+static int run(CUgraph g, int launches)
+{
+    CUgraphExec e = NULL;
+    show("instantiate", cuGraphInstantiateWithFlags(&e, g, 0));
+    show("launch", cuGraphLaunch(e, NULL));
+    if (launches > 1)
+        show("relaunch", cuGraphLaunch(e, NULL));
+    return 0;
+}
+
+/* The graphs of the modes parallel, unordered, early, diamond, childseq, childpar, unfreed and long (see the top). */
+static int shapes(const char *mode, size_t bytes, int n, CUcontext ctx)
+{
+    CUgraph g = NULL;
+    show("create", cuGraphCreate(&g, 0));
+    CUgraphNode a1 = NULL, f1 = NULL, a2 = NULL, f2 = NULL, c = NULL;
+    CUdeviceptr p1 = 0, p2 = 0;
+    CUresult rc = CUDA_SUCCESS;
+    if (!strcmp(mode, "parallel")) {
+        for (int i = 0; i < n && rc == CUDA_SUCCESS; i++) {
+            rc = alloc_node(g, NULL, 0, bytes, &a1, &p1);
+            if (rc == CUDA_SUCCESS)
+                rc = cuGraphAddMemFreeNode(&f1, g, &a1, 1, p1);
+        }
+    } else if (!strcmp(mode, "unordered")) {
+        rc = alloc_node(g, NULL, 0, bytes, &a1, &p1);
+        rc = rc ? rc : cuGraphAddMemFreeNode(&f1, g, &a1, 1, p1);
+        rc = rc ? rc : alloc_node(g, &a1, 1, bytes, &a2, &p2); /* after A, not after A's free */
+        rc = rc ? rc : cuGraphAddMemFreeNode(&f2, g, &a2, 1, p2);
+    } else if (!strcmp(mode, "early")) {
+        rc = alloc_node(g, NULL, 0, bytes, &a1, &p1);
+        rc = rc ? rc : cuGraphAddMemFreeNode(&f1, g, NULL, 0, p1); /* not after A's allocation */
+        rc = rc ? rc : alloc_node(g, &f1, 1, bytes, &a2, &p2);
+        rc = rc ? rc : cuGraphAddMemFreeNode(&f2, g, &a2, 1, p2);
+    } else if (!strcmp(mode, "diamond")) {
+        rc = alloc_node(g, NULL, 0, bytes, &a1, &p1);
+        rc = rc ? rc : cuGraphAddMemFreeNode(&f1, g, &a1, 1, p1);
+        for (int i = 0; i < 2 && rc == CUDA_SUCCESS; i++) {
+            rc = alloc_node(g, &f1, 1, bytes / 2, &a2, &p2);
+            rc = rc ? rc : cuGraphAddMemFreeNode(&f2, g, &a2, 1, p2);
+        }
+    } else if (!strcmp(mode, "childseq") || !strcmp(mode, "childpar")) {
+        CUgraph child = NULL;
+        rc = cuGraphCreate(&child, 0);
+        rc = rc ? rc : alloc_node(child, NULL, 0, bytes, &a1, &p1);
+        rc = rc ? rc : cuGraphAddMemFreeNode(&f1, child, &a1, 1, p1);
+        CUgraphNodeParams p;
+        memset(&p, 0, sizeof p);
+        p.type = CU_GRAPH_NODE_TYPE_GRAPH;
+        p.u.graph.graph = child;
+        p.u.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+        rc = rc ? rc : cuGraphAddNode(&c, g, NULL, 0, &p);
+        int seq = !strcmp(mode, "childseq");
+        rc = rc ? rc : alloc_node(g, &c, seq ? 1 : 0, bytes, &a2, &p2);
+        rc = rc ? rc : cuGraphAddMemFreeNode(&f2, g, &a2, 1, p2);
+    } else if (!strcmp(mode, "unfreed")) {
+        rc = alloc_node(g, NULL, 0, bytes, &a1, &p1);
+        rc = rc ? rc : alloc_node(g, &a1, 1, bytes, &a2, &p2);
+        rc = rc ? rc : cuGraphAddMemFreeNode(&f2, g, &a2, 1, p2);
+    } else if (!strcmp(mode, "long")) {
+        unsigned char copy[256]; /* a CUDA_MEMCPY3D the fake does not read */
+        memset(copy, 0, sizeof copy);
+        for (int i = 0; i < n && rc == CUDA_SUCCESS; i++) {
+            CUgraphNode prev = c;
+            rc = cuGraphAddMemcpyNode(&c, g, prev ? &prev : NULL, prev ? 1 : 0, copy, ctx);
+        }
+        rc = rc ? rc : alloc_node(g, &c, 1, bytes, &a1, &p1);
+        rc = rc ? rc : cuGraphAddMemFreeNode(&f1, g, &a1, 1, p1);
+        rc = rc ? rc : alloc_node(g, &f1, 1, bytes, &a2, &p2);
+        rc = rc ? rc : cuGraphAddMemFreeNode(&f2, g, &a2, 1, p2);
+    } else {
+        return 2;
+    }
+    show("nodes", rc);
+    run(g, 1);
+    if (!strcmp(mode, "unfreed"))
+        show("trim", cuDeviceGraphMemTrim(0));
+    return 0;
+}
+
+/* The graph of mode spec (see the top). */
+static int spec(size_t unit, int n, char **tok, CUcontext ctx)
+{
+    enum { MAXN = 64 };
+    CUgraph g = NULL;
+    CUgraphNode node[MAXN];
+    CUdeviceptr ptr[MAXN];
+    show("create", cuGraphCreate(&g, 0));
+    CUresult rc = n <= MAXN ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < n && rc == CUDA_SUCCESS; i++) {
+        char *colon = strchr(tok[i], ':');
+        if (!colon)
+            return 2;
+        CUgraphNode deps[MAXN];
+        size_t nd = 0;
+        for (char *d = colon + 1; *d && nd < MAXN;) {
+            long k = strtol(d, &d, 10);
+            if (k < 0 || k >= i)
+                return 2;
+            deps[nd++] = node[k];
+            if (*d == ',')
+                d++;
+            else if (*d)
+                return 2;
+        }
+        long arg = strtol(tok[i] + 1, NULL, 10);
+        ptr[i] = 0;
+        if (tok[i][0] == 'a') {
+            rc = alloc_node(g, deps, nd, (size_t)arg * unit, &node[i], &ptr[i]);
+        } else if (tok[i][0] == 'f' && arg >= 0 && arg < i) {
+            rc = cuGraphAddMemFreeNode(&node[i], g, nd ? deps : NULL, nd, ptr[arg]);
+        } else if (tok[i][0] == 'k') {
+            unsigned char copy[256]; /* a CUDA_MEMCPY3D the fake does not read */
+            memset(copy, 0, sizeof copy);
+            rc = cuGraphAddMemcpyNode(&node[i], g, nd ? deps : NULL, nd, copy, ctx);
+        } else {
+            return 2;
+        }
+    }
+    show("nodes", rc);
+    return run(g, 1);
+}
+
+/* N allocations captured from a stream, each freed before the next is made (PyTorch's cudaMallocAsync backend). */
+static int capture(size_t bytes, int n)
+{
+    CUstream s = NULL;
+    CUgraph g = NULL;
+    show("stream", cuStreamCreate(&s, 0));
+    show("begin", cuStreamBeginCapture_v2(s, 0));
+    CUresult rc = CUDA_SUCCESS;
+    for (int i = 0; i < n && rc == CUDA_SUCCESS; i++) {
+        CUdeviceptr p = 0;
+        rc = cuMemAllocAsync(&p, bytes, s);
+        rc = rc ? rc : cuMemFreeAsync(p, s);
+    }
+    show("nodes", rc);
+    show("end", cuStreamEndCapture(s, &g));
+    return run(g, 2);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3 || cuInit(0) != CUDA_SUCCESS)
@@ -154,6 +339,15 @@ int main(int argc, char **argv)
         return maprace(ctx, bytes, argv[3]);
     if (!strcmp(argv[1], "retainrace") && argc > 3)
         return retainrace(ctx, bytes, argv[3]);
+    if (!strcmp(argv[1], "spec"))
+        return spec(bytes, argc - 3, argv + 3, ctx);
+    if (!strcmp(argv[1], "capture") && argc > 3)
+        return capture(bytes, atoi(argv[3]));
+    static const char *const shaped[] = {"parallel", "unordered", "early",   "diamond",
+                                         "childseq", "childpar",  "unfreed", "long"};
+    for (size_t i = 0; i < sizeof shaped / sizeof shaped[0]; i++)
+        if (!strcmp(argv[1], shaped[i]))
+            return shapes(argv[1], bytes, argc > 3 ? atoi(argv[3]) : 0, ctx);
     if (!strcmp(argv[1], "sequence") && argc > 3) {
         CUgraph g = NULL;
         show("create", cuGraphCreate(&g, 0));
