@@ -74,6 +74,12 @@ from .wire import check_binding_args, check_extender_args
 log = logging.getLogger("kube_vgpu.scheduler")
 
 T = TypeVar("T")
+
+#: /metrics renders start at least this many seconds after the last one ended ...
+METRICS_SPACING = 0.05
+#: ... and at least this many times its length: rendering takes at most a sixth of the time
+METRICS_SPACING_FACTOR = 5.0
+
 Obj = dict[str, Any]
 
 
@@ -174,6 +180,11 @@ class SchedulerService:
         self._priorities = HostPriorityEncoder()
         self.metrics = Metrics()
         self._gpu_seen: dict[str, tuple[Any, int, tuple[GpuRow, ...]]] = {}
+        #: /metrics renders (:meth:`_next_render`): the one scrapes now join, one at a time, not before
+        self._metrics_next: asyncio.Future[bytes] | None = None
+        self._metrics_lock = asyncio.Lock()
+        self._metrics_after = 0.0
+        self._metrics_tasks: set[asyncio.Task[None]] = set()
         self._executor = ThreadPoolExecutor(self.opts.api_workers, thread_name_prefix="kube-api")
         self._synced = {"nodes": False, "pods": False, "resourcequotas": False}
         self.synced = asyncio.Event()
@@ -481,9 +492,50 @@ class SchedulerService:
         return web.Response(text="ok")
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
-        gpus = self.gpu_rows()  # snapshot on the loop; render in a thread
-        body = await asyncio.get_running_loop().run_in_executor(None, self.render_metrics, gpus)
+        body = await asyncio.shield(self._next_render())
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _next_render(self) -> asyncio.Future[bytes]:
+        """The /metrics body of the next render to start: every scrape waiting for it shares it, so
+        it shows the state as of the scrape's arrival or later. Renders run one at a time, each
+        starting at least ``METRICS_SPACING`` s, and ``METRICS_SPACING_FACTOR`` times the last
+        render's length, after the last one ended: the metrics port is reachable from the pod
+        network, and a flood of scrapes rendering at once kept the event loop that answers filter
+        and bind waiting for the GIL."""
+        fut = self._metrics_next
+        if fut is None:
+            fut = self._metrics_next = asyncio.get_running_loop().create_future()
+            task = asyncio.ensure_future(self._render_into(fut))
+            self._metrics_tasks.add(task)
+            task.add_done_callback(self._metrics_tasks.discard)
+        return fut
+
+    async def _render_into(self, fut: asyncio.Future[bytes]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with self._metrics_lock:
+                wait = self._metrics_after - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if self._metrics_next is fut:
+                    self._metrics_next = None  # scrapes arriving from now on wait for a later render
+                start = loop.time()
+                try:
+                    gpus = self.gpu_rows()  # snapshot on the loop; render in a thread
+                    body = await loop.run_in_executor(None, self.render_metrics, gpus)
+                except Exception as e:  # noqa: BLE001 - every waiting scrape gets the error (500)
+                    fut.set_exception(e)
+                    fut.exception()  # retrieved: no warning when every scrape has gone meanwhile
+                else:
+                    fut.set_result(body)
+                finally:
+                    end = loop.time()
+                    self._metrics_after = end + max(METRICS_SPACING, METRICS_SPACING_FACTOR * (end - start))
+        finally:  # cancelled (shutdown): its scrapes end, later ones start a render of their own
+            if self._metrics_next is fut:
+                self._metrics_next = None
+            if not fut.done():
+                fut.cancel()
 
     @staticmethod
     async def _json(request: web.Request) -> tuple[Any, str]:
