@@ -48,6 +48,7 @@ from prometheus_client.registry import Collector
 
 from kube_vgpu.codec import allocation_or_none
 from kube_vgpu.model import GPUDevice
+from kube_vgpu.scrape import SharedRender
 from kube_vgpu.views import PodView
 
 from . import shimcache
@@ -307,9 +308,10 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         """A client that went away (reset, timed out): one debug line, not a traceback on stderr."""
         log.debug("http connection error", extra={"error": repr(sys.exc_info()[1])[:200]})
 
-    def open_connections(self) -> int:
+    def open_connections(self) -> tuple[int, int]:
+        """(open connections, those of them still waiting for their request)."""
         with self._lock:
-            return len(self._open)
+            return len(self._open), sum(self._open.values())
 
 
 def _wake(sock: socket.socket) -> None:
@@ -328,6 +330,7 @@ class HealthServer:
     def __init__(self, plugin: Probed, bind: str, port: int, registry: CollectorRegistry | None = None,
                  max_connections: int = MAX_CONNECTIONS, timeout: float = CONNECTION_TIMEOUT) -> None:
         reg = registry if registry is not None else make_registry(cast("DevicePlugin", plugin))
+        metrics = SharedRender(lambda: generate_latest(reg))  # one render at a time (kube_vgpu.scrape)
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server API
@@ -342,7 +345,7 @@ class HealthServer:
                     ok, why = plugin.ready()
                     self._send(200 if ok else 503, (why + "\n").encode(), "text/plain")
                 elif path == "/metrics":
-                    self._send(200, generate_latest(reg), "text/plain; version=0.0.4; charset=utf-8")
+                    self._send(200, metrics.get(), "text/plain; version=0.0.4; charset=utf-8")
                 else:
                     self._send(404, b"not found\n", "text/plain")
 

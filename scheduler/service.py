@@ -58,6 +58,7 @@ from kube_vgpu.placement.render import detail, summaries, summary
 from kube_vgpu.placement.status import Code, FitFailure
 from kube_vgpu.podspec import parse_pod, pod_asks
 from kube_vgpu.policyregistry import needs_shapes
+from kube_vgpu.scrape import next_render_at
 from kube_vgpu.signing import KeyDir, KeyRing, KeySource, resign_record
 from kube_vgpu.views import NodeView, PodView
 
@@ -74,12 +75,6 @@ from .wire import check_binding_args, check_extender_args
 log = logging.getLogger("kube_vgpu.scheduler")
 
 T = TypeVar("T")
-
-#: /metrics renders start at least this many seconds after the last one ended ...
-METRICS_SPACING = 0.05
-#: ... and at least this many times its length: rendering takes at most a sixth of the time
-METRICS_SPACING_FACTOR = 5.0
-
 Obj = dict[str, Any]
 
 
@@ -497,11 +492,10 @@ class SchedulerService:
 
     def _next_render(self) -> asyncio.Future[bytes]:
         """The /metrics body of the next render to start: every scrape waiting for it shares it, so
-        it shows the state as of the scrape's arrival or later. Renders run one at a time, each
-        starting at least ``METRICS_SPACING`` s, and ``METRICS_SPACING_FACTOR`` times the last
-        render's length, after the last one ended: the metrics port is reachable from the pod
-        network, and a flood of scrapes rendering at once kept the event loop that answers filter
-        and bind waiting for the GIL."""
+        it shows the state as of the scrape's arrival or later. One render at a time, spaced by
+        :func:`kube_vgpu.scrape.next_render_at` (the metrics port is reachable from the pod network,
+        and a flood of scrapes rendering at once kept the event loop that answers filter and bind
+        waiting for the GIL)."""
         fut = self._metrics_next
         if fut is None:
             fut = self._metrics_next = asyncio.get_running_loop().create_future()
@@ -530,7 +524,7 @@ class SchedulerService:
                     fut.set_result(body)
                 finally:
                     end = loop.time()
-                    self._metrics_after = end + max(METRICS_SPACING, METRICS_SPACING_FACTOR * (end - start))
+                    self._metrics_after = next_render_at(start, end)
         finally:  # cancelled (shutdown): its scrapes end, later ones start a render of their own
             if self._metrics_next is fut:
                 self._metrics_next = None

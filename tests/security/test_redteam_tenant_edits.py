@@ -22,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from deviceplugin.metrics import MAX_CONNECTIONS, HealthServer
+from kube_vgpu.scrape import SharedRender
 
 _SCHED_TESTS = str(Path(__file__).resolve().parents[1] / "scheduler")
 if _SCHED_TESTS not in sys.path:  # the scheduler tests' builders (capture-shaped Node JSON)
@@ -125,8 +126,11 @@ def test_connections_being_answered_are_never_evicted_and_a_new_one_beyond_the_c
             s = socket.create_connection(("127.0.0.1", http.port), timeout=5)
             s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
             sockets.append(s)
-        for _ in range(2):
-            assert col.entered.acquire(timeout=5)
+        assert col.entered.acquire(timeout=5)  # one renders, the other waits for that render
+        deadline = time.monotonic() + 5
+        while http.httpd.open_connections() != (2, 0):
+            assert time.monotonic() < deadline, http.httpd.open_connections()
+            time.sleep(0.01)
         extra = socket.create_connection(("127.0.0.1", http.port), timeout=5)
         sockets.append(extra)
         extra.sendall(b"GET /livez HTTP/1.0\r\n\r\n")
@@ -200,3 +204,77 @@ def test_a_flood_of_scrapes_of_the_extenders_metrics_port_renders_one_at_a_time(
             await runner.cleanup()
 
     run(go)
+
+
+class _Counting(Collector):
+    """A collector that takes a while (a node with many pods) and counts renders running at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = self.most = self.renders = 0
+        self.value = 0
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.renders += 1
+            value = self.value
+        try:
+            time.sleep(0.02)
+            yield GaugeMetricFamily("probe_value", "x", value=value)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+def test_a_flood_of_scrapes_of_the_device_plugins_metrics_port_renders_one_at_a_time() -> None:
+    """Attack: concurrent scrapes of the device plugin's metrics port. Each rendered in its own
+    thread (every pod's record verified, every container's cache file read, NVML asked), so the
+    plugin's Allocate and PreStartContainer waited for the GIL behind them (a fake kubelet's
+    admission took 20 ms idle and 180 ms under two scraping processes, 60 pods on the node). Held:
+    one render at a time, shared by the scrapes that arrived before it started (kube_vgpu.scrape);
+    a scrape still sees the state as of its arrival."""
+    reg = CollectorRegistry(auto_describe=False)
+    col = _Counting()
+    reg.register(col)
+    http = HealthServer(_Probed(), "127.0.0.1", 0, registry=reg)
+    http.start()
+    url = f"http://127.0.0.1:{http.port}/metrics"
+
+    def scrape() -> str:
+        with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback test server
+            return str(r.read().decode())
+
+    try:
+        bodies: list[str] = []
+        threads = [threading.Thread(target=lambda: bodies.append(scrape())) for _ in range(40)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(bodies) == 40 and all("probe_value 0.0" in b for b in bodies)
+        assert col.most == 1, f"{col.most} renders at once"
+        assert col.renders <= 4, f"{col.renders} renders for one burst of 40 scrapes"
+        col.value = 1
+        assert "probe_value 1.0" in scrape()
+        col.value = 2
+        assert "probe_value 2.0" in scrape()
+    finally:
+        http.stop()
+
+
+def test_a_failed_render_reaches_its_scrapes_and_the_next_scrape_renders_again() -> None:
+    calls = []
+
+    def render() -> bytes:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("collector broke")
+        return b"ok"
+
+    shared = SharedRender(render)
+    with pytest.raises(RuntimeError, match="collector broke"):
+        shared.get()
+    assert shared.get() == b"ok"
+    assert len(calls) == 2
