@@ -48,7 +48,7 @@ from prometheus_client.registry import Collector
 
 from kube_vgpu.codec import allocation_or_none
 from kube_vgpu.model import GPUDevice
-from kube_vgpu.scrape import SharedRender
+from kube_vgpu.scrape import CONNECTION_TIMEOUT, MAX_CONNECTIONS, SharedRender
 from kube_vgpu.views import PodView
 
 from . import shimcache
@@ -58,11 +58,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kube_vgpu.deviceplugin.metrics")
 MIB = 1024 * 1024
-
-#: open connections of the /livez, /readyz, /metrics listener (:class:`BoundedHTTPServer`)
-MAX_CONNECTIONS = 64
-#: seconds a connection of that listener may take to send its request or read its answer
-CONNECTION_TIMEOUT = 10.0
 
 #: labels of a per-GPU series, in order
 GPU_LABELS = ["node", "gpu_uuid", "gpu_index", "model"]
@@ -252,16 +247,12 @@ class Probed(Protocol):
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):
-    """A :class:`ThreadingHTTPServer` whose threads are bounded: the port is reachable from the
-    pod network, and the plain server gave every connection a thread for as long as its client
-    kept it open without sending a request (about 26 KiB each: 10,000 idle connections from a
-    tenant outgrew the plugin's memory limit, and a pid limit stopped its gRPC threads).
-
-    * Every connection reads and writes under the handler's ``timeout`` (its socket timeout).
-    * At most ``max_connections`` are open. A new one beyond that closes the connection that has
-      waited longest for its request line and headers (a probe's request comes within
-      milliseconds, so an idle flood evicts itself, not kubelet's probes); when every open one is
-      being answered, the new one is closed at once."""
+    """A :class:`ThreadingHTTPServer` under :mod:`kube_vgpu.scrape`'s connection rules: the plain
+    server gave every connection a thread for as long as its client kept it open without sending a
+    request (about 26 KiB each: 10,000 idle connections from a tenant outgrew the plugin's memory
+    limit, and a pid limit stopped its gRPC threads). At most ``max_connections`` are open (a new
+    one beyond closes the one that has waited longest for its request, or itself when all are
+    being answered); each reads and writes under the handler's ``timeout`` (its socket timeout)."""
 
     daemon_threads = True
     #: the listen backlog (socketserver's default, 5, dropped the SYN of a probe behind a few

@@ -1,6 +1,17 @@
-"""How often a component renders its ``/metrics`` body: the one rule the extender (asyncio) and the
-device and DRA plugins (threads) share.
+"""The metrics listeners' rules (the extender's ``--metrics-port``, the device and DRA plugins'
+``/livez``, ``/readyz``, ``/metrics``): how often a ``/metrics`` body is rendered, and how many
+connections a listener keeps and for how long. The extender (asyncio) and the plugins (threads)
+share them.
 
+Connections: the ports are reachable from the pod network, and a connection that never finished
+its request was kept for ever (a thread each in the plugins, about 5 KiB each in the extender), so a
+tenant's idle connections outgrew the component's memory limit. So at most :data:`MAX_CONNECTIONS`
+are open; a new one beyond that closes the open one that has waited longest without a request in
+its handler (a probe's or a scrape's request arrives within milliseconds, so idle connections evict
+each other, not kubelet's probes), or itself when all are being answered; and a connection must
+send each request, and read each answer, within :data:`CONNECTION_TIMEOUT` seconds.
+
+Renders:
 Their metrics ports are reachable from the pod network, and a render costs CPU that the
 component's own work (the extender's filter and bind on its event loop, the plugins' Allocate and
 PreStartContainer) then waits for under the interpreter lock. A flood of scrapes rendering at once
@@ -15,9 +26,18 @@ slowed that work down by as many renders as were running. So:
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+#: open connections of a metrics listener
+MAX_CONNECTIONS = 64
+#: seconds a connection of a metrics listener may take to send a request, or to read an answer
+CONNECTION_TIMEOUT = 10.0
 
 #: a render starts at least this many seconds after the last one ended ...
 SPACING = 0.05
@@ -83,3 +103,119 @@ class SharedRender:
             raise err
         assert body is not None
         return body
+
+
+class BoundedListener:
+    """Serves an aiohttp ``runner`` (set up, its application given :meth:`middleware` before the
+    setup) on ``host:port`` under the module's connection rules. :meth:`start`, then :meth:`close`."""
+
+    def __init__(self, runner: web.AppRunner, max_connections: int = MAX_CONNECTIONS,
+                 timeout: float = CONNECTION_TIMEOUT) -> None:
+        self.runner = runner
+        self.max_connections = max_connections
+        self.timeout = timeout
+        #: open connections, oldest first: transport -> its guard
+        self.open: dict[asyncio.BaseTransport, _Guard] = {}
+        self._server: asyncio.base_events.Server | None = None
+
+    def middleware(self) -> Any:
+        """Tells a connection's guard when a request is in its handler (never evicted, no timer)."""
+
+        @web.middleware
+        async def bounded(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                          ) -> web.StreamResponse:
+            g = self.open.get(request.transport) if request.transport is not None else None
+            if g is not None:
+                g.busy = True
+                g.disarm()
+            try:
+                return await handler(request)
+            finally:
+                if g is not None:
+                    g.busy = False
+                    g.arm()
+
+        return bounded
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen; the port (``port`` 0 picks one). Raises OSError."""
+        server = self.runner.server
+        assert server is not None, "runner not set up"
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Guard(self, server()), host, port, backlog=128)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for g in list(self.open.values()):
+                g.abort()
+            await self._server.wait_closed()
+
+    def admit(self, g: _Guard) -> bool:
+        if len(self.open) >= self.max_connections:
+            idle = next((o for o in self.open.values() if not o.busy), None)
+            if idle is None:
+                return False
+            idle.abort()
+            if idle.transport is not None:
+                self.open.pop(idle.transport, None)
+        assert g.transport is not None
+        self.open[g.transport] = g
+        return True
+
+
+class _Guard(asyncio.Protocol):
+    """aiohttp's protocol for one connection, wrapped: admitted under the cap, aborted when it has
+    no request in its handler for the listener's timeout."""
+
+    def __init__(self, owner: BoundedListener, inner: Any) -> None:
+        self.owner = owner
+        self.inner = inner
+        self.transport: asyncio.Transport | None = None
+        self.busy = False
+        self._made = False  #: the inner protocol has the connection
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        self.disarm()
+        self._timer = asyncio.get_running_loop().call_later(self.owner.timeout, self.abort)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def abort(self) -> None:
+        self.disarm()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if not self.owner.admit(self):
+            transport.abort()
+            return
+        self.arm()
+        self._made = True
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()  # type: ignore[no-any-return]
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.disarm()
+        if self.transport is not None and self.owner.open.get(self.transport) is self:
+            del self.owner.open[self.transport]
+        if self._made:
+            self.inner.connection_lost(exc)

@@ -17,6 +17,7 @@ from kube_vgpu.cliflags import PORT, add_kubeconfig_flag, add_level_flag, number
 from kube_vgpu.config import load_config
 from kube_vgpu.errors import ConfigError
 from kube_vgpu.eventloop import loop_name, new_event_loop
+from kube_vgpu.scrape import BoundedListener
 from kube_vgpu.signing import KeyDir, SigningKeyError
 
 from . import jsonlog
@@ -102,17 +103,22 @@ class MetricsListenError(OSError):
 
 def add_metrics_listener(app: web.Application, svc: SchedulerService, address: str, port: int) -> None:
     """Serve :meth:`SchedulerService.metrics_app` (/metrics, /livez, /readyz only) on ``address:port``
-    for as long as ``app`` runs: started after the service on startup, stopped on cleanup."""
-    runner = web.AppRunner(svc.metrics_app(), access_log=None)
+    for as long as ``app`` runs: started after the service on startup, stopped on cleanup. The port
+    is reachable from the pod network: connections are bounded (:class:`kube_vgpu.scrape.BoundedListener`)."""
+    metrics = svc.metrics_app()
+    runner = web.AppRunner(metrics, access_log=None)
+    listener = BoundedListener(runner)
+    metrics.middlewares.append(listener.middleware())
 
     async def start(_app: web.Application) -> None:
         await runner.setup()
         try:
-            await web.TCPSite(runner, address, port).start()
+            await listener.start(address, port)
         except OSError as e:  # the main app's cleanup (stop below) releases the runner
             raise MetricsListenError(address, port) from e
 
     async def stop(_app: web.Application) -> None:
+        await listener.close()
         if runner.server is not None:
             await runner.cleanup()
 

@@ -21,14 +21,16 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from deviceplugin.metrics import MAX_CONNECTIONS, HealthServer
-from kube_vgpu.scrape import SharedRender
+from deviceplugin.metrics import HealthServer
+from kube_vgpu.scrape import MAX_CONNECTIONS, BoundedListener, SharedRender
 
 _SCHED_TESTS = str(Path(__file__).resolve().parents[1] / "scheduler")
 if _SCHED_TESTS not in sys.path:  # the scheduler tests' builders (capture-shaped Node JSON)
     sys.path.insert(0, _SCHED_TESTS)
 
 from vgpu_sched_util import node_obj, offline_service, run  # noqa: E402
+
+from scheduler.server import add_metrics_listener  # noqa: E402
 
 
 class _Probed:
@@ -278,3 +280,102 @@ def test_a_failed_render_reaches_its_scrapes_and_the_next_scrape_renders_again()
         shared.get()
     assert shared.get() == b"ok"
     assert len(calls) == 2
+
+
+def test_idle_connections_to_the_extenders_metrics_port_are_bounded() -> None:
+    """Attack: hundreds of connections to the extender's metrics port (0.0.0.0, the pod network)
+    that never finish their request headers. aiohttp kept each for ever (no header timeout; about
+    5 KiB each), so enough of them outgrew the extender's memory limit and took vGPU scheduling
+    down. Held: at most MAX_CONNECTIONS, the longest-waiting idle one closed for a new one, kubelet's
+    probe answered in the middle of the flood (kube_vgpu.scrape.BoundedListener)."""
+    async def go() -> None:
+        svc = offline_service([node_obj("n1")])
+        app = svc.app(serve_metrics=False)
+        port = _free_port()
+        add_metrics_listener(app, svc, "127.0.0.1", port)
+        runner = web.AppRunner(app)
+        await runner.setup()  # the service, then the metrics listener
+        loop = asyncio.get_running_loop()
+        held: list[socket.socket] = []
+        try:
+            for _ in range(3 * MAX_CONNECTIONS):
+                s = socket.socket()
+                s.setblocking(False)
+                await loop.sock_connect(s, ("127.0.0.1", port))
+                await loop.sock_sendall(s, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never end
+                held.append(s)
+            async with aiohttp.ClientSession() as c, c.get(f"http://127.0.0.1:{port}/livez") as r:
+                assert r.status == 200
+            # the oldest were closed by the server (read: EOF or reset), the newest are still open
+            try:
+                first = await asyncio.wait_for(loop.sock_recv(held[0], 1), 5)
+            except ConnectionResetError:
+                first = b""  # closed with a reset: as good
+            assert first == b""
+        finally:
+            for s in held:
+                s.close()
+            await runner.cleanup()
+
+    run(go)
+
+
+def test_the_extenders_listener_times_idle_connections_out_and_never_evicts_one_being_answered() -> None:
+    async def go() -> None:
+        release = asyncio.Event()
+        entered = asyncio.Semaphore(0)
+
+        async def slow(_request: web.Request) -> web.Response:
+            entered.release()
+            await release.wait()
+            return web.Response(text="done")
+
+        app = web.Application()
+        app.router.add_get("/slow", slow)
+        runner = web.AppRunner(app)
+        listener = BoundedListener(runner, max_connections=2, timeout=0.3)
+        app.middlewares.append(listener.middleware())
+        await runner.setup()
+        port = await listener.start("127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+
+        async def conn(data: bytes) -> socket.socket:
+            s = socket.socket()
+            s.setblocking(False)
+            await loop.sock_connect(s, ("127.0.0.1", port))
+            await loop.sock_sendall(s, data)
+            return s
+
+        async def closed(s: socket.socket) -> bool:
+            try:
+                return await asyncio.wait_for(loop.sock_recv(s, 1), 5) == b""
+            except ConnectionResetError:
+                return True
+
+        held: list[socket.socket] = []
+        try:
+            idle = await conn(b"GET /slow HTTP/1.1\r\n")
+            held.append(idle)
+            t0 = time.monotonic()
+            assert await closed(idle)  # timed out
+            assert time.monotonic() - t0 < 4
+            for _ in range(2):
+                held.append(await conn(b"GET /slow HTTP/1.0\r\n\r\n"))
+                await asyncio.wait_for(entered.acquire(), 5)
+            extra = await conn(b"GET /slow HTTP/1.0\r\n\r\n")
+            held.append(extra)
+            assert await closed(extra)  # both slots are being answered: the new one goes
+            await asyncio.sleep(0.5)  # past the timeout: a request in its handler has no timer
+            release.set()
+            for s in held[1:3]:
+                data = b""
+                while chunk := await asyncio.wait_for(loop.sock_recv(s, 65536), 5):
+                    data += chunk
+                assert data.startswith(b"HTTP/1.0 200") and data.endswith(b"done")
+        finally:
+            for s in held:
+                s.close()
+            await listener.close()
+            await runner.cleanup()
+
+    run(go)
