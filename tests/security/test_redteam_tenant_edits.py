@@ -28,9 +28,13 @@ _SCHED_TESTS = str(Path(__file__).resolve().parents[1] / "scheduler")
 if _SCHED_TESTS not in sys.path:  # the scheduler tests' builders (capture-shaped Node JSON)
     sys.path.insert(0, _SCHED_TESTS)
 
-from vgpu_sched_util import node_obj, offline_service, run  # noqa: E402
+from bind_support import bind, create_nodes, create_pod, extender  # noqa: E402
+from vgpu_sched_util import KEYS, node_obj, offline_service, pod_obj, run  # noqa: E402
 
+from kube_vgpu.resources import ANN_GPU_POLICY, ANN_NODE_POLICY, ANN_NOUSE_GPUUUID, ANN_USE_GPUUUID  # noqa: E402
 from scheduler.server import add_metrics_listener  # noqa: E402
+from tests.fakeapi import FakeKubeAPI  # noqa: E402
+from tests.security.test_signed_allocations import _usage, caught_up  # noqa: E402
 
 
 class _Probed:
@@ -377,5 +381,33 @@ def test_the_extenders_listener_times_idle_connections_out_and_never_evicts_one_
                 s.close()
             await listener.close()
             await runner.cleanup()
+
+    run(go)
+
+
+def test_tenant_placement_keys_edited_after_bind_move_no_booking(fake_kube_api: FakeKubeAPI) -> None:
+    """Attack: after its pod is bound, the tenant rewrites the keys it may write (use-gpuuuid naming
+    another GPU, nouse-gpuuuid naming its own, other GPU and node policies), hoping the extender
+    re-plans the booking elsewhere (its own GPU then looking free for a second pod) or, after a
+    restart, books it where the keys now point. Held: the booking stays where the signed record
+    put it, before and after a restart."""
+    fake = fake_kube_api
+    create_nodes(fake, 1, gpus=4)
+    a = create_pod(fake, pod_obj("a", limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000}))
+
+    async def go() -> None:
+        async with extender(fake, keys=KEYS) as ext:
+            assert await bind(ext, a) == ""
+            booked = _usage(ext)
+            assert list(booked.values()) == [20000]
+            (mine,) = booked
+            other = next(f"GPU-node-0-{i:02d}" for i in range(4) if f"GPU-node-0-{i:02d}" != mine)
+            fake.patch_object("pods", "a", {"metadata": {"annotations": {
+                ANN_USE_GPUUUID: other, ANN_NOUSE_GPUUUID: mine, ANN_GPU_POLICY: "spread",
+                ANN_NODE_POLICY: "spread"}}}, "default")
+            await caught_up(ext, fake)
+            assert _usage(ext) == booked
+        async with extender(fake, keys=KEYS) as ext:
+            assert _usage(ext) == booked
 
     run(go)
