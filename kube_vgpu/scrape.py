@@ -11,11 +11,10 @@ its handler (a probe's or a scrape's request arrives within milliseconds, so idl
 each other, not kubelet's probes), or itself when all are being answered; and a connection must
 send each request, and read each answer, within :data:`CONNECTION_TIMEOUT` seconds.
 
-Renders:
-Their metrics ports are reachable from the pod network, and a render costs CPU that the
-component's own work (the extender's filter and bind on its event loop, the plugins' Allocate and
-PreStartContainer) then waits for under the interpreter lock. A flood of scrapes rendering at once
-slowed that work down by as many renders as were running. So:
+Renders: a render costs CPU that the component's own work (the extender's filter and bind on its
+event loop, the plugins' Allocate and PreStartContainer) then waits for under the interpreter
+lock, and a flood of scrapes rendering at once slowed that work down by as many renders as were
+running. So:
 
 * one render runs at a time, and every scrape waiting for it gets its body: a scrape is answered
   by a render that started after it arrived (it sees the state as of its arrival or later);
