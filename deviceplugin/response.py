@@ -172,19 +172,21 @@ def allocate_spec(device_ids: Sequence[str], *, shim_host_path: str, cache_host_
 
 
 def prestart_files(pc: PendingContainer, device_ids: Sequence[str], *, cache_host_dir: str,
-                   core_policy: str = "default", core_sharing: str = "strict") -> tuple[HostFile, ...]:
+                   core_policy: str = "default", core_sharing: str = "strict",
+                   graph_memory: str = "sum") -> tuple[HostFile, ...]:
     """The files ``PreStartContainer`` writes for the identified container ``pc`` holding
     ``device_ids``: its limits file (the booking in booking order; ``disable_control=true`` for an
     opted-out container) and the owner file (``<pod uid> <container>``), both in the allocation's
     read-only limits directory. core_policy / core_sharing: the admin's SM-limit policy
-    (``envcontract.CORE_POLICIES`` / ``envcontract.CORE_SHARING``).
+    (``envcontract.CORE_POLICIES`` / ``envcontract.CORE_SHARING``); graph_memory: the admin's bound on a
+    CUDA graph's launch (``envcontract.GRAPH_MEMORY_BOUNDS``).
 
     Raises ValueError (from :func:`kube_vgpu.envcontract.limits_file`, naming the field) for a booking
     that cannot be written (0 MiB, cores outside 0..100, ...)."""
     limits = limits_dir(cache_host_dir, alloc_key(device_ids))
     text = envcontract.limits_file(pc.devices, envcontract.CACHE_CONTAINER_PATH, priority=pc.priority,
                                    core_policy=core_policy, disable_control=pc.disable_control,
-                                   core_sharing=core_sharing)
+                                   core_sharing=core_sharing, graph_memory=graph_memory)
     return (HostFile(os.path.join(limits, envcontract.LIMITS_FILE_NAME), text),
             HostFile(os.path.join(limits, OWNER_FILE), f"{pc.uid} {pc.container}\n"))
 
@@ -201,10 +203,12 @@ def read_owner(cache_host_dir: str, key: str) -> tuple[str, str] | None:
 
 
 def container_spec(pc: PendingContainer, *, shim_host_path: str, cache_host_dir: str,
-                   core_policy: str = "default", core_sharing: str = "strict") -> ContainerSpec:
+                   core_policy: str = "default", core_sharing: str = "strict",
+                   graph_memory: str = "sum") -> ContainerSpec:
     """Env, mounts and the limits file for the pending container ``pc`` (visible devices in booking
     order). core_policy / core_sharing: the admin's SM-limit policy (``envcontract.CORE_POLICIES`` /
-    ``envcontract.CORE_SHARING``).
+    ``envcontract.CORE_SHARING``); graph_memory: the admin's bound on a CUDA graph's launch
+    (``envcontract.GRAPH_MEMORY_BOUNDS``).
 
     Raises ValueError (from :func:`kube_vgpu.envcontract.limits_file`) for a booking it cannot write."""
     if pc.disable_control:
@@ -215,7 +219,7 @@ def container_spec(pc: PendingContainer, *, shim_host_path: str, cache_host_dir:
     limits_dir = os.path.join(cache_host_dir, limits_dir_name(pc.uid, pc.container))
     limits = HostFile(os.path.join(limits_dir, envcontract.LIMITS_FILE_NAME),
                       envcontract.limits_file(pc.devices, cache_in_ctr, priority=pc.priority, core_policy=core_policy,
-                                              core_sharing=core_sharing))
+                                              core_sharing=core_sharing, graph_memory=graph_memory))
     mounts = shim_mounts(shim_host_path, os.path.join(cache_host_dir, cache_dir_name(pc.uid, pc.container)),
                          limits_dir)
     return ContainerSpec(envs=envs, mounts=mounts, files=(limits,))

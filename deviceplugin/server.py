@@ -882,7 +882,8 @@ class DevicePlugin:
             os.chmod(cache, 0o777)  # the container may run as any user
             write_host_files(ContainerSpec(envs={}, mounts=(), files=prestart_files(
                 pc, ids, cache_host_dir=root, core_policy=self.cfg.devices.core_policy,
-                core_sharing=self.cfg.devices.core_sharing)))
+                core_sharing=self.cfg.devices.core_sharing,
+                graph_memory=self.cfg.devices.graph_memory_bound)))
             self._owners[(uid, pc.container)] = key
             first = pc.container not in allocated_names(view)
             if first:

@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from .envcontract import CORE_POLICIES, CORE_SHARING
+from .envcontract import CORE_POLICIES, CORE_SHARING, GRAPH_MEMORY_BOUNDS
 from .errors import ConfigError, QuantityError, yaml_problem
 from .mig import MIG_STRATEGIES
 from .policyregistry import GPU_POLICIES, GPU_POLICY_SPECS, NODE_POLICIES, NODE_POLICY_SPECS
@@ -225,6 +225,12 @@ class DeviceDefaults:
     core_sharing: str = _key("strict", Rule(
         "coreSharing", "when the GPU has idle time: strict (each container held to its SM limit) or "
         "work_conserving (a container may use what the others leave idle; docs/shim.md)", choices=CORE_SHARING))
+    graph_memory_bound: str = _key("sum", Rule(
+        "graphMemoryBound", "what a CUDA graph's launch is checked against: sum (its memory-allocation nodes' "
+        "sizes added up, sound whatever the driver reserves) or peak (the most they can hold at once over the "
+        "graph's order; the driver may reserve more than the peak, and a tenant could then hold up to the "
+        "difference past its memory limit until the reserve is read back after the launch; docs/shim.md), "
+        "written to every container's limits file", choices=GRAPH_MEMORY_BOUNDS))
     mig_strategy: str = _key("none", Rule(
         "migStrategy", "GPUs in MIG mode (docs/mig.md): none (not advertised), single (each MIG device one "
         "whole nvidia.com/gpu), mixed (nvidia.com/mig-<profile> per profile) or dynamic (a memory request is "

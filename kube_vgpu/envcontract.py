@@ -57,6 +57,11 @@ CORE_POLICIES = ("default", "disable")
 #: how an SM limit shares the GPU: ``strict`` holds a container to its cores even on an idle GPU,
 #: ``work_conserving`` lets it use what other containers leave idle (never less than its cores)
 CORE_SHARING = ("strict", "work_conserving")
+#: what a CUDA graph's launch is checked against: ``sum`` (the sizes of its memory-allocation nodes added up,
+#: sound whatever the driver reserves) or ``peak`` (the most they can hold at once over the graph's order;
+#: relies on the driver reusing memory between allocations never live together, which it may not do: a tenant
+#: could then hold up to the difference past its limit until the reserve is read back after the launch)
+GRAPH_MEMORY_BOUNDS = ("sum", "peak")
 
 
 def container_env(devices: Sequence[DeviceBooking], cache_path: str, priority: int | None = None) -> dict[str, str]:
@@ -86,19 +91,21 @@ def _check_value(field: str, value: str) -> None:
 
 def limits_file(devices: Sequence[DeviceBooking], cache_path: str = CACHE_CONTAINER_PATH, *,
                 priority: int | None = None, core_policy: str = "default", disable_control: bool = False,
-                core_sharing: str = "strict") -> str:
+                core_sharing: str = "strict", graph_memory: str = "sum") -> str:
     """Contents of the container's limits file (format version ``LIMITS_FILE_VERSION``, docs/env-contract.md).
 
     devices: the container's bookings in visible-device order, the same list :func:`container_env`
     gets (memory MiB > 0, cores percent 0..100, 0 or 100 = no SM limit); cache_path: the shared
     accounting file inside the container; priority: ``nvidia.com/priority`` (0 high, 1 low) or None;
     core_policy: one of ``CORE_POLICIES``, the admin's choice; disable_control: no enforcement at all;
-    core_sharing: one of ``CORE_SHARING``, the admin's choice. Returns the text (``key=value`` lines).
+    core_sharing: one of ``CORE_SHARING``, the admin's choice; graph_memory: one of ``GRAPH_MEMORY_BOUNDS``, the
+    admin's choice. Returns the text (``key=value`` lines).
 
     Raises:
         ValueError: no devices or more than 16, a booking of 0 MiB or less, cores outside 0..100, a
-            UUID or path with spaces, ``=`` or ``#``, a relative cache path, an unknown core policy or
-            core sharing, or a priority other than 0/1. The message names the field and the value.
+            UUID or path with spaces, ``=`` or ``#``, a relative cache path, an unknown core policy,
+            core sharing or graph memory bound, or a priority other than 0/1. The message names the
+            field and the value.
     """
     if not 1 <= len(devices) <= 16:
         raise ValueError(f"limits file: devices={len(devices)}: between 1 and 16 devices are allowed")
@@ -106,6 +113,9 @@ def limits_file(devices: Sequence[DeviceBooking], cache_path: str = CACHE_CONTAI
         raise ValueError(f"limits file: core_policy={core_policy!r}: allowed values are {', '.join(CORE_POLICIES)}")
     if core_sharing not in CORE_SHARING:
         raise ValueError(f"limits file: core_sharing={core_sharing!r}: allowed values are {', '.join(CORE_SHARING)}")
+    if graph_memory not in GRAPH_MEMORY_BOUNDS:
+        raise ValueError(f"limits file: graph_memory={graph_memory!r}: allowed values are "
+                         f"{', '.join(GRAPH_MEMORY_BOUNDS)}")
     if priority is not None and priority not in (0, 1):
         raise ValueError(f"limits file: priority={priority!r}: allowed values are 0 (high) and 1 (low)")
     _check_value("shared_cache", cache_path)
@@ -121,7 +131,7 @@ def limits_file(devices: Sequence[DeviceBooking], cache_path: str = CACHE_CONTAI
             raise ValueError(f"limits file: cores_{i}={d.cores!r}: must be an integer percent 0..100")
         lines += [f"uuid_{i}={d.uuid}", f"memory_mib_{i}={d.memory_mib}", f"cores_{i}={d.cores}"]
     lines += [f"shared_cache={cache_path}", f"core_policy={core_policy}", f"core_sharing={core_sharing}",
-              f"disable_control={'true' if disable_control else 'false'}"]
+              f"graph_memory={graph_memory}", f"disable_control={'true' if disable_control else 'false'}"]
     if priority is not None:
         lines.append(f"priority={priority}")
     return "\n".join(lines) + "\n"

@@ -454,7 +454,8 @@ class DRAPlugin:
         mounts = alloc_mounts(key, shim_host_path=self.opts.shim_host_path, cache_host_dir=root)
         text = envcontract.limits_file(c.bookings, envcontract.CACHE_CONTAINER_PATH,
                                        core_policy=self.cfg.devices.core_policy,
-                                       core_sharing=self.cfg.devices.core_sharing)
+                                       core_sharing=self.cfg.devices.core_sharing,
+                                       graph_memory=self.cfg.devices.graph_memory_bound)
         limits = HostFile(os.path.join(limits_dir, envcontract.LIMITS_FILE_NAME), text)
         write_host_files(ContainerSpec(envs={}, mounts=(), files=(limits,)))
         envs = envcontract.container_env(c.bookings, envcontract.CACHE_CONTAINER_PATH)

@@ -170,6 +170,11 @@ static void env_config(struct vgpu_config *c, int quiet)
         c->nuuid = split_list(nv, c->uuid, VGPU_MAX_DEV);
     const char *pr = getenv(VGPU_ENV_TASK_PRIORITY);
     c->priority = pr && (!strcmp(pr, "0") || !strcmp(pr, "1")) ? atoi(pr) : -1;
+    const char *gm = getenv(VGPU_ENV_GRAPH_MEMORY_BOUND);
+    c->graph_peak = gm && !strcmp(gm, VGPU_GRAPH_MEMORY_PEAK);
+    if (gm && *gm && strcmp(gm, VGPU_GRAPH_MEMORY_PEAK) && strcmp(gm, VGPU_GRAPH_MEMORY_SUM) && !quiet)
+        LOG_WARN("ignoring invalid " VGPU_ENV_GRAPH_MEMORY_BOUND "=%s (expected " VGPU_GRAPH_MEMORY_SUM " or "
+                 VGPU_GRAPH_MEMORY_PEAK "): the sum", gm);
 }
 
 /* ------------------------------------------------------------------ the container's limits file
@@ -177,8 +182,9 @@ static void env_config(struct vgpu_config *c, int quiet)
  * "key=value" lines, '#' comments and blank lines ignored, unknown keys ignored, no key twice.
  * Required: version=1, devices=<1..16>, and per device i: uuid_<i>, memory_mib_<i> (> 0),
  * cores_<i> (0..100). Optional: shared_cache=<absolute path>, core_policy=default|disable,
- * core_sharing=strict|work_conserving, disable_control=true|false, priority=0|1. A "state" key other
- * than "ready" (the device plugin's placeholder at Allocate says "pending") makes the file unusable.
+ * core_sharing=strict|work_conserving, graph_memory=sum|peak (absent: sum), disable_control=true|false,
+ * priority=0|1. A "state" key other than "ready" (the device plugin's placeholder at Allocate says "pending")
+ * makes the file unusable.
  * Key names: config.h. */
 struct limits_file {
     int version, ndev;
@@ -186,7 +192,7 @@ struct limits_file {
     int cores[VGPU_MAX_DEV];
     char uuid[VGPU_MAX_DEV][96];
     char cache[512];
-    int core_disable, core_conserving, disable_control, priority;
+    int core_disable, core_conserving, graph_peak, disable_control, priority;
 };
 
 /* key (klen characters before its "_<i>") is the indexed key name */
@@ -361,6 +367,9 @@ static int load_limits_file(const char *path, struct limits_file *L, char *err, 
         } else if (!strcmp(key, VGPU_KEY_CORE_SHARING)) {
             if (lf_choice(key, v, VGPU_SHARING_STRICT, VGPU_SHARING_CONSERVING, &L->core_conserving, err, errlen))
                 return -1;
+        } else if (!strcmp(key, VGPU_KEY_GRAPH_MEMORY)) {
+            if (lf_choice(key, v, VGPU_GRAPH_MEMORY_SUM, VGPU_GRAPH_MEMORY_PEAK, &L->graph_peak, err, errlen))
+                return -1;
         } else if (!strcmp(key, VGPU_KEY_DISABLE_CONTROL)) {
             if (lf_choice(key, v, "false", "true", &L->disable_control, err, errlen))
                 return -1;
@@ -444,6 +453,11 @@ static const char *env_differs(const struct vgpu_config *e, const struct vgpu_co
         snprintf(buf, len, VGPU_ENV_SHARED_CACHE "=%s", v);
         return buf;
     }
+    v = getenv(VGPU_ENV_GRAPH_MEMORY_BOUND);
+    if (v && e->graph_peak != f->graph_peak) {
+        snprintf(buf, len, VGPU_ENV_GRAPH_MEMORY_BOUND "=%s", v);
+        return buf;
+    }
     return NULL;
 }
 
@@ -475,11 +489,13 @@ void vgpu_read_config(void)
         g_cfg.nuuid = 0;
         g_cfg.priority = -1;
         g_cfg.core_disabled = 0;
+        g_cfg.graph_peak = 0;
     } else {
         g_cfg.from_file = 1;
         g_cfg.enabled = !L.disable_control;
         g_cfg.core_disabled = L.core_disable;
         g_cfg.sm_conserving = L.core_conserving;
+        g_cfg.graph_peak = L.graph_peak;
         g_cfg.nuuid = L.ndev;
         for (int i = 0; i < VGPU_MAX_DEV; i++) {
             /* a GPU that is not the container's gets nothing */
@@ -523,12 +539,13 @@ void vgpu_read_config(void)
 
 
 /* ------------------------------------------------------------------ the names, for the contract test */
-/* "env=A,B,...;keys=a,b,...;core_policy=...;core_sharing=...;version=N;limits_path=P" */
+/* "env=A,B,...;keys=a,b,...;core_policy=...;core_sharing=...;graph_memory=...;version=N;limits_path=P" */
 EXPORT const char *vgpu_config_names(void)
 {
 #define STR(name, value) value ","
     static const char text[] = "env=" VGPU_ENV_NAMES(STR) ";keys=" VGPU_KEY_NAMES(STR) ";core_policy="
-        VGPU_CORE_POLICY_VALUES ";core_sharing=" VGPU_CORE_SHARING_VALUES ";limits_path=" VGPU_LIMITS_PATH;
+        VGPU_CORE_POLICY_VALUES ";core_sharing=" VGPU_CORE_SHARING_VALUES ";graph_memory=" VGPU_GRAPH_MEMORY_VALUES
+        ";limits_path=" VGPU_LIMITS_PATH;
 #undef STR
     static char out[sizeof text + 32];
     snprintf(out, sizeof out, "%s;version=%d", text, VGPU_LIMITS_VERSION);

@@ -23,6 +23,9 @@
 #define VGPU_ENV_CUDA_VISIBLE_DEVICES "CUDA_VISIBLE_DEVICES"
 #define VGPU_ENV_CUDA_LIBRARY "LIBVGPU_CUDA_LIBRARY"
 #define VGPU_ENV_NVML_LIBRARY "LIBVGPU_NVML_LIBRARY"
+/* a graph's memory bound (VGPU_GRAPH_MEMORY_VALUES) without a limits file only (development, tests); a container's
+ * limits file decides it there (graph_memory), and the environment is then not read for it */
+#define VGPU_ENV_GRAPH_MEMORY_BOUND "LIBVGPU_GRAPH_MEMORY_BOUND"
 
 #define VGPU_ENV_NAMES(X)                                                                                      \
     X(VISIBLE_DEVICES, VGPU_ENV_VISIBLE_DEVICES) X(MEMORY_LIMIT, VGPU_ENV_MEMORY_LIMIT)                        \
@@ -32,7 +35,7 @@
     X(TASK_PRIORITY, VGPU_ENV_TASK_PRIORITY) X(CORE_POLICY, VGPU_ENV_CORE_POLICY)                              \
     X(CONTEXT_COST, VGPU_ENV_CONTEXT_COST) X(SM_PERIOD_MS, VGPU_ENV_SM_PERIOD_MS)                              \
     X(CUDA_VISIBLE_DEVICES, VGPU_ENV_CUDA_VISIBLE_DEVICES) X(CUDA_LIBRARY, VGPU_ENV_CUDA_LIBRARY)              \
-    X(NVML_LIBRARY, VGPU_ENV_NVML_LIBRARY)
+    X(NVML_LIBRARY, VGPU_ENV_NVML_LIBRARY) X(GRAPH_MEMORY_BOUND, VGPU_ENV_GRAPH_MEMORY_BOUND)
 
 /* ---- the limits file (envcontract.limits_file / pending_limits_file; docs/env-contract.md) ---- */
 #define VGPU_LIMITS_VERSION 1 /* envcontract.LIMITS_FILE_VERSION */
@@ -44,6 +47,7 @@
 #define VGPU_KEY_SHARED_CACHE "shared_cache"
 #define VGPU_KEY_CORE_POLICY "core_policy"
 #define VGPU_KEY_CORE_SHARING "core_sharing"
+#define VGPU_KEY_GRAPH_MEMORY "graph_memory"
 #define VGPU_KEY_DISABLE_CONTROL "disable_control"
 #define VGPU_KEY_PRIORITY "priority"
 #define VGPU_KEY_STATE "state"
@@ -52,14 +56,19 @@
     X(VERSION, VGPU_KEY_VERSION) X(DEVICES, VGPU_KEY_DEVICES) X(UUID, VGPU_KEY_UUID)                           \
     X(MEMORY_MIB, VGPU_KEY_MEMORY_MIB) X(CORES, VGPU_KEY_CORES) X(SHARED_CACHE, VGPU_KEY_SHARED_CACHE)         \
     X(CORE_POLICY, VGPU_KEY_CORE_POLICY) X(CORE_SHARING, VGPU_KEY_CORE_SHARING)                                \
-    X(DISABLE_CONTROL, VGPU_KEY_DISABLE_CONTROL) X(PRIORITY, VGPU_KEY_PRIORITY) X(STATE, VGPU_KEY_STATE)
+    X(GRAPH_MEMORY, VGPU_KEY_GRAPH_MEMORY) X(DISABLE_CONTROL, VGPU_KEY_DISABLE_CONTROL)                        \
+    X(PRIORITY, VGPU_KEY_PRIORITY) X(STATE, VGPU_KEY_STATE)
 
-/* values of core_policy (envcontract.CORE_POLICIES) and core_sharing (envcontract.CORE_SHARING) */
+/* values of core_policy (envcontract.CORE_POLICIES), core_sharing (envcontract.CORE_SHARING) and graph_memory
+ * (envcontract.GRAPH_MEMORY_BOUNDS) */
 #define VGPU_POLICY_DEFAULT "default"
 #define VGPU_POLICY_DISABLE "disable"
 #define VGPU_CORE_POLICY_VALUES VGPU_POLICY_DEFAULT "," VGPU_POLICY_DISABLE
 #define VGPU_SHARING_STRICT "strict"
 #define VGPU_SHARING_CONSERVING "work_conserving"
 #define VGPU_CORE_SHARING_VALUES VGPU_SHARING_STRICT "," VGPU_SHARING_CONSERVING
+#define VGPU_GRAPH_MEMORY_SUM "sum"
+#define VGPU_GRAPH_MEMORY_PEAK "peak"
+#define VGPU_GRAPH_MEMORY_VALUES VGPU_GRAPH_MEMORY_SUM "," VGPU_GRAPH_MEMORY_PEAK
 
 #endif

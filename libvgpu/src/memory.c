@@ -2205,9 +2205,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
  * allocation the graph does not free stays allocated after the launch until cuMemFree / cuMemFreeAsync.
  * Two rules, per CUDA ordinal:
  * - before a launch or upload, what its allocation nodes can take on the device (recorded at instantiation,
- *   TK_GRAPHMEM: the most they can hold at once over the graph's order, see "the peak of a graph's allocations",
- *   else their sizes summed; child graphs walked) beyond what the pool has reserved and unused is reserved under the
- *   limit, or the call is refused with CUDA_ERROR_OUT_OF_MEMORY: never more than the limit on the GPU;
+ *   TK_GRAPHMEM: their sizes summed, or, where the admin chose it (graph_memory=peak), the most they can hold
+ *   at once over the graph's order, see "the peak of a graph's allocations"; child graphs walked) beyond what
+ *   the pool has reserved and unused is reserved under the limit, or the call is refused with
+ *   CUDA_ERROR_OUT_OF_MEMORY: never more than the limit on the GPU;
  * - the pool's reserve, read from the driver (cuDeviceGetGraphMemAttribute RESERVED_MEM_CURRENT) after every
  *   launch, upload, trim, executable graph destroyed, context destroyed, free of memory the shim did not
  *   allocate, and at every cuMemGetInfo, is what the process is charged for the pool (g_gmem). Not known
@@ -2319,8 +2320,11 @@ static int gmem_walk(CUgraph g, struct gmem_sum *sum)
  * launch are pairwise unordered: an antichain. The bound on a device is the heaviest antichain of its allocations,
  * by Dilworth's theorem the total size less the most that chains can pair up (a maximum flow from each allocation to
  * those freed after it): the peak of a graph that frees each allocation before the next is made, never less than what
- * can be live at once. Bounded: GMEM_ORDER_ALLOCS allocation nodes in a graph (and graph_dag's bounds); beyond them,
- * or when the order cannot be read, the sum. */
+ * can be live at once. Only with graph_memory=peak (vgpu_cfg->graph_peak, the admin's policy): the driver may reserve
+ * more than the peak for a graph (it may, not must, reuse memory between allocations never live together), and the
+ * difference would then be held past the limit until the reserve is read back after the launch. Bounded:
+ * GMEM_ORDER_ALLOCS allocation nodes in a graph (and graph_dag's bounds); beyond them, or when the order cannot be
+ * read, the sum. */
 #define GMEM_ORDER_ALLOCS 128
 #define GMEM_ORDER_WORDS (GMEM_ORDER_ALLOCS / 64)
 
@@ -2553,7 +2557,8 @@ out:
 
 struct gmem_order *memory_graph_order(CUgraph graph)
 {
-    if (!vgpu_cfg->enabled || !graph)
+    /* the peak only where the admin chose it (graph_memory=peak): the driver may reserve more than the peak */
+    if (!vgpu_cfg->enabled || !vgpu_cfg->graph_peak || !graph)
         return NULL;
     struct gmem_order *o = calloc(1, sizeof *o);
     if (!o)

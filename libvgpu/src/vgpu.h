@@ -67,6 +67,9 @@ struct vgpu_config {
     int core_disabled;                  /* the SM limit is switched off (core policy "disable") */
     int sm_yield;                       /* low priority: yield compute to busy neighbours (limiter.c) */
     int sm_conserving;                  /* work-conserving SM limit (limits file core_sharing, admin's policy) */
+    int graph_peak;                     /* a graph's launch checked against the peak of its allocations, not their
+                                         * sum (limits file graph_memory=peak, admin's policy; without a file,
+                                         * LIBVGPU_GRAPH_MEMORY_BOUND=peak) */
 };
 
 /* The container's limits file: fixed path, read-only mount (see docs/env-contract.md). Not taken

@@ -805,19 +805,22 @@ def test_progress_of_a_pod_kubelet_already_reports_is_recorded_per_container(
     assert (ann[ANN_ALLOCATED_CONTAINERS], ann[ANN_BIND_PHASE]) == ("a,b", "success")
 
 
-@pytest.mark.parametrize(("devices", "want"), [({}, ("default", "strict")),
-                                               ({"corePolicy": "disable", "coreSharing": "work_conserving"},
-                                                ("disable", "work_conserving"))])
+@pytest.mark.parametrize(("devices", "want"), [({}, ("default", "strict", "sum")),
+                                               ({"corePolicy": "disable", "coreSharing": "work_conserving",
+                                                 "graphMemoryBound": "peak"},
+                                                ("disable", "work_conserving", "peak"))])
 def test_admin_core_policy_and_sharing_reach_the_limits_file(start_plugin: Callable[..., DevicePlugin],
                                                              kubelet: FakeKubelet, kube_api: Any,
-                                                             devices: dict[str, str], want: tuple[str, str]) -> None:
-    """devices.corePolicy / devices.coreSharing (the admin's, from the config) are written into
-    every container's read-only limits file, where the shim reads them (never from the tenant's env)."""
+                                                             devices: dict[str, str],
+                                                             want: tuple[str, str, str]) -> None:
+    """devices.corePolicy / devices.coreSharing / devices.graphMemoryBound (the admin's, from the config)
+    are written into every container's read-only limits file, where the shim reads them (never from the
+    tenant's env)."""
     start_plugin(config_from_dict({"devices": {"splitCount": 4, **devices}}))
     create_signed(kube_api, bound_pod("p1", [("c", False, [(U[0], 3000, 30)], {})], bind_time=100))
     (a,) = kubelet.admit("p1", [("c", 1)])
     got = lim(a)
-    assert (got["core_policy"], got["core_sharing"]) == want
+    assert (got["core_policy"], got["core_sharing"], got["graph_memory"]) == want
 
 
 def test_inventory_publishes_the_nvlink_topology(start_plugin: Callable[..., DevicePlugin], kube_api: Any) -> None:

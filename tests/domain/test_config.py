@@ -70,6 +70,7 @@ def test_defaults() -> None:
     assert c.defaults == Defaults(gpu_count=1, memory_mib=0, memory_percentage=100, cores=0, bare_gpu_exclusive=True)
     assert c.scheduling == Scheduling(node_policy="binpack", gpu_policy="spread", inventory_stale_seconds=120.0)
     assert c.devices == DeviceDefaults(split_count=10, memory_scaling=1.0, core_scaling=1.0)
+    assert c.devices.graph_memory_bound == "sum"  # sound whatever the driver reserves; peak is the admin's choice
     assert c.nodes == ()
     assert c.webhook == WebhookConfig(force_overwrite_default_scheduler=True, mutate_bare_gpu=True,
                                       privileged="deny", allow_user_visible_devices=False,
@@ -223,6 +224,7 @@ def test_bad_values_name_the_key(text: str, key: str, fragment: str) -> None:
         ("scheduling: {nodePolicy: worst}", "scheduling.nodePolicy", "'worst'", "binpack | spread | fgd"),
         ("webhook: {privileged: true}", "webhook.privileged", "True", "deny | allow"),
         ("devices: {splitCount: 0}", "devices.splitCount", "0", "1..1024"),
+        ("devices: {graphMemoryBound: max}", "devices.graphMemoryBound", "'max'", "sum | peak"),
         ("webhook: {systemUsers: x}", "webhook.systemUsers", "'x'", "a list of strings, each a non-empty string"),
         ("nodes: [{name: a, excludeGPUs: GPU-1}]", "nodes[0].excludeGPUs", "'GPU-1'", "a list of GPU UUIDs or indexes"),
         ("nodes: {name: a}", "nodes", "dict", "a list of mappings, one per node"),

@@ -45,10 +45,12 @@ def test_env_names_match_the_contract(tc: Toolchain) -> None:
 def test_limits_file_keys_match_the_contract(tc: Toolchain) -> None:
     names = _shim_names(tc)
     text = envcontract.limits_file(DEVICES, priority=0, core_policy="disable", disable_control=True,
-                                   core_sharing="work_conserving") + envcontract.pending_limits_file()
+                                   core_sharing="work_conserving", graph_memory="peak")
+    text += envcontract.pending_limits_file()
     written = {_indexed(line.split("=", 1)[0]) for line in text.splitlines() if line and not line.startswith("#")}
     assert written == set(names["keys"])  # both ways: no key one side does not know
     assert names["core_policy"] == list(envcontract.CORE_POLICIES)
     assert names["core_sharing"] == list(envcontract.CORE_SHARING)
+    assert names["graph_memory"] == list(envcontract.GRAPH_MEMORY_BOUNDS)
     assert names["version"] == [str(envcontract.LIMITS_FILE_VERSION)]
     assert names["limits_path"] == [envcontract.LIMITS_CONTAINER_PATH]

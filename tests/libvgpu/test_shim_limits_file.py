@@ -153,7 +153,9 @@ def test_admin_core_policy_disable_in_file(tc_limits: Toolchain, tmp_path: Path)
     ("\x00\xff garbage", "key=value"),
     ("", "version=0"),
     (envcontract.pending_limits_file(), "state=pending"),
-], ids=["version", "zero", "suffix", "missing", "repeat", "garbage", "empty", "pending-placeholder"])
+    ("version=1\ndevices=1\nuuid_0=GPU-a\nmemory_mib_0=1024\ncores_0=0\ngraph_memory=max\n",
+     'graph_memory="max": expected sum or peak'),
+], ids=["version", "zero", "suffix", "missing", "repeat", "garbage", "empty", "pending-placeholder", "graph-memory"])
 def test_unusable_file_fails_closed(tc_limits: Toolchain, tmp_path: Path, content: str, reason: str) -> None:
     path = limits_path(tc_limits)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -196,7 +198,7 @@ def test_writer_output_and_validation() -> None:
     assert lines == ["version=1", "devices=2", f"uuid_0={UUID0}", "memory_mib_0=4000", "cores_0=30",
                      f"uuid_1={UUID1}", "memory_mib_1=2000", "cores_1=100",
                      "shared_cache=/usr/local/vgpu/cache/vgpu.cache", "core_policy=default",
-                     "core_sharing=strict", "disable_control=false", "priority=1"]
+                     "core_sharing=strict", "graph_memory=sum", "disable_control=false", "priority=1"]
     bad: list[tuple[list[DeviceBooking], dict[str, object], str]] = [
         ([DeviceBooking(UUID0, 0, 30)], {}, "memory_mib_0=0"),
         ([DeviceBooking(UUID0, 10, 101)], {}, "cores_0=101"),
@@ -204,6 +206,7 @@ def test_writer_output_and_validation() -> None:
         ([DeviceBooking(UUID0, 10, 1)], {"core_policy": "burst"}, "core_policy='burst'"),
         ([DeviceBooking(UUID0, 10, 1)], {"priority": 2}, "priority=2"),
         ([DeviceBooking(UUID0, 10, 1)], {"core_sharing": "burst"}, "core_sharing='burst'"),
+        ([DeviceBooking(UUID0, 10, 1)], {"graph_memory": "max"}, "graph_memory='max': allowed values are sum, peak"),
         ([], {}, "devices=0"),
     ]
     for devs, kw, msg in bad:

@@ -8,10 +8,14 @@ under the graph-memory lock with two driver queries, a warning was logged per in
 node inside a real child graph (4) was never counted, so its launch was let past the limit. The fake driver
 reports cuda.h's numbers (tests/fakes/fakecuda.c asserts them at build time).
 
-A graph's launch is checked against the most its allocation nodes can hold at once over the graph's dependency
-order (``cuGraphGetEdges``): the attacks below build graphs whose allocations can be live together (parallel
-branches, frees that order nothing, child graphs, allocations the graph does not free) and must be charged
-together, and random graphs are checked against a brute-force peak.
+By default a graph's launch is checked against the sum of its allocation nodes, sound whatever the driver reserves
+(it may, not must, reuse memory between allocations that are never live together). Where the admin chose it
+(limits file ``graph_memory=peak``, config ``devices.graphMemoryBound``; without a limits file the development knob
+``LIBVGPU_GRAPH_MEMORY_BOUND=peak``), it is checked against the most its allocation nodes can hold at once over the
+graph's dependency order (``cuGraphGetEdges``): the attacks below build graphs whose allocations can be live
+together (parallel branches, frees that order nothing, child graphs, allocations the graph does not free) and must
+be charged together, and random graphs are checked against a brute-force peak. A tenant cannot choose the peak
+inside a container whose limits come from the file.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.libvgpu.shim_helpers import Toolchain, parse, program_fixtures
+from kube_vgpu import envcontract
+from kube_vgpu.model import DeviceBooking
+from tests.libvgpu.shim_helpers import Toolchain, limits_path, parse, program_fixtures
 
 SRC = Path(__file__).resolve().parent / "progs" / "review_graphs.c"
 HEADER = Path(__file__).resolve().parents[2] / "libvgpu" / "src" / "cuda_abi.h"
@@ -75,13 +81,22 @@ def test_a_graph_with_a_copy_and_an_allocating_child_graph_is_checked(any_build:
     assert "cannot read the nodes of a graph" not in proc.stderr
 
 
-def _steps(build: tuple[Toolchain, Path], *args: object, limit: str = "1g") -> tuple[dict[str, tuple[int, ...]], str]:
-    """Run the graph program with ``args`` under ``limit``: each step's (rc, charged bytes), and stdout."""
+def _steps(build: tuple[Toolchain, Path], *args: object, limit: str | None = "1g", bound: str | None = "peak",
+           **extra: str) -> tuple[dict[str, tuple[int, ...]], str]:
+    """Run the graph program with ``args`` under ``limit`` (None: not set): each step's (rc, charged bytes), and
+    its stdout and stderr. bound: ``LIBVGPU_GRAPH_MEMORY_BOUND`` (the development knob, read only without a limits file; the
+    peak tests set it), None: not set; extra: more variables."""
     tc, prog = build
-    env = tc.env(CUDA_DEVICE_MEMORY_LIMIT=limit, LIBVGPU_CONTEXT_COST="0", LIBVGPU_LOG_LEVEL="1")
+    names = {"LIBVGPU_CONTEXT_COST": "0", "LIBVGPU_LOG_LEVEL": "1"}
+    if limit is not None:
+        names["CUDA_DEVICE_MEMORY_LIMIT"] = limit
+    if bound is not None:
+        names["LIBVGPU_GRAPH_MEMORY_BOUND"] = bound
+    env = tc.env(**{**names, **extra})
     proc = subprocess.run([str(prog), *map(str, args)], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return {k: tuple(int(x) for x in v.split(":")) for k, v in parse(proc.stdout).items()}, proc.stdout
+    steps = {k: tuple(int(x) for x in v.split(":")) for k, v in parse(proc.stdout).items()}
+    return steps, proc.stdout + proc.stderr
 
 
 def _constant(path: Path, name: str) -> int:
@@ -90,12 +105,63 @@ def _constant(path: Path, name: str) -> int:
     return int(match.group(1))
 
 
+@pytest.mark.parametrize("bound", [None, "sum", "bogus"])
+def test_by_default_a_graph_is_charged_the_sum_of_its_allocations(
+    any_build: tuple[Toolchain, Path], bound: str | None
+) -> None:
+    # Four 600 MiB allocations each freed in the graph before the next is made: 2.4 GiB summed. Unless the admin
+    # chose the peak, the launch is checked against the sum and refused under 1 GiB before the driver is called:
+    # a driver that reserved more than the peak for the graph could not take the tenant past its limit. An
+    # unknown value of the knob is the sum too.
+    for mode in ("sequence", "capture"):
+        steps, out = _steps(any_build, mode, 600 * MIB, 4, bound=bound)
+        assert steps["launch"] == (OOM, 0), out
+
+
+def _limits_file(tc: Toolchain, tmp: Path, **policy: str) -> Path:
+    """A 1 GiB limits file for the fake GPU 0 (the device plugin's writer, ``policy`` its admin options)."""
+    path = limits_path(tc)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(envcontract.limits_file([DeviceBooking("GPU-00000000-0000-4000-8000-000000000000", 1024, 0)],
+                                            str(tmp / "vgpu.cache"), **policy))
+    return path
+
+
+def test_the_limits_file_chooses_the_peak(tc_limits: Toolchain, built: tuple[Toolchain, Path],
+                                          tmp_path: Path) -> None:
+    # The admin's devices.graphMemoryBound: peak reaches the shim through the container's limits file: the
+    # sequence of four 600 MiB allocations fits 1 GiB, with no knob in the environment.
+    path = _limits_file(tc_limits, tmp_path, graph_memory="peak")
+    try:
+        steps, out = _steps((tc_limits, built[1]), "sequence", 600 * MIB, 4, limit=None, bound=None)
+        assert steps["launch"] == (0, 600 * MIB), out
+        assert steps["relaunch"] == (0, 600 * MIB), out
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("policy", [{}, {"graph_memory": "sum"}])
+def test_a_tenant_cannot_choose_the_peak_under_a_limits_file(tc_limits: Toolchain, built: tuple[Toolchain, Path],
+                                                             tmp_path: Path, policy: dict[str, str]) -> None:
+    # Attack: the tenant sets LIBVGPU_GRAPH_MEMORY_BOUND=peak in a container whose limits file (the admin's
+    # policy) says sum, or says nothing: the file decides, the launch is checked against the sum and refused,
+    # and the shim names the variable it ignored.
+    path = _limits_file(tc_limits, tmp_path, **policy)
+    try:
+        steps, out = _steps((tc_limits, built[1]), "sequence", 600 * MIB, 4, limit=None, bound="peak",
+                            LIBVGPU_LOG_LEVEL="2")
+        assert steps["launch"] == (OOM, 0), out
+        assert "LIBVGPU_GRAPH_MEMORY_BOUND=peak) differs from the container's limits file" in out, out
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def test_a_graph_reusing_memory_in_sequence_is_not_refused(any_build: tuple[Toolchain, Path]) -> None:
-    # Four 600 MiB allocations each freed in the graph before the next is made: the driver reuses the memory
-    # within the graph (the fake reserves the peak, 600 MiB), so under a 1 GiB limit both launches fit. The
-    # shim used to check a launch against the sum of the graph's allocation nodes (2.4 GiB) and refused it: a
-    # false out-of-memory for graphs captured with cudaMallocAsync (PyTorch's cudaMallocAsync backend frees its
-    # temporaries in the graph). Its bound is now the peak over the graph's dependency order.
+    # With the peak chosen: four 600 MiB allocations each freed in the graph before the next is made: the driver
+    # reuses the memory within the graph (the fake reserves the peak, 600 MiB), so under a 1 GiB limit both
+    # launches fit. Against the sum (2.4 GiB) the launch is refused: a false out-of-memory for graphs captured
+    # with cudaMallocAsync (PyTorch's cudaMallocAsync backend frees its temporaries in the graph), the price of
+    # the default, which holds whatever the driver reserves.
     steps, out = _steps(any_build, "sequence", 600 * MIB, 4)
     assert steps["instantiate"][0] == 0
     assert steps["launch"] == (0, 600 * MIB), out
