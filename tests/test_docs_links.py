@@ -1,5 +1,5 @@
 """The docs stay true to the code: every relative link in README.md and docs/ resolves to a file in
-the repository; every flag written after a ``kube-vgpu <command>`` or ``kubectl vgpu <command>``
+the repository (and its ``#anchor`` to a heading of that file); every flag written after a ``kube-vgpu <command>`` or ``kubectl vgpu <command>``
 exists in that command's parser; every port in observability.md's table is the chart's."""
 
 from __future__ import annotations
@@ -26,10 +26,21 @@ OPTIONS["kube-vgpu certs"] |= command_options("kube-vgpu certs signing-keys ensu
 def test_relative_links_resolve(doc: Path) -> None:
     text = doc.read_text()
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
-        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+        if re.match(r"^[a-z]+:", target):
             continue
-        path = target.split("#", 1)[0]
+        path, _, anchor = target.partition("#")
         assert (doc.parent / path).exists(), f"{doc.name}: link to {target} which does not exist"
+        if anchor and (path == "" or path.endswith(".md")):
+            assert anchor in _anchors(doc.parent / path if path else doc), \
+                f"{doc.name}: link to {target}: no heading of {path or doc.name} has the anchor #{anchor}"
+
+
+def _anchors(md: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lowercased, punctuation other than '-'
+    and '_' dropped, spaces as '-' (headings inside code blocks do not count)."""
+    text = re.sub(r"```.*?```", "", md.read_text(), flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#{1,6}\s+(.*)$", text, re.M)}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
