@@ -15,6 +15,11 @@ class QuantityError(VGPUError):
     """A Kubernetes quantity string could not be parsed or is not allowed."""
 
 
+#: the ``container`` (and, for a value that is no Pod at all, the ``resource``) of a
+#: :class:`RequestError` about the pod itself rather than one of its containers
+POD_LEVEL = "(pod)"
+
+
 class RequestError(VGPUError):
     """A container's vGPU request is invalid.
 
@@ -34,7 +39,10 @@ class RequestError(VGPUError):
         # a container's quantities passed the API server's validation; a pod-level value (an
         # annotation: free text up to 256 KiB) is quoted cut (see quoted)
         text = quoted(value) if kind in ("pod", "annotation") else repr(value)
-        super().__init__(f"{kind} {container!r}: {resource}={text} is invalid; allowed: {allowed}")
+        # a pod-level field has no container to name (POD_LEVEL): "pod: <field>=<value> ..."
+        who = kind if container == POD_LEVEL else f"{kind} {container!r}"
+        field = "" if resource == POD_LEVEL else f"{resource}="
+        super().__init__(f"{who}: {field}{text} is invalid; allowed: {allowed}")
 
 
 #: the most characters of a value an error message quotes

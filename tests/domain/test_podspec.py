@@ -498,7 +498,21 @@ def test_gpu_policy_values_not_served_are_refused_naming_what_is(key: str, value
     with pytest.raises(RequestError) as e:
         parse_pod(pod)
     assert key in str(e.value) and repr(value) in str(e.value) and "binpack, spread" in str(e.value)
-    # the same form as every other pod-level annotation error (it read "annotation '(pod)': <key>=...")
-    assert str(e.value).startswith(f"pod '(pod)': metadata.annotations[{key}]={value!r} is invalid; allowed: ")
+    # the same form as every other pod-level annotation error (it read "annotation '(pod)': <key>=...",
+    # then "pod '(pod)': <key>=...": a placeholder, not the pod's name)
+    assert str(e.value).startswith(f"pod: metadata.annotations[{key}]={value!r} is invalid; allowed: ")
     if key.startswith("hami.io"):
         assert "nvidia.com/gpucores: 100" in str(e.value)
+
+
+@pytest.mark.parametrize("pod, start", [
+    ({"metadata": {"annotations": {"kube-vgpu.io/gpu-link": "nvlinkk"}}, "spec": {"containers": []}},
+     "pod: metadata.annotations[kube-vgpu.io/gpu-link]='nvlinkk' is invalid; allowed: one of "),
+    ({"spec": {"containers": {"name": "c"}}}, "pod: spec.containers={'name': 'c'} is invalid; allowed: a list"),
+    ([1, 2], "pod: [1, 2] is invalid; allowed: a core/v1 Pod object"),
+])
+def test_pod_level_errors_name_no_placeholder_container(pod: object, start: str) -> None:
+    # a pod-level error read "pod '(pod)': ...", the placeholder looking like the pod's name
+    with pytest.raises(RequestError) as e:
+        parse_pod(pod)  # type: ignore[arg-type]
+    assert str(e.value).startswith(start) and "(pod)" not in str(e.value), str(e.value)

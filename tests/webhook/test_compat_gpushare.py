@@ -300,7 +300,7 @@ def test_a_count_label_that_disagrees_or_is_bad_is_refused(hooks: Hooks) -> None
     assert "resources.limits[aliyun.com/gpu-count]=4" in msg and "label aliyun.com/gpu-count=2" in msg, msg
     pod["metadata"]["labels"] = {"aliyun.com/gpu-count": "two"}
     code, msg = denied(create(hooks, pod)[0])
-    assert code == 400 and "pod '(pod)': metadata.labels[aliyun.com/gpu-count]='two'" in msg, msg
+    assert code == 400 and "pod: metadata.labels[aliyun.com/gpu-count]='two'" in msg, msg
 
 
 # --- a hostile tenant: isolation on the translated pod ---------------------------------------------
@@ -398,7 +398,7 @@ def test_translation_books_exactly_what_was_asked_or_refuses(mem: Any, count: An
     event("allowed" if r["allowed"] else "refused")
     if not r["allowed"]:
         assert r["status"]["code"] == 400, r["status"]
-        assert r["status"]["message"].startswith(("container 'train': ", "pod '(pod)': metadata.labels")), r["status"]
+        assert r["status"]["message"].startswith(("container 'train': ", "pod: metadata.labels")), r["status"]
         return
     out = jsonpatch.apply_patch(pod, decode_patch(resp))
     assert not any(n in part for part in res_of(out).values() for n in GPUSHARE_NAMES)
