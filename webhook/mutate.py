@@ -242,7 +242,7 @@ def strip_system_keys(pod: Mapping[str, Any]) -> tuple[list[dict[str, Any]], lis
         ops.append({"op": "remove", "path": f"/metadata/{where}/{escape(key)}"})
     for where, key in found[:MAX_KEY_WARNINGS]:
         kind = "annotation" if where == "annotations" else "label"
-        warnings.append(f"removed {kind} {_clip(key)!r}: kube-vgpu.io/ keys are written only by the vGPU system")
+        warnings.append(f"removed {kind} {_clip(key)!r}: kube-vgpu.io/ keys are written only by the kube-vgpu system")
     if len(found) > MAX_KEY_WARNINGS:
         warnings.append(f"removed {len(found) - MAX_KEY_WARNINGS} more system-owned kube-vgpu.io/ keys")
     return ops, warnings
@@ -333,7 +333,7 @@ def review_update(new: Mapping[str, Any], old: Mapping[str, Any], config: Config
             users = ", ".join(repr(u) for u in config.webhook.system_users) or "none configured"
             return _deny(403, "Forbidden",
                          f"user {_clip(username)!r}: {', '.join(changed)} is not allowed: kube-vgpu.io/ "
-                         f"annotations and labels are written only by the vGPU system; allowed: leave them as "
+                         f"annotations and labels are written only by the kube-vgpu system; allowed: leave them as "
                          f"they are (webhook.systemUsers: {users})")
     violations = isolation.new_violations(new, old, config, namespace)
     if violations:

@@ -435,6 +435,8 @@ def test_create_with_forged_keys_stripped(client: Client) -> None:
     warnings = resp["warnings"]
     assert any("'kube-vgpu.io/allocation'" in w for w in warnings)
     assert any("label 'kube-vgpu.io/node'" in w for w in warnings)
+    # the wording troubleshooting.md quotes, as the chart's admission policy writes it
+    assert all("written only by the kube-vgpu system" in w for w in warnings)
     assert all(len(w) < 256 for w in warnings)
     # the stripped pod is a fixed point
     again = allowed(create(client, out))
@@ -473,7 +475,8 @@ def test_update_of_system_keys_by_tenant_denied(client: Client, change: str) -> 
     else:
         new["metadata"]["labels"]["kube-vgpu.io/node"] = "gpu-2"
         needle = "metadata.labels['kube-vgpu.io/node'] (changed)"
-    msg = denied(update(client, new, old), f"user {TENANT!r}", needle, "webhook.systemUsers")
+    msg = denied(update(client, new, old), f"user {TENANT!r}", needle, "webhook.systemUsers",
+                 "written only by the kube-vgpu system")
     assert SYSTEM_USER in msg
 
 
