@@ -346,7 +346,8 @@ PROG = "kube-vgpu replay"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
+    # the module docstring, as plain text for a terminal (no ``literal`` or *emphasis* markup)
+    p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").replace("``", "'").replace("*", ""),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", type=Path, help="folder with the Alibaba openb CSVs (default: built-in synthetic)")
     p.add_argument("--pods", default="openb_pod_list_default", help="pod list name inside --trace")

@@ -99,7 +99,10 @@ def test_every_subcommand_answers_help(cmd: str, capsys: pytest.CaptureFixture[s
     except SystemExit as e:  # argparse's --help
         rc = e.code
     assert rc == 0, cmd
-    assert "usage: kube-vgpu" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "usage: kube-vgpu" in out
+    # plain text for a terminal: no reStructuredText markup from a docstring (replay's showed ``...``)
+    assert "``" not in out and "*arrived*" not in out, out
 
 
 def test_replay_and_its_old_name_run_the_same_command(capsys: pytest.CaptureFixture[str]) -> None:
