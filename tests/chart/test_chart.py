@@ -688,6 +688,19 @@ def test_device_plugin_trial_mode_value(renderer: Renderer) -> None:
     assert r.returncode != 0 and "simulateGPUs" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("spec", ["0x100", "4x0", "4x2000000", "40x10,30x10", "65x1", "2x81920:H100-sim, 0x16384"])
+def test_simulated_gpu_numbers_the_device_plugin_refuses_are_refused_by_helm(renderer: Renderer, spec: str) -> None:
+    """A spec of the right form but with numbers the device plugin refuses at start (0 GPUs, 0 MiB or
+    more than 1 TiB, more than 64 GPUs) once installed and crash-looped every device plugin pod."""
+    from deviceplugin.simgpu import SimulateSpecError, parse_spec
+
+    with pytest.raises(SimulateSpecError):
+        parse_spec(spec)
+    r = renderer.template({"devicePlugin": {"simulateGPUs": spec}})
+    assert r.returncode != 0 and f"devicePlugin.simulateGPUs={spec!r}".replace("'", '"') in r.stderr, r.stderr
+    assert "allowed: comma-separated COUNTxMIB[:MODEL] groups" in r.stderr, r.stderr
+
+
 def test_each_component_image_can_be_overridden(renderer: Renderer) -> None:
     """image.overrides.<component> replaces repository and/or tag for that component only; the
     others keep the global image (the published name and the chart's appVersion by default)."""
@@ -728,3 +741,12 @@ def test_extender_filter_best_node_value(renderer: Renderer, value: bool | None,
     assert f"--filter-best-node={str(want).lower()}" in args
     assert build_parser().parse_args([a for a in args[1:] if a.startswith("--filter-best-node")] +
                                      ["--signing-keys-dir", "/k"]).filter_best_node is want
+
+
+@pytest.mark.parametrize("spec", ["64x1", "1x1048576", "32x24576:A,32x1"])
+def test_simulated_gpu_numbers_at_the_limits_are_installed(renderer: Renderer, spec: str) -> None:
+    from deviceplugin.simgpu import parse_spec
+
+    assert parse_spec(spec)
+    r = renderer.template({"devicePlugin": {"simulateGPUs": spec}})
+    assert r.returncode == 0, r.stderr

@@ -169,6 +169,25 @@ seccompProfile:
 {{- range $key := list "pluginsDir" "registryDir" "cdiDir" -}}
 {{- include "kube-vgpu.validateHostDir" (list (printf "dra.%s" $key) (index $.Values.dra $key)) -}}
 {{- end -}}
+{{- /* the schema checks simulateGPUs' form; the device plugin (deviceplugin/simgpu.py) also
+     refuses these numbers at start, so every device plugin pod would crash-loop */ -}}
+{{- with .Values.devicePlugin.simulateGPUs -}}
+{{- $spec := toString . -}}
+{{- $allowed := "comma-separated COUNTxMIB[:MODEL] groups, e.g. 4x24576 or 2x81920:H100-sim,1x16384; 1..64 GPUs in all, 1..1048576 MiB each" -}}
+{{- $total := 0 -}}
+{{- range $part := splitList "," $spec -}}
+{{- $g := trim $part -}}
+{{- $count := atoi (regexReplaceAll `^(\d+)x.*$` $g "${1}") -}}
+{{- $mib := atoi (regexReplaceAll `^\d+x(\d+).*$` $g "${1}") -}}
+{{- if or (lt $count 1) (lt $mib 1) (gt $mib 1048576) -}}
+{{- fail (printf "devicePlugin.simulateGPUs=%q: group %q is out of range; allowed: %s" $spec $g $allowed) -}}
+{{- end -}}
+{{- $total = add $total $count -}}
+{{- end -}}
+{{- if gt (int $total) 64 -}}
+{{- fail (printf "devicePlugin.simulateGPUs=%q: %d GPUs; allowed: %s" $spec (int $total) $allowed) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.scheduler.enabled .Values.devicePlugin.enabled -}}
 {{- $stale := float64 .Values.config.scheduling.inventoryStaleSeconds -}}
 {{- $hb := float64 .Values.devicePlugin.heartbeatSeconds -}}
