@@ -280,7 +280,7 @@ class WebhookConfig:
     non_gpu_visible_devices_none: bool = _key(True, Rule(
         "nonGpuVisibleDevicesNone", "give non-GPU containers NVIDIA_VISIBLE_DEVICES=none"))
     shm_size_limit: str = _key("", Rule(
-        "shmSizeLimit", "sizeLimit of the injected /dev/shm emptyDir (\"\" = none)",
+        "shmSizeLimit", "sizeLimit of the injected /dev/shm emptyDir (\"\" = no sizeLimit)",
         pattern=r"^$|" + QUANTITY, max_length=64, allowed="a quantity > 0 (e.g. 64Mi, 8Gi), or \"\"",
         check=_positive_quantity, check_doc="> 0"))
     foreign_schedulers: str = _key("leave", Rule(
