@@ -9,20 +9,53 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Graph g's nodes, listed into *out (the caller frees it; NULL when there are none), their number in *n: 0, 1 when
+ * the graph kept growing (*out: a listing of some of its nodes), or -1 when they cannot be read. The count and the
+ * listing are two calls, and another thread may add nodes between them: the driver then fills the buffer and may
+ * answer a count larger than it (its documentation leaves that count open). A listing is complete when the count
+ * before it, the count it answers and the count after it agree; else it is taken again, GRAPH_LIST_TRIES times at
+ * most. Nothing is read past the buffer. */
+#define GRAPH_LIST_TRIES 4
+int graph_nodes(CUgraph g, CUgraphNode **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (!real_cuGraphGetNodes)
+        return -1;
+    for (int t = 1;; t++) {
+        size_t want = 0, got, after = 0;
+        if (real_cuGraphGetNodes(g, NULL, &want) != CUDA_SUCCESS)
+            return -1;
+        if (want == 0)
+            return 0;
+        CUgraphNode *nodes = calloc(want, sizeof *nodes);
+        if (!nodes)
+            return -1;
+        got = want;
+        if (real_cuGraphGetNodes(g, nodes, &got) != CUDA_SUCCESS ||
+            real_cuGraphGetNodes(g, NULL, &after) != CUDA_SUCCESS) {
+            free(nodes);
+            return -1;
+        }
+        if ((got == want && after == want) || t == GRAPH_LIST_TRIES) {
+            *out = nodes;
+            *n = got < want ? got : want;
+            return got == want && after == want ? 0 : 1;
+        }
+        free(nodes);
+    }
+}
+
 static int walk(CUgraph g, int depth, graph_visit_fn visit, void *arg)
 {
     size_t n = 0;
-    if (depth > GRAPH_WALK_DEPTH || !real_cuGraphGetNodes || !real_cuGraphNodeGetType ||
-        real_cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS)
+    CUgraphNode *nodes = NULL;
+    if (depth > GRAPH_WALK_DEPTH || !real_cuGraphNodeGetType)
         return -1;
-    if (n == 0)
-        return 0;
-    CUgraphNode *nodes = calloc(n, sizeof *nodes);
-    if (!nodes || real_cuGraphGetNodes(g, nodes, &n) != CUDA_SUCCESS) {
-        free(nodes);
+    int rc = graph_nodes(g, &nodes, &n); /* a graph that kept growing: what was listed is visited, incomplete */
+    if (rc < 0)
         return -1;
-    }
-    int rc = 0;
+    rc = -rc;
     for (size_t i = 0; i < n; i++) {
         int type = -1;
         if (real_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS) {
@@ -148,16 +181,15 @@ static int dag_level(struct dag_build *b, CUgraph g, int depth, uint32_t entry, 
 {
     struct graph_dag *d = b->d;
     size_t n = 0;
-    if (depth > GRAPH_WALK_DEPTH || real_cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS)
+    CUgraphNode *nodes = NULL;
+    if (depth > GRAPH_WALK_DEPTH)
         return -1;
-    if (n == 0)
+    int got = graph_nodes(g, &nodes, &n);
+    if (got == 0 && n == 0)
         return 0;
-    if (n > GRAPH_DAG_NODES - d->n)
-        return -1;
-    CUgraphNode *nodes = calloc(n, sizeof *nodes);
-    struct level_node *ln = calloc(n, sizeof *ln);
+    struct level_node *ln = got == 0 && n <= GRAPH_DAG_NODES - d->n ? calloc(n, sizeof *ln) : NULL;
     int rc = -1;
-    if (!nodes || !ln || real_cuGraphGetNodes(g, nodes, &n) != CUDA_SUCCESS || n > GRAPH_DAG_NODES - d->n)
+    if (!ln)
         goto out;
     rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {

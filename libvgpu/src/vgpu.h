@@ -166,6 +166,10 @@ typedef int (*graph_visit_fn)(CUgraphNode node, int type, void *arg);
 /* Visits every node of g and of its child graphs, depth first in node order. 0, or -1 when some level or node
  * could not be read in full (what could be read is still visited). */
 int graph_walk(CUgraph g, graph_visit_fn visit, void *arg);
+/* Graph g's nodes (one level) in *out, calloc'ed (NULL when none; the caller frees), their number in *n: 0, 1 when
+ * the graph kept growing between the count and the listing (*out: some of its nodes), -1 when they cannot be read
+ * (graph.c). */
+int graph_nodes(CUgraph g, CUgraphNode **out, size_t *n);
 /* In a graph_visit_fn: 0 when the node's type is not `want`; else reads the node's parameters into the struct
  * `p` with `getter` (a real_cuGraph*NodeGetParams, which may be unresolved): 1 when read, -1 when not. */
 #define GRAPH_NODE_PARAMS(node, type, want, getter, p)                                                          \

@@ -24,6 +24,9 @@
  * FAKE_CUDA_UNLOAD_GATE=PATH: the same for cuModuleUnload and cuLibraryUnload, the memory freed (the handle
  * can be handed out again meanwhile).
  * FAKE_CUDA_DESTROY_GATE=PATH: the same for cuCtxDestroy_v2, the context and its memory freed.
+ * FAKE_CUDA_GRAPH_GATE=PATH (FAKE_CUDA_GRAPH_GATE_SKIP=N): the same for the (N + 1)th count query of a graph's
+ * nodes or edges; FAKE_CUDA_GRAPH_COUNT_TOTAL=1: a listing into a smaller buffer answers the graph's total count;
+ * FAKE_CUDA_GRAPH_GROW=1: each count query of a graph's nodes adds a node to it once answered.
  * fake_cuda_debug_peak_bytes(dev) (exported, test hook) returns the most device memory this process held
  * at once on a device, as NVML's per-process usage showed it.
  * Busy intervals go to the shared state so the fake NVML reports utilisation.
@@ -2587,6 +2590,40 @@ EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph g, const CUgraph
     return CUDA_SUCCESS;
 }
 
+/* FAKE_CUDA_GRAPH_COUNT_TOTAL=1: a listing (cuGraphGetNodes, cuGraphGetEdges(_v2)) given a buffer smaller than the
+ * graph's nodes or edges fills the buffer and answers the graph's total count, which the driver's documentation
+ * leaves open (it says only what is written when the buffer is larger); default: the entries written. */
+static int count_total(void)
+{
+    const char *v = getenv("FAKE_CUDA_GRAPH_COUNT_TOTAL");
+    return v && !strcmp(v, "1");
+}
+
+/* FAKE_CUDA_GRAPH_GATE=PATH: the (FAKE_CUDA_GRAPH_GATE_SKIP + 1)th count query of a graph's nodes or edges in the
+ * process (default: the first) answers, then creates PATH.in and waits (at most 60 s) until PATH exists before
+ * returning: a test plays another thread growing the graph between a caller's count query and its listing. */
+static void count_gate(void)
+{
+    static int queries;
+    const char *skip = getenv("FAKE_CUDA_GRAPH_GATE_SKIP");
+    if (__atomic_fetch_add(&queries, 1, __ATOMIC_RELAXED) == (skip ? atoi(skip) : 0))
+        call_gate("FAKE_CUDA_GRAPH_GATE");
+}
+
+/* FAKE_CUDA_GRAPH_GROW=1: each count query of a graph's nodes, once answered, adds a node (a memcpy node with no
+ * dependency) to the graph, as another thread adding nodes without pause would. */
+static void count_grow(struct fgraph *fg)
+{
+    const char *v = getenv("FAKE_CUDA_GRAPH_GROW");
+    if (!v || strcmp(v, "1") || fg->n >= GRAPH_NODES)
+        return;
+    pthread_mutex_lock(&g_mu);
+    memset(&fg->nodes[fg->n], 0, sizeof fg->nodes[fg->n]);
+    fg->nodes[fg->n].type = FAKE_NODE_TYPE_MEMCPY;
+    fg->n++;
+    pthread_mutex_unlock(&g_mu);
+}
+
 EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *count)
 {
     CHECK_INIT();
@@ -2595,12 +2632,16 @@ EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *count)
         return CUDA_ERROR_INVALID_VALUE;
     if (!nodes) {
         *count = (size_t)fg->n;
+        count_gate();
+        count_grow(fg);
         return CUDA_SUCCESS;
     }
     size_t n = *count < (size_t)fg->n ? *count : (size_t)fg->n;
     for (size_t i = 0; i < n; i++)
         nodes[i] = (CUgraphNode)&fg->nodes[i];
-    *count = n;
+    for (size_t i = n; i < *count; i++)
+        nodes[i] = NULL;
+    *count = count_total() ? (size_t)fg->n : n;
     return CUDA_SUCCESS;
 }
 
@@ -2621,8 +2662,10 @@ static CUresult get_edges(CUgraph g, CUgraphNode *from, CUgraphNode *to, CUgraph
         if (data)
             memset(&data[i], 0, sizeof data[i]);
     }
-    *num = k;
+    *num = from && count_total() ? ne : k;
     pthread_mutex_unlock(&g_mu);
+    if (!from)
+        count_gate();
     return CUDA_SUCCESS;
 }
 
