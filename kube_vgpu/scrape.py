@@ -28,10 +28,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+
+from .connguard import GuardedProtocol, request_middleware
 
 #: open connections of a metrics listener
 MAX_CONNECTIONS = 64
@@ -119,22 +121,7 @@ class BoundedListener:
 
     def middleware(self) -> Any:
         """Tells a connection's guard when a request is in its handler (never evicted, no timer)."""
-
-        @web.middleware
-        async def bounded(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                          ) -> web.StreamResponse:
-            g = self.open.get(request.transport) if request.transport is not None else None
-            if g is not None:
-                g.busy = True
-                g.disarm()
-            try:
-                return await handler(request)
-            finally:
-                if g is not None:
-                    g.busy = False
-                    g.arm()
-
-        return bounded
+        return request_middleware(self.open)
 
     async def start(self, host: str, port: int) -> int:
         """Listen; the port (``port`` 0 picks one). Raises OSError."""
@@ -164,31 +151,14 @@ class BoundedListener:
         return True
 
 
-class _Guard(asyncio.Protocol):
+class _Guard(GuardedProtocol):
     """aiohttp's protocol for one connection, wrapped: admitted under the cap, aborted when it has
     no request in its handler for the listener's timeout."""
 
     def __init__(self, owner: BoundedListener, inner: Any) -> None:
+        super().__init__(inner)
         self.owner = owner
-        self.inner = inner
-        self.transport: asyncio.Transport | None = None
         self.busy = False
-        self._made = False  #: the inner protocol has the connection
-        self._timer: asyncio.TimerHandle | None = None
-
-    def arm(self) -> None:
-        self.disarm()
-        self._timer = asyncio.get_running_loop().call_later(self.owner.timeout, self.abort)
-
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def abort(self) -> None:
-        self.disarm()
-        if self.transport is not None:
-            self.transport.abort()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -196,25 +166,17 @@ class _Guard(asyncio.Protocol):
         if not self.owner.admit(self):
             transport.abort()
             return
-        self.arm()
-        self._made = True
-        self.inner.connection_made(transport)
+        self.arm(self.owner.timeout)
+        self.pass_connection(transport)
 
-    def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()  # type: ignore[no-any-return]
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
+    def request_started(self) -> None:
+        self.busy = True
         self.disarm()
+
+    def request_finished(self) -> None:
+        self.busy = False
+        self.arm(self.owner.timeout)
+
+    def closed(self) -> None:
         if self.transport is not None and self.owner.open.get(self.transport) is self:
             del self.owner.open[self.transport]
-        if self._made:
-            self.inner.connection_lost(exc)

@@ -46,7 +46,7 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -58,6 +58,7 @@ from kube_vgpu import jsonlog
 from kube_vgpu.cliflags import PORT, add_level_flag, number_type
 from kube_vgpu.config import Config, load_config
 from kube_vgpu.config import replace as config_replace
+from kube_vgpu.connguard import GuardedProtocol, request_middleware
 from kube_vgpu.errors import ConfigError
 
 from .admission import BadReview, answer, decode_review
@@ -228,7 +229,7 @@ def make_app(config: Config, metrics: Metrics, max_body_bytes: int = DEFAULT_MAX
     return app
 
 
-class _Guard(asyncio.Protocol):
+class _Guard(GuardedProtocol):
     """Wraps aiohttp's per-connection protocol and enforces the idle, header and keep-alive timeouts.
 
     States: ``idle`` (handshake done, no byte yet), ``headers`` (a request's first byte seen),
@@ -237,36 +238,27 @@ class _Guard(asyncio.Protocol):
     """
 
     def __init__(self, owner: _Listener, inner: asyncio.Protocol):
+        super().__init__(inner)
         self.owner = owner
-        self.inner = inner
-        self.transport: asyncio.Transport | None = None
         self.state = "idle"
-        self._timer: asyncio.TimerHandle | None = None
+        self.reason = CLOSED  #: why the timer, if it fires, closes the connection
         self.slot: _Slot | None = None
 
     def _arm(self, seconds: float, reason: str) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.owner.loop.call_later(seconds, self._expire, reason)
+        self.reason = reason
+        self.arm(seconds)
 
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _expire(self, reason: str) -> None:
-        self._timer = None
+    def expired(self) -> None:
         if self.slot is not None:
-            self.slot.reason = reason
-        if self.transport is not None:
-            self.transport.abort()
+            self.slot.reason = self.reason
+        self.abort()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.owner.guards[transport] = self
         self._arm(self.owner.limits.idle_timeout, IDLE_TIMEOUT)
-        self.inner.connection_made(transport)
+        self.pass_connection(transport)
 
     def data_received(self, data: bytes) -> None:
         if self.state in ("idle", "keepalive"):
@@ -274,26 +266,15 @@ class _Guard(asyncio.Protocol):
             self._arm(self.owner.limits.header_timeout, HEADER_TIMEOUT)
         self.inner.data_received(data)
 
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+    def closed(self) -> None:
         if self.transport is not None:
             self.owner.guards.pop(self.transport, None)
         if self.slot is not None:
             self.slot.release()
-        self.inner.connection_lost(exc)
 
     def request_started(self) -> None:
         self.state = "request"
-        self._disarm()
+        self.disarm()
         if self.slot is not None:
             self.slot.served = True
 
@@ -414,20 +395,7 @@ class _Listener:
 
     def middleware(self) -> Any:
         """aiohttp middleware telling the connection's guard when a request starts and ends."""
-
-        @web.middleware
-        async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                        ) -> web.StreamResponse:
-            g = self.guards.get(request.transport) if request.transport is not None else None
-            if g is not None:
-                g.request_started()
-            try:
-                return await handler(request)
-            finally:
-                if g is not None:
-                    g.request_finished()
-
-        return guard
+        return request_middleware(self.guards)
 
     async def close(self) -> None:
         self.loop.remove_reader(self.sock.fileno())
