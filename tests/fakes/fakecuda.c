@@ -27,6 +27,7 @@
  * FAKE_CUDA_GRAPH_GATE=PATH (FAKE_CUDA_GRAPH_GATE_SKIP=N): the same for the (N + 1)th count query of a graph's
  * nodes or edges; FAKE_CUDA_GRAPH_COUNT_TOTAL=1: a listing into a smaller buffer answers the graph's total count;
  * FAKE_CUDA_GRAPH_GROW=1: each count query of a graph's nodes adds a node to it once answered.
+ * FAKE_CUDA_EDGE_PROGRAMMATIC=K (FAKE_CUDA_EDGE_PORT=K): edge K of every graph is listed with programmatic data.
  * fake_cuda_debug_peak_bytes(dev) (exported, test hook) returns the most device memory this process held
  * at once on a device, as NVML's per-process usage showed it.
  * Busy intervals go to the shared state so the fake NVML reports utilisation.
@@ -2654,13 +2655,25 @@ static CUresult get_edges(CUgraph g, CUgraphNode *from, CUgraphNode *to, CUgraph
     struct fgraph *fg = graph_of(g);
     if (!fg || !num || !from != !to || (data && !from))
         return CUDA_ERROR_INVALID_VALUE;
+    /* FAKE_CUDA_EDGE_PROGRAMMATIC=K (FAKE_CUDA_EDGE_PORT=K): edge K of every graph carries data, the type
+     * CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC (the upstream kernel's programmatic out-port), as a CUDA 12.3 driver
+     * lists it; a listing without data then fails with CUDA_ERROR_LOSSY_QUERY, as the driver's */
+    const char *ptype = getenv("FAKE_CUDA_EDGE_PROGRAMMATIC"), *pport = getenv("FAKE_CUDA_EDGE_PORT");
+    long etype = ptype ? atol(ptype) : -1, eport = pport ? atol(pport) : -1;
     pthread_mutex_lock(&g_mu);
     size_t ne = (size_t)fg->nedge, k = from && *num < ne ? *num : ne;
+    if (from && !data && ((etype >= 0 && (size_t)etype < k) || (eport >= 0 && (size_t)eport < k))) {
+        pthread_mutex_unlock(&g_mu);
+        return 214; /* CUDA_ERROR_LOSSY_QUERY */
+    }
     for (size_t i = 0; from && i < *num; i++) {
         from[i] = i < k ? (CUgraphNode)&fg->nodes[fg->edges[i].from] : NULL;
         to[i] = i < k ? (CUgraphNode)&fg->nodes[fg->edges[i].to] : NULL;
-        if (data)
+        if (data) {
             memset(&data[i], 0, sizeof data[i]);
+            data[i].type = (long)i == etype ? 1 : 0;
+            data[i].from_port = (long)i == eport ? 1 : 0;
+        }
     }
     *num = from && count_total() ? ne : k;
     pthread_mutex_unlock(&g_mu);

@@ -13,6 +13,8 @@
  *                        no query was held (the thread is let go then).
  *   graphpeak_redteam pair BYTES ORDERED    two allocations of BYTES, each freed, the second made after the first's
  *                        free (ORDERED 1: peak BYTES) or not (0: both can be live): instantiate, launch.
+ *   graphpeak_redteam update BYTES          the pair in sequence instantiated, the executable updated
+ *                        (cuGraphExecUpdate_v2) to the pair unordered, launched.
  *   graphpeak_redteam flow BYTES N PAD      N allocations (N <= 128), each made after the one before, allocation i
  *                        freed before allocation j is made when j >= i + 2 (a dense order: i and i + 1 can be live
  *                        together, nothing more), sizes BYTES x (1 + i % 7) / 8,
@@ -47,6 +49,7 @@ CUresult cuGraphAddMemcpyNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_
 CUresult cuGraphAddChildGraphNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGraphExecUpdate_v2(CUgraphExec, CUgraph, void *);
 
 static CUcontext g_ctx;
 
@@ -168,7 +171,8 @@ static int grow(size_t bytes, int add, const char *gate)
     return 0;
 }
 
-static int pair(size_t bytes, int ordered)
+/* Two allocations of bytes, each freed, the second made after the first's free when `ordered`; NULL on failure. */
+static CUgraph pair_graph(size_t bytes, int ordered)
 {
     CUgraph g = NULL;
     CUgraphNode a1, f1, a2, f2;
@@ -179,7 +183,26 @@ static int pair(size_t bytes, int ordered)
     rc = rc ? rc : alloc_node(g, &f1, ordered != 0, bytes, &a2, &p2);
     rc = rc ? rc : cuGraphAddMemFreeNode(&f2, g, &a2, 1, p2);
     show("nodes", rc);
-    return rc ? 2 : run(g, 0);
+    return rc ? NULL : g;
+}
+
+static int pair(size_t bytes, int ordered)
+{
+    CUgraph g = pair_graph(bytes, ordered);
+    return g ? run(g, 0) : 2;
+}
+
+/* The pair in sequence instantiated (its peak recorded), then the executable updated to the pair unordered. */
+static int update(size_t bytes)
+{
+    CUgraph seq = pair_graph(bytes, 1), par = pair_graph(bytes, 0);
+    if (!seq || !par)
+        return 2;
+    CUgraphExec e = NULL;
+    show("instantiate", cuGraphInstantiateWithFlags(&e, seq, 0));
+    show("update", cuGraphExecUpdate_v2(e, par, NULL));
+    show("launch", cuGraphLaunch(e, NULL));
+    return 0;
 }
 
 static int flow(size_t bytes, int n, int pad)
@@ -269,6 +292,8 @@ int main(int argc, char **argv)
         return grow(bytes, atoi(argv[3]), argv[4]);
     if (!strcmp(argv[1], "pair") && argc == 4)
         return pair(bytes, atoi(argv[3]));
+    if (!strcmp(argv[1], "update") && argc == 3)
+        return update(bytes);
     if (!strcmp(argv[1], "flow") && argc == 5)
         return flow(bytes, atoi(argv[3]), atoi(argv[4]));
     if (!strcmp(argv[1], "clones") && argc == 5)

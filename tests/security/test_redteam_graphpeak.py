@@ -16,6 +16,9 @@ driver (tests/fakes) with the plain and the sanitised (ASan + UBSan: any finding
   order's bounds: instantiation stays fast (the max flow is small by construction).
 - ``clones``, ``deep``: the same child graph embedded many times, and nesting past the walk's depth, under the
   sanitisers: the peak where the order is in bounds, the sum beyond.
+- ``pair``: an edge listed with data (a programmatic dependency or port, ``FAKE_CUDA_EDGE_PROGRAMMATIC`` /
+  ``FAKE_CUDA_EDGE_PORT``) orders nothing; ``update``: an executable updated to an unordered graph is charged
+  the sum.
 """
 
 from __future__ import annotations
@@ -96,6 +99,26 @@ def test_a_graph_that_keeps_growing_is_checked_before_its_launch(any_build: tupl
     got, _, text = steps(any_build, "pair", 600 * MIB, ordered, FAKE_CUDA_GRAPH_GROW="1",
                          FAKE_CUDA_GRAPH_COUNT_TOTAL=total)
     assert got["nodes"][0] == 0 and got["instantiate"][0] == 0, text
+    assert got["launch"] == (OOM, 0), text
+
+
+@pytest.mark.parametrize("knob", ["FAKE_CUDA_EDGE_PROGRAMMATIC", "FAKE_CUDA_EDGE_PORT", None])
+def test_an_edge_that_lets_its_node_start_early_orders_nothing(any_build: tuple[Toolchain, Path],
+                                                              knob: str | None) -> None:
+    # Two 600 MiB allocations, the second made after the first's free: that edge (the graph's second) listed as a
+    # programmatic dependency, or from a kernel's programmatic port, lets the second allocation start before the
+    # free completes: both can be live, the launch is refused under 1 GiB. An ordinary edge (None): the peak fits.
+    extra = {knob: "1"} if knob else {}
+    got, _, text = steps(any_build, "pair", 600 * MIB, 1, **extra)
+    assert got["nodes"][0] == 0 and got["instantiate"][0] == 0, text
+    assert got["launch"] == ((OOM, 0) if knob else (0, 600 * MIB)), text
+
+
+def test_an_update_cannot_drop_the_order_the_peak_relied_on(any_build: tuple[Toolchain, Path]) -> None:
+    # Instantiated from two 600 MiB allocations in sequence (the peak, 600 MiB, recorded), the executable is updated
+    # to the same nodes unordered (both live at once): the update is charged the sum, the launch refused.
+    got, _, text = steps(any_build, "update", 600 * MIB)
+    assert got["instantiate"][0] == 0 and got["update"][0] == 0, text
     assert got["launch"] == (OOM, 0), text
 
 
