@@ -71,6 +71,21 @@ def test_a_graph_grown_during_instantiation_is_read_within_the_buffers(
     assert got["launch"] == (0, 600 * MIB), text
 
 
+@pytest.mark.parametrize("query", range(3))
+def test_by_default_a_graph_grown_during_instantiation_is_read_within_the_buffers(
+    any_build: tuple[Toolchain, Path], tmp_path: Path, query: int
+) -> None:
+    # The same race where the admin left the sum (the default): the walks of the allocation nodes and kernels after
+    # the driver's instantiation list the graph too (they read past the node array before the fix). The sum of the
+    # two 600 MiB allocations is refused under 1 GiB.
+    gate = tmp_path / "gate"
+    got, out, text = steps(any_build, "grow", 600 * MIB, 64, gate, bound=None, FAKE_CUDA_GRAPH_GATE=str(gate),
+                           FAKE_CUDA_GRAPH_GATE_SKIP=str(query), FAKE_CUDA_GRAPH_COUNT_TOTAL="1")
+    assert out["raced"] == "1", text
+    assert got["grown"][0] == 0 and got["instantiate"][0] == 0, text
+    assert got["launch"] == (OOM, 0), text
+
+
 @pytest.mark.parametrize("query", range(5))
 def test_an_allocation_added_during_instantiation_is_charged(
     any_build: tuple[Toolchain, Path], tmp_path: Path, query: int
