@@ -20,7 +20,8 @@
  *                        together, nothing more), sizes BYTES x (1 + i % 7) / 8,
  *                        then PAD memcpy nodes each after up to 4 earlier ones (edges to the graph's bound):
  *                        instantiate (timed: instantiate_ms), launch.
- *   graphpeak_redteam clones BYTES K M      a child graph of M memcpy nodes (cloned into the parent K times with
+ *   graphpeak_redteam clones BYTES K M D    a child graph of M memcpy nodes, each after the D (1..4) before it
+ *                        (cloned into the parent K times with
  *                        cuGraphAddChildGraphNode, K <= 14) between two allocations of BYTES in sequence (the first
  *                        freed before the clones, the second made after them): instantiate, launch.
  *   graphpeak_redteam deep BYTES L          two allocations of BYTES in sequence with, between the first's free and
@@ -231,15 +232,21 @@ static int flow(size_t bytes, int n, int pad)
     return rc ? 2 : run(g, 1);
 }
 
-static int clones(size_t bytes, int k, int m)
+static int clones(size_t bytes, int k, int m, int deps)
 {
     CUgraph g = NULL, child = NULL;
-    CUgraphNode a1, f1, a2, f2, prev = NULL;
+    CUgraphNode a1, f1, a2, f2, last4[4] = {0};
     CUdeviceptr p1, p2;
     CUresult rc = cuGraphCreate(&g, 0);
     rc = rc ? rc : cuGraphCreate(&child, 0);
-    for (int i = 0; i < m && rc == CUDA_SUCCESS; i++)
-        rc = copy_node(child, prev ? &prev : NULL, prev != NULL, &prev);
+    for (int i = 0; i < m && rc == CUDA_SUCCESS; i++) { /* node i after nodes i - deps .. i - 1 */
+        CUgraphNode c, d[4];
+        int nd = i < deps ? i : deps;
+        for (int j = 0; j < nd; j++)
+            d[j] = last4[(i - 1 - j) % 4];
+        rc = copy_node(child, d, (size_t)nd, &c);
+        last4[i % 4] = c;
+    }
     rc = rc ? rc : alloc_node(g, NULL, 0, bytes, &a1, &p1);
     rc = rc ? rc : cuGraphAddMemFreeNode(&f1, g, &a1, 1, p1);
     CUgraphNode last = f1;
@@ -296,8 +303,8 @@ int main(int argc, char **argv)
         return update(bytes);
     if (!strcmp(argv[1], "flow") && argc == 5)
         return flow(bytes, atoi(argv[3]), atoi(argv[4]));
-    if (!strcmp(argv[1], "clones") && argc == 5)
-        return clones(bytes, atoi(argv[3]), atoi(argv[4]));
+    if (!strcmp(argv[1], "clones") && argc == 6 && atoi(argv[5]) >= 1 && atoi(argv[5]) <= 4)
+        return clones(bytes, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
     if (!strcmp(argv[1], "deep") && argc == 4)
         return deep(bytes, atoi(argv[3]));
     return 2;

@@ -150,12 +150,15 @@ def test_a_dense_order_at_the_bounds_is_analysed_quickly(any_build: tuple[Toolch
         assert float(out["instantiate_ms"]) < 1000, text
 
 
-@pytest.mark.parametrize(("copies", "nodes", "fits"), [(14, 100, True), (14, 150, False)])
-def test_one_child_graph_embedded_many_times(any_build: tuple[Toolchain, Path], copies: int, nodes: int,
+@pytest.mark.parametrize(("copies", "nodes", "deps", "fits"),
+                         [(14, 100, 1, True), (14, 150, 1, False), (14, 60, 4, True), (14, 140, 4, False)])
+def test_one_child_graph_embedded_many_times(any_build: tuple[Toolchain, Path], copies: int, nodes: int, deps: int,
                                              fits: bool) -> None:
-    # A child graph of memcpy nodes cloned into the parent 14 times between two 600 MiB allocations in sequence:
-    # within the order's 2,048 vertices the peak (600 MiB) fits; past them (14 x 150 nodes) the sum is refused.
-    got, _, text = steps(any_build, "clones", 600 * MIB, copies, nodes)
+    # A child graph of memcpy nodes (each after the 1 or 4 before it) cloned into the parent 14 times between two
+    # 600 MiB allocations in sequence: within the order's bounds the peak (600 MiB) fits; past its 2,048 vertices
+    # (14 x 150 nodes), or its 8,192 edges (14 x 140 nodes of 4 edges each, plus the two that tie each node to its
+    # child graph node's entry and exit: ~11,600) the sum is refused.
+    got, _, text = steps(any_build, "clones", 600 * MIB, copies, nodes, deps)
     assert got["nodes"][0] == 0 and got["instantiate"][0] == 0, text
     assert got["launch"] == ((0, 600 * MIB) if fits else (OOM, 0)), text
 
