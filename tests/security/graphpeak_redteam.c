@@ -15,6 +15,8 @@
  *                        free (ORDERED 1: peak BYTES) or not (0: both can be live): instantiate, launch.
  *   graphpeak_redteam update BYTES          the pair in sequence instantiated, the executable updated
  *                        (cuGraphExecUpdate_v2) to the pair unordered, launched.
+ *   graphpeak_redteam procaddr BYTES        the pair unordered, instantiated through every instantiation entry
+ *                        point cuGetProcAddress_v2 hands out (per-thread variants too), launched.
  *   graphpeak_redteam flow BYTES N PAD      N allocations (N <= 128), each made after the one before, allocation i
  *                        freed before allocation j is made when j >= i + 2 (a dense order: i and i + 1 can be live
  *                        together, nothing more), sizes BYTES x (1 + i % 7) / 8,
@@ -51,6 +53,9 @@ CUresult cuGraphAddChildGraphNode(CUgraphNode *, CUgraph, const CUgraphNode *, s
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuGraphExecUpdate_v2(CUgraphExec, CUgraph, void *);
+CUresult cuGraphExecDestroy(CUgraphExec);
+CUresult cuGraphDestroy(CUgraph);
+CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 
 static CUcontext g_ctx;
 
@@ -206,6 +211,52 @@ static int update(size_t bytes)
     return 0;
 }
 
+typedef CUresult (*inst_fn)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+typedef CUresult (*inst_flags_fn)(CUgraphExec *, CUgraph, unsigned long long);
+typedef CUresult (*inst_params_fn)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+
+/* The pair unordered instantiated through each instantiation entry point cuGetProcAddress_v2 hands out (a fresh
+ * graph each: one executable at a time for a graph with memory nodes), then launched; "NAME_VER_FLAGS=rc:charged"
+ * for the launch, "NAME_VER_FLAGS_inst=..." for the instantiation. */
+static int procaddr(size_t bytes)
+{
+    static const struct {
+        const char *name;
+        int ver, kind; /* 0: (exec, graph, err, log, size); 1: with flags; 2: with params */
+    } e[] = {{"cuGraphInstantiate", 10000, 0}, {"cuGraphInstantiate", 11000, 0}, {"cuGraphInstantiate", 12000, 1},
+             {"cuGraphInstantiateWithFlags", 11040, 1}, {"cuGraphInstantiateWithParams", 12000, 2}};
+    for (size_t i = 0; i < sizeof e / sizeof e[0]; i++)
+        for (int flags = 0; flags <= (e[i].kind == 2 ? 2 : 0); flags += 2) {
+            char name[96];
+            snprintf(name, sizeof name, "%s_%d_%d", e[i].name, e[i].ver, flags);
+            void *fn = NULL;
+            CUdriverProcAddressQueryResult st = 0;
+            CUresult rc = cuGetProcAddress_v2(e[i].name, &fn, e[i].ver, (cuuint64_t)flags, &st);
+            CUgraph g = rc == CUDA_SUCCESS && fn ? pair_graph(bytes, 0) : NULL;
+            CUgraphExec x = NULL;
+            if (!g) {
+                printf("%s=fail:%d\n", name, rc);
+                continue;
+            }
+            if (e[i].kind == 0) {
+                rc = ((inst_fn)fn)(&x, g, NULL, NULL, 0);
+            } else if (e[i].kind == 1) {
+                rc = ((inst_flags_fn)fn)(&x, g, 0);
+            } else {
+                CUDA_GRAPH_INSTANTIATE_PARAMS prm;
+                memset(&prm, 0, sizeof prm);
+                rc = ((inst_params_fn)fn)(&x, g, &prm);
+            }
+            char inst[112];
+            snprintf(inst, sizeof inst, "%s_inst", name);
+            show(inst, rc);
+            show(name, cuGraphLaunch(x, NULL));
+            cuGraphExecDestroy(x);
+            cuGraphDestroy(g);
+        }
+    return 0;
+}
+
 static int flow(size_t bytes, int n, int pad)
 {
     CUgraph g = NULL;
@@ -299,6 +350,8 @@ int main(int argc, char **argv)
         return grow(bytes, atoi(argv[3]), argv[4]);
     if (!strcmp(argv[1], "pair") && argc == 4)
         return pair(bytes, atoi(argv[3]));
+    if (!strcmp(argv[1], "procaddr") && argc == 3)
+        return procaddr(bytes);
     if (!strcmp(argv[1], "update") && argc == 3)
         return update(bytes);
     if (!strcmp(argv[1], "flow") && argc == 5)

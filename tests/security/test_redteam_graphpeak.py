@@ -137,6 +137,18 @@ def test_an_update_cannot_drop_the_order_the_peak_relied_on(any_build: tuple[Too
     assert got["launch"] == (OOM, 0), text
 
 
+def test_every_instantiation_entry_point_records_the_bound(any_build: tuple[Toolchain, Path]) -> None:
+    # Two 600 MiB allocations that can be live together, instantiated through each instantiation entry point
+    # cuGetProcAddress_v2 hands out (cuGraphInstantiate at 10.0, 11.0 and 12.0, cuGraphInstantiateWithFlags,
+    # cuGraphInstantiateWithParams and its per-thread form): every launch is refused under 1 GiB before it runs.
+    got, out, text = steps(any_build, "procaddr", 600 * MIB)
+    launches = {k: v for k, v in got.items() if k.startswith("cuGraphInstantiate") and not k.endswith("_inst")}
+    assert len(launches) == 6, text
+    for name, step in launches.items():
+        assert got[f"{name}_inst"][0] == 0, (name, text)
+        assert step == (OOM, 0), (name, text)
+
+
 def test_a_dense_order_at_the_bounds_is_analysed_quickly(any_build: tuple[Toolchain, Path]) -> None:
     # CPU: 128 allocations (the most the order is computed for) of mixed sizes, each freed before all but the next
     # one is made (8,000 ordered pairs: the flow network's arcs), padded with memcpy nodes and edges to the order's
