@@ -438,25 +438,22 @@ static const char *env_differs(const struct vgpu_config *e, const struct vgpu_co
                 return buf;
             }
     }
-    v = getenv(VGPU_ENV_DISABLE_CONTROL);
-    if (v && e->enabled != f->enabled) {
-        snprintf(buf, len, VGPU_ENV_DISABLE_CONTROL "=%s", v);
-        return buf;
-    }
-    v = getenv(VGPU_ENV_TASK_PRIORITY);
-    if (v && e->priority != f->priority) {
-        snprintf(buf, len, VGPU_ENV_TASK_PRIORITY "=%s", v);
-        return buf;
-    }
-    v = getenv(VGPU_ENV_SHARED_CACHE);
-    if (v && strcmp(v, f->cache_path)) {
-        snprintf(buf, len, VGPU_ENV_SHARED_CACHE "=%s", v);
-        return buf;
-    }
-    v = getenv(VGPU_ENV_GRAPH_MEMORY_BOUND);
-    if (v && e->graph_peak != f->graph_peak) {
-        snprintf(buf, len, VGPU_ENV_GRAPH_MEMORY_BOUND "=%s", v);
-        return buf;
+    const char *cache = getenv(VGPU_ENV_SHARED_CACHE);
+    const struct {
+        const char *name;
+        int differs; /* what the environment asks for (when set) is not what the file says */
+    } single[] = {
+        {VGPU_ENV_DISABLE_CONTROL, e->enabled != f->enabled},
+        {VGPU_ENV_TASK_PRIORITY, e->priority != f->priority},
+        {VGPU_ENV_SHARED_CACHE, cache && strcmp(cache, f->cache_path)},
+        {VGPU_ENV_GRAPH_MEMORY_BOUND, e->graph_peak != f->graph_peak},
+    };
+    for (size_t i = 0; i < sizeof single / sizeof single[0]; i++) {
+        v = getenv(single[i].name);
+        if (v && single[i].differs) {
+            snprintf(buf, len, "%s=%s", single[i].name, v);
+            return buf;
+        }
     }
     return NULL;
 }

@@ -87,10 +87,7 @@ struct kernel_walk {
 static int kernel_node(CUgraphNode node, int type, void *arg)
 {
     struct kernel_walk *k = arg;
-    CUDA_KERNEL_NODE_PARAMS p;
-    int got = GRAPH_NODE_PARAMS(node, type, CU_GRAPH_NODE_TYPE_KERNEL, real_cuGraphKernelNodeGetParams, p);
-    if (got <= 0)
-        return got;
+    GRAPH_VISIT_PARAMS(CUDA_KERNEL_NODE_PARAMS, p, CU_GRAPH_NODE_TYPE_KERNEL, real_cuGraphKernelNodeGetParams);
     k->fn(&p, k->arg);
     return 0;
 }

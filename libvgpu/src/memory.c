@@ -2288,10 +2288,7 @@ struct gmem_sum {
 static int add_alloc(CUgraphNode node, int type, void *arg)
 {
     struct gmem_sum *sum = arg;
-    CUDA_MEM_ALLOC_NODE_PARAMS p;
-    int got = GRAPH_NODE_PARAMS(node, type, CU_GRAPH_NODE_TYPE_MEM_ALLOC, real_cuGraphMemAllocNodeGetParams, p);
-    if (got <= 0)
-        return got;
+    GRAPH_VISIT_PARAMS(CUDA_MEM_ALLOC_NODE_PARAMS, p, CU_GRAPH_NODE_TYPE_MEM_ALLOC, real_cuGraphMemAllocNodeGetParams);
     if (p.poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE && p.poolProps.location.id >= 0 &&
         p.poolProps.location.id < VGPU_MAX_DEV) {
         uint64_t *s = &sum->per[p.poolProps.location.id];

@@ -197,6 +197,15 @@ struct graph_dag {
  * graph_dag_free releases what a 0 gave. */
 int graph_dag(CUgraph g, struct graph_dag *d);
 void graph_dag_free(struct graph_dag *d);
+/* In a graph_visit_fn (parameters node and type): declares `p` of type T and reads the node's parameters into it,
+ * or returns from the visitor (0: another type, -1: unreadable). */
+#define GRAPH_VISIT_PARAMS(T, p, want, getter)                                                                 \
+    T p;                                                                                                       \
+    do {                                                                                                       \
+        int got_ = GRAPH_NODE_PARAMS(node, type, want, getter, p);                                             \
+        if (got_ <= 0)                                                                                         \
+            return got_;                                                                                       \
+    } while (0)
 
 /* ------------------------------------------------------------------ SM limiter (limiter.c) */
 /* Decides from the configuration whether kernel launches are throttled (SM limit or low priority);
