@@ -40,14 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .resources import (
-    ANN_ALLOCATED_CONTAINERS,
-    ANN_ALLOCATION,
-    ANN_ALLOCATION_SIGNATURE,
-    ANN_BIND_PHASE,
-    ANN_BIND_TIME,
-    ANN_PROGRESS_SIGNATURE,
-)
+from . import resources as res
 
 log = logging.getLogger("kube_vgpu.signing")
 
@@ -220,16 +213,16 @@ def verify_progress(ring: KeyRing, signature: object, uid: str, allocation_signa
 def verify_record(ring: KeyRing, annotations: Mapping[str, object], uid: str, node: str) -> VerifyResult:
     """:func:`verify_allocation` of the record in a pod's ``annotations`` (signature, bind-time and
     allocation texts) for pod ``uid`` bound to ``node``. Never raises."""
-    return verify_allocation(ring, annotations.get(ANN_ALLOCATION_SIGNATURE), uid, node,
-                             annotations.get(ANN_BIND_TIME), annotations.get(ANN_ALLOCATION))
+    return verify_allocation(ring, annotations.get(res.ANN_ALLOCATION_SIGNATURE), uid, node,
+                             annotations.get(res.ANN_BIND_TIME), annotations.get(res.ANN_ALLOCATION))
 
 
 def verify_record_progress(ring: KeyRing, annotations: Mapping[str, object], uid: str,
                            allocation_signature: object) -> VerifyResult:
     """:func:`verify_progress` of the progress in a pod's ``annotations`` (its signature, bind-phase
     and allocated-containers texts), tied to ``allocation_signature``. Never raises."""
-    return verify_progress(ring, annotations.get(ANN_PROGRESS_SIGNATURE), uid, allocation_signature,
-                           annotations.get(ANN_BIND_PHASE), annotations.get(ANN_ALLOCATED_CONTAINERS))
+    return verify_progress(ring, annotations.get(res.ANN_PROGRESS_SIGNATURE), uid, allocation_signature,
+                           annotations.get(res.ANN_BIND_PHASE), annotations.get(res.ANN_ALLOCATED_CONTAINERS))
 
 
 def resign_record(ring: KeyRing, annotations: Mapping[str, object], uid: str, node: str) -> dict[str, str]:
@@ -238,12 +231,13 @@ def resign_record(ring: KeyRing, annotations: Mapping[str, object], uid: str, no
     bind-time and allocation texts, and a new progress signature only when the old one verifies
     against the old allocation signature (an unverified progress is left unsigned: it stays
     untrusted)."""
-    sig = sign_allocation(ring, uid, node, _s(annotations.get(ANN_BIND_TIME)), _s(annotations.get(ANN_ALLOCATION)))
-    patch = {ANN_ALLOCATION_SIGNATURE: sig}
-    old = annotations.get(ANN_ALLOCATION_SIGNATURE)
+    sig = sign_allocation(ring, uid, node, _s(annotations.get(res.ANN_BIND_TIME)),
+                          _s(annotations.get(res.ANN_ALLOCATION)))
+    patch = {res.ANN_ALLOCATION_SIGNATURE: sig}
+    old = annotations.get(res.ANN_ALLOCATION_SIGNATURE)
     if old and verify_record_progress(ring, annotations, uid, old).ok:
-        patch[ANN_PROGRESS_SIGNATURE] = sign_progress(ring, uid, sig, _s(annotations.get(ANN_BIND_PHASE)),
-                                                      _s(annotations.get(ANN_ALLOCATED_CONTAINERS)))
+        patch[res.ANN_PROGRESS_SIGNATURE] = sign_progress(ring, uid, sig, _s(annotations.get(res.ANN_BIND_PHASE)),
+                                                          _s(annotations.get(res.ANN_ALLOCATED_CONTAINERS)))
     return patch
 
 # ---------------------------------------------------------------------------------------------
