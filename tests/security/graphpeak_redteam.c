@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "cuda_abi.h"
+#include "../libvgpu/progs/graph_prog.h"
 #include "redteam.h"
 
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
@@ -59,40 +60,11 @@ CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverPro
 
 static CUcontext g_ctx;
 
-static unsigned long long charged(void)
-{
-    int (*get)(int, uint64_t *, uint64_t *) = (int (*)(int, uint64_t *, uint64_t *))dlsym(RTLD_DEFAULT,
-                                                                                          "vgpu_get_usage");
-    uint64_t used = 0;
-    if (!get || get(0, &used, NULL) != 0)
-        return (unsigned long long)-1;
-    return (unsigned long long)used;
-}
-
-static void show(const char *name, CUresult rc)
-{
-    printf("%s=%d:%llu\n", name, rc, charged());
-}
-
 static double now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* An allocation node of `bytes` on GPU 0 after deps[0..n): its address in *dptr. */
-static CUresult alloc_node(CUgraph g, const CUgraphNode *deps, size_t n, size_t bytes, CUgraphNode *node,
-                           CUdeviceptr *dptr)
-{
-    CUDA_MEM_ALLOC_NODE_PARAMS a;
-    memset(&a, 0, sizeof a);
-    a.poolProps.allocType = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
-    a.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    a.bytesize = bytes;
-    CUresult rc = cuGraphAddMemAllocNode(node, g, n ? deps : NULL, n, &a);
-    *dptr = a.dptr;
-    return rc;
 }
 
 static CUresult copy_node(CUgraph g, const CUgraphNode *deps, size_t n, CUgraphNode *node)
@@ -147,20 +119,31 @@ static void *grow_thread(void *arg)
     return NULL;
 }
 
-static int grow(size_t bytes, int add, const char *gate)
+/* Two allocations of bytes, each freed, the second made after the first's free when `ordered`; NULL on failure.
+ * *last (when not NULL): the second free node. */
+static CUgraph pair_graph(size_t bytes, int ordered, CUgraphNode *last)
 {
     CUgraph g = NULL;
-    CUgraphNode a1, f1, a2, f2;
+    CUgraphNode a1, f1, a2, f2 = NULL;
     CUdeviceptr p1, p2;
     CUresult rc = cuGraphCreate(&g, 0);
     rc = rc ? rc : alloc_node(g, NULL, 0, bytes, &a1, &p1);
     rc = rc ? rc : cuGraphAddMemFreeNode(&f1, g, &a1, 1, p1);
-    rc = rc ? rc : alloc_node(g, &f1, 1, bytes, &a2, &p2);
+    rc = rc ? rc : alloc_node(g, &f1, ordered != 0, bytes, &a2, &p2);
     rc = rc ? rc : cuGraphAddMemFreeNode(&f2, g, &a2, 1, p2);
     show("nodes", rc);
+    if (last)
+        *last = f2;
+    return rc ? NULL : g;
+}
+
+static int grow(size_t bytes, int add, const char *gate)
+{
+    CUgraphNode f2 = NULL;
+    CUgraph g = pair_graph(bytes, 1, &f2);
     struct grower w = {g, f2, add, bytes, gate, CUDA_ERROR_NOT_FOUND};
     pthread_t t;
-    if (rc || pthread_create(&t, NULL, grow_thread, &w) != 0)
+    if (!g || pthread_create(&t, NULL, grow_thread, &w) != 0)
         return 2;
     run(g, 0);
     char in[4096];
@@ -177,31 +160,16 @@ static int grow(size_t bytes, int add, const char *gate)
     return 0;
 }
 
-/* Two allocations of bytes, each freed, the second made after the first's free when `ordered`; NULL on failure. */
-static CUgraph pair_graph(size_t bytes, int ordered)
-{
-    CUgraph g = NULL;
-    CUgraphNode a1, f1, a2, f2;
-    CUdeviceptr p1, p2;
-    CUresult rc = cuGraphCreate(&g, 0);
-    rc = rc ? rc : alloc_node(g, NULL, 0, bytes, &a1, &p1);
-    rc = rc ? rc : cuGraphAddMemFreeNode(&f1, g, &a1, 1, p1);
-    rc = rc ? rc : alloc_node(g, &f1, ordered != 0, bytes, &a2, &p2);
-    rc = rc ? rc : cuGraphAddMemFreeNode(&f2, g, &a2, 1, p2);
-    show("nodes", rc);
-    return rc ? NULL : g;
-}
-
 static int pair(size_t bytes, int ordered)
 {
-    CUgraph g = pair_graph(bytes, ordered);
+    CUgraph g = pair_graph(bytes, ordered, NULL);
     return g ? run(g, 0) : 2;
 }
 
 /* The pair in sequence instantiated (its peak recorded), then the executable updated to the pair unordered. */
 static int update(size_t bytes)
 {
-    CUgraph seq = pair_graph(bytes, 1), par = pair_graph(bytes, 0);
+    CUgraph seq = pair_graph(bytes, 1, NULL), par = pair_graph(bytes, 0, NULL);
     if (!seq || !par)
         return 2;
     CUgraphExec e = NULL;
@@ -232,7 +200,7 @@ static int procaddr(size_t bytes)
             void *fn = NULL;
             CUdriverProcAddressQueryResult st = 0;
             CUresult rc = cuGetProcAddress_v2(e[i].name, &fn, e[i].ver, (cuuint64_t)flags, &st);
-            CUgraph g = rc == CUDA_SUCCESS && fn ? pair_graph(bytes, 0) : NULL;
+            CUgraph g = rc == CUDA_SUCCESS && fn ? pair_graph(bytes, 0, NULL) : NULL;
             CUgraphExec x = NULL;
             if (!g) {
                 printf("%s=fail:%d\n", name, rc);

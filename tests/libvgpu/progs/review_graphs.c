@@ -51,6 +51,7 @@
 #include <string.h>
 
 #include "cuda_abi.h"
+#include "graph_prog.h"
 
 CUresult cuInit(unsigned int);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
@@ -75,21 +76,6 @@ CUresult cuStreamEndCapture(CUstream, CUgraph *);
 CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
 CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
 CUresult cuDeviceGraphMemTrim(CUdevice);
-
-static unsigned long long charged(void)
-{
-    int (*get)(int, uint64_t *, uint64_t *) = (int (*)(int, uint64_t *, uint64_t *))dlsym(RTLD_DEFAULT,
-                                                                                          "vgpu_get_usage");
-    uint64_t used = 0;
-    if (!get || get(0, &used, NULL) != 0)
-        return (unsigned long long)-1;
-    return (unsigned long long)used;
-}
-
-static void show(const char *name, CUresult rc)
-{
-    printf("%s=%d:%llu\n", name, rc, charged());
-}
 
 struct retainer {
     CUcontext ctx;
@@ -167,20 +153,6 @@ static int retainrace(CUcontext ctx, size_t bytes, const char *gate)
     show("retained", r.rc);
     show("release_retained", cuMemRelease(r.h));
     return 0;
-}
-
-/* An allocation node of `bytes` on GPU 0 after deps[0..n): its address in *dptr. */
-static CUresult alloc_node(CUgraph g, const CUgraphNode *deps, size_t n, size_t bytes, CUgraphNode *node,
-                           CUdeviceptr *dptr)
-{
-    CUDA_MEM_ALLOC_NODE_PARAMS a;
-    memset(&a, 0, sizeof a);
-    a.poolProps.allocType = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
-    a.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    a.bytesize = bytes;
-    CUresult rc = cuGraphAddMemAllocNode(node, g, n ? deps : NULL, n, &a);
-    *dptr = a.dptr;
-    return rc;
 }
 
 /* Instantiates g and launches it `launches` times, showing each step. */
